@@ -1,0 +1,330 @@
+"""sync-dist: values that ranks reduce, monitor or decide on agree across ranks.
+
+Seed section "Sampling, metrics and writes": ``self.log(..., sync_dist=True)`` all-reduces, so
+every rank must make the same synced log calls; nonlinear metrics need TorchMetrics objects;
+rank-zero-only logging does not suit monitored metrics that every rank needs.
+
+Checked from the traced fit:
+
+1. deadlocks: the per-rank sequences of synced log calls (name, hook), aligned hook by hook; a
+   call on a subset of ranks, different key sets or a different order fails;
+2. silent mixing: every metric monitored by ModelCheckpoint, EarlyStopping or a
+   ReduceLROnPlateau scheduler must be logged on every rank without ``rank_zero_only`` (in
+   Lightning 2.6.6 it disables ``sync_dist``) and have the same value on every rank after every
+   validation;
+3. decisions every rank needs (``should_stop``, best checkpoint path and score, EarlyStopping's
+   stopped epoch) must agree across ranks;
+4. per-batch values of a nonlinear metric (a TorchMetrics function's or ``Metric.forward``'s
+   return value) mean-reduced over batches and ranks are recomputed over the epoch's samples
+   of all ranks; a logged value that differs fails.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections import defaultdict
+
+from ..world.diagnose import first_divergence, fmt_site, hook_label
+from .base import Contract, Evidence, Run, Verdict, rank_guard
+
+
+def synced_log(event: dict) -> bool:
+    return event.get("ev") == "log" and bool(event.get("sync_dist")) and not event.get("rank_zero_only")
+
+
+def _fmt(value) -> str:
+    return "missing" if value is None else f"{value:.6g}"
+
+
+def _differs(values: list, rel: float = 1e-5) -> bool:
+    present = [v for v in values if v is not None and not math.isnan(v)]
+    if len(present) < 2:
+        return False
+    lo, hi = min(present), max(present)
+    return hi - lo > rel * max(1.0, abs(hi))
+
+
+class SyncDist(Contract):
+    id = "sync-dist"
+    title = "Synced logging, monitored metrics and shared decisions agree across ranks"
+    seed = "Sampling, metrics and writes"
+
+    def judge(self, run: Run) -> Verdict:
+        div = first_divergence(run.traces, select=synced_log)
+        if div is not None and div["kind"] == "calls":
+            return self._sequence_failure(run, div)
+        failures = []
+        failures += self._monitor_failures(run)
+        failures += self._decision_failures(run)
+        failures += self._nonlinear_failures(run)
+        if failures:
+            first = failures[0]
+            evidence = [e for f in failures for e in f.evidence]
+            notes = [f.summary for f in failures[1:]]
+            first.evidence = evidence
+            first.notes = notes + first.notes
+            return first
+        return self._passed(run)
+
+    # -- 1. synced log sequences ----------------------------------------------------------------
+    def _sequence_failure(self, run: Run, div: dict) -> Verdict:
+        events = div["events"]
+        hook = hook_label(next(iter(div["hook"].values())))
+        keys = {r: [e.get("name") for e in evs] for r, evs in events.items()}
+        some = next(e for evs in events.values() for e in evs)
+        site = fmt_site(some.get("site"))
+        guard = rank_guard(some.get("site"))
+        via = "log_dict" if some.get("via") == "log_dict" else "self.log"
+        evidence = [Evidence(f"synced log calls in {hook}: {keys[r] or 'none'}", rank=r,
+                             site=fmt_site(events[r][0].get("site")) if events[r] else None) for r in sorted(keys)]
+        totals = defaultdict(dict)
+        for r, trace in enumerate(run.traces):
+            for e in trace:
+                if synced_log(e):
+                    totals[e.get("name")][r] = totals[e.get("name")].get(r, 0) + 1
+        empty = [r for r, k in keys.items() if not k]
+        if empty:
+            callers = sorted(r for r, k in keys.items() if k)
+            names = sorted({n for r in callers for n in keys[r]})
+            name_text = ", ".join(repr(n) for n in names)
+            who = f"rank {callers[0]} only" if len(callers) == 1 else f"ranks {callers} only"
+            missing = ", ".join(f"rank {r}: 0 calls" for r in empty)
+            summary = (f"{via}({name_text}, sync_dist=True) called on {who} ({missing}), in {hook}"
+                       + (f" under `{guard}`" if guard else "") + f" at {site}. The sync is an "
+                       f"all-reduce that only some ranks enter: the world hangs or pairs it with an "
+                       f"unrelated collective.")
+        elif sorted(map(str, keys[0])) == sorted(map(str, next(iter(keys.values())))) and \
+                len({tuple(sorted(map(str, k))) for k in keys.values()}) == 1:
+            order = "; ".join(f"rank {r} {k}" for r, k in sorted(keys.items()))
+            summary = (f"{via}(sync_dist=True) in {hook} logs the same keys in a different order per "
+                       f"rank ({order}) at {site}: each key is an all-reduce, so the values are "
+                       f"reduced with the wrong partners.")
+        else:
+            sets = ", ".join(f"rank {r} {{{', '.join(map(str, k))}}}" for r, k in sorted(keys.items()))
+            summary = (f"{via}(sync_dist=True) in {hook} logs different key sets per rank: {sets}, at "
+                       f"{site}. Each key is an all-reduce, so the ranks' collectives no longer pair up.")
+        for name, per_rank in sorted(totals.items()):
+            counts = [per_rank.get(r, 0) for r in range(run.world_size)]
+            if len(set(counts)) > 1:
+                evidence.append(Evidence(f"synced log calls of {name!r} over the run: "
+                                         + ", ".join(f"rank {r}: {c}" for r, c in enumerate(counts))))
+        fix = ("call self.log/log_dict with sync_dist=True on every rank, with the same keys in the same "
+               "order (compute the value everywhere, e.g. after self.all_gather, or use a TorchMetrics "
+               "metric); a value only rank 0 has is logged with rank_zero_only=True, without a Python "
+               "rank gate and without sync_dist, and is never monitored.")
+        notes = [] if run.finished else ["the world did not finish; see where each rank was, below."]
+        return self.verdict("failed", summary, evidence=evidence, fix=fix, category="deadlock", notes=notes)
+
+    # -- 2. monitored metrics -------------------------------------------------------------------
+    def _monitors(self, run: Run) -> list[dict]:
+        seen, monitors = set(), []
+        for v in run.values():
+            for m in (v or {}).get("final", {}).get("monitors", []):
+                if m["key"] and (m["key"], m["owner"]) not in seen:
+                    seen.add((m["key"], m["owner"]))
+                    monitors.append(m)
+        return monitors
+
+    def _snapshot_values(self, run: Run, key: str) -> list[tuple[dict, list]]:
+        """[(snapshot meta, [value per rank])] for every validation end all ranks reached."""
+        per_rank = [[s for s in (v or {}).get("snapshots", []) if s["event"] == "validation_end"]
+                    for v in run.values()]
+        rows = []
+        for i in range(min((len(s) for s in per_rank), default=0)):
+            rows.append((per_rank[0][i], [s[i]["metrics"].get(key) for s in per_rank]))
+        return rows
+
+    def _monitor_failures(self, run: Run) -> list[Verdict]:
+        failures = []
+        monitors = self._monitors(run)
+        by_key = defaultdict(list)
+        for m in monitors:
+            by_key[m["key"]].append(m["owner"])
+        for key, owners in by_key.items():
+            logs = [e for r in range(run.world_size) for e in run.events(r, "log") if e.get("name") == key]
+            if not logs:
+                continue
+            first = logs[0]
+            hook = first.get("hook")
+            site = fmt_site(first.get("site"))
+            owner_text = "/".join(owners) + " monitor"
+            rows = self._snapshot_values(run, key)
+            diff_rows = [(meta, vals) for meta, vals in rows if _differs(vals)]
+            evidence = [Evidence(f"{key!r} after validation at epoch {meta['epoch']}: "
+                                 + " vs ".join(f"rank {r} {_fmt(v)}" for r, v in enumerate(vals)))
+                        for meta, vals in diff_rows[:4]]
+            rzo = any(e.get("rank_zero_only") for e in logs)
+            synced = any(e.get("sync_dist") for e in logs)
+            if rzo and synced:
+                summary = (f"monitored metric {key!r} ({owner_text}) logged with sync_dist=True and "
+                           f"rank_zero_only=True in {hook} at {site}: in Lightning 2.6.6 rank_zero_only "
+                           f"disables the sync, so each rank's {owners[0]} ranks by its own shard and the "
+                           f"monitor differs across ranks.")
+            elif rzo:
+                summary = (f"monitored metric {key!r} ({owner_text}) logged with rank_zero_only=True and "
+                           f"not synced in {hook} at {site}: Lightning never reduces it, so its value "
+                           f"differs across ranks at epoch end and every rank's {owners[0]} decides on "
+                           f"its own shard.")
+            elif diff_rows:
+                summary = (f"monitored metric {key!r} ({owner_text}) is logged without sync_dist in {hook} "
+                           f"at {site}, and its value differs across ranks at epoch end.")
+            else:
+                continue
+            if not diff_rows and rows:
+                evidence.append(Evidence(f"{key!r} happened to agree across ranks in this run; it is still "
+                                         f"not reduced"))
+            fix = (f"log {key!r} on every rank with sync_dist=True (and batch_size=...) or log a "
+                   f"TorchMetrics object; never rank_zero_only for a metric a callback monitors.")
+            failures.append(self.verdict("failed", summary, evidence=evidence, fix=fix, category="silent"))
+        return failures
+
+    # -- 3. decisions ---------------------------------------------------------------------------
+    def _decision_failures(self, run: Run) -> list[Verdict]:
+        values = run.values()
+        if not run.finished or any(v is None for v in values):
+            return []
+        finals = [v["final"] for v in values]
+        failures = []
+        for i, ckpt in enumerate(finals[0]["checkpoints"]):
+            paths = [f["checkpoints"][i]["best_model_path"] for f in finals]
+            scores = [f["checkpoints"][i]["best_model_score"] for f in finals]
+            if len(set(paths)) > 1 or _differs(scores):
+                evidence = [Evidence(f"best_model_path {p!r}, best_model_score {_fmt(s)}", rank=r)
+                            for r, (p, s) in enumerate(zip(paths, scores))]
+                failures.append(self.verdict(
+                    "failed",
+                    f"ModelCheckpoint(monitor={ckpt['monitor']!r}) ends with a different best checkpoint on "
+                    f"each rank: the ranks disagree about which checkpoint is best.",
+                    evidence=evidence, category="silent",
+                    fix="make the monitored value identical on every rank (sync_dist=True or a TorchMetrics "
+                        "object); decisions must be taken from reduced values."))
+        stops = [f["should_stop"] for f in finals]
+        epochs = [f["current_epoch"] for f in finals]
+        if len(set(stops)) > 1 or len(set(epochs)) > 1:
+            failures.append(self.verdict(
+                "failed", "trainer.should_stop / the final epoch differ across ranks: one rank decided to stop "
+                          "and the others did not.",
+                evidence=[Evidence(f"should_stop={s}, current_epoch={e}", rank=r)
+                          for r, (s, e) in enumerate(zip(stops, epochs))],
+                category="deadlock",
+                fix="set trainer.should_stop from a value every rank shares (reduce it with "
+                    "trainer.strategy.reduce_boolean_decision) or use EarlyStopping on a synced metric."))
+        for i, es in enumerate(finals[0]["early_stopping"]):
+            stopped = [f["early_stopping"][i]["stopped_epoch"] for f in finals]
+            if len(set(stopped)) > 1:
+                failures.append(self.verdict(
+                    "failed", f"EarlyStopping(monitor={es['monitor']!r}) stopped at different epochs per rank.",
+                    evidence=[Evidence(f"stopped_epoch={s}", rank=r) for r, s in enumerate(stopped)],
+                    category="silent", fix="monitor a metric logged with sync_dist=True."))
+        return failures
+
+    # -- 4. nonlinear per-batch metrics ---------------------------------------------------------
+    def _nonlinear_failures(self, run: Run) -> list[Verdict]:
+        values = run.values()
+        if not run.finished or any(v is None for v in values):
+            return []
+        failures = []
+        for key, record in (values[0].get("per_batch") or {}).items():
+            records = [(v.get("per_batch") or {}).get(key) for v in values]
+            if any(r is None or r["run"] != record["run"] for r in records):
+                continue
+            metrics = values[0]["final"]["callback_metrics"]
+            logged = metrics.get(key, metrics.get(f"{key}_epoch"))
+            if logged is None:
+                continue
+            try:
+                truth, n_samples = _recompute(records)
+            except Exception as exc:  # an input we cannot concatenate: say so, do not guess
+                truth, n_samples = None, 0
+                reason = f"{type(exc).__name__}: {exc}"
+            if truth is None:
+                continue
+            if abs(logged - truth) <= max(1e-4, 1e-3 * abs(truth)):
+                continue
+            _ = reason if truth is None else None
+            producer = record["producer"]
+            if record["kind"] == "functional":
+                fn_name = record["fn"].rsplit(".", 1)[-1]
+                cls = _metric_class_for(fn_name)
+                fix = (f"keep a torchmetrics {cls or 'Metric'} object on the module, update it every step and "
+                       f"log the object itself (self.log({key!r}, self.metric)); Lightning then computes it "
+                       f"over the whole epoch and all ranks.")
+                what = f"from {producer} on each batch"
+            else:
+                fix = (f"log the Metric object itself, self.log({key!r}, self.<metric>), or log "
+                       f"self.<metric>.compute() at epoch end; its per-batch return value is the metric "
+                       f"of that batch only.")
+                what = f"via {record['via']} from {producer}"
+            summary = (f"{key!r} logged {what} in {record['hook']} and mean-reduced over batches and ranks "
+                       f"(nonlinear metric): the logged epoch value is {logged:.4f}, the same metric over "
+                       f"the epoch's {n_samples} samples of all ranks is {truth:.4f}.")
+            failures.append(self.verdict(
+                "failed", summary, category="silent", fix=fix,
+                evidence=[Evidence(f"{len(r['calls'])} per-batch values logged in the last epoch", rank=i,
+                                   site=fmt_site(r.get("site"))) for i, r in enumerate(records)]))
+        return failures
+
+    def _passed(self, run: Run) -> Verdict:
+        synced = sorted({e.get("name") for e in run.events(0, "log") if synced_log(e)})
+        monitors = sorted({m["key"] for m in self._monitors(run)})
+        parts = []
+        parts.append(f"synced log keys identical on every rank ({', '.join(synced)})" if synced
+                     else "no synced log calls")
+        if monitors:
+            parts.append(f"monitored {', '.join(map(repr, monitors))} equal on every rank after every validation")
+        parts.append("shared decisions agree")
+        notes = []
+        floats = sorted({e.get("name") for e in run.events(0, "log")
+                         if e.get("vtype") == "float" and e.get("on_epoch") and not e.get("sync_dist")})
+        if floats:
+            notes.append(f"{', '.join(floats)} logged as Python floats without sync_dist: Lightning gives no "
+                         f"warning for these; the logged value is rank 0's alone.")
+        return self.verdict("passed", "; ".join(parts) + ".", notes=notes)
+
+
+def _concat(values: list):
+    import torch
+
+    if isinstance(values[0], torch.Tensor):
+        return torch.cat([v.reshape(-1, *v.shape[1:]) if v.dim() else v.reshape(1) for v in values])
+    return values[0]
+
+
+def _recompute(records: list[dict]) -> tuple[float | None, int]:
+    """The epoch-level value of a per-batch logged metric over every rank's inputs."""
+    calls = [c for r in records for c in r["calls"]]
+    if not calls:
+        return None, 0
+    n_args = len(calls[0]["args"])
+    args = [_concat([c["args"][i] for c in calls]) for i in range(n_args)]
+    kwargs = calls[0]["kwargs"]
+    n = int(args[0].shape[0]) if n_args and hasattr(args[0], "shape") and args[0].dim() else len(calls)
+    record = records[0]
+    if record["kind"] == "functional":
+        module_name, _, fn_name = record["fn"].rpartition(".")
+        fn = getattr(importlib.import_module(module_name), fn_name)
+        fn = getattr(fn, "__wrapped__", fn)
+        value = fn(*args, **kwargs)
+    else:
+        metric = record["metric"]
+        metric.reset()
+        metric.update(*args, **kwargs)
+        value = metric.compute()
+    return float(value), n
+
+
+def _metric_class_for(fn_name: str) -> str | None:
+    try:
+        import torchmetrics
+    except ImportError:
+        return None
+    wanted = fn_name.replace("_", "").lower()
+    for module in (torchmetrics, importlib.import_module("torchmetrics.classification")):
+        for name in dir(module):
+            if name.lower() == wanted:
+                return name
+    return None
+
+
+CONTRACT = SyncDist()

@@ -1,0 +1,90 @@
+"""Verdicts out: the per-item record carried on pytest reports, the terminal summary and the
+JSON report (``--ltconform-report``).
+
+The JSON keys are a stable interface for CI jobs and dashboards::
+
+    {"target": str, "world_size": int, "versions": {"python", "torch", "lightning", ...},
+     "results": [{"contract", "strategy", "world_size", "outcome", "message", "evidence",
+                  "duration_s"}]}
+
+``outcome`` is one of 'passed', 'failed', 'advisory', 'skipped', 'error'.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import platform
+from importlib import metadata
+
+PROPERTY = "ltconform"
+
+
+def record(contract: str, strategy: str, world_size: int, verdict_dict: dict, duration_s: float) -> dict:
+    return {"contract": contract, "strategy": strategy, "world_size": world_size,
+            "outcome": verdict_dict["outcome"], "message": verdict_dict["message"],
+            "summary": verdict_dict.get("summary"), "category": verdict_dict.get("category"),
+            "fix": verdict_dict.get("fix"), "seed": verdict_dict.get("seed"),
+            "evidence": verdict_dict.get("evidence", []), "duration_s": round(duration_s, 3)}
+
+
+def from_report(report) -> dict | None:
+    """The ltconform record a pytest report carries (survives pytest-xdist serialisation)."""
+    for name, value in getattr(report, "user_properties", ()) or ():
+        if name == PROPERTY:
+            return json.loads(value)
+    return None
+
+
+def versions() -> dict:
+    found = {"python": platform.python_version()}
+    for dist in ("torch", "lightning", "pytorch-lightning", "torchmetrics", "pytest", "pytest-ltconform"):
+        try:
+            found[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            found[dist] = None
+    return found
+
+
+def write_json(path: str, target: str | None, world_size: int, results: list[dict]) -> None:
+    doc = {"target": target, "world_size": world_size, "versions": versions(), "results": results}
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(doc, fh, indent=2)
+        fh.write("\n")
+
+
+_STYLE = {"passed": "green", "failed": "red", "advisory": "yellow", "error": "magenta", "skipped": "yellow"}
+
+
+def summary_text(results: list[dict], width: int, color: bool) -> str:
+    """A contract x strategy table, then each failure's evidence block once."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    contracts = list(dict.fromkeys(r["contract"] for r in results))
+    strategies = list(dict.fromkeys(r["strategy"] for r in results))
+    cell = {(r["contract"], r["strategy"]): r for r in results}
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    table.add_column("contract")
+    for s in strategies:
+        table.add_column(s)
+    for c in contracts:
+        row = [c]
+        for s in strategies:
+            r = cell.get((c, s))
+            if r is None:
+                row.append("-")
+            else:
+                style = _STYLE.get(r["outcome"], "")
+                row.append(f"[{style}]{r['outcome']}[/{style}]" if color and style else r["outcome"])
+        table.add_row(*row)
+    buf = io.StringIO()
+    console = Console(file=buf, width=width, force_terminal=color, no_color=not color,
+                      color_system="standard" if color else None, highlight=False, soft_wrap=False)
+    console.print(table)
+    for r in results:
+        if r["outcome"] in ("failed", "advisory", "error"):
+            console.rule(f"{r['contract']}[{r['strategy']}]", style="" if not color else _STYLE[r["outcome"]])
+            console.print(r["message"], markup=False, highlight=False)
+    return buf.getvalue().rstrip("\n")

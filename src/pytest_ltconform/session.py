@@ -1,0 +1,109 @@
+"""The pytest-side session: one per ltconform pytest process. It owns the world pool and the
+run cache, and turns (contract, strategy) into a verdict.
+
+Runs are made once per (run kind, strategy, world size) and shared by every contract that
+declares that kind, so the items stay one per contract while the cost is one run.
+"""
+
+from __future__ import annotations
+
+import time
+
+from . import contracts
+from .contracts.base import Run, Verdict
+from .settings import Settings
+from .world import WorldPool, WorldStartError
+
+SUPPORTED_STRATEGIES = ("ddp",)
+RUN_FUNCTIONS = {"fit": "pytest_ltconform.runs:traced_fit"}
+
+
+def owner_of(divergence: dict | None) -> str | None:
+    """The contract whose rule the first divergence breaks."""
+    if not divergence:
+        return None
+    if divergence["kind"] == "hooks":
+        return "data-sharding"
+    kinds = {e.get("ev") for evs in divergence["events"].values() for e in evs}
+    if "call" in kinds:
+        return "all-rank-save"
+    if "log" in kinds:
+        return "sync-dist"
+    return None
+
+
+class LtconformSession:
+    """Makes and caches runs, and judges contracts on them."""
+
+    def __init__(self, settings: Settings, targets, pool: WorldPool | None = None):
+        self.settings = settings
+        self.targets = targets
+        self.pool = pool or WorldPool()
+        self._runs: dict[tuple, Run | Exception] = {}
+
+    def run_for(self, kind: str, strategy: str) -> Run:
+        key = (kind, strategy, self.settings.world_size)
+        cached = self._runs.get(key)
+        if cached is None:
+            ids = [cid for cid in contracts.ids() if contracts.get_contract(cid).run_kind == kind]
+            try:
+                job = self.pool.run(
+                    self.settings.world_size, RUN_FUNCTIONS[kind], self.targets, strategy, ids,
+                    self.settings.pg_timeout_s, timeout_s=self.settings.timeout_s,
+                    pg_timeout_s=self.settings.pg_timeout_s,
+                )
+                cached = Run(job, strategy, kind, self.targets)
+            except WorldStartError as exc:
+                cached = exc
+            self._runs[key] = cached
+        if isinstance(cached, Exception):
+            raise cached
+        return cached
+
+    def verdict(self, contract_id: str, strategy: str) -> tuple[Verdict, float]:
+        """Judge one contract under one strategy; returns (verdict, seconds spent)."""
+        started = time.monotonic()
+        contract = contracts.get_contract(contract_id)
+        try:
+            run = self.run_for(contract.run_kind, strategy)
+        except WorldStartError as exc:
+            return contract.verdict("error", f"could not start a world: {exc}"), time.monotonic() - started
+        verdict = judge(contract, run)
+        # The first item that needs a run pays for it; later items only for their judgement.
+        return verdict, time.monotonic() - started
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+def judge(contract, run: Run) -> Verdict:
+    """Apply ``contract`` to ``run``, deciding what an unfinished world means for it."""
+    job = run.job
+    if job.status == "skip":
+        reason = next((r.message for r in job.ranks if r.message), "skipped inside the ranks")
+        return contract.verdict("skipped", reason)
+    try:
+        verdict = contract.judge(run)
+    except Exception as exc:  # a bug of ours must not look like a verdict on the user's code
+        import traceback
+
+        return contract.verdict("error", f"the {contract.id} verdict itself failed: {type(exc).__name__}: {exc}",
+                                diagnosis=traceback.format_exc())
+    if run.finished:
+        return verdict
+    if verdict.failed:
+        verdict.diagnosis = job.diagnosis
+        return verdict
+    owner = owner_of(job.divergence)
+    if owner is not None and owner != contract.id and verdict.outcome == "passed":
+        verdict.notes.append(
+            f"the world stopped early because of the {owner} failure, so this contract was judged on "
+            f"what every rank recorded up to that point, where it found nothing wrong."
+        )
+        return verdict
+    first_bad = next(r for r in job.ranks if r.status != "ok")
+    what = {"error": f"rank {first_bad.rank} raised {first_bad.exc_type}: {first_bad.message}",
+            "hung": f"rank {first_bad.rank} hung", "died": f"rank {first_bad.rank} died "
+            f"(exit code {first_bad.exit_code})"}.get(first_bad.status, first_bad.status)
+    return contract.verdict("error", f"could not be judged: the run did not finish ({what}).",
+                            diagnosis=job.failure_text())

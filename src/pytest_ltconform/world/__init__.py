@@ -1,0 +1,47 @@
+"""Worlds: starting, reusing, supervising and diagnosing rank processes.
+
+``LocalWorld`` starts ranks on this host; ``pool()`` hands out one persistent world per
+(world size, backend, collective timeout) for the whole pytest session.
+"""
+
+from __future__ import annotations
+
+import atexit
+
+from .local import JobResult, LocalWorld, RankOutcome, WorldStartError
+
+__all__ = ["JobResult", "LocalWorld", "RankOutcome", "WorldStartError", "WorldPool"]
+
+
+class WorldPool:
+    """Persistent worlds keyed by (world size, backend, collective timeout)."""
+
+    def __init__(self, fresh_per_job: bool = False):
+        self._worlds: dict[tuple, LocalWorld] = {}
+        self.fresh_per_job = fresh_per_job
+        atexit.register(self.close)
+
+    def get(self, world_size: int, backend: str = "gloo", pg_timeout_s: float = 30.0) -> LocalWorld:
+        key = (world_size, backend, pg_timeout_s)
+        world = self._worlds.get(key)
+        if world is None or world.closed:
+            world = self._worlds[key] = LocalWorld(world_size, backend=backend, pg_timeout_s=pg_timeout_s)
+        return world
+
+    def run(self, world_size: int, fn_ref: str, *args, timeout_s: float, backend: str = "gloo",
+            pg_timeout_s: float = 30.0, **kwargs) -> JobResult:
+        world = self.get(world_size, backend, pg_timeout_s)
+        try:
+            return world.run(fn_ref, *args, timeout_s=timeout_s, kwargs=kwargs)
+        finally:
+            if self.fresh_per_job:
+                world.close()
+
+    @property
+    def cold_starts(self) -> int:
+        return sum(w.cold_starts for w in self._worlds.values())
+
+    def close(self) -> None:
+        for world in self._worlds.values():
+            world.close()
+        self._worlds.clear()

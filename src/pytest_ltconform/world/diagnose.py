@@ -1,0 +1,229 @@
+"""Where ranks diverged, and where each rank was when the world stopped.
+
+Ranks are aligned by hook: every rank records each hook it enters with a running index
+(``h``), and in a healthy data-parallel run the k-th hook is the same on every rank. Two ranks
+diverge at the first hook index where their hook names differ, or where the user's
+collective-bearing calls (or synced log calls) made inside that hook differ. A rank that was
+still inside a hook when it stopped is compared as a prefix, so "not there yet" is never
+mistaken for "never called". Pure Python: runs in the pytest process on plain trace data.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import Counter, defaultdict
+
+
+def fmt_site(site: dict | None) -> str:
+    """``path:line (function)``; the path is relative when it is under the working directory."""
+    if not site:
+        return "<no user frame>"
+    path = site.get("file", "?")
+    try:
+        rel = os.path.relpath(path)
+        if not rel.startswith(".."):
+            path = rel
+    except ValueError:
+        pass
+    return f"{path}:{site.get('line')} ({site.get('func')})"
+
+
+def hook_label(name: str | None) -> str:
+    if not name:
+        return "outside any hook"
+    return name.split("]", 1)[-1] if name.startswith("[") else name
+
+
+def is_collective_bearing(event: dict) -> bool:
+    """A user-level call that the other ranks must match: saves, strategy and raw collectives,
+    and self.log calls that Lightning will all-reduce."""
+    if event.get("ev") == "call":
+        return bool(event.get("user"))
+    if event.get("ev") == "log":
+        return bool(event.get("sync_dist")) and not event.get("rank_zero_only")
+    return False
+
+
+def signature(event: dict) -> tuple:
+    if event.get("ev") == "log":
+        return ("log", event.get("name"))
+    return ("call", event.get("label"))
+
+
+def describe_event(event: dict) -> str:
+    if event.get("ev") == "log":
+        how = "log_dict" if event.get("via") == "log_dict" else "self.log"
+        return f"{how}({event.get('name')!r}, sync_dist=True) at {fmt_site(event.get('site'))}"
+    return f"{event.get('label')}() at {fmt_site(event.get('site'))}"
+
+
+def _hooks(trace: list[dict]) -> tuple[dict[int, str], set[int]]:
+    names, exited = {}, set()
+    for e in trace:
+        if e.get("ev") == "hook":
+            names[e["i"]] = e["name"]
+        elif e.get("ev") == "hook_exit":
+            exited.add(e["i"])
+    return names, exited
+
+
+def first_divergence(traces: list[list[dict]], select=is_collective_bearing) -> dict | None:
+    """The first hook index at which the ranks' selected events differ.
+
+    Returns None when every rank agrees as far as they all got, else a dict with ``kind``
+    ('calls' or 'hooks'), ``h``, ``hook`` and ``events`` per rank, ``position`` per rank
+    (epoch, step) and ``counts`` (selected-event signature -> count, per rank, whole run).
+    """
+    if len(traces) < 2:
+        return None
+    hooks = [_hooks(t) for t in traces]
+    by_hook: list[dict[int, list[dict]]] = []
+    for t in traces:
+        grouped: dict[int, list[dict]] = defaultdict(list)
+        for e in t:
+            if select(e):
+                grouped[e.get("h", 0)].append(e)
+        by_hook.append(grouped)
+    common = min(max(names, default=0) for names, _ in hooks)
+    counts = {r: dict(Counter(" ".join(map(str, signature(e))) for e in t if select(e)))
+              for r, t in enumerate(traces)}
+    for k in range(0, common + 1):
+        names = {r: hooks[r][0].get(k) for r in range(len(traces))}
+        if k and len(set(names.values())) > 1:
+            return _divergence("hooks", k, names, by_hook, traces, counts)
+        lists = {r: [signature(e) for e in by_hook[r].get(k, [])] for r in range(len(traces))}
+        if len({tuple(v) for v in lists.values()}) == 1:
+            continue
+        complete = {r: (k == 0 or k in hooks[r][1]) for r in range(len(traces))}
+        longest = max(lists.values(), key=len)
+        # A rank still inside hook k may just not have got as far as the others.
+        if all(complete[r] or longest[: len(v)] == v for r, v in lists.items()) and \
+                all(v == longest for r, v in lists.items() if complete[r]):
+            continue
+        return _divergence("calls", k, names, by_hook, traces, counts)
+    return None
+
+
+def _position(trace: list[dict], h: int) -> dict:
+    for e in trace:
+        if e.get("h") == h and "epoch" in e:
+            return {"epoch": e.get("epoch"), "step": e.get("step"), "sanity": e.get("sanity")}
+    return {}
+
+
+def _divergence(kind, k, names, by_hook, traces, counts) -> dict:
+    return {
+        "kind": kind, "h": k,
+        "hook": {r: hook_label(n) for r, n in names.items()},
+        "events": {r: by_hook[r].get(k, []) for r in range(len(traces))},
+        "position": {r: _position(traces[r], k) for r in range(len(traces))},
+        "counts": counts,
+    }
+
+
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+
+
+def stack_summary(stack: str | None) -> str | None:
+    """The innermost frame and the innermost user frame of a faulthandler dump (main thread)."""
+    if not stack:
+        return None
+    from ..trace import is_user_file
+
+    block = stack
+    for part in re.split(r"\n(?=(?:Current )?[Tt]hread 0x)", stack):
+        if "most recent call first" in part and ("Current thread" in part or "Thread" in part):
+            if "ltconform-parent-watch" in part or "in watch" in part:
+                continue
+            block = part
+            if "Current thread" in part:
+                break
+    frames = [m.groupdict() for m in map(_FRAME.match, block.splitlines()) if m]
+    if not frames:
+        return None
+    inner = frames[0]
+    user = next((f for f in frames if is_user_file(f["file"])), None)
+    text = f"{inner['func']}() in {os.path.basename(inner['file'])}:{inner['line']}"
+    if user and user is not inner:
+        text += f" <- {fmt_site({'file': user['file'], 'line': user['line'], 'func': user['func']})}"
+    return text
+
+
+def rank_position(trace: list[dict]) -> str:
+    """Where a rank was when it stopped: open traced calls, the hook it was in, epoch/step."""
+    open_calls: dict[int, dict] = {}
+    open_hooks: dict[int, str] = {}
+    last = {}
+    for e in trace:
+        ev = e.get("ev")
+        if ev == "call":
+            open_calls[e["seq"]] = e
+        elif ev == "exit":
+            open_calls.pop(e.get("of"), None)
+        elif ev == "hook":
+            open_hooks[e["i"]] = e["name"]
+        elif ev == "hook_exit":
+            open_hooks.pop(e.get("i"), None)
+        if "epoch" in e:
+            last = e
+    parts = []
+    if open_calls:
+        chain = sorted(open_calls.values(), key=lambda e: e["seq"])
+        inner, outer = chain[-1], chain[0]
+        text = f"in {inner['label']}"
+        if outer is not inner:
+            text += f" from {outer['label']}"
+        text += f" <- {fmt_site(outer.get('site'))}"
+        parts.append(text)
+    if open_hooks:
+        hooks = [hook_label(open_hooks[i]) for i in sorted(open_hooks)]
+        module_hooks = [h for h in hooks if "Strategy" not in h.split(".")[0]] or hooks
+        parts.append(f"inside {module_hooks[-1]}" + (f" ({hooks[-1]})" if hooks[-1] != module_hooks[-1] else ""))
+    elif trace:
+        parts.append("between hooks")
+    if last:
+        where = "sanity check" if last.get("sanity") else f"epoch {last.get('epoch')}"
+        parts.append(f"{where}, global step {last.get('step')}")
+    return ", ".join(parts) if parts else "no trace recorded (it stopped before the run began)"
+
+
+def describe(result) -> str:
+    """The readable hang/crash block for a :class:`~.local.JobResult`."""
+    lines = []
+    statuses = Counter(r.status for r in result.ranks)
+    if statuses.get("hung"):
+        stuck = [r.rank for r in result.ranks if r.status == "hung"]
+        lines.append(f"The world did not finish: rank(s) {', '.join(map(str, stuck))} were still running after "
+                     f"{result.duration_s:.1f} s and were killed (SIGKILL).")
+    if statuses.get("died"):
+        for r in result.ranks:
+            if r.status == "died":
+                lines.append(f"Rank {r.rank} exited without a result (exit code {r.exit_code}).")
+    for r in result.ranks:
+        if r.status == "error":
+            lines.append(f"Rank {r.rank} raised {r.exc_type}: {(r.message or '').splitlines()[0][:300] if r.message else ''}")
+    div = result.divergence
+    if div:
+        if div["kind"] == "hooks":
+            lines.append(f"Ranks ran different hooks at hook #{div['h']} (different numbers of batches or "
+                         f"a rank-dependent branch):")
+            for r, name in div["hook"].items():
+                lines.append(f"  rank {r}: {name}")
+        else:
+            pos = next(iter(div["position"].values()), {}) or {}
+            when = "sanity check" if pos.get("sanity") else f"epoch {pos.get('epoch')}, step {pos.get('step')}"
+            hook = next(iter(div["hook"].values()))
+            lines.append(f"First divergence: inside {hook} ({when}) the ranks made different collective-bearing calls:")
+            for r, events in div["events"].items():
+                if events:
+                    lines.append(f"  rank {r}: " + "; ".join(describe_event(e) for e in events))
+                else:
+                    lines.append(f"  rank {r}: none (it went on past this hook)")
+    lines.append("Where each rank was:")
+    for r in result.ranks:
+        pos = rank_position(r.trace)
+        stack = stack_summary(r.stack) if r.status in ("hung", "died") else None
+        extra = f"; stack: {stack}" if stack else ""
+        lines.append(f"  rank {r.rank} ({r.status}): {pos}{extra}")
+    return "\n".join(lines)

@@ -1,0 +1,362 @@
+"""A local world: rank processes this pytest process starts, supervises, reuses and kills.
+
+The supervisor holds a ``torch.distributed.TCPStore`` server on port 0 (no free-port race, safe
+under pytest-xdist); ranks connect to it as clients, take jobs from it and post results to it.
+Rank processes stay up between jobs, so ``import lightning`` (the cold start) is paid once per
+world; every job gets a fresh default process group. A job that errors, hangs or crashes tears
+the world down and the next job starts a new generation of ranks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from . import diagnose
+
+# Environment that would make Lightning think it runs under a cluster launcher.
+_FOREIGN_ENV_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "TORCHELASTIC_", "GROUP_", "ROLE_", "LSB_",
+                         "JSM_", "KUBEFLOW_")
+_FOREIGN_ENV = ("LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID", "NODE_RANK", "GROUP_WORLD_SIZE")
+
+
+class WorldStartError(RuntimeError):
+    """The ranks of a world could not be started; the message has every rank's log tail."""
+
+
+@dataclasses.dataclass
+class RankOutcome:
+    """What one rank did in one job.
+
+    ``status`` is 'ok', 'error' (raised), 'skip', 'hung' (killed at the timeout) or 'died'
+    (exited without a result: crash, segfault, ``os._exit``). ``trace`` is the list of events the
+    rank recorded (see ``trace.py``); ``stack`` the faulthandler dump taken before a kill.
+    """
+
+    rank: int
+    status: str
+    value: Any = None
+    exc_type: str | None = None
+    message: str | None = None
+    traceback: str | None = None
+    exit_code: int | None = None
+    stack: str | None = None
+    log_tail: str | None = None
+    trace: list = dataclasses.field(default_factory=list)
+    duration_s: float | None = None
+
+
+@dataclasses.dataclass
+class JobResult:
+    """One job on every rank. ``status``: 'ok' when every rank returned, else the worst rank
+    status ('hung' > 'died' > 'error' > 'skip'). ``diagnosis`` is the readable block naming every
+    rank's position and the first point where their collective sequences diverged."""
+
+    status: str
+    ranks: list[RankOutcome]
+    duration_s: float
+    world_size: int
+    diagnosis: str | None = None
+    divergence: dict | None = None
+    timeout_s: float | None = None
+    job_dir: str | None = None
+
+    @property
+    def values(self) -> list:
+        return [r.value for r in self.ranks]
+
+    def failure_text(self) -> str:
+        """Every failed rank's traceback, rank-tagged, then the diagnosis."""
+        parts = []
+        for r in self.ranks:
+            if r.status == "ok":
+                continue
+            head = f"--- rank {r.rank}: {r.status}"
+            if r.exc_type:
+                head += f" ({r.exc_type}: {r.message})"
+            if r.exit_code is not None and r.status == "died":
+                head += f" (exit code {r.exit_code})"
+            parts.append(head)
+            if r.traceback:
+                parts.append("\n".join(f"[rank{r.rank}] {line}" for line in r.traceback.rstrip().splitlines()))
+            elif r.log_tail:
+                parts.append("\n".join(f"[rank{r.rank}] {line}" for line in r.log_tail.rstrip().splitlines()))
+        if self.diagnosis:
+            parts.append(self.diagnosis)
+        return "\n".join(parts)
+
+
+_SEVERITY = {"ok": 0, "skip": 1, "error": 2, "died": 3, "hung": 4}
+
+
+class LocalWorld:
+    """``world_size`` rank processes on this host, reused across jobs.
+
+    ``run(fn_ref, *args)`` runs the importable function ``"pkg.mod:func"`` on every rank as
+    ``func(ctx, *args)`` and returns a :class:`JobResult`. Never raises for what happens in a
+    rank; raises :class:`WorldStartError` when ranks cannot be started at all.
+    """
+
+    def __init__(self, world_size: int = 2, *, backend: str = "gloo", pg_timeout_s: float = 30.0,
+                 preload: tuple[str, ...] = ("lightning.pytorch",), start_timeout_s: float = 300.0,
+                 root: str | None = None):
+        self.world_size = world_size
+        self.backend = backend
+        self.pg_timeout_s = pg_timeout_s
+        self.preload = preload
+        self.start_timeout_s = start_timeout_s
+        self._own_root = root is None
+        self.root = root or tempfile.mkdtemp(prefix="ltconform-world-")
+        self._store = None
+        self._procs: list[subprocess.Popen] = []
+        self._logs: list = []
+        self.generation = -1
+        self._next_job = 0
+        self._jobs_total = 0
+        self.cold_starts = 0
+        self.closed = False
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        return bool(self._procs) and all(p.poll() is None for p in self._procs)
+
+    def _ensure_store(self):
+        if self._store is None:
+            import torch.distributed as dist
+
+            self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                                        timeout=datetime.timedelta(seconds=60))
+        return self._store
+
+    def _rank_env(self, rank: int) -> dict:
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(_FOREIGN_ENV_PREFIXES) and k not in _FOREIGN_ENV}
+        env.update(
+            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(self._store.port), WORLD_SIZE=str(self.world_size),
+            RANK=str(rank), LOCAL_RANK=str(rank), NODE_RANK="0",
+            TORCHELASTIC_USE_AGENT_STORE="True", TORCHELASTIC_RESTART_COUNT=str(self.generation),
+            LTCONFORM_GENERATION=str(self.generation), LTCONFORM_WORLD_DIR=self.root,
+            LTCONFORM_SUPERVISOR_PID=str(os.getpid()), LTCONFORM_PRELOAD=",".join(self.preload),
+            PYTHONUNBUFFERED="1",
+        )
+        # Two ranks on a small machine: one intra-op thread each avoids oversubscription.
+        env.setdefault("OMP_NUM_THREADS", "1")
+        src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env["PYTHONPATH"] = os.pathsep.join([src, os.getcwd()] + [p for p in sys.path if p and os.path.isdir(p)])
+        return env
+
+    def start(self) -> None:
+        if self.closed:
+            raise WorldStartError("this world was closed")
+        store = self._ensure_store()
+        self.generation += 1
+        self._next_job = 0
+        self.cold_starts += 1
+        self._procs, self._logs = [], []
+        for rank in range(self.world_size):
+            log = open(os.path.join(self.root, f"g{self.generation}-rank{rank}.log"), "wb")
+            self._logs.append(log)
+            self._procs.append(subprocess.Popen(
+                [sys.executable, "-m", "pytest_ltconform.world.rank"], env=self._rank_env(rank),
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=self.root,
+                start_new_session=True,
+            ))
+        deadline = time.monotonic() + self.start_timeout_s
+        keys = [f"g{self.generation}/ready/{r}" for r in range(self.world_size)]
+        while not store.check(keys):
+            dead = [r for r, p in enumerate(self._procs) if p.poll() is not None]
+            if dead or time.monotonic() > deadline:
+                tails = "\n".join(f"--- rank {r} (exit {self._procs[r].poll()}):\n{self._log_tail(r)}"
+                                  for r in range(self.world_size))
+                self.kill()
+                why = f"rank(s) {dead} exited during start-up" if dead else \
+                    f"ranks were not ready after {self.start_timeout_s:.0f} s"
+                raise WorldStartError(f"could not start a world of {self.world_size} ranks: {why}.\n{tails}")
+            time.sleep(0.02)
+
+    def _log_tail(self, rank: int, gen: int | None = None, chars: int = 3000) -> str:
+        gen = self.generation if gen is None else gen
+        path = os.path.join(self.root, f"g{gen}-rank{rank}.log")
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                fh.seek(max(0, fh.tell() - chars))
+                return fh.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def kill(self) -> None:
+        """SIGKILL every rank (SIGTERM does not free a rank stuck in a collective)."""
+        for p in self._procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    try:
+                        p.kill()
+                    except ProcessLookupError:
+                        pass
+        for p in self._procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        for log in self._logs:
+            log.close()
+        self._procs, self._logs = [], []
+
+    def close(self) -> None:
+        """Stop the ranks (politely if idle, else by SIGKILL) and remove the world's files."""
+        if self.closed:
+            return
+        if self.alive and self._store is not None:
+            try:
+                self._store.set(f"g{self.generation}/job/{self._next_job}", pickle.dumps(None))
+                deadline = time.monotonic() + 5
+                while time.monotonic() < deadline and any(p.poll() is None for p in self._procs):
+                    time.sleep(0.02)
+            except Exception:
+                pass
+        self.kill()
+        self.closed = True
+        self._store = None
+        if self._own_root:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    # -- jobs -----------------------------------------------------------------------------------
+    def run(self, fn_ref: str, *args, timeout_s: float = 120.0, kwargs: dict | None = None,
+            seed: int = 0) -> JobResult:
+        if not self.alive:
+            if self._procs:
+                self.kill()
+            self.start()
+        store = self._store
+        gen, n = self.generation, self._next_job
+        self._next_job += 1
+        self._jobs_total += 1
+        job_dir = os.path.join(self.root, f"job{self._jobs_total:04d}")
+        os.makedirs(job_dir, exist_ok=True)
+        job = {"n": n, "fn": fn_ref, "args": args, "kwargs": kwargs or {}, "dir": job_dir,
+               "pg_timeout_s": self.pg_timeout_s, "backend": self.backend, "seed": seed}
+        started = time.monotonic()
+        store.set(f"g{gen}/job/{n}", pickle.dumps(job))
+        keys = {r: f"g{gen}/result/{n}/{r}" for r in range(self.world_size)}
+        outcomes: dict[int, RankOutcome] = {}
+        first_error_at = first_done_at = first_dead_at = None
+        # Ranks that finished wait for the others for at most this long: a rank stuck in a
+        # collective gets the process group's own timeout plus slack before we call it hung.
+        straggler_s = self.pg_timeout_s + 10.0
+        deadline = started + timeout_s
+        hung: list[int] = []
+        while True:
+            now = time.monotonic()
+            for r, key in keys.items():
+                if r not in outcomes and store.check([key]):
+                    raw = pickle.loads(store.get(key))
+                    outcomes[r] = RankOutcome(
+                        rank=r, status=raw.get("status", "error"), value=raw.get("value"),
+                        exc_type=raw.get("exc_type"), message=raw.get("message"),
+                        traceback=raw.get("traceback"), duration_s=raw.get("duration_s"))
+                    first_done_at = first_done_at or now
+                    if outcomes[r].status != "ok":
+                        first_error_at = first_error_at or now
+            for r, p in enumerate(self._procs):
+                if r not in outcomes and p.poll() is not None and not store.check([keys[r]]):
+                    outcomes[r] = RankOutcome(rank=r, status="died", exit_code=p.returncode)
+                    first_dead_at = first_dead_at or now
+            if len(outcomes) == self.world_size:
+                break
+            waiting = [r for r in range(self.world_size) if r not in outcomes]
+            if (now > deadline
+                    or (first_dead_at and now - first_dead_at > min(straggler_s, 5.0))
+                    or (first_error_at and now - first_error_at > straggler_s)
+                    or (first_done_at and now - first_done_at > straggler_s)):
+                hung = waiting
+                break
+            time.sleep(0.02)
+        stacks = self._collect_stacks(hung + [r for r, o in outcomes.items() if o.status == "died"])
+        for r in hung:
+            outcomes[r] = RankOutcome(rank=r, status="hung")
+        duration = time.monotonic() - started
+        ranks = [outcomes[r] for r in range(self.world_size)]
+        for r in ranks:
+            r.stack = stacks.get(r.rank)
+            r.trace = read_trace(os.path.join(job_dir, f"rank{r.rank}.trace.jsonl"))
+            if r.status in ("died", "hung", "error"):
+                r.log_tail = self._log_tail(r.rank, gen)
+        status = max((r.status for r in ranks), key=_SEVERITY.__getitem__)
+        if status == "skip" and all(r.status == "skip" for r in ranks):
+            pass
+        elif status != "ok":
+            self.kill()
+        result = JobResult(status=status, ranks=ranks, duration_s=round(duration, 3),
+                           world_size=self.world_size, timeout_s=timeout_s, job_dir=job_dir)
+        if status in ("hung", "died", "error"):
+            result.divergence = diagnose.first_divergence([r.trace for r in ranks])
+            result.diagnosis = diagnose.describe(result)
+        return result
+
+    def _collect_stacks(self, ranks: list[int]) -> dict[int, str]:
+        """Ask each live listed rank for a faulthandler dump (SIGUSR1) and read every listed
+        rank's stack file (a crashed rank's fatal-error dump is there too)."""
+        if not ranks:
+            return {}
+        paths = {r: os.path.join(self.root, f"g{self.generation}-rank{r}.stack") for r in ranks}
+        sizes = {r: _size(paths[r]) for r in ranks}
+        signalled = []
+        for r in ranks:
+            p = self._procs[r] if r < len(self._procs) else None
+            if p is not None and p.poll() is None:
+                try:
+                    os.kill(p.pid, signal.SIGUSR1)
+                    signalled.append(r)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + 3.0
+        while signalled and time.monotonic() < deadline:
+            if all(_size(paths[r]) > sizes[r] for r in signalled):
+                time.sleep(0.1)  # let the dump finish
+                break
+            time.sleep(0.02)
+        stacks = {}
+        for r in ranks:
+            try:
+                with open(paths[r], encoding="utf-8", errors="replace") as fh:
+                    text = fh.read()
+            except OSError:
+                continue
+            stacks[r] = text[sizes[r]:] if r in signalled else text
+        return stacks
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def read_trace(path: str) -> list[dict]:
+    """Events of one rank's trace file; a torn last line (a killed rank) is dropped."""
+    events = []
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                try:
+                    events.append(json.loads(line))
+                except ValueError:
+                    break
+    except OSError:
+        pass
+    return events

@@ -1,0 +1,202 @@
+"""Entry point of one rank process: ``python -m pytest_ltconform.world.rank``.
+
+Started by the supervisor the way torchrun starts ranks (MASTER_ADDR, MASTER_PORT, WORLD_SIZE,
+RANK, LOCAL_RANK, NODE_RANK set; TORCHELASTIC_USE_AGENT_STORE so every rank connects to the
+supervisor's TCPStore as a client). It imports torch and lightning once, then takes jobs from the
+store until told to stop. Each job gets a fresh default process group, its own directory and
+trace file, and is isolated from the next one (environment, working directory, user modules,
+seeds). This module never imports the pytest plugin.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import datetime
+import faulthandler
+import importlib
+import os
+import pickle
+import random
+import signal
+import sys
+import threading
+import time
+import traceback
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Make sure no rank outlives the pytest process (Ctrl-C, crash, SIGKILL of pytest)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass
+    if os.getppid() != parent_pid:
+        os._exit(3)
+
+    def watch() -> None:  # portable fallback for platforms without prctl
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent_pid:
+                os._exit(3)
+
+    threading.Thread(target=watch, name="ltconform-parent-watch", daemon=True).start()
+
+
+@dataclasses.dataclass
+class RankContext:
+    """What a job function gets: ``rank``, ``world_size``, its own ``job_dir`` and the path of
+    the per-rank ``trace_path`` (JSON lines)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    job_dir: str
+    trace_path: str
+    store: object
+
+
+def _resolve(ref: str):
+    module_name, _, qualname = ref.partition(":")
+    obj = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _library_module(mod) -> bool:
+    """Modules that stay loaded between jobs: installed packages and the stdlib."""
+    path = getattr(mod, "__file__", None)
+    if not path:
+        return True
+    path = os.path.realpath(path)
+    return path.startswith(_KEEP_ROOTS) or "site-packages" in path or "dist-packages" in path
+
+
+_KEEP_ROOTS: tuple[str, ...] = ()
+
+
+@contextlib.contextmanager
+def _isolated(job_dir: str):
+    """Undo what a job may leave behind: env vars, cwd, newly imported user modules, sys.path."""
+    env = dict(os.environ)
+    cwd = os.getcwd()
+    modules = set(sys.modules)
+    path = list(sys.path)
+    os.chdir(job_dir)
+    try:
+        yield
+    finally:
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(env)
+        sys.path[:] = path
+        for name in set(sys.modules) - modules:
+            mod = sys.modules.get(name)
+            if mod is not None and not _library_module(mod):
+                del sys.modules[name]
+
+
+def _seed(seed: int = 0) -> None:
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.set_grad_enabled(True)
+
+
+def _run_job(job: dict, rank: int, world_size: int, local_rank: int, store, gen: int) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    job_dir = os.path.join(job["dir"], f"rank{rank}")
+    os.makedirs(job_dir, exist_ok=True)
+    trace_path = os.path.join(job["dir"], f"rank{rank}.trace.jsonl")
+    ctx = RankContext(rank, world_size, local_rank, job_dir, trace_path, store)
+    result: dict = {"rank": rank, "status": "ok"}
+    started = time.monotonic()
+    with _isolated(job_dir):
+        _seed(job.get("seed", 0))
+        default_dtype = torch.get_default_dtype()
+        pg_store = dist.PrefixStore(f"g{gen}/pg/{job['n']}", store)
+        dist.init_process_group(
+            job.get("backend", "gloo"), store=pg_store, rank=rank, world_size=world_size,
+            timeout=datetime.timedelta(seconds=job["pg_timeout_s"]),
+        )
+        try:
+            fn = _resolve(job["fn"])
+            result["value"] = fn(ctx, *job.get("args", ()), **job.get("kwargs", {}))
+        except BaseException as exc:  # report everything, including SystemExit from user code
+            skip = type(exc).__name__ in ("Skipped", "SkipTest")
+            result.update(status="skip" if skip else "error", exc_type=type(exc).__name__,
+                          message=str(exc)[:2000], traceback=traceback.format_exc()[-12000:])
+        finally:
+            torch.set_default_dtype(default_dtype)
+            if dist.is_initialized():
+                with contextlib.suppress(Exception):
+                    dist.destroy_process_group()
+    result["duration_s"] = round(time.monotonic() - started, 3)
+    return result
+
+
+def main() -> int:
+    global _KEEP_ROOTS
+    rank = int(os.environ["RANK"])
+    world_size = int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    gen = int(os.environ["LTCONFORM_GENERATION"])
+    workdir = os.environ["LTCONFORM_WORLD_DIR"]
+    _die_with_parent(int(os.environ["LTCONFORM_SUPERVISOR_PID"]))
+
+    stack_file = open(os.path.join(workdir, f"g{gen}-rank{rank}.stack"), "w")
+    faulthandler.enable(file=stack_file, all_threads=True)
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True, chain=False)
+
+    import sysconfig
+
+    import pytest_ltconform
+
+    package_root = os.path.dirname(os.path.realpath(pytest_ltconform.__file__))
+    _KEEP_ROOTS = tuple(os.path.realpath(p) for p in
+                        {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"], package_root})
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+        timeout=datetime.timedelta(days=7), wait_for_workers=False,
+    )
+    # The cold-start cost is paid here, once per rank process.
+    for name in os.environ.get("LTCONFORM_PRELOAD", "lightning.pytorch").split(","):
+        if name:
+            with contextlib.suppress(ImportError):
+                importlib.import_module(name)
+    store.set(f"g{gen}/ready/{rank}", str(os.getpid()))
+
+    n = 0
+    while True:
+        raw = store.get(f"g{gen}/job/{n}")
+        job = pickle.loads(raw)
+        if job is None:
+            return 0
+        result = _run_job(job, rank, world_size, local_rank, store, gen)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            payload = pickle.dumps(result)
+        except Exception as exc:
+            payload = pickle.dumps({"rank": rank, "status": "error", "exc_type": "PicklingError",
+                                    "message": f"the job's result could not be pickled: {exc}",
+                                    "traceback": ""})
+        store.set(f"g{gen}/result/{n}/{rank}", payload)
+        n += 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
