@@ -1,0 +1,172 @@
+"""Run the checker over the conformance corpus and measure it.
+
+    python -m pytest_ltconform.corpus [PATH ...] [--contract ID] [--json OUT] [--timeout S]
+
+Each case file (``conformance/<contract>/<case>.py``) defines ``Model`` (and optionally
+``DataModule`` and ``trainer_kwargs``) plus ``EXPECTED = {contract id: "pass" | "fail"}``.
+Every case is judged in the same persistent world pool (one cold start for the corpus, plus
+one per world a hanging case tears down), and the command prints a table (case, contract,
+expected, got) and the detection rate: true positives and true negatives separately. Exit
+status 0 when every expectation holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import glob
+import json
+import os
+import sys
+import time
+
+from . import contracts
+from .settings import Settings
+
+
+@dataclasses.dataclass
+class Case:
+    path: str
+    name: str
+    expected: dict
+    evidence: str
+    has_datamodule: bool
+    has_trainer: bool
+    strategy: str
+
+
+def discover(paths: list[str]) -> list[str]:
+    found = []
+    for p in paths:
+        if os.path.isdir(p):
+            found += sorted(glob.glob(os.path.join(p, "**", "*.py"), recursive=True))
+        else:
+            found.append(p)
+    return [f for f in found if not os.path.basename(f).startswith(("_", "run_plain", "conftest"))]
+
+
+def read_case(path: str) -> Case | None:
+    """Read a case's declarations without running its module body in this process."""
+    import ast
+
+    with open(path, encoding="utf-8") as fh:
+        tree = ast.parse(fh.read())
+    names: dict = {}
+    defined = set()
+    for node in tree.body:
+        if isinstance(node, ast.Assign):
+            for t in node.targets:
+                if isinstance(t, ast.Name) and t.id in ("EXPECTED", "EVIDENCE", "STRATEGY"):
+                    try:
+                        names[t.id] = ast.literal_eval(node.value)
+                    except ValueError:
+                        pass
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
+            defined.add(node.name)
+        if isinstance(node, ast.Assign):
+            defined.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    if "EXPECTED" not in names or "Model" not in defined:
+        return None
+    rel = os.path.relpath(path)
+    name = os.path.splitext(rel)[0].replace(os.sep, "/")
+    if name.startswith("conformance/"):
+        name = name[len("conformance/"):]
+    return Case(path=os.path.abspath(path), name=name, expected=names["EXPECTED"],
+                evidence=names.get("EVIDENCE", ""), has_datamodule="DataModule" in defined,
+                has_trainer="trainer_kwargs" in defined, strategy=names.get("STRATEGY", "ddp"))
+
+
+def judge_case(case: Case, pool, settings: Settings, only: str | None = None) -> list[dict]:
+    """Verdicts for every registered contract the case states an expectation for."""
+    from . import target as target_mod
+    from .session import LtconformSession
+
+    rows = []
+    wanted = [c for c in case.expected if c in contracts.ids() and (only is None or c == only)]
+    if not wanted:
+        return rows
+    try:
+        targets = target_mod.validate(
+            f"{case.path}:Model",
+            f"{case.path}:DataModule" if case.has_datamodule else None,
+            f"{case.path}:trainer_kwargs" if case.has_trainer else None,
+        )
+    except target_mod.TargetError as exc:
+        return [{"case": case.name, "contract": c, "strategy": case.strategy, "expected": case.expected[c],
+                 "got": "error", "outcome": "error", "message": str(exc), "duration_s": 0.0} for c in wanted]
+    session = LtconformSession(settings, targets, pool=pool)
+    for cid in wanted:
+        contract = contracts.get_contract(cid)
+        strategy = case.strategy if case.strategy in contract.strategies else contract.strategies[0]
+        verdict, duration = session.verdict(cid, strategy)
+        got = {"failed": "fail", "advisory": "fail", "passed": "pass"}.get(verdict.outcome, verdict.outcome)
+        rows.append({"case": case.name, "contract": cid, "strategy": strategy, "expected": case.expected[cid],
+                     "got": got, "outcome": verdict.outcome, "message": verdict.render(),
+                     "evidence_expected": case.evidence, "duration_s": round(duration, 3)})
+    return rows
+
+
+def rates(rows: list[dict]) -> dict:
+    tp = sum(r["expected"] == "fail" and r["got"] == "fail" for r in rows)
+    tn = sum(r["expected"] == "pass" and r["got"] == "pass" for r in rows)
+    pos = sum(r["expected"] == "fail" for r in rows)
+    neg = sum(r["expected"] == "pass" for r in rows)
+    return {"true_positives": tp, "positives": pos, "true_negatives": tn, "negatives": neg,
+            "false_positives": sum(r["expected"] == "pass" and r["got"] == "fail" for r in rows),
+            "misses": sum(r["expected"] == "fail" and r["got"] == "pass" for r in rows),
+            "errors": sum(r["got"] not in ("pass", "fail") for r in rows)}
+
+
+def _pct(a: int, b: int) -> str:
+    return f"{100.0 * a / b:.0f}% ({a}/{b})" if b else "n/a (0 cases)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pytest_ltconform.corpus", description=__doc__.split("\n\n")[0])
+    ap.add_argument("paths", nargs="*", default=["conformance"], help="case files or folders (default: conformance)")
+    ap.add_argument("--contract", help="judge only this contract id")
+    ap.add_argument("--json", help="write the rows and rates to this file")
+    ap.add_argument("--timeout", type=float, default=60.0, help="seconds per run (default 60)")
+    ap.add_argument("--world-size", type=int, default=2)
+    ap.add_argument("--verbose", "-v", action="store_true", help="print every verdict's message")
+    args = ap.parse_args(argv)
+
+    from .world import WorldPool
+
+    cases = [c for c in map(read_case, discover(args.paths)) if c is not None]
+    if not cases:
+        print(f"no cases found under {', '.join(args.paths)} (a case defines Model and EXPECTED)", file=sys.stderr)
+        return 2
+    settings = Settings(target="corpus", world_size=args.world_size, timeout_s=args.timeout)
+    pool = WorldPool()
+    rows: list[dict] = []
+    started = time.monotonic()
+    try:
+        for case in cases:
+            rows += judge_case(case, pool, settings, args.contract)
+    finally:
+        cold = pool.cold_starts
+        pool.close()
+    elapsed = time.monotonic() - started
+    width = max([len(r["case"]) for r in rows] + [4])
+    print(f"{'case':<{width}}  {'contract':<18} {'strategy':<8} {'expected':<8} {'got':<8}")
+    for r in rows:
+        mark = "" if r["got"] == r["expected"] else "   <-- MISMATCH"
+        print(f"{r['case']:<{width}}  {r['contract']:<18} {r['strategy']:<8} {r['expected']:<8} {r['got']:<8}{mark}")
+        if args.verbose or r["got"] != r["expected"]:
+            for line in r["message"].splitlines():
+                print(f"    {line}")
+    rate = rates(rows)
+    print()
+    print(f"detection rate: true positives {_pct(rate['true_positives'], rate['positives'])}, "
+          f"true negatives {_pct(rate['true_negatives'], rate['negatives'])}; "
+          f"false positives {rate['false_positives']}, misses {rate['misses']}, not judged {rate['errors']}")
+    print(f"{len(cases)} cases, {len(rows)} verdicts in {elapsed:.1f} s with {cold} world start(s)")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump({"rows": rows, "rates": rate, "elapsed_s": elapsed, "world_starts": cold}, fh, indent=2)
+    return 0 if all(r["got"] == r["expected"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
