@@ -114,7 +114,8 @@ def build_trainer_kwargs(user: dict, strategy: Any, world_size: int, root: str) 
     for stage in ("train", "val", "test", "predict"):
         key = f"limit_{stage}_batches"
         value = kwargs.get(key)
-        if value is None or (isinstance(value, float) and value >= 1.0) or (isinstance(value, int) and value > LIMIT_BATCHES):
+        too_many = (isinstance(value, float) and value >= 1.0) or (isinstance(value, int) and value > LIMIT_BATCHES)
+        if value is None or too_many:
             kwargs[key] = LIMIT_BATCHES
     kwargs.setdefault("enable_checkpointing", False)
     kwargs.setdefault("num_sanity_val_steps", 2)

@@ -195,11 +195,20 @@ class Recorder:
                     event["path"] = os.fspath(path) if path is not None else None
                 seq = recorder.emit(event)
                 recorder._calls.append(seq)
+                raised = None
                 try:
                     return original(*args, **kwargs)
+                except BaseException as exc:
+                    raised = type(exc).__name__
+                    raise
                 finally:
                     recorder._calls.pop()
-                    recorder.emit({"ev": "exit", "of": seq})
+                    exit_event = {"ev": "exit", "of": seq}
+                    if raised:
+                        # Where the rank was when the collective failed: the hooks unwind next.
+                        exit_event["raised"] = raised
+                        exit_event["hooks"] = [name for _, name in recorder._hooks]
+                    recorder.emit(exit_event)
 
             return wrapper
 

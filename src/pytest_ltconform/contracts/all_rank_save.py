@@ -44,7 +44,8 @@ class AllRankSave(Contract):
         calls = Counter(e.get("label") for e in run.events(0, "call") if user_call(e))
         if calls:
             listing = ", ".join(f"{label} x{n}" for label, n in sorted(calls.items()))
-            summary = f"every rank made the same collective-bearing calls from user code, in the same order ({listing})."
+            summary = ("every rank made the same collective-bearing calls from user code, in the same order "
+                       f"({listing}).")
         else:
             summary = "user code makes no collective-bearing call (saves, barriers, collectives) of its own."
         return self.verdict("passed", summary)

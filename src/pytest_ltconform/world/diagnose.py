@@ -150,17 +150,42 @@ def stack_summary(stack: str | None) -> str | None:
     return text
 
 
+def _call_chain(calls: dict[int, dict], innermost: dict) -> str:
+    chain = [innermost]
+    while chain[-1].get("parent") in calls:
+        chain.append(calls[chain[-1]["parent"]])
+    outer = chain[-1]
+    text = f"in {innermost['label']}"
+    if outer is not innermost:
+        text += f" from {outer['label']}"
+    return text + f" <- {fmt_site(outer.get('site'))}"
+
+
+def _hooks_text(names: list[str]) -> str:
+    hooks = [hook_label(n) for n in names]
+    module_hooks = [h for h in hooks if "Strategy" not in h.split(".")[0]] or hooks
+    text = f"inside {module_hooks[-1]}"
+    if hooks[-1] != module_hooks[-1]:
+        text += f" ({hooks[-1]})"
+    return text
+
+
 def rank_position(trace: list[dict]) -> str:
-    """Where a rank was when it stopped: open traced calls, the hook it was in, epoch/step."""
+    """Where a rank was when it stopped: the traced call it was in (or that raised), the hook it
+    was in, and its epoch and global step."""
+    calls: dict[int, dict] = {}
     open_calls: dict[int, dict] = {}
     open_hooks: dict[int, str] = {}
+    raised = None
     last = {}
     for e in trace:
         ev = e.get("ev")
         if ev == "call":
-            open_calls[e["seq"]] = e
+            calls[e["seq"]] = open_calls[e["seq"]] = e
         elif ev == "exit":
-            open_calls.pop(e.get("of"), None)
+            done = open_calls.pop(e.get("of"), None)
+            if e.get("raised") and raised is None and done is not None:
+                raised = (done, e)
         elif ev == "hook":
             open_hooks[e["i"]] = e["name"]
         elif ev == "hook_exit":
@@ -169,23 +194,23 @@ def rank_position(trace: list[dict]) -> str:
             last = e
     parts = []
     if open_calls:
-        chain = sorted(open_calls.values(), key=lambda e: e["seq"])
-        inner, outer = chain[-1], chain[0]
-        text = f"in {inner['label']}"
-        if outer is not inner:
-            text += f" from {outer['label']}"
-        text += f" <- {fmt_site(outer.get('site'))}"
-        parts.append(text)
-    if open_hooks:
-        hooks = [hook_label(open_hooks[i]) for i in sorted(open_hooks)]
-        module_hooks = [h for h in hooks if "Strategy" not in h.split(".")[0]] or hooks
-        parts.append(f"inside {module_hooks[-1]}" + (f" ({hooks[-1]})" if hooks[-1] != module_hooks[-1] else ""))
+        innermost = max(open_calls.values(), key=lambda e: e["seq"])
+        parts.append(_call_chain(calls, innermost))
+        if open_hooks:
+            parts.append(_hooks_text([open_hooks[i] for i in sorted(open_hooks)]))
+    elif raised is not None:
+        call, exit_event = raised
+        parts.append(f"{exit_event['raised']} raised {_call_chain(calls, call)}")
+        if exit_event.get("hooks"):
+            parts.append(_hooks_text(exit_event["hooks"]))
+    elif open_hooks:
+        parts.append(_hooks_text([open_hooks[i] for i in sorted(open_hooks)]))
     elif trace:
         parts.append("between hooks")
     if last:
         where = "sanity check" if last.get("sanity") else f"epoch {last.get('epoch')}"
         parts.append(f"{where}, global step {last.get('step')}")
-    return ", ".join(parts) if parts else "no trace recorded (it stopped before the run began)"
+    return ", ".join(parts) if parts else "no trace recorded"
 
 
 def describe(result) -> str:
@@ -202,7 +227,8 @@ def describe(result) -> str:
                 lines.append(f"Rank {r.rank} exited without a result (exit code {r.exit_code}).")
     for r in result.ranks:
         if r.status == "error":
-            lines.append(f"Rank {r.rank} raised {r.exc_type}: {(r.message or '').splitlines()[0][:300] if r.message else ''}")
+            first_line = (r.message or "").splitlines()[0][:300] if r.message else ""
+            lines.append(f"Rank {r.rank} raised {r.exc_type}: {first_line}")
     div = result.divergence
     if div:
         if div["kind"] == "hooks":
