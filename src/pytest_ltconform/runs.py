@@ -98,7 +98,7 @@ def adapt_strategy(ns: Any, strategy_name: str, user_strategy: Any, pg_timeout_s
     if strategy_name == "fsdp":
         from .sharded import cpu_fsdp_strategy
 
-        return cpu_fsdp_strategy(ns, user_strategy)
+        return cpu_fsdp_strategy(ns, user_strategy, timeout_s=pg_timeout_s)
     raise ValueError(f"unknown strategy {strategy_name!r}")
 
 
@@ -199,6 +199,8 @@ def traced_fit(ctx, targets: target_mod.Targets, strategy_name: str, contract_id
             if probe is not None:
                 probes.append((cid, probe))
         strategy = adapt_strategy(ns, strategy_name, loaded.user_kwargs.get("strategy"), pg_timeout_s)
+        if getattr(strategy, "ltconform_note", None):  # what ran in place of the user's strategy
+            recorder.emit({"ev": "note", "text": strategy.ltconform_note})
         kwargs = build_trainer_kwargs(loaded.user_kwargs, strategy, ctx.world_size, ctx.job_dir)
         observer = _make_observer(ns, recorder)
         kwargs["callbacks"] = list(kwargs.get("callbacks") or []) + [observer]

@@ -14,7 +14,7 @@ from .contracts.base import Run, Verdict
 from .settings import Settings
 from .world import WorldPool, WorldStartError
 
-SUPPORTED_STRATEGIES = ("ddp",)
+SUPPORTED_STRATEGIES = ("ddp", "fsdp")
 RUN_FUNCTIONS = {"fit": "pytest_ltconform.runs:traced_fit"}
 
 
@@ -89,6 +89,10 @@ def judge(contract, run: Run) -> Verdict:
 
         return contract.verdict("error", f"the {contract.id} verdict itself failed: {type(exc).__name__}: {exc}",
                                 diagnosis=traceback.format_exc())
+    # What ran in place of the user's strategy (e.g. their FSDP/DeepSpeed config as CPU FSDP).
+    tier_note = next((e.get("text") for e in run.events(0, "note") if e.get("text")), None)
+    if tier_note and tier_note not in verdict.notes:
+        verdict.notes.insert(0, tier_note)
     if run.finished:
         return verdict
     if verdict.failed:

@@ -224,6 +224,13 @@ def instantiate(spec: TargetSpec, base_name: str, what: str) -> Any:
 
 def trainer_kwargs(spec: TargetSpec) -> dict:
     """Load a Trainer-kwargs target: a dict or a zero-argument callable returning one."""
+    from .sharded import deepspeed_stand_in
+
+    with deepspeed_stand_in():  # a DeepSpeedStrategy(...) stays readable where deepspeed is absent
+        return _trainer_kwargs(spec)
+
+
+def _trainer_kwargs(spec: TargetSpec) -> dict:
     obj = load_object(spec)
     if callable(obj) and not isinstance(obj, dict):
         required = _required_params(obj)

@@ -124,9 +124,27 @@ class Recorder:
         self._produced: dict[int, tuple[Any, dict]] = {}
         self.per_batch_logs: dict[str, dict] = {}
         self.extra: dict[str, Any] = {}
+        self._paused = 0
+
+    def paused(self):
+        """Context manager: record nothing inside (a probe's own extra Trainer calls, such as a
+        validate or a resume, must not read as the user's run to the other contracts)."""
+        import contextlib
+
+        @contextlib.contextmanager
+        def pause():
+            self._paused += 1
+            try:
+                yield
+            finally:
+                self._paused -= 1
+
+        return pause()
 
     # -- events ---------------------------------------------------------------------------------
     def emit(self, event: dict) -> int:
+        if self._paused:
+            return 0
         with self._lock:
             self._seq += 1
             event["seq"] = self._seq
@@ -303,6 +321,8 @@ class Recorder:
     def _record_log(self, module, bound: dict, site, direct: bool) -> None:
         import torch
 
+        if self._paused:
+            return
         name = str(bound.get("name"))
         value = bound.get("value")
         hook = getattr(module, "_current_fx_name", None) or self.current_hook()

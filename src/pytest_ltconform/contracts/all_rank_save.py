@@ -36,6 +36,7 @@ class AllRankSave(Contract):
     id = "all-rank-save"
     title = "Checkpoint saves and other collectives are called on every rank"
     seed = "Sampling, metrics and writes"
+    strategies = ("ddp", "fsdp")
 
     def judge(self, run: Run) -> Verdict:
         div = first_divergence(run.traces, select=user_call)

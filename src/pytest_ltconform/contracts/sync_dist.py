@@ -49,6 +49,7 @@ class SyncDist(Contract):
     id = "sync-dist"
     title = "Synced logging, monitored metrics and shared decisions agree across ranks"
     seed = "Sampling, metrics and writes"
+    strategies = ("ddp", "fsdp")
 
     def judge(self, run: Run) -> Verdict:
         div = first_divergence(run.traces, select=synced_log)

@@ -1,0 +1,248 @@
+"""The sharded tier on CPU: Lightning's FSDPStrategy on gloo ranks, and reading DeepSpeed configs
+where DeepSpeed cannot run.
+
+Lightning 2.6.6 refuses FSDP without a GPU by an exact type check on the strategy, and torch FSDP
+only accepts CPU modules when it is given ``device_id=torch.device("cpu")``. A subclass of the
+namespace's FSDPStrategy passes the first and supplies the second, so sharded saves, sharded
+resume and ``configure_model`` inside the sharded context all run for real on CPU ranks.
+
+A user whose production config names DeepSpeed gets this tier too when no GPU is present:
+DeepSpeed under Lightning needs CUDA. Where the deepspeed package is not installed at all,
+:func:`deepspeed_stand_in` lets the user's ``DeepSpeedStrategy(...)`` be constructed so its
+settings (stage, config dict) can still be read and mapped.
+
+No torch or lightning import at module level: the pytest process imports this module lazily.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+import sys
+from typing import Any
+
+# DeepSpeed ZeRO stage -> the FSDP sharding strategy that shards the same state.
+_ZERO_TO_FSDP = {0: "NO_SHARD", 1: "SHARD_GRAD_OP", 2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}
+# FSDPStrategy kwargs that only make sense on GPUs and are dropped on CPU ranks.
+_GPU_ONLY_KWARGS = ("device_mesh",)
+
+
+def sharded_kind(user_strategy: Any) -> str | None:
+    """'fsdp', 'deepspeed' or None: which sharded strategy the user's Trainer config names
+    (an instance, a subclass instance, or a registered name such as 'fsdp_cpu_offload')."""
+    if user_strategy is None:
+        return None
+    if isinstance(user_strategy, str):
+        name = user_strategy.lower()
+        if name.startswith("fsdp"):
+            return "fsdp"
+        if name.startswith("deepspeed"):
+            return "deepspeed"
+        return None
+    for klass in type(user_strategy).__mro__:
+        if klass.__name__ == "FSDPStrategy":
+            return "fsdp"
+        if klass.__name__ == "DeepSpeedStrategy":
+            return "deepspeed"
+    return None
+
+
+def zero_stage(user_strategy: Any) -> int | None:
+    """The ZeRO stage a DeepSpeedStrategy (or a 'deepspeed_stage_N' name) asks for."""
+    if isinstance(user_strategy, str):
+        digits = [c for c in user_strategy if c.isdigit()]
+        return int(digits[0]) if digits else None
+    config = getattr(user_strategy, "config", None) or {}
+    zero = config.get("zero_optimization") if isinstance(config, dict) else None
+    if isinstance(zero, dict) and "stage" in zero:
+        try:
+            return int(zero["stage"])
+        except (TypeError, ValueError):
+            return None
+    return None
+
+
+def describe(user_strategy: Any) -> str:
+    """Short readable form of the user's strategy, e.g. ``FSDPStrategy(state_dict_type='sharded')``."""
+    if isinstance(user_strategy, str):
+        return repr(user_strategy)
+    kind = sharded_kind(user_strategy)
+    name = type(user_strategy).__name__
+    if kind == "deepspeed":
+        stage = zero_stage(user_strategy)
+        return f"{name}(stage={stage})" if stage is not None else f"{name}(config=...)"
+    if kind == "fsdp":
+        parts = []
+        sdt = getattr(user_strategy, "_state_dict_type", "full")
+        if sdt != "full":
+            parts.append(f"state_dict_type={sdt!r}")
+        sharding = getattr(getattr(user_strategy, "sharding_strategy", None), "name", None)
+        if sharding and sharding != "FULL_SHARD":
+            parts.append(f"sharding_strategy={sharding!r}")
+        if "auto_wrap_policy" in (getattr(user_strategy, "kwargs", None) or {}):
+            parts.append("auto_wrap_policy=...")
+        return f"{name}({', '.join(parts)})"
+    return name
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:
+        return False
+
+
+def _cpu_subclass(base: type) -> type:
+    import contextlib as _ctx
+
+    import torch
+
+    cpu = torch.device("cpu")
+
+    class CPUFSDPStrategy(base):
+        """FSDPStrategy on CPU gloo ranks: FSDP units get ``device_id=cpu``."""
+
+        def _fsdp_settings(self) -> dict:
+            return dict(cpu_offload=self.cpu_offload, mixed_precision=self.mixed_precision_config,
+                        sharding_strategy=self.sharding_strategy, device_id=cpu, **self.kwargs)
+
+        def _setup_model(self, model):
+            from torch.distributed.fsdp import FullyShardedDataParallel
+
+            if not any(isinstance(m, FullyShardedDataParallel) for m in model.modules()):
+                model = FullyShardedDataParallel(module=model, **self._fsdp_settings())
+            # The model is wrapped now, so Lightning's own setup only does its after-wrap steps
+            # (TorchMetrics placement, activation checkpointing). Hide the wrap policy meanwhile:
+            # Lightning would warn about it and delete it for the next stage (validate after fit).
+            policy = self.kwargs.pop("auto_wrap_policy", None)
+            try:
+                return super()._setup_model(model)
+            finally:
+                if policy is not None:
+                    self.kwargs["auto_wrap_policy"] = policy
+
+        @_ctx.contextmanager
+        def model_sharded_context(self):
+            # configure_model runs in here: wrap() calls in it build CPU FSDP units.
+            from torch.distributed.fsdp import FullyShardedDataParallel
+            from torch.distributed.fsdp.wrap import enable_wrap
+
+            with enable_wrap(wrapper_cls=FullyShardedDataParallel, **self._fsdp_settings()):
+                yield
+
+    CPUFSDPStrategy.__qualname__ = f"CPU{base.__qualname__}"
+    return CPUFSDPStrategy
+
+
+def cpu_fsdp_strategy(ns: Any, user_strategy: Any = None, timeout_s: float | None = None) -> Any:
+    """An FSDPStrategy of namespace ``ns`` (``lightning.pytorch`` or ``pytorch_lightning``) that
+    trains on CPU gloo ranks.
+
+    Keeps the user's settings when ``user_strategy`` is an FSDPStrategy (state_dict_type,
+    auto_wrap_policy, sharding_strategy, activation checkpointing, their own subclass'
+    overrides); a registered name ('fsdp', 'fsdp_cpu_offload') gets its registered settings; a
+    DeepSpeedStrategy gets the FSDP sharding that matches its ZeRO stage; anything else the
+    defaults. ``timeout_s`` bounds every collective (seconds). The returned object carries
+    ``ltconform_note``: one sentence saying what ran in place of the user's config.
+    """
+    import datetime
+
+    strategies = importlib.import_module(f"{ns.__name__}.strategies")
+    base = strategies.FSDPStrategy
+    kind = sharded_kind(user_strategy)
+    if kind == "fsdp" and isinstance(user_strategy, base):
+        cls = _cpu_subclass(type(user_strategy))
+        strategy = cls.__new__(cls)
+        strategy.__dict__.update(user_strategy.__dict__)
+        strategy.kwargs = {k: v for k, v in dict(user_strategy.kwargs).items() if k not in _GPU_ONLY_KWARGS}
+    else:
+        init: dict = {}
+        if kind == "fsdp" and isinstance(user_strategy, str):
+            entry = strategies.StrategyRegistry.get(user_strategy) or {}
+            init = dict(entry.get("init_params") or {})
+        elif kind == "deepspeed":
+            stage = zero_stage(user_strategy)
+            init = {"sharding_strategy": _ZERO_TO_FSDP.get(stage if stage is not None else 2, "FULL_SHARD")}
+        strategy = _cpu_subclass(base)(**init)
+    if timeout_s is not None:
+        strategy._timeout = datetime.timedelta(seconds=timeout_s)
+    where = "a GPU is present, but this is the CPU tier" if _cuda_available() else "no GPU is present"
+    sharding = getattr(getattr(strategy, "sharding_strategy", None), "name", "FULL_SHARD")
+    if kind == "fsdp":
+        strategy.ltconform_note = (
+            f"the Trainer config names {describe(user_strategy)}; {where}, so this item ran it as "
+            f"FSDP on CPU gloo ranks (the CPU sharded tier) with your settings "
+            f"(sharding {sharding}, state_dict_type={strategy._state_dict_type!r}).")
+    elif kind == "deepspeed":
+        strategy.ltconform_note = (
+            f"the Trainer config names {describe(user_strategy)}; DeepSpeed under Lightning needs CUDA and "
+            f"{where}, so this item ran the CPU sharded tier instead: FSDP on CPU gloo ranks with "
+            f"sharding {sharding}, the FSDP equivalent of that ZeRO stage.")
+    else:
+        strategy.ltconform_note = None
+    return strategy
+
+
+def _deepspeed_installed() -> bool:
+    return importlib.util.find_spec("deepspeed") is not None
+
+
+@contextlib.contextmanager
+def deepspeed_stand_in():
+    """While active, and only where the deepspeed package is not installed, constructing a
+    Lightning ``DeepSpeedStrategy`` records its settings (``.config`` built the way Lightning
+    builds it, ``.ltconform_stand_in = True``) instead of raising for the missing package.
+
+    Such an object is for reading only: a Trainer cannot run it (nothing could: DeepSpeed is
+    absent); the worlds replace it with the CPU sharded tier.
+    """
+    if _deepspeed_installed():
+        yield
+        return
+    patched = []
+    for ns in ("lightning.pytorch", "pytorch_lightning"):
+        mod = sys.modules.get(f"{ns}.strategies.deepspeed")
+        cls = getattr(mod, "DeepSpeedStrategy", None) if mod is not None else None
+        if cls is None or "__init__" not in cls.__dict__:
+            continue
+        original = cls.__dict__["__init__"]
+        cls.__init__ = _recording_init(cls, original)
+        patched.append((cls, original))
+    try:
+        yield
+    finally:
+        for cls, original in patched:
+            cls.__init__ = original
+
+
+def _recording_init(cls: type, original):
+    signature = inspect.signature(original)
+    default_params = set(inspect.signature(cls._create_default_config).parameters) - {"self", "zero_kwargs"}
+    zero_keys = ("stage", "contiguous_gradients", "overlap_comm", "allgather_partitions", "reduce_scatter",
+                 "allgather_bucket_size", "reduce_bucket_size", "sub_group_size")
+
+    def __init__(self, *args, **kwargs):
+        bound = signature.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        params = dict(bound.arguments)
+        params.pop("self", None)
+        # The parallel-strategy base only stores these; it needs nothing from deepspeed.
+        base_init = cls.__mro__[1].__init__
+        base_init(self, accelerator=params.get("accelerator"), parallel_devices=params.get("parallel_devices"),
+                  cluster_environment=params.get("cluster_environment"),
+                  precision_plugin=params.get("precision_plugin"),
+                  process_group_backend=params.get("process_group_backend"))
+        self._timeout = params.get("timeout")
+        self.ltconform_stand_in = True
+        self.ltconform_args = {k: v for k, v in params.items()
+                               if signature.parameters[k].default is not v and k != "config"}
+        config = self._load_config(params.get("config"))
+        if config is None:
+            config = self._create_default_config(**{k: params[k] for k in params
+                                                    if k in default_params or k in zero_keys})
+        self.config = config
+
+    return __init__
