@@ -111,7 +111,14 @@ def import_module(spec: TargetSpec):
     try:
         if spec.path:
             return _import_file_module(spec)
-        return importlib.import_module(spec.module)
+        try:
+            return importlib.import_module(spec.module)
+        except ModuleNotFoundError as exc:
+            # The `pytest` script does not put the working directory on sys.path; `python -m` does.
+            if os.getcwd() in sys.path or not (exc.name and spec.module.split(".")[0] == exc.name.split(".")[0]):
+                raise
+            sys.path.insert(0, os.getcwd())
+            return importlib.import_module(spec.module)
     except ModuleNotFoundError as exc:
         missing = exc.name or spec.module
         if spec.module == missing or spec.module.startswith(missing + "."):

@@ -158,7 +158,7 @@ def _call_chain(calls: dict[int, dict], innermost: dict) -> str:
     text = f"in {innermost['label']}"
     if outer is not innermost:
         text += f" from {outer['label']}"
-    return text + f" <- {fmt_site(outer.get('site'))}"
+    return text + (f" <- {fmt_site(outer['site'])}" if outer.get("site") else "")
 
 
 def _hooks_text(names: list[str]) -> str:

@@ -1,0 +1,155 @@
+"""Start-up behaviour: options, ini precedence, markers, bad targets, no heavy imports.
+
+These run pytest in-process (``pytester.runpytest``) or in a subprocess; none starts a world.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+
+def test_plain_pytest_imports_no_torch_or_lightning(pytester):
+    pytester.makepyfile(
+        """
+        import sys
+        def test_nothing_heavy():
+            heavy = [m for m in ("torch", "lightning", "pytorch_lightning") if m in sys.modules]
+            assert not heavy, heavy
+        """
+    )
+    result = pytester.runpytest_subprocess()  # the plugin loads through its entry point
+    result.assert_outcomes(passed=1)
+
+
+def test_markers_registered_under_strict_markers(pytester):
+    pytester.makepyfile(
+        """
+        import pytest
+        @pytest.mark.ltconform
+        @pytest.mark.ltconform_cpu
+        @pytest.mark.ltconform_gpu
+        @pytest.mark.ltconform_multinode
+        @pytest.mark.ltconform_deepspeed
+        def test_marked():
+            pass
+        """
+    )
+    result = pytester.runpytest("--strict-markers")
+    result.assert_outcomes(passed=1)
+    listing = pytester.runpytest("--markers")
+    listing.stdout.fnmatch_lines(["@pytest.mark.ltconform_gpu:*CUDA*"])
+
+
+SETTINGS_TEST = """
+from pytest_ltconform.plugin import SETTINGS_KEY
+def test_settings(pytestconfig):
+    s = pytestconfig.stash[SETTINGS_KEY]
+    print("SETTINGS", s.world_size, s.timeout_s, s.strategies)
+"""
+
+
+def test_ini_values_apply_and_command_line_wins(pytester):
+    pytester.makeini("[pytest]\nltconform_world_size = 3\nltconform_timeout = 45\nltconform_strategies = ddp\n")
+    pytester.makepyfile(SETTINGS_TEST)
+    result = pytester.runpytest("-s")
+    result.stdout.fnmatch_lines(["*SETTINGS 3 45.0 ('ddp',)"])
+    result = pytester.runpytest("-s", "--ltconform-world-size", "4", "--ltconform-timeout", "9")
+    result.stdout.fnmatch_lines(["*SETTINGS 4 9.0 ('ddp',)"])
+
+
+@pytest.mark.parametrize(
+    "ini, args, message",
+    [
+        ("ltconform_world_size = two", [], "*ini option 'ltconform_world_size'*expected a whole number*'two'*"),
+        ("", ["--ltconform-timeout", "-3"], "*--ltconform-timeout: the timeout must be positive*"),
+        ("", ["--ltconform-require", "tpu"], "*--ltconform-require: unknown value(s) 'tpu'; choose from cpu, gpu*"),
+    ],
+)
+def test_bad_settings_name_where_they_came_from(pytester, ini, args, message):
+    pytester.makeini(f"[pytest]\n{ini}\n")
+    result = pytester.runpytest(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([message])
+
+
+TARGETS = '''
+import torch
+import lightning.pytorch as L
+from torch.utils.data import DataLoader, TensorDataset
+
+class Good(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+    def training_step(self, batch, batch_idx):
+        return self.layer(batch[0]).sum()
+    def train_dataloader(self):
+        return DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=2)
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+class NoData(L.LightningModule):
+    def training_step(self, batch, batch_idx):
+        return None
+
+class NeedsArgs(Good):
+    def __init__(self, hidden):
+        super().__init__()
+
+class NotAModule:
+    pass
+
+def broken_factory():
+    raise ValueError("checkpoint path not set")
+
+def trainer_list():
+    return ["not", "a", "dict"]
+
+def trainer_typo():
+    return {"max_epoch": 3}
+'''
+
+
+@pytest.mark.parametrize(
+    "model, trainer, expected",
+    [
+        ("no_such_pkg.Model", None, "--ltconform 'no_such_pkg.Model': cannot import module 'no_such_pkg'"),
+        ("targets_mod.Missing", None, "module 'targets_mod' has no attribute 'Missing'. Classes defined there"),
+        ("targets_mod.NotAModule", None, "is a class but not a LightningModule subclass"),
+        ("targets_mod:broken_factory", None, "broken_factory() raised ValueError: checkpoint path not set (at "),
+        ("targets_mod.NoData", None, "no train_dataloader is defined on NoData"),
+        ("targets_mod.NeedsArgs", None, "cannot be constructed without arguments (__init__ requires hidden)"),
+        ("missing/file.py:Model", None, "the file 'missing/file.py' does not exist"),
+        ("targets_mod.Good", "targets_mod:trainer_list", "expected a dict of Trainer kwargs"),
+        ("targets_mod.Good", "targets_mod:trainer_typo", "max_epoch is not a Trainer argument"),
+    ],
+)
+def test_bad_targets_name_the_input_and_the_fix(tmp_path, monkeypatch, model, trainer, expected):
+    from pytest_ltconform import target
+
+    (tmp_path / "targets_mod.py").write_text(TARGETS)
+    monkeypatch.syspath_prepend(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(__import__("sys").modules, "targets_mod", raising=False)
+    with pytest.raises(target.TargetError) as info:
+        target.validate(model, None, trainer)
+    assert expected in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_bad_target_fails_the_session_at_start_without_traceback(pytester):
+    pytester.makepyfile(targets_mod=TARGETS)
+    result = pytester.runpytest_subprocess("--ltconform", "targets_mod:broken_factory", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: --ltconform 'targets_mod:broken_factory': calling broken_factory() raised "
+                                 "ValueError: checkpoint path not set (at *targets_mod.py:*"])
+    assert "Traceback" not in result.stderr.str()
+
+
+def test_file_path_target_and_collect_only_start_no_world(pytester):
+    path = pytester.makepyfile(targets_mod=TARGETS)
+    result = pytester.runpytest_subprocess("--ltconform", f"{path}:Good", "--collect-only", "-q")
+    result.stdout.fnmatch_lines(["ltconform::all-rank-save[[]ddp[]]", "ltconform::sync-dist[[]ddp[]]"])
+    assert result.ret == pytest.ExitCode.OK

@@ -1,0 +1,184 @@
+"""End-to-end runs in real worlds of 2 gloo ranks, each in a pytest subprocess.
+
+Each test here starts its own pytest process, so a hung or killed world can never take this
+session down; the number of runs is kept small because a cold world costs about 5 s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+import pytest
+from conftest import BORING, CONFORMANCE, case, rank_pids, wait_until
+
+pytest_plugins = ["pytester"]
+
+
+def test_boring_model_passes_with_json_report(pytester, no_leftover_ranks):
+    report = pytester.path / "out" / "ltconform.json"
+    result = pytester.runpytest_subprocess("--ltconform", BORING, "--ltconform-strategies", "ddp",
+                                           "--ltconform-report", str(report), "-p", "no:cacheprovider")
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("passed", 0) >= 2 and not outcomes.get("failed") and not outcomes.get("errors"), outcomes
+    result.stdout.fnmatch_lines(["*ltconform summary*", "*all-rank-save*passed*", "*sync-dist*passed*"])
+    doc = json.loads(report.read_text())
+    assert set(doc) == {"target", "world_size", "versions", "results"}
+    assert doc["target"] == BORING and doc["world_size"] == 2
+    assert {"python", "torch", "lightning"} <= set(doc["versions"])
+    assert len(doc["results"]) == outcomes["passed"]
+    for rec in doc["results"]:
+        assert {"contract", "strategy", "world_size", "outcome", "message", "evidence", "duration_s"} <= set(rec)
+        assert rec["outcome"] == "passed"
+
+
+PL_MODULE = '''
+import torch
+import pytorch_lightning as pl
+from pytorch_lightning.callbacks import ModelCheckpoint
+from torch.utils.data import DataLoader, TensorDataset
+
+def _data(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 4, generator=g)
+    return TensorDataset(x, x.sum(1, keepdim=True))
+
+class Model(pl.LightningModule):
+    """A module of the standalone pytorch_lightning package (as neuralforecast/darts use)."""
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(4, 1)
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.net(x), y)
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", torch.nn.functional.mse_loss(self.net(x), y), sync_dist=True, batch_size=len(y))
+    def on_train_epoch_end(self):
+        if self.global_rank == 0:
+            self.trainer.save_checkpoint("rank0-only.ckpt")
+    def train_dataloader(self):
+        return DataLoader(_data(32, 1), batch_size=4)
+    def val_dataloader(self):
+        return DataLoader(_data(16, 2), batch_size=4)
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+def trainer_kwargs():
+    return {"callbacks": [ModelCheckpoint(monitor="val_loss")], "enable_checkpointing": True}
+'''
+
+
+def test_pytorch_lightning_namespace_is_first_class(pytester, no_leftover_ranks):
+    """A pytorch_lightning module runs on a pytorch_lightning Trainer, with its callbacks, and
+    the trace patches that namespace: the rank-guarded save is caught with its call site, and
+    the hung world is reported within the timeout."""
+    pytester.makepyfile(pl_model=PL_MODULE)
+    start = time.monotonic()
+    result = pytester.runpytest_subprocess(
+        "--ltconform", "pl_model.Model", "--ltconform-trainer", "pl_model:trainer_kwargs",
+        "--ltconform-strategies", "ddp", "--ltconform-timeout", "30", "-p", "no:cacheprovider")
+    elapsed = time.monotonic() - start
+    result.stdout.fnmatch_lines([
+        "*[[]all-rank-save[]] FAILED*Trainer.save_checkpoint called on rank 0 only*under an "
+        "`if self.global_rank == 0:` guard, at pl_model.py:24 (Model.on_train_epoch_end)*",
+    ])
+    result.stdout.fnmatch_lines(["*Where each rank was:*", "*rank 0 (*", "*rank 1 (*"])
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed") == 1 and outcomes.get("passed", 0) >= 1, outcomes
+    # Timeout plus start-up (two cold imports) plus the 15 s the issue allows for the diagnosis.
+    assert elapsed < 30 + 15 + 20, elapsed
+
+
+LEAKY = '''
+import os, random, sys
+import helper_state
+
+def leak(ctx):
+    import torch
+    os.environ["LTC_LEAK"] = "leaked"
+    helper_state.COUNTER += 1
+    torch.manual_seed(1234)
+    random.seed(99)
+    sys.path.append("/nonexistent/leak")
+    os.chdir("/")
+    return os.getpid()
+
+def observe(ctx):
+    import torch
+    return {"pid": os.getpid(), "env": os.environ.get("LTC_LEAK"), "counter": helper_state.COUNTER,
+            "rand": float(torch.rand(1)), "py": random.random(), "path": "/nonexistent/leak" in sys.path,
+            "cwd_is_job_dir": os.getcwd().endswith(f"rank{ctx.rank}")}
+
+def sum_ranks(ctx, offset):
+    import torch, torch.distributed as dist
+    t = torch.tensor([ctx.rank + offset])
+    dist.all_reduce(t)
+    return int(t)
+
+def fail_on_rank_one(ctx):
+    if ctx.rank == 1:
+        raise ValueError("bad shard on rank 1")
+    return "ok"
+
+def test_jobs_share_ranks_but_not_state(ltconform_world):
+    world = ltconform_world(world_size=2)
+    clean = world.run(observe)
+    pids = world.run(leak)
+    after = world.run(observe)
+    assert [o["pid"] for o in after] == pids == [o["pid"] for o in clean]   # same processes: no cold start
+    assert after == clean, (clean, after)                                   # and nothing leaked
+    assert world.run(sum_ranks, 10) == [21, 21]
+
+def test_failed_rank_is_reported_with_its_traceback(ltconform_world):
+    ltconform_world(world_size=2).run(fail_on_rank_one)
+'''
+
+
+def test_ltconform_world_fixture_reuses_ranks_and_isolates_jobs(pytester, no_leftover_ranks):
+    pytester.makepyfile(helper_state="COUNTER = 0\n", test_user_dist=LEAKY)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-v")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines([
+        "*ltconform_world.run(test_user_dist:fail_on_rank_one) failed on 2 ranks*",
+        "*rank 1: error (ValueError: bad shard on rank 1)*",
+        "[[]rank1[]] ValueError: bad shard on rank 1",
+    ])
+
+
+HANGING = str(CONFORMANCE / "sync-dist" / "epoch_end_log_rank_zero_gate.py")
+
+
+@pytest.mark.parametrize("how", ["SIGINT", "SIGTERM", "SIGKILL"])
+def test_interrupted_or_crashed_pytest_leaves_no_rank_behind(pytester, how):
+    """Ctrl-C, a polite kill and a crash of the pytest process mid-run all take the ranks down."""
+    devnull = open(os.devnull, "w")
+    proc = pytester.popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--ltconform", f"{HANGING}:Model",
+                           "--ltconform-timeout", "120", "--ltconform-strategies", "ddp"],
+                          stdout=devnull, stderr=devnull)
+    try:
+        assert wait_until(lambda: len(rank_pids(proc.pid)) == 2, 90), "ranks never started"
+        time.sleep(2.0)  # let them get into the run
+        os.kill(proc.pid, getattr(signal, how))
+        proc.wait(timeout=60)
+        assert wait_until(lambda: not rank_pids(proc.pid), 15), f"ranks left after {how}: {rank_pids(proc.pid)}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        devnull.close()
+
+
+def test_xdist_gives_the_same_verdicts(pytester, no_leftover_ranks):
+    path = CONFORMANCE / "all-rank-save/callback_save_rank_zero_only.py"
+    args = ["--ltconform", case("all-rank-save/callback_save_rank_zero_only.py"),
+            "--ltconform-trainer", f"{path}:trainer_kwargs", "--ltconform-strategies", "ddp",
+            "--ltconform-timeout", "30", "-p", "no:cacheprovider", "-rA"]
+    result = pytester.runpytest_subprocess("-n", "2", *args)
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed") == 1 and outcomes.get("passed", 0) >= 1, result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines(["*FAILED ltconform::all-rank-save[[]ddp[]]*"])
+    result.stdout.fnmatch_lines(["*PASSED ltconform::sync-dist[[]ddp[]]*"])
+    result.stdout.fnmatch_lines(["*ltconform summary*", "*all-rank-save*failed*"])
