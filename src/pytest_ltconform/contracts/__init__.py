@@ -10,6 +10,7 @@ import importlib
 _MODULES = {
     "all-rank-save": "all_rank_save",
     "sync-dist": "sync_dist",
+    "unused-parameters": "unused_parameters",
 }
 
 

@@ -1,0 +1,389 @@
+"""unused-parameters: every parameter DDP registered gets a gradient on every backward pass, unless
+``find_unused_parameters=True`` says usage is dynamic; and that flag is not paid for when nothing
+is ever unused.
+
+Seed section "Choose using measured memory": find_unused_parameters=False only when every relevant
+parameter takes part in every backward; True supports unused parameters at the price of a graph
+traversal after every forward.
+
+Checked from the traced fit. The rank-side probe hooks every parameter that requires grad when
+training starts (a gradient hook per parameter, a forward hook per module owning parameters) and
+wraps ``strategy.backward``, which both automatic optimization and ``manual_backward`` go through.
+After every backward it writes one trace event naming the parameters that got no gradient, which
+modules did not run or ran under ``torch.no_grad()``, and which parameters had requires_grad
+switched off at that moment (``toggle_optimizer``). The events are written as the run goes, so a
+world that DDP's reducer stopped ("Expected to have finished reduction ...", which Lightning
+re-raises without parameter names) is still judged; DDP's own message is kept too and its
+parameter indices are mapped back to names.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+
+from .base import Contract, Evidence, Probe, Run, Verdict
+
+_DDP_ERROR_PATTERNS = (
+    "Expected to have finished reduction",
+    "parameters that were not used in producing the loss",
+    "did not receive grad",
+)
+_INDEX_RE = re.compile(r"Parameter indices which did not receive grad for rank (\d+):\s*([\d ]+)")
+
+
+def _ddp_error_text(message: str | None) -> bool:
+    return bool(message) and any(p in message for p in _DDP_ERROR_PATTERNS)
+
+
+class _Observer:
+    """Rank side: per-parameter gradient hooks and the per-backward record."""
+
+    def __init__(self, recorder):
+        self.recorder = recorder
+        self.names: list[str] = []
+        self.params: dict[str, object] = {}
+        self.seen: set[str] = set()
+        self.ran: dict[str, bool] = {}          # module name -> ran with grad enabled at least once
+        self.owner: dict[str, str] = {}         # parameter name -> owning module name
+        self.handles: list = []
+        self.backwards = 0
+        self.batch_key = None
+        self.in_batch = 0
+        self.unused_backwards = 0
+        self.started = False
+
+    def start(self, trainer) -> None:
+        import torch
+
+        if self.started:
+            return
+        self.started = True
+        module = trainer.lightning_module
+        # The order DDP gives its reducer: modules in named_modules order, each module's own
+        # parameters that require grad, first occurrence of a shared parameter only.
+        seen_ids = set()
+        for mod_name, mod in module.named_modules():
+            own = [(n, p) for n, p in mod.named_parameters(recurse=False) if p.requires_grad]
+            for pname, p in own:
+                if id(p) in seen_ids:
+                    continue
+                seen_ids.add(id(p))
+                full = f"{mod_name}.{pname}" if mod_name else pname
+                self.names.append(full)
+                self.params[full] = p
+                self.owner[full] = mod_name
+                self.handles.append(p.register_hook(self._grad_hook(full)))
+            if own:
+                self.handles.append(mod.register_forward_hook(self._forward_hook(mod_name)))
+        ddp = getattr(trainer.strategy, "model", None)
+        config = {"ev": "grad_setup", "names": self.names, "ddp": False}
+        if isinstance(ddp, torch.nn.parallel.DistributedDataParallel):
+            config.update(ddp=True, find_unused=bool(ddp.find_unused_parameters),
+                          static_graph=bool(getattr(ddp, "static_graph", False)))
+        self.recorder.emit(config)
+
+    def _grad_hook(self, name: str):
+        def hook(grad):
+            self.seen.add(name)
+            return None
+
+        return hook
+
+    def _forward_hook(self, name: str):
+        import torch
+
+        def hook(module, args, output):
+            self.ran[name] = self.ran.get(name, False) or torch.is_grad_enabled()
+
+        return hook
+
+    def backward_done(self, trainer, site) -> None:
+        if not self.started:
+            return
+        self.backwards += 1
+        try:
+            key = (int(trainer.current_epoch), int(trainer.fit_loop.epoch_loop.batch_idx))
+        except Exception:
+            key = None
+        if key != self.batch_key:
+            self.batch_key, self.in_batch = key, 0
+        self.in_batch += 1
+        unused = [n for n in self.names if n not in self.seen]
+        event = {"ev": "grad_use", "n": self.backwards, "k": self.in_batch,
+                 "batch": key[1] if key else None, "tracked": len(self.names), "site": site,
+                 "unused": unused}
+        if unused:
+            self.unused_backwards += 1
+            event["off"] = [n for n in unused if not self.params[n].requires_grad]
+            owners = sorted({self.owner[n] for n in unused})
+            event["not_run"] = [m for m in owners if m not in self.ran]
+            event["no_grad"] = [m for m in owners if self.ran.get(m) is False]
+        self.recorder.emit(event)
+        self.seen = set()
+        self.ran = {}
+
+    def close(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+
+
+class UnusedParametersProbe(Probe):
+    def __init__(self):
+        self.observer = None
+
+    def before_trainer(self, loaded, trainer_kwargs, recorder) -> None:
+        observer = self.observer = _Observer(recorder)
+
+        class GradUse(loaded.ns.Callback):
+            def on_train_start(self, trainer, pl_module):
+                observer.start(trainer)
+
+        trainer_kwargs["callbacks"] = list(trainer_kwargs.get("callbacks") or []) + [GradUse()]
+        # With the user's find_unused_parameters=False, DDP's reducer stops the run at the step after
+        # the first incomplete backward, so later backward passes (and every other contract) would go
+        # unseen. The run observes with the flag on and the verdict judges the user's own setting.
+        strategy = trainer_kwargs.get("strategy")
+        ddp_kwargs = getattr(strategy, "_ddp_kwargs", None)
+        if isinstance(ddp_kwargs, dict):
+            user_flag = bool(ddp_kwargs.get("find_unused_parameters", False))
+            forced = not user_flag and not ddp_kwargs.get("static_graph", False)
+            if forced:
+                ddp_kwargs["find_unused_parameters"] = True
+            recorder.emit({"ev": "grad_config", "user_find_unused": user_flag, "forced": forced})
+
+    def before_fit(self, loaded, trainer, recorder) -> None:
+        from ..trace import user_site
+
+        observer = self.observer
+        strategy = trainer.strategy
+        backward = strategy.backward
+        on_exception = strategy.on_exception
+
+        def traced_backward(*args, **kwargs):
+            site, _ = user_site()
+            out = backward(*args, **kwargs)
+            try:
+                observer.backward_done(trainer, site)
+            except Exception as exc:  # recording must never break the user's run
+                recorder.emit({"ev": "trace_error", "where": "grad_use", "error": repr(exc)})
+            return out
+
+        def traced_on_exception(exception):
+            # DDP's own words, before Lightning replaces them with a message without indices.
+            if _ddp_error_text(str(exception)):
+                recorder.emit({"ev": "ddp_error", "message": str(exception)[:3000]})
+            return on_exception(exception)
+
+        object.__setattr__(strategy, "backward", traced_backward)
+        object.__setattr__(strategy, "on_exception", traced_on_exception)
+
+    def collect(self, loaded, trainer, recorder):
+        obs = self.observer
+        if obs is None:
+            return None
+        obs.close()
+        return {"backwards": obs.backwards, "unused_backwards": obs.unused_backwards, "tracked": len(obs.names)}
+
+
+def _group(names: list[str]) -> str:
+    """'teacher.0.weight, teacher.0.bias' style list, shortened to module prefixes when long."""
+    if len(names) <= 6:
+        return ", ".join(names)
+    prefixes: dict[str, int] = defaultdict(int)
+    for n in names:
+        prefixes[n.split(".")[0]] += 1
+    return ", ".join(f"{p}.* ({k} tensors)" for p, k in prefixes.items())
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+class UnusedParameters(Contract):
+    id = "unused-parameters"
+    title = "Every trainable parameter gets a gradient on every backward, or DDP is told otherwise"
+    seed = "Choose using measured memory"
+    strategies = ("ddp",)
+
+    def probe(self) -> Probe:
+        return UnusedParametersProbe()
+
+    def owns_failure(self, run: Run) -> bool:
+        """True when the world stopped because DDP's reducer missed gradients (this contract's fault)."""
+        bad = [r for r in run.job.ranks if r.status != "ok"]
+        return bool(bad) and all(r.status == "error" and _ddp_error_text(r.message) for r in bad)
+
+    def judge(self, run: Run) -> Verdict:
+        setup = {r: next((e for e in t if e.get("ev") == "grad_setup"), None) for r, t in enumerate(run.traces)}
+        records = {r: [e for e in t if e.get("ev") == "grad_use"] for r, t in enumerate(run.traces)}
+        ddp_errors = {r: next((e["message"] for e in t if e.get("ev") == "ddp_error"), None)
+                      for r, t in enumerate(run.traces)}
+        any_setup = next((s for s in setup.values() if s), None)
+        total = sum(len(v) for v in records.values())
+        if any_setup is None or (total == 0 and not any(ddp_errors.values())):
+            return self.verdict("passed", "no backward pass was recorded, so no parameter could miss a gradient.")
+        if not any_setup.get("ddp"):
+            return self.verdict("skipped", "the model was not wrapped in DistributedDataParallel, so "
+                                           "find_unused_parameters does not apply.")
+        config = next((e for t in run.traces for e in t if e.get("ev") == "grad_config"), None)
+        find_unused = bool(config["user_find_unused"] if config else any_setup.get("find_unused"))
+        forced = bool(config and config.get("forced"))
+        names = any_setup.get("names", [])
+        missing: dict[str, list[tuple[int, dict]]] = defaultdict(list)
+        for r, recs in records.items():
+            for e in recs:
+                for n in e.get("unused", []):
+                    missing[n].append((r, e))
+        for msg in ddp_errors.values():  # DDP's own report can name a backward we did not see end
+            for m in _INDEX_RE.finditer(msg or ""):
+                for idx in m.group(2).split():
+                    i = int(idx)
+                    if i < len(names) and not missing.get(names[i]):
+                        missing[names[i]].append((int(m.group(1)), {"n": None}))
+        if not missing:
+            return self._all_used(run, records, find_unused, names)
+        return self._unused(run, records, missing, find_unused, names, ddp_errors, forced)
+
+    # -- verdicts -------------------------------------------------------------------------------
+    def _all_used(self, run, records, find_unused, names) -> Verdict:
+        counts = ", ".join(f"rank {r}: {_plural(len(v), 'backward')}" for r, v in records.items())
+        if find_unused:
+            return self.verdict(
+                "advisory",
+                f"find_unused_parameters=True, but every one of the {len(names)} trainable parameters got a "
+                f"gradient in every backward pass on every rank ({counts}). DDP still walks the autograd "
+                f"graph after each forward looking for unused parameters that do not exist: wasted time that "
+                f"grows with the graph. Training is correct; this is not a correctness bug.",
+                evidence=[Evidence(f"{len(v)} backward pass{'' if len(v) == 1 else 'es'}, none left a trainable "
+                                   f"parameter without gradient", rank=r) for r, v in records.items()],
+                fix="remove the flag (DDPStrategy(find_unused_parameters=False) is the default; use "
+                    "strategy='ddp'); keep it only if some steps really skip parameters.",
+                category="waste")
+        return self.verdict(
+            "passed", f"every one of the {len(names)} trainable parameters got a gradient in every backward "
+                      f"pass ({counts}); find_unused_parameters=False is right.")
+
+    def _unused(self, run, records, missing, find_unused, names, ddp_errors, forced) -> Verdict:
+        per_rank_total = {r: len(v) for r, v in records.items()}
+        # Which parameters miss a gradient in every recorded backward on every rank that recorded some.
+        always = [n for n in names if n in missing and all(
+            per_rank_total[r] == 0 or sum(1 for rr, _ in missing[n] if rr == r) >= per_rank_total[r]
+            for r in records)]
+        sometimes = [n for n in names if n in missing and n not in always]
+        evidence: list[Evidence] = []
+        causes: set[str] = set()
+        for r, recs in records.items():
+            patterns: dict[tuple, list[dict]] = defaultdict(list)
+            for e in recs:
+                if e.get("unused"):
+                    patterns[(e.get("k"), tuple(e["unused"]))].append(e)
+            for (k, unused), evs in patterns.items():
+                first = evs[0]
+                steps = sorted({(ev.get("epoch"), ev.get("batch")) for ev in evs})
+                step_text = ", ".join(f"epoch {ep} batch {b}" for ep, b in steps[:6]) + (
+                    f" (+{len(steps) - 6} more)" if len(steps) > 6 else "")
+                many = max(1, max(e.get("k", 1) for e in recs))
+                which = f"backward {k} of each training step" if many > 1 else "the backward"
+                code = _source(first.get("site"))
+                if code:
+                    which += f" (`{code}`)"
+                why = []
+                if first.get("no_grad"):
+                    why.append(f"{', '.join(first['no_grad'])} ran only under torch.no_grad()")
+                    causes.add("no_grad")
+                if first.get("not_run"):
+                    why.append(f"{', '.join(first['not_run'])} never ran in forward")
+                    causes.add("not_run")
+                if first.get("off"):
+                    off = "all of them" if len(first["off"]) == len(unused) else _group(first["off"])
+                    why.append(f"requires_grad was switched off for {off} at that moment "
+                               f"(toggle_optimizer or similar)")
+                    causes.add("toggled")
+                detail = (f"{which} left {_plural(len(unused), 'parameter')} without gradient: {_group(list(unused))}"
+                          f" ({'; '.join(why) or 'their output did not reach the loss'}); "
+                          f"in {len(steps)} of {len({(e.get('epoch'), e.get('batch')) for e in recs})} "
+                          f"training steps: {step_text}")
+                evidence.append(Evidence(detail, rank=r, site=_site(first.get("site"))))
+        for r, msg in ddp_errors.items():
+            if msg:
+                first_line = msg.strip().splitlines()[0][:300]
+                idx = [m.group(0) for m in _INDEX_RE.finditer(msg)]
+                named = []
+                for m in _INDEX_RE.finditer(msg):
+                    named += [names[int(i)] for i in m.group(2).split() if int(i) < len(names)]
+                extra = f"; {idx[0].strip()} = {_group(named)}" if idx and named else ""
+                evidence.append(Evidence(f"DDP's reducer raised: \"{first_line}\"{extra} (Lightning re-raises it as "
+                                         f"'It looks like your LightningModule has parameters that were not used' "
+                                         f"without names)", rank=r))
+        if find_unused:
+            if always:
+                return self.verdict(
+                    "advisory",
+                    f"find_unused_parameters=True keeps the run going, but {_plural(len(always), 'parameter')} "
+                    f"({_group(always)}) never got a gradient in any backward pass: DDP searches the graph for them "
+                    f"after every forward, and they only cost memory. Not a correctness bug.",
+                    evidence=evidence,
+                    fix="freeze them (module.requires_grad_(False)) or delete them, then drop "
+                        "find_unused_parameters=True if nothing else needs it.",
+                    category="waste")
+            return self.verdict(
+                "passed",
+                f"{_plural(len(sometimes), 'parameter')} ({_group(sometimes)}) skip some backward passes, and "
+                f"find_unused_parameters=True is set, which is what dynamic usage needs.")
+        if not run.finished:
+            stopped = (" DDP's reducer then stopped the run at the next step (the reduction of the previous "
+                       "backward never finished).")
+        else:
+            stopped = (" With this setting DDP's reducer raises 'Expected to have finished reduction in the prior "
+                       "iteration' at the step after the first such backward, which Lightning re-raises as 'It "
+                       "looks like your LightningModule has parameters that were not used in producing the loss' "
+                       "without naming them.")
+        if always and not sometimes:
+            what = (f"{_plural(len(always), 'parameter')} that require grad got no gradient in any backward pass "
+                    f"on any rank: {_group(always)}")
+        elif sometimes and not always:
+            what = (f"{_plural(len(sometimes), 'parameter')} got no gradient in some backward passes "
+                    f"(usage changes from backward to backward): {_group(sometimes)}")
+        else:
+            what = (f"{_plural(len(always), 'parameter')} never got a gradient ({_group(always)}) and "
+                    f"{_plural(len(sometimes), 'more')} missed some backward passes ({_group(sometimes)})")
+        summary = (f"under DDP with find_unused_parameters=False, {what}. DDP waits for a gradient of every "
+                   f"registered parameter in every backward.{stopped}")
+        fixes = []
+        if always:
+            fixes.append("freeze what never trains (self.<module>.requires_grad_(False), and eval() for a teacher "
+                         "run under torch.no_grad()) or delete modules the forward no longer calls")
+        if sometimes or "toggled" in causes:
+            fixes.append("when usage really changes per backward (alternating GAN losses, optional branches), set "
+                         "strategy='ddp_find_unused_parameters_true' (DDPStrategy(find_unused_parameters=True)) "
+                         "or give each part its own DDP unit")
+        fix = "; ".join(fixes) + "."
+        if always:
+            fix += " Turning on find_unused_parameters to hide parameters that never train costs a graph traversal " \
+                   "every step and keeps them in memory."
+        notes = []
+        if forced:
+            notes.append("the conformance run kept DDP going with find_unused_parameters=True so every backward "
+                         "could be observed; the verdict is about your setting, find_unused_parameters=False.")
+        return self.verdict("failed", summary, evidence=evidence, fix=fix, notes=notes)
+
+
+def _source(site: dict | None) -> str | None:
+    import linecache
+
+    if not site or not site.get("file"):
+        return None
+    return linecache.getline(site["file"], site.get("line", 0)).strip() or None
+
+
+def _site(site: dict | None) -> str | None:
+    if not site:
+        return None
+    from ..world.diagnose import fmt_site
+
+    return fmt_site(site)
+
+
+CONTRACT = UnusedParameters()
