@@ -43,7 +43,8 @@ class LtconformSession:
 
     def run_for(self, kind: str, strategy: str) -> Run:
         key = (kind, strategy, self.settings.world_size)
-        cached = self._runs.get(key)
+        # Fresh-world mode (the benchmark's baseline) shares nothing between items.
+        cached = None if self.pool.fresh_per_job else self._runs.get(key)
         if cached is None:
             ids = [cid for cid in contracts.ids() if contracts.get_contract(cid).run_kind == kind]
             try:

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import atexit
+import os
 
 from .local import JobResult, LocalWorld, RankOutcome, WorldStartError
 
@@ -16,8 +17,11 @@ __all__ = ["JobResult", "LocalWorld", "RankOutcome", "WorldStartError", "WorldPo
 class WorldPool:
     """Persistent worlds keyed by (world size, backend, collective timeout)."""
 
-    def __init__(self, fresh_per_job: bool = False):
+    def __init__(self, fresh_per_job: bool | None = None):
         self._worlds: dict[tuple, LocalWorld] = {}
+        if fresh_per_job is None:
+            # LTCONFORM_FRESH_WORLDS=1: a cold world per job, for measuring what reuse saves.
+            fresh_per_job = os.environ.get("LTCONFORM_FRESH_WORLDS", "") not in ("", "0")
         self.fresh_per_job = fresh_per_job
         atexit.register(self.close)
 

@@ -1,0 +1,73 @@
+"""Pure-Python units: hook alignment, rank guards, positions (no world needed)."""
+
+from __future__ import annotations
+
+from pytest_ltconform.contracts.base import rank_guard
+from pytest_ltconform.world.diagnose import first_divergence, rank_position
+
+
+def hook(i, name):
+    return {"ev": "hook", "i": i, "name": name, "h": i, "epoch": 0, "step": 0}
+
+
+def hook_exit(i):
+    return {"ev": "hook_exit", "i": i, "h": i}
+
+
+def save(h, seq=100):
+    return {"ev": "call", "kind": "save", "label": "Trainer.save_checkpoint", "user": True, "h": h, "seq": seq,
+            "site": {"file": "m.py", "line": 3, "func": "f"}}
+
+
+def test_identical_ranks_do_not_diverge():
+    t = [hook(1, "[Callback]A.on_train_epoch_end"), save(1), hook_exit(1)]
+    assert first_divergence([t, list(t)]) is None
+
+
+def test_one_sided_call_diverges_at_its_hook():
+    r0 = [hook(1, "[LightningModule]M.training_step"), hook_exit(1), hook(2, "[Callback]A.on_train_epoch_end"),
+          save(2), hook_exit(2)]
+    r1 = [hook(1, "[LightningModule]M.training_step"), hook_exit(1), hook(2, "[Callback]A.on_train_epoch_end"),
+          hook_exit(2), hook(3, "[LightningModule]M.training_step")]
+    div = first_divergence([r0, r1])
+    assert div["kind"] == "calls" and div["h"] == 2
+    assert len(div["events"][0]) == 1 and div["events"][1] == []
+
+
+def test_rank_still_inside_a_hook_is_not_a_divergence():
+    r0 = [hook(1, "[Callback]A.on_train_epoch_end"), save(1)]          # still inside hook 1
+    r1 = [hook(1, "[Callback]A.on_train_epoch_end"), save(1), {"ev": "call", "label": "x", "user": True, "h": 1,
+                                                               "seq": 101}, hook_exit(1)]
+    assert first_divergence([r0, r1]) is None
+
+
+def test_different_hook_sequences_are_reported_as_hooks():
+    r0 = [hook(1, "[LightningModule]M.training_step"), hook_exit(1)]
+    r1 = [hook(1, "[Callback]A.on_train_epoch_end"), hook_exit(1)]
+    assert first_divergence([r0, r1])["kind"] == "hooks"
+
+
+def test_rank_guard_finds_the_guarding_if(tmp_path):
+    src = tmp_path / "cb.py"
+    src.write_text(
+        "def on_end(trainer):\n"
+        "    if trainer.global_rank == 0:\n"
+        "        trainer.save_checkpoint('x')\n"
+        "def early(self):\n"
+        "    if self.global_rank != 0:\n"
+        "        return\n"
+        "    self.log('a', 1.0, sync_dist=True)\n"
+        "def plain(self):\n"
+        "    self.log('a', 1.0)\n"
+    )
+    assert rank_guard({"file": str(src), "line": 3}) == "if trainer.global_rank == 0:"
+    assert rank_guard({"file": str(src), "line": 7}) == "if self.global_rank != 0: return"
+    assert rank_guard({"file": str(src), "line": 9}) is None
+
+
+def test_position_names_the_open_call_and_hook():
+    trace = [hook(1, "[Callback]A.on_train_epoch_end"), save(1, seq=5),
+             {"ev": "call", "label": "torch.distributed.barrier", "parent": 5, "seq": 6, "h": 1, "epoch": 0, "step": 4}]
+    text = rank_position(trace)
+    assert text.startswith("in torch.distributed.barrier from Trainer.save_checkpoint <- m.py:3 (f)")
+    assert "inside A.on_train_epoch_end" in text and "epoch 0, global step 4" in text
