@@ -1,0 +1,351 @@
+"""configure-model: ``configure_model`` is idempotent, the model is not built in full in
+``__init__`` under a sharded strategy, and the deprecated ``configure_sharded_model`` is not used.
+
+Seed section "FSDP": large models are built in an idempotent ``configure_model`` inside the
+strategy's context; no giant unconditional allocation in ``__init__``; no
+``configure_sharded_model``.
+
+Checked on every rank of the traced fit (DDP, and CPU FSDP where configure_model runs inside
+the sharded context), followed by a ``validate`` (or ``test``) on the same Trainer, which is
+when Lightning calls ``configure_model`` a second time:
+
+- each call's effect on the parameters: names, tensor identities and value checksums before and
+  after; a later call that replaces parameters or changes their values fails, with the
+  metric the evaluation reported next to the one at the end of fit;
+- the trained weights at the end of fit against those the evaluation used;
+- bytes of parameters that exist after ``__init__`` against those ``configure_model`` creates,
+  reported when a sharded strategy runs or the Trainer config names one; failed when
+  ``__init__`` holds at least :data:`GIANT_BYTES`, more than ``configure_model`` builds;
+- an override of ``configure_sharded_model``, with its file:line.
+"""
+
+from __future__ import annotations
+
+from .base import Contract, Evidence, Probe, Run, Verdict
+
+# Parameter bytes built in __init__ that count as a large model under a sharded strategy.
+# Below this, the measurement is reported but passes (toy and test models are fine in __init__).
+GIANT_BYTES = 1 << 20
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+# -- rank side -----------------------------------------------------------------------------------
+
+def _params(model) -> dict[str, tuple[int, float, int, int, str]]:
+    """name -> (tensor id, value checksum, numel, bytes, device type), every parameter."""
+    import torch
+
+    out = {}
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            meta = p.device.type == "meta"
+            checksum = 0.0 if meta or p.numel() == 0 else float(p.detach().double().sum())
+            out[name] = (id(p), checksum, int(p.numel()), int(p.numel() * p.element_size()), p.device.type)
+    return out
+
+
+def _group(name: str) -> str:
+    """The user-facing module a parameter belongs to (wrapper prefixes dropped)."""
+    parts = [p for p in name.split(".") if p not in ("_fsdp_wrapped_module", "_checkpoint_wrapped_module",
+                                                      "module", "_orig_mod")]
+    return parts[0] if parts else name
+
+
+def _compare(before: dict, after: dict) -> dict:
+    """What one configure_model call did to the parameters, grouped by top-level module."""
+    replaced: dict[str, dict] = {}
+    changed: dict[str, dict] = {}
+    for name, (pid, csum, *_rest) in before.items():
+        if name not in after:
+            continue
+        g = _group(name)
+        new_id, new_csum = after[name][0], after[name][1]
+        if new_id != pid:
+            entry = replaced.setdefault(g, {"n": 0, "of": 0, "before": 0.0, "after": 0.0})
+            entry["n"] += 1
+        elif abs(new_csum - csum) > 1e-6 * max(1.0, abs(csum)):
+            entry = changed.setdefault(g, {"n": 0, "of": 0, "before": 0.0, "after": 0.0})
+            entry["n"] += 1
+    for table in (replaced, changed):
+        for g, entry in table.items():
+            names = [n for n in before if _group(n) == g and n in after]
+            entry["of"] = len(names)
+            entry["before"] = round(sum(before[n][1] for n in names), 4)
+            entry["after"] = round(sum(after[n][1] for n in names), 4)
+    old_ids = {v[0] for v in before.values()}
+    created = [v for v in after.values() if v[0] not in old_ids]
+    return {"replaced": replaced, "changed": changed, "removed": sorted(set(before) - set(after)),
+            "created_numel": sum(v[2] for v in created), "created_bytes": sum(v[3] for v in created),
+            "params_before": len(before), "params_after": len(after)}
+
+
+def _group_numel(params: dict) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for name, v in params.items():
+        out[_group(name)] = out.get(_group(name), 0) + v[2]
+    return out
+
+
+def _override_site(cls, hook: str) -> str | None:
+    import inspect
+
+    fn = getattr(cls, hook, None)
+    try:
+        return f"{inspect.getsourcefile(fn)}:{inspect.getsourcelines(fn)[1]}"
+    except (TypeError, OSError):
+        return None
+
+
+def _has_eval(loaded, stage: str) -> bool:
+    from .. import target as target_mod
+
+    ns = loaded.targets.namespace
+    step = f"{stage}_step"
+    loader = f"{'val' if stage == 'validation' else stage}_dataloader"
+    if not target_mod.defines(loaded.model, step, ns):
+        return False
+    return target_mod.defines(loaded.model, loader, ns) or (
+        loaded.datamodule is not None and target_mod.defines(loaded.datamodule, loader, ns))
+
+
+def _metrics(trainer) -> dict[str, float]:
+    out = {}
+    for key, value in trainer.callback_metrics.items():
+        try:
+            out[key] = float(value)
+        except Exception:
+            pass
+    return out
+
+
+class ConfigureModelProbe(Probe):
+    def __init__(self):
+        self.data: dict = {"calls": [], "eval": None}
+        self.trainer = None
+
+    def before_trainer(self, loaded, trainer_kwargs, recorder):
+        import importlib
+
+        from .. import sharded
+
+        ns = importlib.import_module(loaded.targets.namespace)
+        helpers = importlib.import_module(f"{ns.__name__}.utilities.model_helpers")
+        model = loaded.model
+        user_strategy = loaded.user_kwargs.get("strategy")
+        run_strategy = trainer_kwargs.get("strategy")
+        fsdp_cls = importlib.import_module(f"{ns.__name__}.strategies").FSDPStrategy
+        init = _params(model)
+        self.data.update(
+            class_name=type(model).__qualname__,
+            user_sharded=sharded.sharded_kind(user_strategy),
+            user_strategy=sharded.describe(user_strategy) if user_strategy is not None else None,
+            zero_stage=sharded.zero_stage(user_strategy) if sharded.sharded_kind(user_strategy) == "deepspeed"
+            else None,
+            run_sharded=isinstance(run_strategy, fsdp_cls),
+            init_numel=sum(v[2] for v in init.values()),
+            init_bytes=sum(v[3] for v in init.values()),
+            init_meta_numel=sum(v[2] for v in init.values() if v[4] == "meta"),
+            init_dtypes=sorted({str(p.dtype).replace("torch.", "") for p in model.parameters()}),
+            init_groups=_group_numel(init),
+            overrides_configure_model=bool(helpers.is_overridden("configure_model", model)),
+            configure_model_site=_override_site(type(model), "configure_model"),
+            sharded_override_site=(_override_site(type(model), "configure_sharded_model")
+                                   if helpers.is_overridden("configure_sharded_model", model) else None),
+        )
+        if self.data["overrides_configure_model"]:
+            self._wrap(model)
+
+    def _wrap(self, model) -> None:
+        original = model.configure_model
+        probe = self
+
+        def configure_model(*args, **kwargs):
+            before = _params(model)
+            result = original(*args, **kwargs)
+            after = _params(model)
+            trainer = probe.trainer
+            stage = None
+            if trainer is not None and trainer.state.fn is not None:
+                stage = str(getattr(trainer.state.fn, "value", trainer.state.fn))
+            entry = _compare(before, after)
+            entry["stage"] = stage
+            probe.data["calls"].append(entry)
+            return result
+
+        model.configure_model = configure_model
+
+    def before_fit(self, loaded, trainer, recorder):
+        self.trainer = trainer
+
+    def after_fit(self, loaded, trainer, recorder):
+        stage = "validate" if _has_eval(loaded, "validation") else "test" if _has_eval(loaded, "test") else None
+        if stage is None:
+            return
+        fit_params = _params(loaded.model)
+        fit_metrics = _metrics(trainer)
+        info: dict = {"stage": stage, "fit_metrics": fit_metrics, "error": None}
+        try:
+            with recorder.paused():
+                run = trainer.validate if stage == "validate" else trainer.test
+                results = run(loaded.model, datamodule=loaded.datamodule, verbose=False)
+            info["eval_metrics"] = {k: float(v) for r in (results or []) for k, v in r.items()
+                                    if isinstance(v, (int, float))}
+        except Exception as exc:  # judged as evidence; the fit-based contracts keep their run
+            info["error"] = f"{type(exc).__name__}: {exc}"
+        info["weights"] = _compare(fit_params, _params(loaded.model))
+        self.data["eval"] = info
+
+    def collect(self, loaded, trainer, recorder):
+        if "configure_model" in vars(loaded.model):
+            del loaded.model.configure_model
+        return self.data
+
+
+# -- pytest side ---------------------------------------------------------------------------------
+
+class ConfigureModel(Contract):
+    id = "configure-model"
+    title = "configure_model is idempotent and builds the model in the strategy's context"
+    seed = "FSDP"
+    strategies = ("ddp", "fsdp")
+
+    def probe(self) -> Probe:
+        return ConfigureModelProbe()
+
+    def judge(self, run: Run) -> Verdict:
+        data = run.probe(self.id)
+        ranks = [(r, d) for r, d in enumerate(data) if d]
+        if not ranks:
+            return self.verdict("error", "no rank returned configure_model observations.")
+        first = ranks[0][1]
+        cls = first.get("class_name", "Model")
+        if first.get("sharded_override_site"):
+            return self._sharded_override(first, cls)
+        verdict = self._idempotence(run, ranks, cls)
+        if verdict is not None:
+            return verdict
+        return self._allocation(run, ranks, cls)
+
+    # -- configure_sharded_model -----------------------------------------------------------------
+    def _sharded_override(self, first: dict, cls: str) -> Verdict:
+        site = first["sharded_override_site"]
+        summary = (f"{cls}.configure_sharded_model is overridden; the hook is deprecated. Lightning still calls "
+                   f"it, but a sharded strategy then assumes every layer is already wrapped by hand "
+                   f"(FSDP skips wrapping the whole model), and the hook has no idempotence guard of "
+                   f"its own.")
+        evidence = [Evidence(f"{cls}.configure_sharded_model defined here", site=site)]
+        if first.get("overrides_configure_model"):
+            evidence.append(Evidence(f"{cls}.configure_model is overridden too",
+                                     site=first.get("configure_model_site")))
+        fix = ("rename the hook to configure_model (same body), make it idempotent (return early when the layers "
+               "exist), and let the strategy wrap the model (FSDP: auto_wrap_policy).")
+        return self.verdict("failed", summary, evidence=evidence, fix=fix)
+
+    # -- idempotence and trained weights ---------------------------------------------------------
+    def _idempotence(self, run: Run, ranks: list, cls: str) -> Verdict | None:
+        evidence: list[Evidence] = []
+        worst = None
+        for r, d in ranks:
+            calls = d.get("calls") or []
+            for index, call in enumerate(calls[1:], start=2):
+                for kind, verb in (("replaced", "replaced"), ("changed", "changed the values of")):
+                    for group, e in sorted(call.get(kind, {}).items()):
+                        amount = "every parameter" if e["n"] == e["of"] else f"{e['n']} of {e['of']} parameters"
+                        what = "new tensor ids" if kind == "replaced" else "same tensors, new values"
+                        text = (f"configure_model call {index} (during {call.get('stage')}) {verb} {amount} of "
+                                f"{group} ({what}, checksum {e['before']:.4f} -> {e['after']:.4f})")
+                        evidence.append(Evidence(text, rank=r, site=d.get("configure_model_site")))
+                        if worst is None:
+                            worst = (r, index, call, group, e, kind, amount)
+        eval_info = ranks[0][1].get("eval") or {}
+        weights = eval_info.get("weights") or {}
+        stage = eval_info.get("stage")
+        drift = {g: e for k in ("replaced", "changed") for g, e in (weights.get(k) or {}).items()}
+        metric_text = self._metric_text(eval_info)
+        if worst is None and not drift:
+            return None
+        if worst is not None:
+            r, index, call, group, e, kind, amount = worst
+            stages = [c.get("stage") for c in ranks[0][1].get("calls", [])]
+            verb = "replaced" if kind == "replaced" else "changed the values of"
+            what = "new tensor ids" if kind == "replaced" else "same tensors, new values"
+            summary = (f"configure_model called {len(stages)} times ({', then '.join(map(str, stages))}) {verb} "
+                       f"{amount} of {group} ({what}, checksum {e['before']:.4f} -> {e['after']:.4f}), so "
+                       f"{stage or 'the evaluation'} after fit ran on weights that were never trained"
+                       + (f": {metric_text}" if metric_text else "") + ". Lightning calls configure_model "
+                       "again at the start of every fit, validate, test and predict.")
+        else:
+            groups = ", ".join(sorted(drift))
+            summary = (f"the weights {stage or 'the evaluation'} used differ from those at the end of fit "
+                       f"({groups})" + (f": {metric_text}" if metric_text else "") + ".")
+            for g, e in sorted(drift.items()):
+                evidence.append(Evidence(f"{g}: checksum {e['before']:.4f} at the end of fit -> {e['after']:.4f} "
+                                         f"after {stage}"))
+        if metric_text:
+            evidence.append(Evidence(metric_text))
+        fix = ("make configure_model idempotent: return early when the layers already exist (e.g. "
+               "`if self.body is not None: return`), and never re-initialise existing parameters in it.")
+        return self.verdict("failed", summary, evidence=evidence, fix=fix, category="silent")
+
+    @staticmethod
+    def _metric_text(eval_info: dict) -> str | None:
+        fit = eval_info.get("fit_metrics") or {}
+        ev = eval_info.get("eval_metrics") or {}
+        stage = eval_info.get("stage")
+        shared = [k for k in ev if k in fit]
+        if not shared:
+            return None
+        key = next((k for k in shared if "loss" in k), shared[0])
+        return f"{stage}'s {key} {ev[key]:.4g} vs {fit[key]:.4g} at the end of fit"
+
+    # -- allocation under sharded strategies -----------------------------------------------------
+    def _allocation(self, run: Run, ranks: list, cls: str) -> Verdict:
+        first = ranks[0][1]
+        calls = first.get("calls") or []
+        built = calls[0]["created_bytes"] if calls else 0
+        built_numel = calls[0]["created_numel"] if calls else 0
+        init_bytes, init_numel = first.get("init_bytes", 0), first.get("init_numel", 0)
+        sharded = first.get("user_sharded") or ("fsdp" if first.get("run_sharded") else None)
+        cm = ("none in configure_model (not overridden)" if not first.get("overrides_configure_model")
+              else f"{built_numel:,} ({_fmt_bytes(built)}) in configure_model")
+        dtypes = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64"}
+        dtype = "/".join(dtypes.get(d, d) for d in first.get("init_dtypes") or ["float32"])
+        measured = f"{init_numel:,} parameters ({_fmt_bytes(init_bytes)} {dtype}) created in {cls}.__init__ and {cm}"
+        eval_info = first.get("eval") or {}
+        repeat = ""
+        if len(calls) > 1:
+            repeat = (f"; configure_model called {len(calls)} times "
+                      f"({', then '.join(str(c.get('stage')) for c in calls)}), later calls kept every parameter")
+        elif eval_info.get("stage"):
+            repeat = f"; {eval_info['stage']} after fit used the trained weights"
+        if sharded is None:
+            return self.verdict("passed", f"no sharded strategy in use; {measured}{repeat}.")
+        where = first.get("user_strategy") if first.get("user_sharded") else "the CPU FSDP tier"
+        if first.get("user_sharded") == "deepspeed" and first.get("zero_stage") == 3:
+            why = "which partitions only configure_model's layers (deepspeed.zero.Init); __init__'s are built " \
+                  "in full on every rank"
+        elif first.get("user_sharded") == "deepspeed":
+            why = "whose sharding starts only after every rank has built the whole model"
+        else:
+            why = "which shards the model only after every rank has built all of it (configure_model runs " \
+                  "inside the sharded context, where layers can be created on the meta device and wrapped)"
+        if init_bytes >= GIANT_BYTES and init_bytes > built and init_numel > first.get("init_meta_numel", 0):
+            summary = f"{measured} under {where}, {why}."
+            evidence = [Evidence(f"{measured} (peak: the full model on each of {run.world_size} ranks)", rank=r)
+                        for r, _ in ranks[:1]]
+            groups = first.get("init_groups") or {}
+            big = max(groups, key=groups.get) if groups else "layers"
+            fix = (f"create the large layers ({big}) in configure_model, guarded so a second call returns early "
+                   f"(`if self.{big} is not None: return`), and keep only small, cheap state in __init__.")
+            return self.verdict("failed", summary, evidence=evidence, fix=fix)
+        return self.verdict("passed", f"under {where}: {measured} (under the {_fmt_bytes(GIANT_BYTES)} "
+                            f"large-model threshold or built in configure_model){repeat}.")
+
+
+CONTRACT = ConfigureModel()
