@@ -153,3 +153,13 @@ def test_file_path_target_and_collect_only_start_no_world(pytester):
     result = pytester.runpytest_subprocess("--ltconform", f"{path}:Good", "--collect-only", "-q")
     result.stdout.fnmatch_lines(["ltconform::all-rank-save[[]ddp[]]", "ltconform::sync-dist[[]ddp[]]"])
     assert result.ret == pytest.ExitCode.OK
+
+
+def test_command_line_target_runs_contracts_alone_unless_paths_are_given(pytester):
+    path = pytester.makepyfile(targets_mod=TARGETS)
+    pytester.makepyfile(test_user="def test_user_code():\n    pass\n")
+    alone = pytester.runpytest_subprocess("--ltconform", f"{path}:Good", "--collect-only", "-q")
+    assert "test_user.py::test_user_code" not in alone.stdout.str()
+    alone.stdout.fnmatch_lines(["ltconform::all-rank-save[[]ddp[]]"])
+    both = pytester.runpytest_subprocess("--ltconform", f"{path}:Good", "--collect-only", "-q", "test_user.py")
+    both.stdout.fnmatch_lines(["test_user.py::test_user_code", "ltconform::all-rank-save[[]ddp[]]"])

@@ -17,6 +17,7 @@ from . import settings as settings_mod
 SESSION_KEY = pytest.StashKey["object"]()
 SETTINGS_KEY = pytest.StashKey["settings_mod.Settings"]()
 POOL_KEY = pytest.StashKey["object"]()
+ONLY_CONTRACTS_KEY = pytest.StashKey[bool]()
 
 MARKERS = {
     "ltconform": "a generated pytest-ltconform contract item",
@@ -46,6 +47,16 @@ def pytest_configure(config: pytest.Config) -> None:
     except target_mod.TargetError as exc:
         raise pytest.UsageError(str(exc)) from None
     config.stash[SESSION_KEY] = targets
+    # `pytest --ltconform X` with no test paths runs the contracts alone; with paths given, or
+    # with the target in the ini file, the contract items join the normal test run.
+    from_command_line = config.getoption(settings_mod.OPT_TARGET) not in (None, "")
+    config.stash[ONLY_CONTRACTS_KEY] = from_command_line and config.args_source != pytest.Config.ArgsSource.ARGS
+
+
+def pytest_ignore_collect(collection_path, config):
+    if config.stash.get(ONLY_CONTRACTS_KEY, False):
+        return True
+    return None
 
 
 def _session(config: pytest.Config):
