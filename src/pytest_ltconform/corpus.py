@@ -63,6 +63,8 @@ def read_case(path: str) -> Case | None:
                         pass
         if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
             defined.add(node.name)
+        if isinstance(node, ast.ImportFrom):
+            defined.update(alias.asname or alias.name for alias in node.names)
         if isinstance(node, ast.Assign):
             defined.update(t.id for t in node.targets if isinstance(t, ast.Name))
     if "EXPECTED" not in names or "Model" not in defined:
@@ -79,7 +81,7 @@ def read_case(path: str) -> Case | None:
 def judge_case(case: Case, pool, settings: Settings, only: str | None = None) -> list[dict]:
     """Verdicts for every registered contract the case states an expectation for."""
     from . import target as target_mod
-    from .session import LtconformSession
+    from .session import SUPPORTED_STRATEGIES, LtconformSession
 
     rows = []
     wanted = [c for c in case.expected if c in contracts.ids() and (only is None or c == only)]
@@ -95,15 +97,24 @@ def judge_case(case: Case, pool, settings: Settings, only: str | None = None) ->
         return [{"case": case.name, "contract": c, "strategy": case.strategy, "expected": case.expected[c],
                  "got": "error", "outcome": "error", "message": str(exc), "duration_s": 0.0} for c in wanted]
     session = LtconformSession(settings, targets, pool=pool)
+    conforming = all(v == "pass" for v in case.expected.values())
     for cid in wanted:
         contract = contracts.get_contract(cid)
-        strategy = case.strategy if case.strategy in contract.strategies else contract.strategies[0]
-        verdict, duration = session.verdict(cid, strategy)
-        got = {"failed": "fail", "advisory": "fail", "passed": "pass"}.get(verdict.outcome, verdict.outcome)
-        rows.append({"case": case.name, "contract": cid, "strategy": strategy, "expected": case.expected[cid],
-                     "got": got, "outcome": verdict.outcome, "message": verdict.render(),
-                     "evidence_expected": case.evidence, "duration_s": round(duration, 3)})
+        if conforming:
+            # A conforming case must pass under every strategy the contract runs under.
+            strategies = [s for s in contract.strategies if s in SUPPORTED_STRATEGIES]
+        else:
+            strategies = [case.strategy if case.strategy in contract.strategies else contract.strategies[0]]
+        for strategy in strategies:
+            rows.append(_row(case, cid, strategy, *session.verdict(cid, strategy)))
     return rows
+
+
+def _row(case: Case, cid: str, strategy: str, verdict, duration: float) -> dict:
+    got = {"failed": "fail", "advisory": "fail", "passed": "pass"}.get(verdict.outcome, verdict.outcome)
+    return {"case": case.name, "contract": cid, "strategy": strategy, "expected": case.expected[cid],
+            "got": got, "outcome": verdict.outcome, "message": verdict.render(),
+            "evidence_expected": case.evidence, "duration_s": round(duration, 3)}
 
 
 def rates(rows: list[dict]) -> dict:
