@@ -12,6 +12,7 @@ _MODULES = {
     "sync-dist": "sync_dist",
     "unused-parameters": "unused_parameters",
     "configure-model": "configure_model",
+    "data-sharding": "data_sharding",
 }
 
 

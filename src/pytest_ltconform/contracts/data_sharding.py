@@ -1,0 +1,658 @@
+"""data-sharding: every rank trains on its own share of the data, in a fresh order each epoch,
+with the same number of batches per epoch.
+
+Seed section "Sampling, metrics and writes": Lightning swaps ordinary map-style samplers for a
+DistributedSampler, but an IterableDataset is not sharded for you, a sampler you own
+(``use_distributed_sampler=False``) must shard by rank and worker and be reseeded every epoch,
+and Lightning must be able to re-create your DataLoader to inject its sampler.
+
+Checked from the traced fit: every train and validation batch is fingerprinted per rank and
+epoch (a hash per sample row and per batch, recorded into the trace so that a hung world keeps
+them). It fails when ranks draw identical batches, when one rank sees the same samples several
+times in an epoch (DataLoader workers replaying a stream), when a user-owned shuffling sampler
+gives the same order every epoch, when ranks run different numbers of batches per epoch (the
+next collective pairs the wrong steps or hangs), and when Lightning could not re-create the
+DataLoader with its DistributedSampler (the cause and the DataLoader's file:line, not a raw
+traceback).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+
+from ..world.diagnose import fmt_site
+from .base import Contract, Evidence, Probe, Run, Verdict
+
+ROWS_PER_BATCH = 64        # sample rows hashed per batch
+BATCHES_PER_EPOCH = 8      # batches fingerprinted per epoch and stage (all are counted)
+STREAM_COUNT_LIMIT = 100_000
+
+
+# -- rank side: fingerprints -------------------------------------------------------------------
+
+def _leaves(obj, out: list) -> None:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        out.append(obj)
+    elif isinstance(obj, dict):
+        for key in sorted(obj, key=str):
+            _leaves(obj[key], out)
+    elif isinstance(obj, (list, tuple)):
+        for item in obj:
+            _leaves(item, out)
+    else:
+        out.append(obj)
+
+
+def _row_bytes(t) -> bytes:
+    import torch
+
+    t = t.detach().cpu().contiguous().reshape(-1)
+    if t.dtype in (torch.bfloat16,) or t.is_complex():
+        t = torch.view_as_real(t) if t.is_complex() else t.float()
+    return t.numpy().tobytes()
+
+
+def batch_size_of(batch) -> int | None:
+    """The most common leading dimension of the batch's tensors (None without tensors)."""
+    import torch
+
+    leaves: list = []
+    _leaves(batch, leaves)
+    dims = [t.shape[0] for t in leaves if isinstance(t, torch.Tensor) and t.dim() > 0]
+    if not dims:
+        return None
+    return max(set(dims), key=dims.count)
+
+
+def fingerprint(batch, rows: int = ROWS_PER_BATCH) -> dict:
+    """``{"n": batch size, "fp": batch hash, "rows": [per-sample hashes]}`` of one batch."""
+    import hashlib
+
+    import torch
+
+    leaves: list = []
+    _leaves(batch, leaves)
+    n = batch_size_of(batch)
+    whole = hashlib.blake2b(digest_size=8)
+    row_hashes = []
+    if n:
+        per_row = [hashlib.blake2b(digest_size=8) for _ in range(min(n, rows))]
+        for t in leaves:
+            if isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape[0] == n:
+                for i, h in enumerate(per_row):
+                    h.update(_row_bytes(t[i]))
+        row_hashes = [h.hexdigest() for h in per_row]
+    ids = None
+    if n:
+        for t in leaves:  # an integer vector per sample reads as sample ids in the evidence
+            if isinstance(t, torch.Tensor) and t.dim() == 1 and t.shape[0] == n and not t.is_floating_point() \
+                    and t.dtype != torch.bool:
+                ids = [int(v) for v in t[:rows]]
+    for t in leaves:
+        if isinstance(t, torch.Tensor):
+            whole.update(_row_bytes(t) if t.numel() <= 1_000_000 else repr(t.shape).encode())
+        else:
+            whole.update(repr(t).encode()[:1000])
+    out = {"n": n, "fp": whole.hexdigest(), "rows": row_hashes}
+    if ids is not None:
+        out["ids"] = ids
+    return out
+
+
+def _class_site(cls) -> dict | None:
+    import inspect
+
+    try:
+        lines, line = inspect.getsourcelines(cls)
+        return {"file": inspect.getsourcefile(cls), "line": line, "func": cls.__qualname__}
+    except (TypeError, OSError):
+        return None
+
+
+def _loader_info(trainer, stage: str, loader) -> dict:
+    from torch.utils.data import DataLoader, IterableDataset
+
+    info = {"ev": "ds_loader", "stage": stage, "type": type(loader).__name__}
+    if isinstance(loader, DataLoader):
+        ds = loader.dataset
+        bs = loader.batch_sampler
+        sampler = loader.sampler
+        inner = getattr(bs, "sampler", None)
+        info.update(
+            dataset=type(ds).__qualname__, dataset_site=_class_site(type(ds)),
+            iterable=isinstance(ds, IterableDataset), num_workers=int(loader.num_workers),
+            batch_size=loader.batch_size, sampler=type(sampler).__name__ if sampler is not None else None,
+            batch_sampler=type(bs).__name__ if bs is not None else None,
+            inner_sampler=type(inner).__name__ if inner is not None else None,
+            shuffle=bool(getattr(inner if inner is not None else sampler, "shuffle", False)),
+            created_at=getattr(loader, "_ltconform_site", None),
+        )
+        try:
+            info["length"] = len(loader)
+        except TypeError:
+            info["length"] = None
+    info["use_distributed_sampler"] = bool(getattr(trainer._accelerator_connector, "use_distributed_sampler", True))
+    return info
+
+
+def _first_loader(loaders):
+    if isinstance(loaders, (list, tuple)):
+        return loaders[0] if loaders else None
+    if isinstance(loaders, dict):
+        return next(iter(loaders.values()), None)
+    return loaders
+
+
+def count_stream(dataset, limit: int = STREAM_COUNT_LIMIT, seconds: float = 3.0) -> int | None:
+    """How many items one fresh iterator of an IterableDataset yields (None past the bounds)."""
+    import time
+
+    started = time.monotonic()
+    n = 0
+    try:
+        for _ in dataset:
+            n += 1
+            if n >= limit or time.monotonic() - started > seconds:
+                return None
+    except Exception:
+        return None
+    return n
+
+
+def _creation_site() -> dict | None:
+    """The user's frame that built a DataLoader: the first user frame that is not a DataLoader
+    subclass's own __init__."""
+    import sys
+
+    from ..trace import is_user_file
+
+    frame = sys._getframe(2)
+    while frame is not None:
+        code = frame.f_code
+        if is_user_file(code.co_filename) and code.co_name != "__init__":
+            func = getattr(code, "co_qualname", code.co_name)
+            return {"file": code.co_filename, "line": frame.f_lineno, "func": func}
+        frame = frame.f_back
+    return None
+
+
+class DataShardingProbe(Probe):
+    """Records one ``batch`` event per batch and one ``ds_loader`` event per stage and epoch."""
+
+    def __init__(self):
+        self._loaders: dict[str, object] = {}
+        self._recorder = None
+
+    def before_trainer(self, loaded, trainer_kwargs, recorder) -> None:
+        import torch.utils.data as tud
+
+        def factory(original):
+            def __init__(loader, *args, **kwargs):
+                original(loader, *args, **kwargs)
+                if getattr(loader, "_ltconform_site", None) is not None:
+                    return  # a subclass's __init__ already recorded the outer call
+                site = _creation_site()
+                if site is None:
+                    return  # built by Lightning (sampler injection) or a library, not by the user
+                try:
+                    object.__setattr__(loader, "_ltconform_site", site)
+                    recorder.emit({"ev": "ds_created", "site": site, "positional": len(args) + 1,
+                                   "cls": type(loader).__name__, "hook": recorder.current_hook()})
+                except Exception:
+                    pass
+
+            return __init__
+
+        recorder._patch(tud.DataLoader, "__init__", factory)
+        self._recorder = recorder
+        trainer_kwargs["callbacks"] = list(trainer_kwargs.get("callbacks") or []) + \
+            [self._callback(loaded.ns, recorder)]
+
+    def watch_sampler(self, sampler) -> None:
+        """Record the first indices each iteration of a user-defined sampler yields."""
+        import inspect
+
+        from ..trace import is_user_file
+
+        cls = type(sampler)
+        try:
+            path = inspect.getsourcefile(cls)
+        except TypeError:
+            return
+        if not path or not is_user_file(path) or "__iter__" not in cls.__dict__:
+            return
+        recorder = self._recorder
+
+        def factory(original):
+            def __iter__(obj):
+                got, done = [], False
+                try:
+                    limit = max(1, min(ROWS_PER_BATCH, len(obj)))
+                except Exception:
+                    limit = ROWS_PER_BATCH
+                for item in original(obj):
+                    if not done:
+                        try:
+                            got.append([int(i) for i in item] if isinstance(item, (list, tuple)) else int(item))
+                        except Exception:
+                            got.append(repr(item)[:40])
+                        if len(got) >= limit:
+                            recorder.emit({"ev": "ds_sampler", "cls": cls.__name__, "indices": got})
+                            done = True
+                    yield item
+                if not done:
+                    recorder.emit({"ev": "ds_sampler", "cls": cls.__name__, "indices": got})
+
+            return __iter__
+
+        recorder._patch(cls, "__iter__", factory)
+
+    def _callback(self, ns, recorder):
+        probe = self
+
+        class Fingerprints(ns.Callback):
+            def __init__(self):
+                self.seen: dict[tuple, int] = defaultdict(int)
+
+            def _loader(self, trainer, stage, loaders):
+                loader = _first_loader(loaders)
+                probe._loaders[stage] = loader
+                for sampler in (getattr(loader, "sampler", None), getattr(loader, "batch_sampler", None),
+                                getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
+                    if sampler is not None:
+                        probe.watch_sampler(sampler)
+                try:
+                    recorder.emit(_loader_info(trainer, stage, loader))
+                except Exception as exc:
+                    recorder.emit({"ev": "trace_error", "where": "data-sharding loader", "error": repr(exc)})
+
+            def _batch(self, trainer, stage, batch, batch_idx, dataloader_idx=0):
+                key = (stage, int(trainer.current_epoch), dataloader_idx)
+                self.seen[key] += 1
+                event = {"ev": "batch", "stage": stage, "idx": int(batch_idx), "dl": dataloader_idx}
+                try:
+                    if self.seen[key] <= BATCHES_PER_EPOCH:
+                        event.update(fingerprint(batch))
+                    else:
+                        event["n"] = batch_size_of(batch)
+                except Exception as exc:
+                    event["error"] = repr(exc)
+                recorder.emit(event)
+
+            def on_train_epoch_start(self, trainer, pl_module):
+                self._loader(trainer, "train", trainer.train_dataloader)
+
+            def on_validation_epoch_start(self, trainer, pl_module):
+                if not trainer.sanity_checking:
+                    self._loader(trainer, "val", trainer.val_dataloaders)
+
+            def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+                self._batch(trainer, "train", batch, batch_idx)
+
+            def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+                if not trainer.sanity_checking:
+                    self._batch(trainer, "val", batch, batch_idx, dataloader_idx)
+
+        return Fingerprints()
+
+    def collect(self, loaded, trainer, recorder):
+        from torch.utils.data import DataLoader, IterableDataset
+
+        out = {}
+        for stage, loader in self._loaders.items():
+            if isinstance(loader, DataLoader) and isinstance(loader.dataset, IterableDataset):
+                out[stage] = count_stream(loader.dataset)
+        return {"stream_len": out}
+
+
+# -- pytest side -------------------------------------------------------------------------------
+
+_RECREATE = re.compile(
+    r"(DataLoader implementation has an error|Trying to inject custom `Sampler`|"
+    r"inject a `DistributedSampler`|re-instantiat|has no attribute|got multiple values for argument)",
+)
+
+
+def _user_frames(tb_text: str) -> list[dict]:
+    from ..trace import is_user_file
+
+    frames = []
+    for m in re.finditer(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)', tb_text or ""):
+        if is_user_file(m["file"]):
+            frames.append({"file": m["file"], "line": int(m["line"]), "func": m["func"]})
+    return frames
+
+
+def _ranges(ids: list) -> str:
+    """[0, 1, 2, 3, 8] -> '0-3, 8'."""
+    parts, start, prev = [], None, None
+    for i in ids:
+        if start is None:
+            start = prev = i
+        elif isinstance(i, int) and i == prev + 1:
+            prev = i
+        else:
+            parts.append(f"{start}-{prev}" if prev != start else f"{start}")
+            start = prev = i
+    if start is not None:
+        parts.append(f"{start}-{prev}" if prev != start else f"{start}")
+    return ", ".join(parts)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+class DataSharding(Contract):
+    id = "data-sharding"
+    title = "Each rank trains on its own share of the data, reshuffled every epoch"
+    seed = "Sampling, metrics and writes"
+
+    def probe(self) -> Probe:
+        return DataShardingProbe()
+
+    def judge(self, run: Run) -> Verdict:
+        recreate = self._recreate_failure(run)
+        if recreate is not None:
+            return recreate
+        batches = self._batches(run)
+        loaders = self._loaders(run)
+        findings: list[Verdict] = []
+        findings += self._identical_across_ranks(run, batches, loaders)
+        findings += self._replayed_within_rank(run, batches, loaders)
+        findings += self._uneven_counts(run, batches, loaders)
+        findings += self._same_order_every_epoch(run, batches, loaders)
+        if findings:
+            first = findings[0]
+            first.evidence = [e for f in findings for e in f.evidence]
+            first.notes = [f.summary for f in findings[1:]] + first.notes
+            if not run.finished:
+                first.notes.append("the world did not finish; the batches each rank recorded up to then are "
+                                   "the evidence (see where each rank was, below).")
+            return first
+        return self._passed(run, batches, loaders)
+
+    # -- data ----------------------------------------------------------------------------------
+    @staticmethod
+    def _batches(run: Run) -> dict[str, dict[int, dict[int, list[dict]]]]:
+        """stage -> rank -> epoch -> batch events (dataloader 0), in order."""
+        out: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+        for r in range(run.world_size):
+            for e in run.events(r, "batch"):
+                if e.get("dl", 0) == 0:
+                    out[e["stage"]][r][e.get("epoch", 0)].append(e)
+        return out
+
+    @staticmethod
+    def _loaders(run: Run) -> dict[str, dict]:
+        """stage -> the first loader event of rank 0 (or any rank)."""
+        out = {}
+        for r in range(run.world_size):
+            for e in run.events(r, "ds_loader"):
+                out.setdefault(e["stage"], e)
+        return out
+
+    @staticmethod
+    def _what(loader: dict | None) -> str:
+        if not loader or not loader.get("dataset"):
+            return "the DataLoader"
+        kind = "IterableDataset" if loader.get("iterable") else "dataset"
+        return f"{kind} {loader['dataset']}"
+
+    @staticmethod
+    def _dataset_site(loader: dict | None) -> str | None:
+        if not loader:
+            return None
+        site = loader.get("created_at") or loader.get("dataset_site")
+        return fmt_site(site) if site else None
+
+    def _fix_for(self, loader: dict | None) -> str:
+        if loader and loader.get("iterable"):
+            return (f"shard the stream inside {loader.get('dataset')}.__iter__: keep item i only when "
+                    f"i % (world_size * num_workers) == rank * num_workers + worker_id (rank and world size "
+                    f"from torch.distributed, worker_id and num_workers from torch.utils.data.get_worker_info()), "
+                    f"or use a map-style Dataset so that Lightning injects a DistributedSampler.")
+        if loader and not loader.get("use_distributed_sampler", True):
+            return ("with use_distributed_sampler=False the sampler is yours: give it the rank and world size "
+                    "(e.g. DistributedSampler(dataset, num_replicas=trainer.world_size, rank=trainer.global_rank)) "
+                    "or drop use_distributed_sampler=False so that Lightning injects one.")
+        return "make each rank draw a disjoint share of the samples (a DistributedSampler or rank-aware sampler)."
+
+    # -- 1. DataLoader Lightning cannot re-create ------------------------------------------------
+    def _recreate_failure(self, run: Run) -> Verdict | None:
+        if run.finished:
+            return None
+        failed = [r for r in run.job.ranks if r.status == "error" and r.traceback]
+        if not failed:
+            return None
+        tb = failed[0].traceback
+        inject = ("_update_dataloader" in tb or "_dataloader_init_kwargs_resolve_sampler" in tb
+                  or "_get_dataloader_init_args_and_kwargs" in tb or "DistributedSampler" in (failed[0].message or ""))
+        if not inject or not _RECREATE.search(f"{failed[0].message}\n{tb}"):
+            return None
+        frames = _user_frames(tb)
+        message = (failed[0].message or "").strip().splitlines()[0]
+        message = message.split(". ")[0][:300]
+        stage = "train"
+        m = re.search(r"(train|val|test|predict)_dataloader", tb)
+        if m:
+            stage = m.group(1)
+        created = [e for e in self._creation_events(run) if (e.get("hook") or "").endswith(f"{stage}_dataloader")] \
+            or self._creation_events(run)
+        built_at = fmt_site(created[0]["site"]) if created else None
+        evidence = []
+        if "has no attribute" in (failed[0].message or "") and frames:
+            where = fmt_site(frames[-1])
+            cause = (f"a sampler or batch sampler of the {stage} DataLoader reads an attribute that the "
+                     f"DistributedSampler Lightning injects does not have ({failed[0].exc_type}: {message})")
+            evidence.append(Evidence(f"{failed[0].exc_type}: {message}", rank=failed[0].rank, site=where))
+            fix = ("read only what every sampler offers (a DistributedSampler keeps the dataset as .dataset, not "
+                   ".data_source; use len(sampler) and iteration), or own the sampling: "
+                   "Trainer(use_distributed_sampler=False) with a batch sampler that shards by rank itself.")
+        else:
+            where = built_at or (fmt_site(frames[-1]) if frames else None)
+            cause = (f"Lightning could not re-create the {stage} DataLoader with its DistributedSampler "
+                     f"({failed[0].exc_type}: {message})")
+            positional = [c for c in created if (c.get("positional") or 0) >= 4]
+            if positional:
+                cause += (f"; the DataLoader gets its sampler (argument {positional[0]['positional']} and on) "
+                          f"positionally, so the re-created DataLoader would receive it twice")
+            fix = ("pass DataLoader arguments by keyword (DataLoader(dataset, batch_size=..., sampler=...)), "
+                   "and keep a DataLoader subclass's __init__ arguments stored as attributes of the same name; "
+                   "or own the sampling with Trainer(use_distributed_sampler=False) and a rank-aware sampler.")
+        for r in failed:
+            evidence.append(Evidence(f"fit raised {r.exc_type} inside Lightning's sampler injection "
+                                     f"({stage}_dataloader), before the first {stage} batch", rank=r.rank))
+        if built_at:
+            evidence.append(Evidence(f"the {stage} DataLoader is built here", site=built_at))
+        ranks = "every rank" if len(failed) == run.world_size else f"rank(s) {[r.rank for r in failed]}"
+        summary = f"{cause}. Fit fails on {ranks} at {where or 'the DataLoader construction'}."
+        return self.verdict("failed", summary, evidence=evidence, fix=fix)
+
+    def _creation_events(self, run: Run) -> list[dict]:
+        return [e for r in range(run.world_size) for e in run.events(r, "ds_created")][:4]
+
+    def _creation_sites(self, run: Run) -> list[str]:
+        return [fmt_site(e["site"]) for e in self._creation_events(run) if e.get("site")]
+
+    # -- 2. identical data on every rank ---------------------------------------------------------
+    def _identical_across_ranks(self, run, batches, loaders) -> list[Verdict]:
+        out = []
+        for stage in ("train", "val"):
+            per_rank = batches.get(stage, {})
+            if len(per_rank) < run.world_size:
+                continue
+            same = compared = 0
+            samples = set()
+            for epoch in sorted(per_rank[0]):
+                lists = [per_rank[r].get(epoch, []) for r in range(run.world_size)]
+                for k in range(min(len(x) for x in lists)):
+                    fps = [lst[k].get("fp") for lst in lists]
+                    if None in fps:
+                        continue
+                    compared += 1
+                    if len(set(fps)) == 1:
+                        same += 1
+                        samples.update(lists[0][k].get("rows", []))
+            if compared and same == compared:
+                loader = loaders.get(stage)
+                steps = {r: {ep: len(v) for ep, v in per_rank[r].items()} for r in range(run.world_size)}
+                first_ep = min(per_rank[0])
+                n0 = [e.get("n") for e in per_rank[0][first_ep]]
+                ranks = " and ".join(f"rank {r}" for r in range(run.world_size))
+                every = "in every step" if same == compared else f"in {same} of {compared} steps"
+                ids = [i for e in per_rank[0][first_ep] for i in e.get("ids", [])]
+                id_text = f"; sample ids {_ranges(ids)} in the same order on every rank" if ids else ""
+                summary = (f"{ranks} drew identical {stage} batches {every} ({compared} fingerprinted batches, "
+                           f"{len(samples)} distinct samples{id_text}), so the world trains on one rank's data "
+                           f"{run.world_size} times; {self._what(loader)} is not sharded by rank.")
+                evidence = [Evidence(f"{stage} epoch {first_ep}: {steps[r][first_ep]} batches of sizes {n0}, "
+                                     f"batch hashes {[e.get('fp')[:8] for e in per_rank[r][first_ep][:4]]}"
+                                     + (f", sample ids {[e.get('ids') for e in per_rank[r][first_ep][:4]]}"
+                                        if ids else ""), rank=r)
+                            for r in range(run.world_size)]
+                stream = self._stream_len(run, stage)
+                if loader and loader.get("iterable") and stream and loader.get("batch_size"):
+                    import math
+
+                    want = math.ceil(stream / (loader["batch_size"] * run.world_size))
+                    have = steps[0][first_ep]
+                    capped = " (the run caps an epoch at 4 batches)" if have >= 4 and want < have else ""
+                    evidence.append(Evidence(
+                        f"{self._what(loader)} yields all {stream} items on each rank: {have} steps per rank "
+                        f"per epoch{capped} where {stream} items / ({loader['batch_size']} per batch x "
+                        f"{run.world_size} ranks) = {want}", site=self._dataset_site(loader)))
+                    if loader.get("dataset_site"):
+                        evidence.append(Evidence(f"{loader['dataset']} is defined here; its __iter__ yields the "
+                                                 f"same items on every rank" if not loader.get("num_workers")
+                                                 else f"{loader['dataset']} is defined here",
+                                                 site=fmt_site(loader["dataset_site"])))
+                elif loader:
+                    evidence.append(Evidence(f"{self._what(loader)}, sampler {loader.get('sampler')}, "
+                                             f"use_distributed_sampler={loader.get('use_distributed_sampler')}",
+                                             site=self._dataset_site(loader)))
+                out.append(self.verdict("failed", summary, evidence=evidence, fix=self._fix_for(loader),
+                                        category="silent"))
+        return out
+
+    @staticmethod
+    def _stream_len(run: Run, stage: str) -> int | None:
+        for data in run.probe("data-sharding"):
+            if data and data.get("stream_len", {}).get(stage):
+                return data["stream_len"][stage]
+        return None
+
+    # -- 3. the same samples several times on one rank -------------------------------------------
+    def _replayed_within_rank(self, run, batches, loaders) -> list[Verdict]:
+        out = []
+        for stage in ("train",):
+            for r, epochs in sorted(batches.get(stage, {}).items()):
+                for epoch, events in sorted(epochs.items()):
+                    rows = [h for e in events for h in e.get("rows", [])]
+                    if len(rows) < 2:
+                        continue
+                    repeats = len(rows) - len(set(rows))
+                    if repeats * 4 >= len(rows):  # a quarter or more of the rows seen before
+                        loader = loaders.get(stage) or {}
+                        workers = loader.get("num_workers", 0)
+                        why = (f" (DataLoader num_workers={workers}: each worker replays the stream)"
+                               if workers and loader.get("iterable") else "")
+                        summary = (f"rank {r} saw {repeats} of its {len(rows)} fingerprinted {stage} samples more "
+                                   f"than once in epoch {epoch}{why}; {self._what(loader)} does not split the work "
+                                   f"between workers/ranks.")
+                        out.append(self.verdict("failed", summary, category="silent", fix=self._fix_for(loader),
+                                                evidence=[Evidence(f"epoch {epoch}: {len(rows)} samples, "
+                                                                   f"{len(set(rows))} distinct", rank=r,
+                                                                   site=self._dataset_site(loader))]))
+                        return out
+        return out
+
+    # -- 4. different numbers of batches ---------------------------------------------------------
+    def _uneven_counts(self, run, batches, loaders) -> list[Verdict]:
+        per_rank = batches.get("train", {})
+        if len(per_rank) < run.world_size:
+            return []
+        last = max(max(per_rank[r], default=0) for r in range(run.world_size))
+        div = run.job.divergence
+        desynced = bool(div and div.get("kind") == "hooks")
+        for epoch in sorted({ep for r in per_rank for ep in per_rank[r]}):
+            counts = {r: len(per_rank[r].get(epoch, [])) for r in range(run.world_size)}
+            if len(set(counts.values())) == 1:
+                continue
+            if not run.finished and epoch == last and not desynced:
+                continue  # a rank still running may only be behind
+            loader = loaders.get("train") or {}
+            text = ", ".join(f"rank {r}: {c} batch{'' if c == 1 else 'es'}" for r, c in counts.items())
+            summary = (f"ranks ran different numbers of train batches in epoch {epoch} ({text}); each training "
+                       f"step all-reduces gradients, so the extra step pairs with another rank's next collective "
+                       f"or waits forever. {self._what(loader)} gives the ranks unequal shares.")
+            site = self._dataset_site(loader)
+            evidence = [Evidence(f"epoch {epoch}: {c} batch{'' if c == 1 else 'es'}", rank=r, site=site)
+                        for r, c in counts.items()]
+            fix = ("give every rank the same number of batches: drop or pad the remainder "
+                   "(DistributedSampler(drop_last=True), or stop an IterableDataset on every rank after the "
+                   "smallest rank's item count), or let Lightning inject its sampler.")
+            return [self.verdict("failed", summary, evidence=evidence, fix=fix, category="deadlock")]
+        return []
+
+    # -- 5. a user-owned shuffling sampler that is never reseeded --------------------------------
+    def _same_order_every_epoch(self, run, batches, loaders) -> list[Verdict]:
+        loader = loaders.get("train")
+        if not loader or loader.get("use_distributed_sampler", True) or loader.get("iterable"):
+            return []
+        sampler = loader.get("inner_sampler") or loader.get("sampler") or ""
+        if sampler == "SequentialSampler" or (sampler == "DistributedSampler" and not loader.get("shuffle")):
+            return []
+        orders = self._sampler_orders(run, sampler)
+        per_rank = batches.get("train", {})
+        for r in range(run.world_size):
+            epochs = sorted(per_rank.get(r, {}))
+            if len(epochs) < 2:
+                return []
+            seqs = [[h for e in per_rank[r][ep] for h in e.get("rows", [])] for ep in epochs[:2]]
+            if not seqs[0] or seqs[0] != seqs[1]:
+                return []
+            idx = orders.get(r)
+            if idx is not None and idx == sorted(idx):
+                return []  # a fixed, unshuffled order is a choice, not a missing reseed
+        summary = (f"with use_distributed_sampler=False the train sampler ({sampler}) gives every rank the same "
+                   f"sample order in epoch {epochs[0]} and epoch {epochs[1]}: it is shuffled once and never "
+                   f"reseeded (no set_epoch), so every epoch repeats the same batches.")
+        evidence = [Evidence(f"epochs {epochs[0]} and {epochs[1]}: identical sequence of "
+                             f"{len([h for e in per_rank[r][epochs[0]] for h in e.get('rows', [])])} sample hashes"
+                             + (f"; sampler order starts {orders[r][:8]}" if orders.get(r) else ""), rank=r)
+                    for r in range(run.world_size)]
+        fix = ("reseed the permutation every epoch: implement set_epoch(epoch) on the sampler (Lightning calls it "
+               "at every epoch start) and draw from torch.Generator().manual_seed(seed + epoch), or use "
+               "DistributedSampler(shuffle=True).")
+        return [self.verdict("failed", summary, evidence=evidence, fix=fix, category="silent")]
+
+    @staticmethod
+    def _sampler_orders(run: Run, cls: str) -> dict[int, list]:
+        out = {}
+        for r in range(run.world_size):
+            for e in run.events(r, "ds_sampler"):
+                if e.get("cls") == cls:
+                    out.setdefault(r, e.get("indices"))
+        return out
+
+    # -- passed ----------------------------------------------------------------------------------
+    def _passed(self, run: Run, batches, loaders) -> Verdict:
+        parts = []
+        for stage in ("train", "val"):
+            per_rank = batches.get(stage, {})
+            if not per_rank:
+                continue
+            counts = ", ".join(f"rank {r}: {sum(len(v) for v in per_rank[r].values())}" for r in sorted(per_rank))
+            parts.append(f"{stage} batches differ across ranks ({counts} batches)")
+        loader = loaders.get("train")
+        what = f" ({self._what(loader)}, sampler {loader.get('sampler')})" if loader else ""
+        summary = ("; ".join(parts) or "no batches were recorded") + \
+            f"{what}; the same number of train batches per epoch on every rank."
+        return self.verdict("passed", summary)
+
+
+CONTRACT = DataSharding()
