@@ -16,6 +16,9 @@ from .world import WorldPool, WorldStartError
 
 SUPPORTED_STRATEGIES = ("ddp", "fsdp")
 RUN_FUNCTIONS = {"fit": "pytest_ltconform.runs:traced_fit"}
+RUN_FUNCTIONS["eval"] = "pytest_ltconform.eval_runs:traced_eval"
+# Run kinds whose contracts compare with a one-rank run on the weights the world saved.
+REFERENCE_RUNS = {"eval": "pytest_ltconform.eval_runs:reference_eval"}
 
 
 def owner_of(divergence: dict | None) -> str | None:
@@ -54,12 +57,28 @@ class LtconformSession:
                     pg_timeout_s=self.settings.pg_timeout_s,
                 )
                 cached = Run(job, strategy, kind, self.targets)
+                if kind in REFERENCE_RUNS:
+                    cached.reference = self._reference(kind, job, strategy)
             except WorldStartError as exc:
                 cached = exc
             self._runs[key] = cached
         if isinstance(cached, Exception):
             raise cached
         return cached
+
+    def _reference(self, kind: str, job, strategy: str) -> Run | None:
+        """The one-rank reference run for ``kind``, on what rank 0 of ``job`` saved; None when the
+        world did not finish."""
+        value = job.ranks[0].value if job.status == "ok" and job.ranks else None
+        args = (value or {}).get("reference_args") if isinstance(value, dict) else None
+        if not args:
+            return None
+        try:
+            ref = self.pool.run(1, REFERENCE_RUNS[kind], self.targets, *args, self.settings.pg_timeout_s,
+                                timeout_s=self.settings.timeout_s, pg_timeout_s=self.settings.pg_timeout_s)
+        except WorldStartError:
+            return None
+        return Run(ref, strategy, f"{kind}-reference", self.targets)
 
     def verdict(self, contract_id: str, strategy: str) -> tuple[Verdict, float]:
         """Judge one contract under one strategy; returns (verdict, seconds spent)."""

@@ -11,6 +11,7 @@ _MODULES = {
     "all-rank-save": "all_rank_save",
     "sync-dist": "sync_dist",
     "unused-parameters": "unused_parameters",
+    "eval-duplication": "eval_duplication",
     "configure-model": "configure_model",
     "data-sharding": "data_sharding",
 }

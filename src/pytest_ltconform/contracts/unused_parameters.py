@@ -134,6 +134,8 @@ class UnusedParametersProbe(Probe):
         self.observer = None
 
     def before_trainer(self, loaded, trainer_kwargs, recorder) -> None:
+        if not isinstance(getattr(trainer_kwargs.get("strategy"), "_ddp_kwargs", None), dict):
+            return  # not DDP (e.g. the sharded tier): find_unused_parameters does not apply
         observer = self.observer = _Observer(recorder)
 
         class GradUse(loaded.ns.Callback):
@@ -157,6 +159,8 @@ class UnusedParametersProbe(Probe):
         from ..trace import user_site
 
         observer = self.observer
+        if observer is None:
+            return
         strategy = trainer.strategy
         backward = strategy.backward
         on_exception = strategy.on_exception
@@ -209,11 +213,6 @@ class UnusedParameters(Contract):
 
     def probe(self) -> Probe:
         return UnusedParametersProbe()
-
-    def owns_failure(self, run: Run) -> bool:
-        """True when the world stopped because DDP's reducer missed gradients (this contract's fault)."""
-        bad = [r for r in run.job.ranks if r.status != "ok"]
-        return bool(bad) and all(r.status == "error" and _ddp_error_text(r.message) for r in bad)
 
     def judge(self, run: Run) -> Verdict:
         setup = {r: next((e for e in t if e.get("ev") == "grad_setup"), None) for r, t in enumerate(run.traces)}
