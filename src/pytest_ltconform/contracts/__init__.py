@@ -14,6 +14,7 @@ _MODULES = {
     "eval-duplication": "eval_duplication",
     "configure-model": "configure_model",
     "data-sharding": "data_sharding",
+    "shared-writes": "shared_writes",
 }
 
 

@@ -1,0 +1,259 @@
+"""shared-writes: an ordinary file that every rank would write on a shared filesystem is
+written by one rank only (a rank-zero guard); checkpoint saving is the exception.
+
+Seed section "Sampling, metrics and writes": rank-zero guards are for plain shared-file writes
+that need no collectives (and ``trainer.save_checkpoint`` must *not* be guarded).
+
+Checked from the traced fit: a process-wide ``sys.addaudithook`` dispatcher (audit hooks cannot
+be removed, so it is installed once per rank process and routed to the current job) records
+every "open" event with a write mode or write flags, and ``torch.save(obj, path)``, which writes
+through C++ and raises no "open" event, is recorded by a wrapper. Only writes with a user frame
+on the stack count, and none made while a checkpoint is being saved. Paths under a rank's own
+root directory are compared relative to it (on a cluster every rank has the same
+``default_root_dir``), so the same file opened for writing by more than one rank fails, naming
+the path, the ranks, the hooks and the call sites.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+from ..world.diagnose import fmt_site
+from .base import Contract, Evidence, Probe, Run, Verdict, rank_guard
+
+ROOT = "<default_root_dir>"
+_SKIP_PREFIXES = ("/dev/", "/proc/", "/sys/")
+
+# -- rank side ---------------------------------------------------------------------------------
+
+_ACTIVE: SharedWritesProbe | None = None
+_INSTALLED = False
+_LOCAL = threading.local()
+
+
+def _write_flags() -> int:
+    return os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+
+
+def _on_audit(event: str, args) -> None:
+    if event != "open":
+        return
+    probe = _ACTIVE
+    if probe is None or getattr(_LOCAL, "busy", False):
+        return
+    _LOCAL.busy = True
+    try:
+        probe.on_open(args)
+    except Exception:
+        pass  # recording must never break the user's open()
+    finally:
+        _LOCAL.busy = False
+
+
+def install_dispatcher() -> None:
+    """Add the audit hook once per process; it does nothing while no probe is active."""
+    global _INSTALLED
+    if not _INSTALLED:
+        sys.addaudithook(_on_audit)
+        _INSTALLED = True
+
+
+def _user_frame_and_checkpointing(start) -> tuple[dict | None, bool]:
+    from ..trace import is_user_file
+
+    site = None
+    saving = False
+    frame = start
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name in ("save_checkpoint", "_save_checkpoint", "_save_last_checkpoint", "_save_topk_checkpoint"):
+            saving = True
+        if site is None and is_user_file(code.co_filename):
+            func = getattr(code, "co_qualname", code.co_name)
+            site = {"file": code.co_filename, "line": frame.f_lineno, "func": func}
+        frame = frame.f_back
+    return site, saving
+
+
+def _describe_mode(mode, flags) -> str:
+    if isinstance(mode, str):
+        return mode
+    if not isinstance(flags, int):
+        return "write"
+    if flags & os.O_APPEND:
+        return "append (os.open)"
+    if flags & os.O_TRUNC:
+        return "truncate (os.open)"
+    return "write (os.open)"
+
+
+class SharedWritesProbe(Probe):
+    """Routes this rank's write opens and ``torch.save`` calls into ``write`` trace events."""
+
+    def __init__(self):
+        self.recorder = None
+        self.pid = os.getpid()
+        self.roots: tuple[str, ...] = ()
+
+    def before_trainer(self, loaded, trainer_kwargs, recorder) -> None:
+        import torch
+
+        global _ACTIVE
+        self.recorder = recorder
+        roots = {os.path.realpath(os.getcwd())}
+        if trainer_kwargs.get("default_root_dir"):
+            roots.add(os.path.realpath(str(trainer_kwargs["default_root_dir"])))
+        self.roots = tuple(sorted(roots, key=len, reverse=True))
+        probe = self
+
+        def factory(original):
+            def save(obj, f, *args, **kwargs):
+                if isinstance(f, (str, bytes, os.PathLike)) and _ACTIVE is probe:
+                    try:
+                        site, saving = _user_frame_and_checkpointing(sys._getframe(1))
+                        probe._record(os.fsdecode(f), "torch.save", site, saving)
+                    except Exception:
+                        pass
+                _LOCAL.busy = True  # the Python-level open inside torch.save is the same write
+                try:
+                    return original(obj, f, *args, **kwargs)
+                finally:
+                    _LOCAL.busy = False
+
+            return save
+
+        recorder._patch(torch, "save", factory)
+        recorder._patch(torch.serialization, "save", factory)
+        install_dispatcher()
+        _ACTIVE = self
+
+    def on_open(self, args) -> None:
+        global _ACTIVE
+        recorder = self.recorder
+        if recorder is None or recorder._fh.closed:
+            if _ACTIVE is self:
+                _ACTIVE = None
+            return
+        if os.getpid() != self.pid:
+            return  # a forked DataLoader worker: its trace handle belongs to the parent
+        path, mode, flags = (list(args) + [None, None, None])[:3]
+        if isinstance(path, int) or path is None:
+            return
+        writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or \
+            (not isinstance(mode, str) and isinstance(flags, int) and bool(flags & _write_flags()))
+        if not writes:
+            return
+        site, saving = _user_frame_and_checkpointing(sys._getframe(2))
+        self._record(os.fsdecode(path), _describe_mode(mode, flags), site, saving)
+
+    def _record(self, path: str, mode: str, site, saving: bool) -> None:
+        if site is None or saving:
+            return  # written by a library on its own, or part of checkpoint saving
+        absolute = os.path.realpath(os.path.abspath(path))
+        if absolute.startswith(_SKIP_PREFIXES):
+            return
+        shown = absolute
+        for root in self.roots:
+            if absolute == root or absolute.startswith(root + os.sep):
+                shown = os.path.join(ROOT, os.path.relpath(absolute, root))
+                break
+        self.recorder.emit({"ev": "write", "path": shown, "mode": mode, "site": site,
+                            "hook": self.recorder.current_hook()})
+
+    def collect(self, loaded, trainer, recorder):
+        global _ACTIVE
+        if _ACTIVE is self:
+            _ACTIVE = None
+        return None
+
+
+# -- pytest side -------------------------------------------------------------------------------
+
+def _mode_words(modes: set[str]) -> str:
+    if any(m.startswith("a") or m.startswith("append") for m in modes):
+        return "opened for appending"
+    if "torch.save" in modes and len(modes) == 1:
+        return "written with torch.save"
+    return "opened for writing"
+
+
+class SharedWrites(Contract):
+    id = "shared-writes"
+    title = "Plain shared-file writes happen on one rank (rank-zero guard), checkpoints on all"
+    seed = "Sampling, metrics and writes"
+
+    def probe(self) -> Probe:
+        return SharedWritesProbe()
+
+    def judge(self, run: Run) -> Verdict:
+        by_path: dict[str, dict[int, list[dict]]] = {}
+        for r in range(run.world_size):
+            for e in run.events(r, "write"):
+                by_path.setdefault(e["path"], {}).setdefault(r, []).append(e)
+        shared = {p: ranks for p, ranks in by_path.items() if len(ranks) > 1}
+        if not shared:
+            return self._passed(run, by_path)
+        verdicts = [self._shared(run, path, ranks) for path, ranks in sorted(shared.items())]
+        first = verdicts[0]
+        first.evidence = [e for v in verdicts for e in v.evidence]
+        first.notes = [v.summary for v in verdicts[1:]] + first.notes
+        return first
+
+    def _shared(self, run: Run, path: str, ranks: dict[int, list[dict]]) -> Verdict:
+        name = os.path.basename(path)
+        modes = {e["mode"] for evs in ranks.values() for e in evs}
+        hooks = sorted({e.get("hook") or "outside any hook" for evs in ranks.values() for e in evs})
+        first = next(iter(ranks.values()))[0]
+        site = fmt_site(first.get("site"))
+        who = " and ".join(f"rank {r}" for r in sorted(ranks))
+        total = sum(len(v) for v in ranks.values())
+        per_rank = ", ".join(f"rank {r}: {len(v)}" for r, v in sorted(ranks.items()))
+        epochs = sorted({e.get("epoch") for evs in ranks.values() for e in evs if e.get("epoch") is not None})
+        how = _mode_words(modes)
+        summary = (f"{name} {how} by {who} in {', '.join(hooks)} at {site}, outside checkpoint saving "
+                   f"({total} writes: {per_rank}")
+        if len(epochs) > 1:
+            summary += f"; {len(epochs)} epoch{'s' if len(epochs) != 1 else ''}"
+        summary += "). On a shared filesystem every rank writes the same file: "
+        if how == "opened for appending":
+            summary += (f"it ends with {total} rows where {max(len(v) for v in ranks.values())} are meant, "
+                        f"and concurrent appends can interleave.")
+        else:
+            summary += "the ranks overwrite each other (last writer wins, or a torn file if they overlap)."
+        evidence = []
+        for r, evs in sorted(ranks.items()):
+            sites = sorted({fmt_site(e.get("site")) for e in evs})
+            evidence.append(Evidence(f"{path} {_mode_words({e['mode'] for e in evs})} ({', '.join(sorted(modes))}) "
+                                     f"{len(evs)} time{'s' if len(evs) != 1 else ''} in "
+                                     f"{', '.join(sorted({e.get('hook') or '?' for e in evs}))}"
+                                     + (f", also at {', '.join(sites[1:])}" if len(sites) > 1 else ""),
+                                     rank=r, site=sites[0]))
+        guard = rank_guard(first.get("site"))
+        notes = []
+        if guard:
+            notes.append(f"the write sits under `{guard}`, but that condition is true on more than one rank.")
+        fix = ("guard ordinary file writes so that one rank writes: `if self.trainer.is_global_zero:` (or "
+               "@rank_zero_only on the function), or give each rank its own file name (e.g. with "
+               "self.global_rank in it); never guard trainer.save_checkpoint, which every rank must call.")
+        if "torch.save" in modes:
+            fix = ("save the file from one rank: `if self.trainer.is_global_zero: torch.save(...)`, or use "
+                   "trainer.save_checkpoint on every rank (Lightning writes it once); " + fix.split("; ", 1)[1])
+        return self.verdict("failed", summary, evidence=evidence, fix=fix, category="silent", notes=notes)
+
+    def _passed(self, run: Run, by_path) -> Verdict:
+        if not by_path:
+            return self.verdict("passed", "user code opened no file for writing during fit (outside checkpoint "
+                                          "saving) on any rank.")
+        parts = []
+        for path, ranks in sorted(by_path.items())[:5]:
+            (r, evs), = ranks.items()
+            guard = rank_guard(evs[0].get("site"))
+            parts.append(f"{os.path.basename(path)} by rank {r} only"
+                         + (f" (under `{guard}`)" if guard else ""))
+        more = f" and {len(by_path) - 5} more" if len(by_path) > 5 else ""
+        return self.verdict("passed", f"every file user code writes is written by one rank: {', '.join(parts)}{more}.")
+
+
+CONTRACT = SharedWrites()
