@@ -86,6 +86,8 @@ def adapt_strategy(ns: Any, strategy_name: str, user_strategy: Any, pg_timeout_s
 
     strategies = importlib.import_module(f"{ns.__name__}.strategies")
     if strategy_name == "ddp":
+        if any(k.__name__ == "DeepSpeedStrategy" for k in type(user_strategy).__mro__):
+            user_strategy = None  # DeepSpeed needs CUDA: a 'ddp' item runs DDP; strategy-config reads the config
         if isinstance(user_strategy, strategies.DDPStrategy):
             if getattr(user_strategy, "_start_method", "popen") != "popen":
                 kwargs = dict(getattr(user_strategy, "_ddp_kwargs", {}) or {})
