@@ -18,25 +18,27 @@ def case(path: str) -> str:
     return f"{CONFORMANCE / path}:Model"
 
 
-def rank_pids(supervisor_pid: int | None = None) -> list[int]:
-    """Live rank processes (optionally of one supervisor), found through their environment."""
+def rank_pids(supervisor_pid: int | None = None, cwd_marker: str | None = None) -> list[int]:
+    """Live rank processes, optionally only those of one supervisor, or of supervisors started in a
+    directory under ``cwd_marker`` (a rank's PYTHONPATH carries its supervisor's working directory)."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/environ", "rb") as fh:
-                env = fh.read().split(b"\0")
+                env = dict(item.split(b"=", 1) for item in fh.read().split(b"\0") if b"=" in item)
             with open(f"/proc/{entry}/stat", "rb") as fh:
                 state = fh.read().split(b")")[-1].split()[0]
         except OSError:
             continue
-        if state == b"Z":
+        if state == b"Z" or b"LTCONFORM_SUPERVISOR_PID" not in env:
             continue
-        for item in env:
-            if item.startswith(b"LTCONFORM_SUPERVISOR_PID="):
-                if supervisor_pid is None or int(item.split(b"=", 1)[1]) == supervisor_pid:
-                    found.append(int(entry))
+        if supervisor_pid is not None and int(env[b"LTCONFORM_SUPERVISOR_PID"]) != supervisor_pid:
+            continue
+        if cwd_marker is not None and cwd_marker.encode() not in env.get(b"PYTHONPATH", b""):
+            continue
+        found.append(int(entry))
     return found
 
 
@@ -50,9 +52,9 @@ def wait_until(predicate, timeout: float, interval: float = 0.1) -> bool:
 
 
 @pytest.fixture
-def no_leftover_ranks():
-    """Fails the test if rank processes started during it are still alive afterwards."""
-    before = set(rank_pids())
+def no_leftover_ranks(pytester):
+    """Fails the test if rank processes its pytest subprocesses started are still alive afterwards."""
     yield
-    assert wait_until(lambda: not (set(rank_pids()) - before), 15), \
-        f"rank processes left behind: {sorted(set(rank_pids()) - before)}"
+    marker = str(pytester.path)
+    assert wait_until(lambda: not rank_pids(cwd_marker=marker), 15), \
+        f"rank processes left behind: {rank_pids(cwd_marker=marker)}"

@@ -135,18 +135,36 @@ def test_jobs_share_ranks_but_not_state(ltconform_world):
 
 def test_failed_rank_is_reported_with_its_traceback(ltconform_world):
     ltconform_world(world_size=2).run(fail_on_rank_one)
+
+def stuck_in_user_code(ctx):
+    import time
+    import torch.distributed as dist
+    if ctx.rank == 1:
+        time.sleep(600)  # a rank that never reaches the collective
+    dist.barrier()
+
+def test_hung_rank_is_killed_and_diagnosed(ltconform_world):
+    ltconform_world(world_size=2, timeout_s=20).run(stuck_in_user_code)
 '''
 
 
 def test_ltconform_world_fixture_reuses_ranks_and_isolates_jobs(pytester, no_leftover_ranks):
     pytester.makepyfile(helper_state="COUNTER = 0\n", test_user_dist=LEAKY)
+    start = time.monotonic()
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-v")
-    result.assert_outcomes(passed=1, failed=1)
+    result.assert_outcomes(passed=1, failed=2)
     result.stdout.fnmatch_lines([
         "*ltconform_world.run(test_user_dist:fail_on_rank_one) failed on 2 ranks*",
         "*rank 1: error (ValueError: bad shard on rank 1)*",
         "[[]rank1[]] ValueError: bad shard on rank 1",
     ])
+    # The hung rank: killed, with its faulthandler stack pointing at the user's line.
+    result.stdout.fnmatch_lines([
+        "*ltconform_world.run(test_user_dist:stuck_in_user_code) failed on 2 ranks*",
+        "*rank(s) 1 were still running after * s and were killed (SIGKILL)*",
+        "*rank 1 (hung): stack: stuck_in_user_code() in test_user_dist.py:47*",
+    ])
+    assert time.monotonic() - start < 20 + 15 + 60
 
 
 HANGING = str(CONFORMANCE / "sync-dist" / "epoch_end_log_rank_zero_gate.py")

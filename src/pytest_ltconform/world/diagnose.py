@@ -246,10 +246,13 @@ def describe(result) -> str:
                     lines.append(f"  rank {r}: " + "; ".join(describe_event(e) for e in events))
                 else:
                     lines.append(f"  rank {r}: none (it went on past this hook)")
-    lines.append("Where each rank was:")
+    where = []
     for r in result.ranks:
-        pos = rank_position(r.trace)
         stack = stack_summary(r.stack) if r.status in ("hung", "died") else None
-        extra = f"; stack: {stack}" if stack else ""
-        lines.append(f"  rank {r.rank} ({r.status}): {pos}{extra}")
+        parts = ([rank_position(r.trace)] if r.trace else []) + ([f"stack: {stack}"] if stack else [])
+        if parts:
+            where.append(f"  rank {r.rank} ({r.status}): {'; '.join(parts)}")
+    if where:
+        lines.append("Where each rank was:")
+        lines.extend(where)
     return "\n".join(lines)
