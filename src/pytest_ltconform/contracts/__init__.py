@@ -15,6 +15,7 @@ _MODULES = {
     "configure-model": "configure_model",
     "data-sharding": "data_sharding",
     "shared-writes": "shared_writes",
+    "strategy-config": "strategy_config",
 }
 
 

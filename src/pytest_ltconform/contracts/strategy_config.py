@@ -1,0 +1,438 @@
+"""strategy-config: the strategy arguments in the user's Trainer config mean what the user thinks.
+
+Seed sections "Choose using measured memory" (DDP timeout), "FSDP" and "DeepSpeed": FSDP policy
+classes must occur in the model and ``mixed_precision`` takes a torch ``MixedPrecision``; a
+DeepSpeed dict needs real numbers (no Hugging Face "auto"), one optimizer owner, and accumulation
+and precision that agree with the Trainer; offload paths must be writable; the process-group
+timeout is ``DDPStrategy(timeout=...)``, not ``NCCL_TIMEOUT``.
+
+Judged without the hardware: a run of kind "config" loads the targets on one rank (a
+``DeepSpeedStrategy`` stays readable where deepspeed is not installed, see ``sharded.py``),
+builds the model's layers inside ``configure_model`` on the meta device, and reports what the
+strategy object holds; the pytest side turns that into findings with the line of the user's
+config that sets each value.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .base import Contract, Evidence, Run, Verdict
+
+NUMERIC_ZERO_KEYS = ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size",
+                     "stage3_param_persistence_threshold", "stage3_max_live_parameters",
+                     "stage3_max_reuse_distance", "sub_group_size")
+NUMERIC_TOP_KEYS = ("train_micro_batch_size_per_gpu", "train_batch_size", "gradient_accumulation_steps")
+
+# -- rank side ---------------------------------------------------------------------------------
+
+
+def _mro_names(obj) -> list[str]:
+    return [k.__name__ for k in type(obj).__mro__]
+
+
+def _policy_classes(policy) -> list[type] | None:
+    """The module classes an FSDP wrap/checkpoint policy selects (None: not a class-based policy)."""
+    import functools
+
+    if policy is None:
+        return None
+    if isinstance(policy, (set, frozenset, list, tuple)):
+        return [c for c in policy if isinstance(c, type)]
+    classes = getattr(policy, "_module_classes", None)
+    if classes is not None:
+        return list(classes)
+    if isinstance(policy, functools.partial):
+        for key in ("transformer_layer_cls", "module_classes"):
+            if key in policy.keywords:
+                return list(policy.keywords[key])
+    closure = getattr(policy, "__closure__", None) or ()
+    for cell in closure:
+        try:
+            value = cell.cell_contents
+        except ValueError:
+            continue
+        if isinstance(value, tuple) and value and all(isinstance(c, type) for c in value):
+            return list(value)
+    return None
+
+
+def _cls_name(cls: type) -> str:
+    return cls.__qualname__ if cls.__module__.startswith("torch.") else f"{cls.__qualname__}"
+
+
+def _model_modules(model) -> tuple[list, str | None]:
+    """Every module of the model after configure_model (built on the meta device)."""
+    import torch
+
+    note = None
+    method = getattr(type(model), "configure_model", None)
+    base = None
+    for klass in type(model).__mro__:
+        if klass.__name__ == "LightningModule":
+            base = getattr(klass, "configure_model", None)
+    if method is not None and method is not base:
+        try:
+            with torch.device("meta"):
+                model.configure_model()
+        except Exception as exc:
+            note = f"configure_model could not run on the meta device ({type(exc).__name__}: {exc})"
+    return list(model.modules()), note
+
+
+def _config_line(module_file: str | None, needles: list[str]) -> dict | None:
+    """The first code line (not a docstring or comment) of the user's config module that mentions
+    one of ``needles``, tried in order, with the function it sits in."""
+    import ast
+
+    if not module_file:
+        return None
+    try:
+        with open(module_file, encoding="utf-8") as fh:
+            source = fh.read()
+        tree = ast.parse(source)
+    except (OSError, SyntaxError):
+        return None
+    lines = source.splitlines()
+    skip: set[int] = set()
+    funcs: list[tuple[int, int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and len(node.value) > 30:
+            skip.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))  # docstrings and prose
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            funcs.append((node.lineno, node.end_lineno or node.lineno, node.name))
+    for needle in needles:
+        for i, line in enumerate(lines, 1):
+            if i in skip or line.lstrip().startswith("#"):
+                continue
+            if needle in line.split("#", 1)[0]:
+                inside = [f for f in funcs if f[0] <= i <= f[1]]
+                func = max(inside)[2] if inside else "<module>"
+                return {"file": module_file, "line": i, "func": func}
+    return None
+
+
+def _precision(user: dict) -> str:
+    value = str(user.get("precision", "32-true"))
+    return {"16": "16-mixed", "bf16": "bf16-mixed", "32": "32-true", "64": "64-true"}.get(value, value)
+
+
+def _fsdp_facts(strategy, model, user: dict, file: str | None) -> list[dict]:
+    import torch
+
+    findings = []
+    modules, note = _model_modules(model)
+    counts: dict[type, int] = {}
+    for m in modules:
+        counts[type(m)] = counts.get(type(m), 0) + 1
+    repeated = sorted(((c, n) for c, n in counts.items() if n >= 2 and not c.__module__.startswith("torch.")),
+                      key=lambda cn: -cn[1])
+    hint = (f"its repeated layer class is {repeated[0][0].__qualname__} ({repeated[0][1]} instances)"
+            if repeated else "it repeats no layer class of its own")
+    policies = {"auto_wrap_policy": (getattr(strategy, "kwargs", None) or {}).get("auto_wrap_policy")}
+    ckpt = getattr(strategy, "_activation_checkpointing_kwargs", None) or {}
+    policies["activation_checkpointing_policy"] = ckpt.get("auto_wrap_policy") or ckpt.get("check_fn")
+    absent: dict[str, list[str]] = {}
+    for arg, policy in policies.items():
+        classes = _policy_classes(policy)
+        for cls in classes or []:
+            found = sum(1 for m in modules if isinstance(m, cls))
+            if found == 0:
+                absent.setdefault(cls.__qualname__, []).append(arg)
+    for name, args in absent.items():
+        findings.append({
+            "kind": "fsdp_policy_absent", "class": name, "args": args, "hint": hint, "note": note,
+            "model": type(model).__qualname__,
+            "site": _config_line(file, [name, "auto_wrap_policy", "FSDPStrategy("]),
+        })
+    mp = getattr(strategy, "mixed_precision", None)
+    if mp is not None:
+        from torch.distributed.fsdp import MixedPrecision
+
+        if not isinstance(mp, MixedPrecision):
+            findings.append({"kind": "fsdp_mixed_precision", "type": type(mp).__name__, "value": repr(mp)[:60],
+                             "precision": _precision(user),
+                             "site": _config_line(file, ["mixed_precision", "FSDPStrategy("])})
+    del torch
+    return findings
+
+
+def _walk(config, prefix=""):
+    if isinstance(config, dict):
+        for key, value in config.items():
+            path = f"{prefix}.{key}" if prefix else str(key)
+            yield path, value
+            yield from _walk(value, path)
+
+
+def _deepspeed_facts(strategy, model, user: dict, file: str | None) -> list[dict]:
+    findings = []
+    config = getattr(strategy, "config", None)
+    if not isinstance(config, dict):
+        return findings
+    autos = [p for p, v in _walk(config) if isinstance(v, str) and v.strip().lower() == "auto"]
+    if autos:
+        findings.append({"kind": "ds_auto", "paths": autos, "site": _config_line(file, ['"auto"', "'auto'"])})
+    zero = config.get("zero_optimization") if isinstance(config.get("zero_optimization"), dict) else {}
+    bad = []
+    for key, where in [(k, zero) for k in NUMERIC_ZERO_KEYS] + [(k, config) for k in NUMERIC_TOP_KEYS]:
+        if key in where:
+            value = where[key]
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                if not (isinstance(value, str) and value.strip().lower() == "auto"):
+                    prefix = "zero_optimization." if where is zero else ""
+                    bad.append(f"{prefix}{key}={value!r}")
+    if bad:
+        findings.append({"kind": "ds_non_numeric", "items": bad,
+                         "site": _config_line(file, [b.split("=")[0].split(".")[-1] for b in bad])})
+    if "optimizer" in config or "scheduler" in config:
+        owner = _configure_optimizers_returns(model)
+        if owner:
+            findings.append({"kind": "ds_optimizer_owner", "keys": [k for k in ("optimizer", "scheduler")
+                                                                    if k in config],
+                             "config_optimizer": str((config.get("optimizer") or {}).get("type", "?")),
+                             "module_optimizer": owner, "site": _config_line(file, ['"optimizer"', "'optimizer'"])})
+    if "gradient_accumulation_steps" in config:
+        findings.append({"kind": "ds_accumulation", "config": config["gradient_accumulation_steps"],
+                         "trainer": user.get("accumulate_grad_batches", 1),
+                         "site": _config_line(file, ["gradient_accumulation_steps"])})
+    precision = _precision(user)
+    for key, want in (("fp16", ("16-mixed", "16-true")), ("bf16", ("bf16-mixed", "bf16-true"))):
+        section = config.get(key)
+        enabled = isinstance(section, dict) and section.get("enabled") not in (False, "false", None) \
+            and section.get("enabled", True) not in (False,)
+        if enabled and precision not in want:
+            findings.append({"kind": "ds_precision", "key": key, "precision": precision,
+                             "site": _config_line(file, [f'"{key}"', f"'{key}'"])})
+        if isinstance(section, dict) and section.get("enabled") is False and precision in want:
+            findings.append({"kind": "ds_precision_off", "key": key, "precision": precision,
+                             "site": _config_line(file, [f'"{key}"', f"'{key}'"])})
+    for section in ("offload_optimizer", "offload_param"):
+        off = zero.get(section) if isinstance(zero.get(section), dict) else None
+        if off and str(off.get("device", "")).lower() == "nvme":
+            path = off.get("nvme_path")
+            problem = None
+            if not path:
+                problem = "no nvme_path given"
+            elif not os.path.isdir(str(path)):
+                problem = "does not exist"
+            elif not os.access(str(path), os.W_OK):
+                problem = "is not writable"
+            if problem:
+                findings.append({"kind": "ds_offload_path", "section": section, "path": path, "problem": problem,
+                                 "site": _config_line(file, ["nvme_path", "nvme", "DeepSpeedStrategy("])})
+    return findings
+
+
+def _configure_optimizers_returns(model) -> str | None:
+    """The optimizer class configure_optimizers returns ('?' when it cannot be called here)."""
+    method = getattr(type(model), "configure_optimizers", None)
+    base = None
+    for klass in type(model).__mro__:
+        if klass.__name__ == "LightningModule":
+            base = getattr(klass, "configure_optimizers", None)
+    if method is None or method is base:
+        return None
+    try:
+        out = model.configure_optimizers()
+    except Exception:
+        return "?"
+    if out is None:
+        return None
+    import torch
+
+    def find(obj):
+        if isinstance(obj, torch.optim.Optimizer):
+            return type(obj).__name__
+        if isinstance(obj, dict):
+            return find(obj.get("optimizer"))
+        if isinstance(obj, (list, tuple)):
+            for item in obj:
+                got = find(item)
+                if got:
+                    return got
+        return None
+
+    return find(out) or type(out).__name__
+
+
+def _timeout_facts(strategy, user: dict, ns, file: str | None) -> list[dict]:
+    value = os.environ.get("NCCL_TIMEOUT")
+    if value is None:
+        return []
+    from torch.distributed.constants import default_pg_timeout as default
+
+    timeout = getattr(strategy, "_timeout", None) if not isinstance(strategy, str) and strategy is not None else None
+    explicit = timeout is not None and timeout != default
+    return [{"kind": "nccl_timeout", "value": value, "explicit": explicit,
+             "timeout_s": timeout.total_seconds() if explicit else None,
+             "strategy": type(strategy).__name__ if strategy is not None and not isinstance(strategy, str)
+             else repr(strategy), "site": _config_line(file, ["NCCL_TIMEOUT"])}]
+
+
+def _unknown_name(strategy, ns) -> list[dict]:
+    if not isinstance(strategy, str) or strategy == "auto":
+        return []
+    import importlib
+
+    registry = importlib.import_module(f"{ns.__name__}.strategies").StrategyRegistry
+    known = set(registry.available_strategies()) | {"ddp", "ddp_spawn", "ddp_fork", "ddp_notebook", "fsdp",
+                                                      "deepspeed", "single_device", "xla", "dp"}
+    if strategy in known:
+        return []
+    import difflib
+
+    return [{"kind": "unknown_name", "name": strategy,
+             "close": difflib.get_close_matches(strategy, sorted(known), n=3)}]
+
+
+def observe(ctx, targets, strategy_name: str, contract_ids: list[str], pg_timeout_s: float) -> dict:
+    """Rank-side function of run kind "config": the user's strategy settings as findings."""
+    import sys
+
+    if ctx.rank != 0:
+        return {"config": None}
+    from ..runs import Loaded
+
+    loaded = Loaded(targets)
+    user = loaded.user_kwargs
+    strategy = user.get("strategy")
+    spec = targets.trainer
+    file = None
+    if spec is not None:
+        mod = sys.modules.get(spec.module) or sys.modules.get(f"ltconform_target_{spec.module}")
+        file = getattr(mod, "__file__", None) or spec.path
+    names = _mro_names(strategy) if strategy is not None and not isinstance(strategy, str) else []
+    findings: list[dict] = []
+    if "FSDPStrategy" in names:
+        findings += _fsdp_facts(strategy, loaded.model, user, file)
+    if "DeepSpeedStrategy" in names:
+        findings += _deepspeed_facts(strategy, loaded.model, user, file)
+    findings += _timeout_facts(strategy, user, loaded.ns, file)
+    findings += _unknown_name(strategy, loaded.ns)
+    describe = type(strategy).__name__ if names else repr(strategy if strategy is not None else "auto")
+    return {"config": {"strategy": describe, "precision": _precision(user),
+                       "accumulate": user.get("accumulate_grad_batches", 1), "findings": findings,
+                       "stand_in": bool(getattr(strategy, "ltconform_stand_in", False))}}
+
+
+# -- pytest side -------------------------------------------------------------------------------
+
+def _site(f: dict) -> str | None:
+    from ..world.diagnose import fmt_site
+
+    return fmt_site(f["site"]) if f.get("site") else None
+
+
+class StrategyConfig(Contract):
+    id = "strategy-config"
+    title = "Strategy arguments (FSDP, DeepSpeed, DDP timeout) mean what the config intends"
+    seed = "FSDP"
+    run_kind = "config"
+    strategies = ("ddp",)
+
+    def judge(self, run: Run) -> Verdict:
+        value = run.value(0)
+        facts = (value or {}).get("config")
+        if facts is None:
+            r = run.job.ranks[0]
+            return self.verdict("error", f"the strategy config could not be read: {r.exc_type}: {r.message}",
+                                diagnosis=run.job.failure_text())
+        rendered = [self._render(f, facts) for f in facts["findings"]]
+        rendered = [r for r in rendered if r is not None]
+        if not rendered:
+            extra = " (DeepSpeedStrategy read without deepspeed installed)" if facts.get("stand_in") else ""
+            return self.verdict("passed", f"the Trainer config's strategy {facts['strategy']}{extra} with precision "
+                                          f"{facts['precision']} and accumulate_grad_batches={facts['accumulate']}: "
+                                          f"its policies, precision, DeepSpeed values and timeout are consistent.")
+        summary, seed, fix = rendered[0][0], rendered[0][2], rendered[0][3]
+        evidence = [Evidence(text, site=site) for _, (text, site), _, _ in rendered]
+        notes = [r[0] for r in rendered[1:]]
+        fixes = [fix] + [r[3] for r in rendered[1:] if r[3] != fix]
+        verdict = self.verdict("failed", summary, evidence=evidence, fix=" Also: ".join(fixes), notes=notes)
+        verdict.seed = seed
+        return verdict
+
+    def _render(self, f: dict, facts: dict):
+        """(summary, (evidence text, site), seed section, fix) for one finding."""
+        kind = f["kind"]
+        site = _site(f)
+        if kind == "fsdp_policy_absent":
+            args = " and ".join(f["args"])
+            summary = (f"{args} name{'s' if len(f['args']) == 1 else ''} {f['class']}, which occurs 0 times in "
+                       f"{f['model']}; {f['hint']}: FSDP then wraps only the root (the whole model is gathered at "
+                       f"once) and checkpoints nothing, with no error.")
+            if f.get("note"):
+                summary += f" ({f['note']})"
+            fix = ("name the layer class the model really repeats in auto_wrap_policy and "
+                   "activation_checkpointing_policy.")
+            return summary, (f"{f['class']}: 0 instances in {f['model']} after configure_model", site), "FSDP", fix
+        if kind == "fsdp_mixed_precision":
+            summary = (f"FSDPStrategy(mixed_precision={f['value']}): expected torch.distributed.fsdp.MixedPrecision or "
+                       f"None, got {f['type']}; Lightning passes it to FSDP unchecked, which fails only when it wraps "
+                       f"the model on the GPUs. Trainer precision is {f['precision']}"
+                       + (", so nothing else configures reduced precision." if f["precision"].startswith("32")
+                          else "."))
+            fix = ("set Trainer(precision='bf16-mixed') (Lightning builds the MixedPrecision), or pass "
+                   "FSDPStrategy(mixed_precision=MixedPrecision(param_dtype=..., reduce_dtype=..., buffer_dtype=...)).")
+            return summary, (f"mixed_precision is a {f['type']}", site), "FSDP", fix
+        if kind == "ds_auto":
+            paths = f["paths"]
+            listed = ", ".join(paths[:-1]) + f" and {paths[-1]}" if len(paths) > 1 else paths[0]
+            summary = (f'DeepSpeed config has "auto" at {listed}; Lightning passes them on unresolved ("auto" is '
+                       f"Hugging Face's placeholder, filled by its own integration): DeepSpeed then fails on the "
+                       f"micro-batch size (TypeError comparing with an int) and silently replaces the bucket sizes by "
+                       f"its 5e8 defaults.")
+            fix = ("put real numbers in the DeepSpeed dict (or leave train_micro_batch_size_per_gpu out so Lightning "
+                   "derives it from the DataLoader), or use DeepSpeedStrategy's typed arguments.")
+            return summary, (f'"auto" at {listed}', site), "DeepSpeed", fix
+        if kind == "ds_non_numeric":
+            summary = f"DeepSpeed config sizes must be numbers: {', '.join(f['items'])}."
+            fix = "write the sizes as numbers (e.g. 500_000_000 or 5e8 as a float), not strings."
+            return summary, (", ".join(f["items"]), site), "DeepSpeed", fix
+        if kind == "ds_optimizer_owner":
+            summary = (f"the DeepSpeed config defines {' and '.join(f['keys'])} ({f['config_optimizer']}) while "
+                       f"configure_optimizers also returns {f['module_optimizer']}: two owners of the optimizer, and "
+                       f"Lightning builds the one from the config.")
+            fix = "keep one owner: delete the optimizer/scheduler from the DeepSpeed config, or return none from " \
+                  "configure_optimizers."
+            return summary, (f"config {f['keys']}; configure_optimizers -> {f['module_optimizer']}", site), \
+                "DeepSpeed", fix
+        if kind == "ds_accumulation":
+            summary = (f"DeepSpeed config sets gradient_accumulation_steps={f['config']} but Trainer "
+                       f"accumulate_grad_batches={f['trainer']}; accumulation belongs to the Trainer (Lightning "
+                       f"raises MisconfigurationException at GPU setup, after the job was queued and started).")
+            fix = (f"delete gradient_accumulation_steps from the DeepSpeed config and set "
+                   f"Trainer(accumulate_grad_batches={f['config']}).")
+            return summary, (f"gradient_accumulation_steps={f['config']} vs accumulate_grad_batches={f['trainer']}",
+                             site), "DeepSpeed", fix
+        if kind in ("ds_precision", "ds_precision_off"):
+            state = "enables" if kind == "ds_precision" else "disables"
+            summary = (f"the DeepSpeed config {state} {f['key']} while Trainer precision is {f['precision']}: the "
+                       f"config wins inside DeepSpeed, so the model trains in a precision the Trainer does not know.")
+            fix = "set the precision in one place: Trainer(precision=...) and no fp16/bf16 section in the config."
+            return summary, (f"{f['key']} section vs precision={f['precision']}", site), "DeepSpeed", fix
+        if kind == "ds_offload_path":
+            summary = (f"DeepSpeed {f['section']} offloads to NVMe at {f['path']!r}, which {f['problem']}; "
+                       f"ZeRO-Infinity needs an explicit, writable local path on every node.")
+            fix = "point nvme_path at a writable local NVMe folder that exists on every node, or offload to cpu."
+            return summary, (f"{f['section']}.nvme_path={f['path']!r}: {f['problem']}", site), "DeepSpeed", fix
+        if kind == "nccl_timeout":
+            if f["explicit"]:
+                return None  # the timeout that works is set; NCCL_TIMEOUT is only noise
+            summary = (f"NCCL_TIMEOUT={f['value']} is set in the environment but the strategy ({f['strategy']}) keeps "
+                       f"the default process-group timeout: neither torch nor Lightning reads NCCL_TIMEOUT, so a hang "
+                       f"still waits for the default.")
+            fix = ("set DDPStrategy(timeout=datetime.timedelta(...)) (or the same argument of FSDPStrategy or "
+                   "DeepSpeedStrategy).")
+            return summary, (f"NCCL_TIMEOUT={f['value']}; strategy timeout left at its default", site), \
+                "Choose using measured memory", fix
+        if kind == "unknown_name":
+            close = f" (did you mean {', '.join(map(repr, f['close']))}?)" if f["close"] else ""
+            summary = f"strategy={f['name']!r} is not a strategy name Lightning knows{close}."
+            return summary, (f"strategy={f['name']!r}", site), "Choose using measured memory", \
+                "use a registered strategy name or a strategy object."
+        return None
+
+
+CONTRACT = StrategyConfig()
