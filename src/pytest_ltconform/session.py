@@ -37,6 +37,20 @@ def owner_of(divergence: dict | None) -> str | None:
 
 
 class LtconformSession:
+def raised_owner(run: Run) -> str | None:
+    """The contract owning a failure that every failed rank raised inside a recorded user call
+    (trace event ``{"ev": "raised", "owner": ...}``, e.g. load_from_checkpoint on a sharded directory)."""
+    owners = set()
+    for rank in run.job.ranks:
+        if rank.status == "ok":
+            continue
+        found = [e.get("owner") for e in rank.trace or [] if e.get("ev") == "raised" and e.get("owner")]
+        if not found:
+            return None
+        owners.add(found[-1])
+    return owners.pop() if len(owners) == 1 else None
+
+
     """Makes and caches runs, and judges contracts on them."""
 
     def __init__(self, settings: Settings, targets, pool: WorldPool | None = None):
@@ -119,7 +133,7 @@ def judge(contract, run: Run) -> Verdict:
     if verdict.failed:
         verdict.diagnosis = job.diagnosis
         return verdict
-    owner = owner_of(job.divergence)
+    owner = owner_of(job.divergence) or raised_owner(run)
     if owner is not None and owner != contract.id and verdict.outcome == "passed":
         verdict.notes.append(
             f"the world stopped early because of the {owner} failure, so this contract was judged on "

@@ -105,6 +105,8 @@ def _cpu_subclass(base: type) -> type:
     class CPUFSDPStrategy(base):
         """FSDPStrategy on CPU gloo ranks: FSDP units get ``device_id=cpu``."""
 
+        ltconform_cpu_tier = True
+
         def _fsdp_settings(self) -> dict:
             return dict(cpu_offload=self.cpu_offload, mixed_precision=self.mixed_precision_config,
                         sharding_strategy=self.sharding_strategy, device_id=cpu, **self.kwargs)

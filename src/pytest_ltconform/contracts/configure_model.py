@@ -237,8 +237,7 @@ class ConfigureModel(Contract):
         site = first["sharded_override_site"]
         summary = (f"{cls}.configure_sharded_model is overridden; the hook is deprecated. Lightning still calls "
                    f"it, but a sharded strategy then assumes every layer is already wrapped by hand "
-                   f"(FSDP skips wrapping the whole model), and the hook has no idempotence guard of "
-                   f"its own.")
+                   f"(FSDP skips wrapping the whole model, so unwrapped layers are never sharded).")
         evidence = [Evidence(f"{cls}.configure_sharded_model defined here", site=site)]
         if first.get("overrides_configure_model"):
             evidence.append(Evidence(f"{cls}.configure_model is overridden too",
@@ -313,7 +312,8 @@ class ConfigureModel(Contract):
         init_bytes, init_numel = first.get("init_bytes", 0), first.get("init_numel", 0)
         sharded = first.get("user_sharded") or ("fsdp" if first.get("run_sharded") else None)
         cm = ("none in configure_model (not overridden)" if not first.get("overrides_configure_model")
-              else f"{built_numel:,} ({_fmt_bytes(built)}) in configure_model")
+              else f"{built_numel:,} ({_fmt_bytes(built)}) in configure_model"
+              + (" (what this rank holds after sharding)" if first.get("run_sharded") else ""))
         dtypes = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64"}
         dtype = "/".join(dtypes.get(d, d) for d in first.get("init_dtypes") or ["float32"])
         measured = f"{init_numel:,} parameters ({_fmt_bytes(init_bytes)} {dtype}) created in {cls}.__init__ and {cm}"

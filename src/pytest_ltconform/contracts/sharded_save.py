@@ -1,0 +1,189 @@
+"""Rank side of all-rank-save's sharded checks (imported only inside rank processes).
+
+- Every ``LightningModule.load_from_checkpoint`` call is recorded with the layout of the path it
+  was given (a file, an FSDP sharded directory, a DeepSpeed directory), and, when it raises on a
+  sharded directory, a ``raised`` event naming all-rank-save as the owner of that failure.
+- Under the CPU sharded tier, after fit: every rank saves a sharded checkpoint directory, then a
+  fresh module and Trainer with the matching strategy resume a short fit from it
+  (``ckpt_path=dir``); the restored step and each rank's parameter-shard checksum are compared
+  with the saved ones.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from ..trace import user_site
+from .base import Probe
+
+
+def checkpoint_layout(path) -> tuple[str | None, list[str]]:
+    """('file' | 'fsdp' | 'deepspeed' | 'directory' | None, a few file names) for ``path``."""
+    if not isinstance(path, (str, os.PathLike)):
+        return None, []
+    path = os.fspath(path)
+    if os.path.isfile(path):
+        return "file", []
+    if not os.path.isdir(path):
+        return None, []
+    names = sorted(os.listdir(path))
+    shown = names[:6] + ([f"... ({len(names)} entries)"] if len(names) > 6 else [])
+    if ".metadata" in names or any(n.endswith(".distcp") for n in names):
+        return "fsdp", shown
+    if "latest" in names or any("zero_pp_rank" in n or "mp_rank" in n for n in names) or \
+            any(os.path.isdir(os.path.join(path, n)) and any("zero_pp_rank" in m or "mp_rank" in m
+                                                          for m in os.listdir(os.path.join(path, n)))
+                for n in names):
+        return "deepspeed", shown
+    return "directory", shown
+
+
+class _LoadTap:
+    """Stands in for ``LightningModule.load_from_checkpoint`` (a class-only method descriptor):
+    records the call, then defers to Lightning's own descriptor, which keeps its checks."""
+
+    def __init__(self, original, recorder, strategy_text: str | None):
+        self.original = original
+        self.recorder = recorder
+        self.strategy_text = strategy_text
+
+    def __get__(self, instance, owner=None):
+        bound = self.original.__get__(instance, owner)
+        recorder = self.recorder
+        strategy_text = self.strategy_text
+        cls_name = (owner or type(instance)).__name__
+
+        def load_from_checkpoint(checkpoint_path, *args, **kwargs):
+            site, direct = user_site()
+            layout, files = checkpoint_layout(checkpoint_path)
+            path = os.fspath(checkpoint_path) if isinstance(checkpoint_path, (str, os.PathLike)) else None
+            recorder.emit({"ev": "load", "label": f"{cls_name}.load_from_checkpoint", "path": path,
+                           "layout": layout, "files": files, "site": site, "user": direct,
+                           "hook": recorder.current_hook(), "strategy": strategy_text})
+            try:
+                return bound(checkpoint_path, *args, **kwargs)
+            except Exception as exc:
+                if layout not in (None, "file"):
+                    recorder.emit({"ev": "raised", "in": "load_from_checkpoint", "owner": "all-rank-save",
+                                   "exc": f"{type(exc).__name__}: {str(exc)[:200]}"})
+                raise
+
+        return load_from_checkpoint
+
+
+def _dcp_exception() -> type:
+    """torch.distributed.checkpoint's CheckpointException derives from BaseException."""
+    try:
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        return CheckpointException
+    except ImportError:
+        return Exception
+
+
+def _shard_checksum(module) -> float:
+    import torch
+
+    with torch.no_grad():
+        return round(sum(float(p.detach().double().sum()) for p in module.parameters() if p.numel()), 6)
+
+
+class ShardedSaveProbe(Probe):
+    def __init__(self):
+        self.data: dict = {"sharded": None}
+        self.sharded_run = False
+
+    def before_trainer(self, loaded, trainer_kwargs, recorder):
+        from .. import sharded
+
+        user_strategy = loaded.user_kwargs.get("strategy")
+        text = sharded.describe(user_strategy) if sharded.sharded_kind(user_strategy) else None
+        for ns in ("lightning.pytorch", "pytorch_lightning"):
+            if ns in sys.modules:
+                module_cls = sys.modules[ns].LightningModule
+                recorder._patch(module_cls, "load_from_checkpoint",
+                                lambda original, t=text: _LoadTap(original, recorder, t))
+        # The round trip builds its own CPU FSDP Trainers: only on the CPU sharded tier.
+        self.sharded_run = bool(getattr(trainer_kwargs.get("strategy"), "ltconform_cpu_tier", False))
+
+    def after_fit(self, loaded, trainer, recorder):
+        if self.sharded_run:
+            with recorder.paused():
+                self.data["sharded"] = _round_trip(loaded, trainer)
+
+    def collect(self, loaded, trainer, recorder):
+        return self.data
+
+
+def _round_trip(loaded, trainer) -> dict:
+    from .. import runs, sharded
+    from .. import target as target_mod
+
+    out: dict = {"phase": "save", "error": None}
+    strategy = trainer.strategy
+    path = os.path.join(trainer.default_root_dir, "ltconform-sharded.ckpt")
+    previous = strategy._state_dict_type
+    try:
+        strategy._state_dict_type = "sharded"
+        try:
+            trainer.save_checkpoint(path)
+        finally:
+            strategy._state_dict_type = previous
+        layout, files = checkpoint_layout(path)
+        out.update(layout=layout, files=files, saved_step=int(trainer.global_step),
+                   saved_epoch=int(trainer.current_epoch), saved_checksum=_shard_checksum(loaded.model))
+        out["phase"] = "resume"
+
+        def fresh():  # a module and datamodule as the user's code builds them, never trained
+            return (target_mod.instantiate(loaded.targets.model, "LightningModule", "LightningModule"),
+                    target_mod.instantiate(loaded.targets.datamodule, "LightningDataModule", "LightningDataModule")
+                    if loaded.targets.datamodule else None)
+
+        model, datamodule = fresh()
+        timeout = getattr(strategy, "_timeout", None)
+
+        def matching_strategy():  # a Trainer binds its strategy: each Trainer gets a new one
+            made = sharded.cpu_fsdp_strategy(loaded.ns, loaded.user_kwargs.get("strategy"),
+                                             timeout.total_seconds() if timeout else None)
+            made._state_dict_type = "sharded"
+            return made
+
+        seen: dict = {}
+
+        class RestoreCheck(loaded.ns.Callback):
+            def on_train_start(self, trainer, pl_module):
+                seen.update(step=int(trainer.global_step), checksum=_shard_checksum(pl_module))
+
+            def on_validation_start(self, trainer, pl_module):
+                seen.setdefault("checksum", _shard_checksum(pl_module))
+
+        user = {k: v for k, v in loaded.user_kwargs.items()
+                if k not in ("callbacks", "strategy", "max_steps", "profiler", "plugins")}
+        kwargs = runs.build_trainer_kwargs(user, matching_strategy(), trainer.world_size,
+                                           os.path.join(trainer.default_root_dir, "ltconform-resume"))
+        kwargs.update(max_epochs=int(trainer.current_epoch) + 1, max_steps=-1, limit_train_batches=1,
+                      limit_val_batches=0, num_sanity_val_steps=0, enable_checkpointing=False,
+                      callbacks=[RestoreCheck()])
+        stateless = all(not getattr(opt, "state", None) for opt in trainer.optimizers)
+        try:
+            loaded.ns.Trainer(**kwargs).fit(model, datamodule=datamodule, ckpt_path=path)
+        except ValueError as exc:
+            # An optimizer without state (plain SGD) saves an empty "state" that the sharded format
+            # drops, and Lightning 2.6.6 then refuses the optimizer on resume. Check the weights
+            # through validate(ckpt_path=dir), which loads no optimizer, and report the limitation.
+            if not (stateless and "optim_state_dict" in str(exc)):
+                raise
+            out["limitation"] = f"{type(exc).__name__}: {str(exc)[:160]}"
+            kwargs.update(limit_val_batches=1, strategy=matching_strategy(), callbacks=[RestoreCheck()])
+            seen.clear()
+            model, datamodule = fresh()  # the failed fit left the first one wrapped
+            loaded.ns.Trainer(**kwargs).validate(model, datamodule=datamodule, ckpt_path=path, verbose=False)
+            seen["step"] = out["saved_step"]  # validate restores no loop state
+        out.update(restored_step=seen.get("step"), restored_checksum=seen.get("checksum"))
+        saved = out["saved_checksum"]
+        out["restored_ok"] = (seen.get("step") == out["saved_step"] and seen.get("checksum") is not None
+                              and abs(seen["checksum"] - saved) <= 1e-5 * max(1.0, abs(saved)))
+    except (Exception, _dcp_exception()) as exc:  # reported as the round trip's failure, not a broken run
+        out["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    return out
