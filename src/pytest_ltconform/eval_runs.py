@@ -136,6 +136,16 @@ def _make_callback(ns: Any, state: dict):
         def _start(self, trainer, stage):
             if state.get("stage") != stage:
                 return
+            # Weights move here, after configure_model has built every layer.
+            if state.get("save_to") and not state.get("saved"):
+                import torch
+
+                torch.save({k: v.detach().cpu() for k, v in trainer.lightning_module.state_dict().items()},
+                           state["save_to"])
+                state["saved"] = True
+            if state.get("load_from") is not None:
+                result = trainer.lightning_module.load_state_dict(state["load_from"], strict=False)
+                state["load_problems"] = sorted(set(result.missing_keys) | set(result.unexpected_keys))
             attr, num_attr = _TRAINER_LOADERS[stage]
             loaders = _loaders(getattr(trainer, attr, None))
             nums = list(getattr(trainer, num_attr, None) or [])
@@ -306,9 +316,7 @@ def traced_eval(ctx, targets: target_mod.Targets, strategy_name: str, contract_i
             trainer.fit(loaded.model, datamodule=loaded.datamodule)
         weights = os.path.join(os.path.dirname(ctx.job_dir), "eval_weights.pt")
         if ctx.rank == 0:
-            import torch
-
-            torch.save({k: v.detach().cpu() for k, v in loaded.model.state_dict().items()}, weights)
+            state["save_to"] = weights
         results = _run_stages(trainer, loaded, stages, state, recorder)
         return {"eval": {"stages": results, "weights": weights, "driver": before + stages, "limited": limited,
                          "world_size": ctx.world_size},
@@ -324,11 +332,10 @@ def reference_eval(ctx, targets: target_mod.Targets, weights: str, stages: list[
 
     loaded = Loaded(targets)
     ns = loaded.ns
-    state_dict = torch.load(weights, map_location="cpu", weights_only=True)
-    loaded.model.load_state_dict(state_dict, strict=False)
     user = {k: v for k, v in loaded.user_kwargs.items() if k != "strategy"}
     kwargs, limited = _eval_kwargs(user, "auto", 1, ctx.job_dir)
-    state: dict[str, Any] = {"stage": None, "record": {}, "metrics": {}}
+    state: dict[str, Any] = {"stage": None, "record": {}, "metrics": {},
+                             "load_from": torch.load(weights, map_location="cpu", weights_only=True)}
     kwargs["callbacks"] = list(kwargs.get("callbacks") or []) + [_make_callback(ns, state)]
     trainer = ns.Trainer(**kwargs)
     _count_metric_updates(loaded.model, state)
@@ -337,4 +344,5 @@ def reference_eval(ctx, targets: target_mod.Targets, weights: str, stages: list[
         results = _run_stages(trainer, loaded, stages, state, None)
     finally:
         _ACTIVE["stage"] = None
-    return {"eval": {"stages": results, "limited": limited, "world_size": 1}}
+    return {"eval": {"stages": results, "limited": limited, "world_size": 1,
+                     "load_problems": state.get("load_problems", [])}}

@@ -73,6 +73,11 @@ class EvalDuplication(Contract):
         if ref is None:
             notes.append("the one-device reference run did not finish, so no value was compared with it"
                          + (f": {ref_run.job.failure_text()[:600]}" if ref_run is not None else "."))
+        if ref is not None and ref.get("load_problems"):
+            keys = ref["load_problems"]
+            notes.append(f"the one-device run could not load every weight ({', '.join(keys[:6])}"
+                         f"{', ...' if len(keys) > 6 else ''}), so no value was compared with it.")
+            ref = None
         if limited:
             notes.append("the user's limit_*_batches makes worlds of different sizes evaluate different samples: "
                          "values were not compared and unevaluated samples are not reported.")
