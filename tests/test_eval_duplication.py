@@ -1,0 +1,108 @@
+"""eval-duplication: verdicts over recorded sampler indices, metrics and writes (fast), and one real world."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import case
+
+from pytest_ltconform.contracts import get_contract
+from pytest_ltconform.contracts.base import Run
+from pytest_ltconform.world import JobResult, RankOutcome
+
+
+def _loader(indices, n, sampler="DistributedSampler", total=None):
+    return {"indices": indices, "dataset_len": n, "sampler": sampler, "total_size": total or n}
+
+
+def _stage(loaders, returned=None, metric_samples=None, writes=None):
+    return {"loaders": loaders, "returned": [returned or {}], "metric_samples": metric_samples or {},
+            "writes": writes or [], "callback_metrics": returned or {}}
+
+
+def _job(stage_records, traces=None, driver=("validate",)):
+    ranks = []
+    for r, stages in enumerate(stage_records):
+        value = {"eval": {"stages": stages, "driver": list(driver), "limited": False}}
+        ranks.append(RankOutcome(rank=r, status="ok", value=value, trace=(traces or {}).get(r, [])))
+    return JobResult(status="ok", ranks=ranks, duration_s=0.1, world_size=len(ranks))
+
+
+def _run(stage_records, reference_stages=None, traces=None, driver=("validate",)):
+    run = Run(_job(stage_records, traces, driver), "ddp", "eval")
+    if reference_stages is not None:
+        run.reference = Run(_job([reference_stages], driver=driver), "ddp", "eval-reference")
+    return run
+
+
+def judge(run):
+    return get_contract("eval-duplication").judge(run)
+
+
+def test_padded_indices_fail_with_duplicates_counts_and_both_values():
+    ranks = [{"validate": _stage([_loader([0, 2, 4], 5, total=6)], {"val_acc": 0.5},
+                                 {"auroc": {"type": "BinaryAUROC", "n": 3}})},
+             {"validate": _stage([_loader([1, 3, 0], 5, total=6)], {"val_acc": 0.5},
+                                 {"auroc": {"type": "BinaryAUROC", "n": 3}})}]
+    ref = {"validate": _stage([_loader([0, 1, 2, 3, 4], 5, sampler="SequentialSampler")], {"val_acc": 0.4})}
+    v = judge(_run(ranks, ref))
+    assert v.outcome == "failed" and v.category == "silent"
+    text = v.render()
+    assert "index 0 on ranks 0 and 1" in text
+    assert "6 evaluations for 5 distinct samples" in text and "pads 5 indices to 6" in text
+    assert "val_acc 0.5 on 2 ranks vs 0.4 on 1 device" in text
+    assert "BinaryAUROC `auroc` was updated with 6 samples for 5 distinct" in text
+
+
+def test_rank_zero_shard_metric_fails_with_coverage():
+    log = {"ev": "log", "name": "val_acc", "hook": "on_validation_epoch_end", "rank_zero_only": True,
+           "sync_dist": False, "user": True, "site": {"file": "/x/m.py", "line": 42, "func": "f"}}
+    ranks = [{"validate": _stage([_loader(list(range(0, 32, 2)), 32)], {"val_acc": 0.625})},
+             {"validate": _stage([_loader(list(range(1, 32, 2)), 32)], {"val_acc": 0.3125})}]
+    ref = {"validate": _stage([_loader(list(range(32)), 32)], {"val_acc": 0.46875})}
+    v = judge(_run(ranks, ref, traces={0: [log]}))
+    assert v.outcome == "failed"
+    text = v.render()
+    assert "16 of 32 validation samples" in text and "rank_zero_only=True" in text
+    assert "m.py:42" in text and "vs 0.4688 on 1 device" in text
+
+
+def _predict_ranks():
+    write = {"path": "predictions.csv", "stage": "predict", "lines": 5,
+             "site": {"file": "/x/m.py", "line": 68, "func": "Model.on_predict_epoch_end"}}
+    return [{"predict": _stage([_loader([0, 2, 4, 6], 7)], writes=[write])},
+            {"predict": _stage([_loader([1, 3, 5], 7)])}]
+
+
+def test_rank_zero_file_from_own_shard_fails():
+    v = judge(_run(_predict_ranks(), driver=("predict",)))
+    assert v.outcome == "failed"
+    text = v.render()
+    assert "covers 4 of 7 prediction samples" in text and "ids [1, 3, 5]" in text
+
+
+def test_rank_zero_file_after_a_gather_passes():
+    trace = [{"ev": "eval_stage", "name": "predict", "at": "start"},
+             {"ev": "call", "op": "all_gather_object", "user": True},
+             {"ev": "eval_stage", "name": "predict", "at": "end"}]
+    v = judge(_run(_predict_ranks(), traces={0: trace}, driver=("predict",)))
+    assert v.outcome == "passed", v.render()
+
+
+def test_even_shards_with_equal_values_pass():
+    ranks = [{"validate": _stage([_loader([0, 2, 4, 6], 7, sampler="StridedNoPad")], {"val_acc": 0.75})},
+             {"validate": _stage([_loader([1, 3, 5], 7, sampler="StridedNoPad")], {"val_acc": 0.75})}]
+    ref = {"validate": _stage([_loader(list(range(7)), 7)], {"val_acc": 0.75})}
+    v = judge(_run(ranks, ref))
+    assert v.outcome == "passed"
+    assert "every index 0..6 evaluated exactly once" in v.summary and "val_acc 0.75 on 2 ranks = 0.75" in v.summary
+
+
+@pytest.mark.slow
+def test_padded_validation_fails_in_a_real_world(pytester, no_leftover_ranks):
+    path = case("eval-duplication/padded_val_accuracy.py").rsplit(":", 1)[0]
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ltconform", f"{path}:Model",
+                                           "--ltconform-datamodule", f"{path}:DataModule",
+                                           "-k", "eval-duplication and not gpu and not multinode", "-v")
+    out = result.stdout.str()
+    result.assert_outcomes(failed=1)
+    assert "index 0 on ranks 0 and 1" in out and "on 1 device with the same weights" in out

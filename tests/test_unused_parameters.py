@@ -1,0 +1,100 @@
+"""unused-parameters: verdicts over recorded per-backward gradient use (fast), and one real world."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import case
+
+from pytest_ltconform.contracts import get_contract
+from pytest_ltconform.contracts.base import Run
+from pytest_ltconform.world import JobResult, RankOutcome
+
+NAMES = ["enc.weight", "enc.bias", "aux.weight", "aux.bias"]
+SITE = {"file": "/x/model.py", "line": 40, "func": "Model.training_step"}
+
+
+def _run(per_rank_events, user_flag=False, status="ok", messages=None):
+    ranks = []
+    for r, events in enumerate(per_rank_events):
+        trace = [{"ev": "grad_config", "user_find_unused": user_flag, "forced": not user_flag},
+                 {"ev": "grad_setup", "names": NAMES, "ddp": True, "find_unused": True}] + events
+        ranks.append(RankOutcome(rank=r, status=status, value={"probes": {}} if status == "ok" else None,
+                                 message=(messages or {}).get(r), trace=trace))
+    return Run(JobResult(status=status, ranks=ranks, duration_s=0.1, world_size=len(ranks)), "ddp", "fit")
+
+
+def _backward(batch, unused=(), k=1, epoch=0, **extra):
+    return {"ev": "grad_use", "n": batch, "k": k, "batch": batch, "epoch": epoch, "unused": list(unused),
+            "site": extra.pop("site", None), **extra}
+
+
+def judge(run):
+    return get_contract("unused-parameters").judge(run)
+
+
+def test_all_used_with_default_flag_passes():
+    v = judge(_run([[_backward(b) for b in range(4)]] * 2))
+    assert v.outcome == "passed"
+    assert "4 trainable parameters" in v.summary
+
+
+def test_flag_on_with_nothing_unused_is_a_waste_advisory():
+    v = judge(_run([[_backward(b) for b in range(4)]] * 2, user_flag=True))
+    assert v.outcome == "advisory" and v.category == "waste" and v.failed
+    text = v.render()
+    assert "not a correctness bug" in text and "remove the flag" in text
+
+
+def test_never_used_parameters_fail_with_names_steps_and_freeze_fix():
+    events = [_backward(b, ["aux.weight", "aux.bias"], no_grad=["aux"], not_run=[], off=[]) for b in range(4)]
+    v = judge(_run([events, events]))
+    assert v.outcome == "failed"
+    text = v.render()
+    assert "aux.weight, aux.bias" in text and "any backward pass" in text
+    assert "ran only under torch.no_grad()" in text
+    assert "epoch 0 batch 0, epoch 0 batch 1" in text
+    assert "requires_grad_(False)" in v.fix
+    assert "find_unused_parameters=False" in v.summary
+
+
+def test_alternating_backwards_name_each_backward_and_the_dynamic_fix():
+    events = []
+    for b in range(3):
+        events.append(_backward(b, ["aux.weight", "aux.bias"], k=1, off=["aux.weight", "aux.bias"], site=SITE))
+        events.append(_backward(b, ["enc.weight", "enc.bias"], k=2, off=[], not_run=["enc"],
+                                site=dict(SITE, line=47)))
+    v = judge(_run([events, events]))
+    assert v.outcome == "failed"
+    text = v.render()
+    assert "backward 1 of each training step" in text and "backward 2 of each training step" in text
+    assert "model.py:40" in text and "model.py:47" in text
+    assert "ddp_find_unused_parameters_true" in v.fix
+    assert "requires_grad_(False)" not in v.fix
+
+
+def test_dynamic_usage_with_flag_on_passes():
+    events = [_backward(b, ["aux.weight", "aux.bias"] if b % 2 else []) for b in range(4)]
+    v = judge(_run([events, events], user_flag=True))
+    assert v.outcome == "passed"
+    assert "dynamic usage" in v.summary
+
+
+def test_ddp_reducer_indices_are_mapped_to_names():
+    message = ("Expected to have finished reduction in the prior iteration before starting a new one. "
+               "Parameter indices which did not receive grad for rank 0: 2 3")
+    trace_extra = [{"ev": "ddp_error", "message": message}]
+    v = judge(_run([trace_extra, trace_extra], status="error", messages={0: message, 1: message}))
+    assert v.outcome == "failed"
+    assert "aux.weight, aux.bias" in v.render()
+    assert "Parameter indices which did not receive grad for rank 0: 2 3" in v.render()
+
+
+@pytest.mark.slow
+def test_registered_block_never_called_fails_in_a_real_world(pytester, no_leftover_ranks):
+    target = case("unused-parameters/registered_block_never_called.py")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ltconform", target,
+                                           "-k", "unused-parameters and not gpu and not multinode", "-v")
+    out = result.stdout.str()
+    result.assert_outcomes(failed=1)
+    assert "attention.in_proj_weight" in out and "never ran in forward" in out
+    assert "find_unused_parameters=False" in out
