@@ -149,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no cases found under {', '.join(args.paths)} (a case defines Model and EXPECTED)", file=sys.stderr)
         return 2
     settings = Settings(target="corpus", world_size=args.world_size, timeout_s=args.timeout)
+    # Cases keep their unguarded script part behind CASE_TOPLEVEL_TRAIN so that run_plain.py can
+    # import them; the checker must see the module as the user wrote it (set before the pool starts).
+    os.environ.setdefault("CASE_TOPLEVEL_TRAIN", "1")
     pool = WorldPool()
     rows: list[dict] = []
     started = time.monotonic()

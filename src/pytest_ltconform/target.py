@@ -17,6 +17,8 @@ import sys
 import traceback
 from typing import Any
 
+from . import tripwire  # Trainer.fit at import time trips instead of training
+
 NAMESPACES = ("lightning.pytorch", "pytorch_lightning")
 
 
@@ -88,14 +90,11 @@ def _import_file_module(spec: TargetSpec):
             sys.path.insert(0, folder)
         found = importlib.util.find_spec(spec.module)
         if found is not None and found.origin and os.path.abspath(found.origin) == spec.path:
-            return importlib.import_module(spec.module)
+            return tripwire.import_module(spec.module)
     # The name is taken by another module: load under a private, registered name.
     name = f"ltconform_target_{spec.module}"
     loader_spec = importlib.util.spec_from_file_location(name, spec.path)
-    module = importlib.util.module_from_spec(loader_spec)
-    sys.modules[name] = module
-    loader_spec.loader.exec_module(module)
-    return module
+    return tripwire.exec_guarded(name, loader_spec)
 
 
 def _user_frame(tb) -> str:
@@ -112,13 +111,13 @@ def import_module(spec: TargetSpec):
         if spec.path:
             return _import_file_module(spec)
         try:
-            return importlib.import_module(spec.module)
+            return tripwire.import_module(spec.module)
         except ModuleNotFoundError as exc:
             # The `pytest` script does not put the working directory on sys.path; `python -m` does.
             if os.getcwd() in sys.path or not (exc.name and spec.module.split(".")[0] == exc.name.split(".")[0]):
                 raise
             sys.path.insert(0, os.getcwd())
-            return importlib.import_module(spec.module)
+            return tripwire.import_module(spec.module)
     except ModuleNotFoundError as exc:
         missing = exc.name or spec.module
         if spec.module == missing or spec.module.startswith(missing + "."):

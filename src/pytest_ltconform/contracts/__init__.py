@@ -16,6 +16,7 @@ _MODULES = {
     "data-sharding": "data_sharding",
     "shared-writes": "shared_writes",
     "strategy-config": "strategy_config",
+    "spawn-safety": "spawn_safety",
 }
 
 
