@@ -163,7 +163,8 @@ def cpu_fsdp_strategy(ns: Any, user_strategy: Any = None, timeout_s: float | Non
     else:
         init: dict = {}
         if kind == "fsdp" and isinstance(user_strategy, str):
-            entry = strategies.StrategyRegistry.get(user_strategy) or {}
+            registry = strategies.StrategyRegistry  # its .get() builds the strategy; we want the settings
+            entry = registry[user_strategy] if user_strategy in registry else {}
             init = dict(entry.get("init_params") or {})
         elif kind == "deepspeed":
             stage = zero_stage(user_strategy)

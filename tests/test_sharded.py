@@ -1,0 +1,162 @@
+"""The CPU sharded tier: fsdp items, the FSDPStrategy subclass, reading DeepSpeed configs, and one
+end-to-end fsdp run with a passing and a failing contract."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import BORING
+
+FSDP_ITEMS = ("ltconform::all-rank-save[fsdp]", "ltconform::sync-dist[fsdp]", "ltconform::configure-model[fsdp]")
+
+
+def test_fsdp_items_generated_for_opted_in_contracts(pytester):
+    result = pytester.runpytest_subprocess("--ltconform", BORING, "--collect-only", "-q", "-p", "no:cacheprovider")
+    out = result.stdout.str()
+    for item in FSDP_ITEMS:
+        assert item in out, out
+    # Contracts that did not opt in to fsdp get no fsdp item; ddp items are still there.
+    assert "ltconform::unused-parameters[fsdp]" not in out
+    assert "ltconform::all-rank-save[ddp]" in out and "ltconform::configure-model[ddp]" in out
+    only_ddp = pytester.runpytest_subprocess("--ltconform", BORING, "--ltconform-strategies", "ddp",
+                                             "--collect-only", "-q", "-p", "no:cacheprovider").stdout.str()
+    assert "[fsdp]" not in only_ddp and "ltconform::all-rank-save[ddp]" in only_ddp
+
+
+def test_contract_strategies_opt_in():
+    from pytest_ltconform import contracts
+    from pytest_ltconform.contracts.base import Contract
+    from pytest_ltconform.session import SUPPORTED_STRATEGIES
+
+    assert "fsdp" in SUPPORTED_STRATEGIES
+    assert Contract.strategies == ("ddp",)
+    for cid in ("all-rank-save", "sync-dist", "configure-model"):
+        assert contracts.get_contract(cid).strategies == ("ddp", "fsdp")
+
+
+def test_sharded_kind_and_describe_without_torch():
+    from pytest_ltconform import sharded
+
+    assert sharded.sharded_kind(None) is None
+    assert sharded.sharded_kind("ddp") is None
+    assert sharded.sharded_kind("fsdp_cpu_offload") == "fsdp"
+    assert sharded.sharded_kind("deepspeed_stage_3_offload") == "deepspeed"
+    assert sharded.zero_stage("deepspeed_stage_2") == 2
+    assert sharded.describe("fsdp") == "'fsdp'"
+
+
+def test_cpu_fsdp_strategy_keeps_user_settings_and_passes_lightning_type_check(tmp_path):
+    import lightning.pytorch as L
+    import torch
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    from pytest_ltconform import sharded
+
+    user = FSDPStrategy(state_dict_type="sharded", sharding_strategy="SHARD_GRAD_OP",
+                        auto_wrap_policy={torch.nn.Linear}, device_mesh=(1, 2))
+    strategy = sharded.cpu_fsdp_strategy(L, user, timeout_s=7)
+    assert isinstance(strategy, FSDPStrategy) and type(strategy) is not FSDPStrategy
+    assert strategy._state_dict_type == "sharded"
+    assert strategy.sharding_strategy.name == "SHARD_GRAD_OP"
+    assert "auto_wrap_policy" in strategy.kwargs and "device_mesh" not in strategy.kwargs
+    assert strategy._timeout.total_seconds() == 7
+    assert "FSDPStrategy(state_dict_type='sharded', sharding_strategy='SHARD_GRAD_OP', auto_wrap_policy=...)" \
+        in strategy.ltconform_note
+    assert "CPU sharded tier" in strategy.ltconform_note
+    # Lightning accepts it on CPU (the plain class is refused by an exact type check).
+    with pytest.raises(ValueError, match="requires a GPU"):
+        L.Trainer(accelerator="cpu", devices=1, strategy=FSDPStrategy(), logger=False,
+                  default_root_dir=str(tmp_path))
+    trainer = L.Trainer(accelerator="cpu", devices=1, strategy=sharded.cpu_fsdp_strategy(L, None), logger=False,
+                        default_root_dir=str(tmp_path))
+    assert isinstance(trainer.strategy, FSDPStrategy)
+    # Registered names keep their registered settings.
+    offload = sharded.cpu_fsdp_strategy(L, "fsdp_cpu_offload")
+    assert offload.cpu_offload is not None and offload.cpu_offload.offload_params
+
+
+def test_deepspeed_config_readable_and_mapped_to_fsdp():
+    import lightning.pytorch as L
+    from lightning.pytorch.strategies import DeepSpeedStrategy
+
+    from pytest_ltconform import sharded
+
+    with sharded.deepspeed_stand_in():
+        user = DeepSpeedStrategy(stage=3, offload_optimizer=True)
+    assert user.config["zero_optimization"]["stage"] == 3
+    assert sharded.sharded_kind(user) == "deepspeed" and sharded.zero_stage(user) == 3
+    strategy = sharded.cpu_fsdp_strategy(L, user)
+    assert strategy.sharding_strategy.name == "FULL_SHARD"
+    assert "DeepSpeedStrategy(stage=3)" in strategy.ltconform_note and "needs CUDA" in strategy.ltconform_note
+    with sharded.deepspeed_stand_in():
+        stage1 = DeepSpeedStrategy(config={"zero_optimization": {"stage": 1}})
+    assert sharded.cpu_fsdp_strategy(L, stage1).sharding_strategy.name == "SHARD_GRAD_OP"
+
+
+FSDP_TARGET = '''
+import torch
+import lightning.pytorch as L
+from lightning.pytorch.strategies import FSDPStrategy
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def _data(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 6, generator=g)
+    return TensorDataset(x, x[:, :2] * 2.0)
+
+
+class Model(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.body = None
+
+    def configure_model(self):
+        self.body = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.body(x), y)
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", torch.nn.functional.mse_loss(self.body(x), y), sync_dist=True, batch_size=len(y))
+
+    def train_dataloader(self):
+        return DataLoader(_data(32, 1), batch_size=4)
+
+    def val_dataloader(self):
+        return DataLoader(_data(16, 2), batch_size=4)
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=1e-2)
+
+
+def trainer_kwargs():
+    return {"strategy": FSDPStrategy(state_dict_type="sharded"), "max_epochs": 2}
+'''
+
+
+def test_fsdp_end_to_end_pass_and_fail(pytester, no_leftover_ranks):
+    """One world, fsdp items only: all-rank-save (save + resume from a sharded directory) and
+    sync-dist pass; configure-model fails (configure_model rebuilds its layers for validate)."""
+    pytester.makepyfile(fsdp_model=FSDP_TARGET)
+    report = pytester.path / "report.json"
+    result = pytester.runpytest_subprocess(
+        "--ltconform", "fsdp_model.Model", "--ltconform-trainer", "fsdp_model:trainer_kwargs",
+        "--ltconform-strategies", "fsdp", "--ltconform-timeout", "60", "--ltconform-report", str(report),
+        "-p", "no:cacheprovider", "-rA")
+    out = result.stdout.str()
+    result.stdout.fnmatch_lines(["*PASSED ltconform::all-rank-save[[]fsdp[]]*",
+                                 "*PASSED ltconform::sync-dist[[]fsdp[]]*",
+                                 "*FAILED ltconform::configure-model[[]fsdp[]]*"])
+    result.stdout.fnmatch_lines(["*[[]configure-model[]] FAILED*configure_model called 2 times (fit, then validate) "
+                                 "replaced every parameter of body*"])
+    assert "fsdp_model.py:" in out
+    records = {r["contract"]: r for r in json.loads(report.read_text())["results"] if r["strategy"] == "fsdp"}
+    save = records["all-rank-save"]["message"]
+    assert "saved a sharded checkpoint directory" in save and ".metadata" in save and "resumed from it" in save
+    for rec in records.values():
+        assert "names FSDPStrategy(state_dict_type='sharded'); no GPU is present" in rec["message"]
+        assert "CPU sharded tier" in rec["message"]
