@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import pytest
 
@@ -17,6 +18,8 @@ from . import settings as settings_mod
 SESSION_KEY = pytest.StashKey["object"]()
 SETTINGS_KEY = pytest.StashKey["settings_mod.Settings"]()
 POOL_KEY = pytest.StashKey["object"]()
+ATTACHED_KEY = pytest.StashKey["object"]()
+AVAILABILITY_KEY = pytest.StashKey["object"]()
 ONLY_CONTRACTS_KEY = pytest.StashKey[bool]()
 
 MARKERS = {
@@ -32,6 +35,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     settings_mod.add_options(parser)
 
 
+@pytest.hookimpl(trylast=True)  # after the terminal reporter exists, so quiet ranks can drop it
 def pytest_configure(config: pytest.Config) -> None:
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
@@ -47,6 +51,7 @@ def pytest_configure(config: pytest.Config) -> None:
     except target_mod.TargetError as exc:
         raise pytest.UsageError(str(exc)) from None
     config.stash[SESSION_KEY] = targets
+    _attach(config, settings)
     # `pytest --ltconform X` with no test paths runs the contracts alone; with paths given, or
     # with the target in the ini file, the contract items join the normal test run.
     from_command_line = config.getoption(settings_mod.OPT_TARGET) not in (None, "")
@@ -59,6 +64,43 @@ def pytest_ignore_collect(collection_path, config):
     return None
 
 
+def _attach(config: pytest.Config, settings) -> None:
+    """Inside a torchrun or SLURM world: spawn nothing, run the contracts in that world, and let
+    only rank 0 print (every rank reaches the same verdicts)."""
+    from . import tiers
+
+    info = tiers.detect_attached()
+    if info is None:
+        return
+    if config.getoption("numprocesses", None) or hasattr(config, "workerinput"):
+        raise pytest.UsageError(
+            f"pytest-ltconform: pytest is {info.describe()}; pytest-xdist workers (-n) cannot share one "
+            f"rank of that world. Drop -n: the launcher already runs one pytest per rank.")
+    from .world.attached import AttachedWorld
+
+    config.stash[ATTACHED_KEY] = AttachedWorld(info, pg_timeout_s=settings.pg_timeout_s)
+    if info.rank != 0:
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            config.pluginmanager.unregister(reporter)
+
+
+def _attached(config: pytest.Config):
+    return config.stash.get(ATTACHED_KEY, None)
+
+
+def _availability(config: pytest.Config):
+    avail = config.stash.get(AVAILABILITY_KEY, None)
+    if avail is None:
+        from .tiers import Availability
+
+        attached = _attached(config)
+        avail = Availability(config.stash[SETTINGS_KEY].world_size, attached.info if attached else None,
+                             attached.num_nodes if attached else None)
+        config.stash[AVAILABILITY_KEY] = avail
+    return avail
+
+
 def _session(config: pytest.Config):
     """The LtconformSession, created on first use (so --collect-only starts nothing)."""
     obj = config.stash.get(SESSION_KEY, None)
@@ -68,6 +110,7 @@ def _session(config: pytest.Config):
 
     if not isinstance(obj, LtconformSession):
         obj = LtconformSession(config.stash[SETTINGS_KEY], obj, pool=_pool(config))
+        obj.attached = _attached(config)
         config.stash[SESSION_KEY] = obj
     return obj
 
@@ -86,6 +129,42 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     pool = config.stash.get(POOL_KEY, None)
     if pool is not None:
         pool.close()
+    attached = _attached(config)
+    if attached is not None:
+        attached.close()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
+    attached = _attached(session.config)
+    if attached is not None and attached.rank != 0 and exitstatus not in (0, pytest.ExitCode.NO_TESTS_COLLECTED):
+        # A quiet rank still says, in one line, that it did not succeed.
+        sys.stderr.write(f"pytest-ltconform: {attached.info.describe()} finished with exit status "
+                         f"{int(exitstatus)}; rank 0 prints the report for every rank.\n")
+
+
+def pytest_report_header(config: pytest.Config) -> list[str] | None:
+    attached = _attached(config)
+    if attached is None:
+        return None
+    return [f"ltconform: pytest is {attached.info.describe()} (Lightning {attached.info.environment}); "
+            f"contract runs happen in that world and this rank reports every rank's verdicts"]
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    attached = _attached(session.config)
+    if attached is None:
+        return
+    from .world.attached import CollectionMismatch, host_facts
+
+    facts = {**host_facts(attached.info.node_rank), "errors": session.testsfailed}
+    timeout = max(300.0, session.config.stash[SETTINGS_KEY].timeout_s)
+    try:
+        attached.agree_collection([item.nodeid for item in session.items], facts, timeout_s=timeout)
+    except CollectionMismatch as exc:
+        message = f"pytest-ltconform: {exc}"
+        if session.config.pluginmanager.get_plugin("terminalreporter") is None:
+            sys.stderr.write(f"{attached.info.describe()}: {message}\n")  # a quiet rank says it too
+        pytest.exit(message, returncode=pytest.ExitCode.USAGE_ERROR)
 
 
 class ContractFailed(Exception):
@@ -105,21 +184,46 @@ class NotJudged(Exception):
 
 
 class LtconformItem(pytest.Item):
-    """One (contract, strategy) check on the session's target."""
+    """One (contract, variant) check on the session's target; the variant (tiers.Variant) names
+    the tier, the strategy and the world."""
 
-    def __init__(self, *, contract_id: str, strategy: str, **kwargs):
+    def __init__(self, *, contract_id: str, strategy: str, variant=None, **kwargs):
         super().__init__(**kwargs)
         self.contract_id = contract_id
         self.strategy = strategy
+        self.variant = variant
+        self.tier = variant.tier if variant is not None else "cpu"
         self.verdict_dict: dict | None = None
+        self.required_missing: str | None = None
+
+    def _tier_check(self) -> bool:
+        """Skip (or, for a tier in --ltconform-require, fail) when the tier cannot run here."""
+        if self.variant is None:
+            return True
+        avail = _availability(self.config)
+        require = self.config.stash[SETTINGS_KEY].require
+        for tier in self.variant.needs:
+            reason = avail.missing(tier)
+            if reason and tier in require:
+                self.required_missing = (f"--ltconform-require {tier}: the {tier} tier cannot run here: {reason}. "
+                                         f"The item fails instead of skipping so that a runner without that "
+                                         f"hardware cannot pass silently.")
+                return False
+        first = avail.first_missing(self.variant)
+        if first:
+            pytest.skip(first[1])
+        return True
 
     def setup(self) -> None:
+        if not self._tier_check():
+            return
         session = _session(self.config)
-        verdict, duration = session.verdict(self.contract_id, self.strategy)
+        verdict, duration = session.verdict(self.contract_id, self.strategy, self.tier)
         from . import report
 
         self.verdict_dict = verdict.as_dict()
-        rec = report.record(self.contract_id, self.strategy, session.settings.world_size,
+        world_size = session.attached.world_size if self.tier == "multinode" else session.settings.world_size
+        rec = report.record(self.contract_id, self.variant.label if self.variant else self.strategy, world_size,
                             self.verdict_dict, duration)
         self.user_properties.append((report.PROPERTY, json.dumps(rec)))
         if verdict.outcome == "skipped":
@@ -128,6 +232,8 @@ class LtconformItem(pytest.Item):
             raise NotJudged(self.verdict_dict)
 
     def runtest(self) -> None:
+        if self.required_missing:
+            pytest.fail(self.required_missing, pytrace=False)
         if self.verdict_dict and self.verdict_dict["outcome"] in ("failed", "advisory"):
             raise ContractFailed(self.verdict_dict)
 
@@ -146,23 +252,26 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     targets = config.stash.get(SESSION_KEY, None)
     if targets is None:
         return
-    from . import contracts
+    from . import contracts, tiers
     from .session import SUPPORTED_STRATEGIES
 
     settings = config.stash[SETTINGS_KEY]
     parent = session
+    first_new = len(items)
     for cid in contracts.ids():
         contract = contracts.get_contract(cid)
-        for strategy in contract.strategies:
-            if strategy not in settings.strategies or strategy not in SUPPORTED_STRATEGIES:
-                continue
+        for variant in tiers.variants(contract, settings.strategies, SUPPORTED_STRATEGIES):
             item = LtconformItem.from_parent(
-                parent, name=f"{cid}[{strategy}]", nodeid=f"ltconform::{cid}[{strategy}]",
-                contract_id=cid, strategy=strategy,
+                parent, name=f"{cid}[{variant.label}]", nodeid=f"ltconform::{cid}[{variant.label}]",
+                contract_id=cid, strategy=variant.strategy, variant=variant,
             )
             item.add_marker("ltconform")
-            item.add_marker("ltconform_cpu")
+            for marker in variant.markers:
+                item.add_marker(marker)
             items.append(item)
+    # Report the generated items like collected ones, so "collected N items" counts them.
+    config.hook.pytest_collectreport(
+        report=pytest.CollectReport("ltconform", "passed", None, items[first_new:]))
 
 
 @pytest.hookimpl(wrapper=True)
@@ -217,6 +326,9 @@ class ResultsCollector:
         settings = self.config.stash.get(SETTINGS_KEY, None)
         if settings is None or not settings.report or hasattr(self.config, "workerinput"):
             return
+        attached = _attached(self.config)
+        if attached is not None and attached.rank != 0:
+            return  # rank 0 writes the report for every rank
         from . import report as report_mod
 
         os.makedirs(os.path.dirname(settings.report) or ".", exist_ok=True)
@@ -254,6 +366,16 @@ class WorldHandle:
         return result.values
 
 
+class _AttachedPool:
+    """The pool interface WorldHandle uses, over the attached world."""
+
+    def __init__(self, world):
+        self._world = world
+
+    def run(self, world_size: int, fn_ref: str, *args, timeout_s: float, pg_timeout_s: float, **kwargs):
+        return self._world.run(fn_ref, *args, timeout_s=timeout_s, kwargs=kwargs)
+
+
 @pytest.fixture
 def ltconform_world(request):
     """Factory fixture: ``ltconform_world(world_size=2).run(fn, *args)`` -> per-rank results.
@@ -264,9 +386,16 @@ def ltconform_world(request):
     config = request.config
     settings = config.stash.get(SETTINGS_KEY, None) or settings_mod.Settings(target=None)
 
-    def make(world_size: int = settings.world_size, timeout_s: float | None = None) -> WorldHandle:
+    attached = _attached(config)
+
+    def make(world_size: int | None = None, timeout_s: float | None = None) -> WorldHandle:
         timeout = timeout_s or settings.timeout_s
-        return WorldHandle(_pool(config), world_size, timeout, max(5.0, min(timeout / 4.0, 60.0)))
+        pg_timeout = max(5.0, min(timeout / 4.0, 60.0))
+        if attached is not None:  # inside torchrun/SLURM: the launched world is the world
+            if world_size not in (None, attached.world_size):
+                pytest.skip(f"needs a world of {world_size} ranks; pytest is {attached.info.describe()}")
+            return WorldHandle(_AttachedPool(attached), attached.world_size, timeout, pg_timeout)
+        return WorldHandle(_pool(config), world_size or settings.world_size, timeout, pg_timeout)
 
     return make
 

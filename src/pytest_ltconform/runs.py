@@ -75,7 +75,27 @@ def _make_observer(ns: Any, recorder: Recorder):
     return Observer()
 
 
-def adapt_strategy(ns: Any, strategy_name: str, user_strategy: Any, pg_timeout_s: float) -> Any:
+def world_params() -> tuple[str, int]:
+    """(accelerator, num_nodes) of the world this job runs in: 'cpu' or 'gpu', and how many nodes
+    the ranks span. Set per job by the rank-side job runner; CPU on one node outside a job."""
+    return os.environ.get("LTCONFORM_ACCELERATOR", "cpu"), int(os.environ.get("LTCONFORM_NUM_NODES", "1"))
+
+
+def _gpu_strategy(strategies: Any, strategy_name: str, user_strategy: Any, pg_timeout_s: float) -> Any:
+    """The GPU tier runs the real strategy class with the user's own configuration: their
+    instance when they gave one of that class, else the class (or their registered name)."""
+    import datetime
+
+    cls = {"fsdp": strategies.FSDPStrategy, "deepspeed": strategies.DeepSpeedStrategy}[strategy_name]
+    if isinstance(user_strategy, cls):
+        return user_strategy
+    if isinstance(user_strategy, str) and user_strategy.lower().startswith(strategy_name):
+        return user_strategy
+    return cls(timeout=datetime.timedelta(seconds=pg_timeout_s))
+
+
+def adapt_strategy(ns: Any, strategy_name: str, user_strategy: Any, pg_timeout_s: float,
+                   accelerator: str | None = None) -> Any:
     """The strategy object a rank of our world runs for ``strategy_name``.
 
     'ddp': the user's DDPStrategy instance when they gave one (so find_unused_parameters and
@@ -97,6 +117,8 @@ def adapt_strategy(ns: Any, strategy_name: str, user_strategy: Any, pg_timeout_s
         return strategies.DDPStrategy(
             find_unused_parameters=find_unused, timeout=datetime.timedelta(seconds=pg_timeout_s)
         )
+    if strategy_name in ("fsdp", "deepspeed") and (accelerator or world_params()[0]) == "gpu":
+        return _gpu_strategy(strategies, strategy_name, user_strategy, pg_timeout_s)
     if strategy_name == "fsdp":
         from .sharded import cpu_fsdp_strategy
 
@@ -104,9 +126,16 @@ def adapt_strategy(ns: Any, strategy_name: str, user_strategy: Any, pg_timeout_s
     raise ValueError(f"unknown strategy {strategy_name!r}")
 
 
-def build_trainer_kwargs(user: dict, strategy: Any, world_size: int, root: str) -> dict:
-    """Merge the user's Trainer kwargs with what a conformance world needs (CPU ranks, bounded
-    epochs and batches, no loggers, no progress bars)."""
+def build_trainer_kwargs(user: dict, strategy: Any, world_size: int, root: str, *,
+                         accelerator: str | None = None, num_nodes: int | None = None) -> dict:
+    """Merge the user's Trainer kwargs with what a conformance world needs (its accelerator,
+    devices per node and nodes; bounded epochs and batches, no loggers, no progress bars).
+
+    ``accelerator`` and ``num_nodes`` default to the job's world (:func:`world_params`): CPU on
+    one node for local CPU worlds, 'gpu' for the GPU tier, the launcher's nodes when attached."""
+    default_accelerator, default_nodes = world_params()
+    accelerator = accelerator or default_accelerator
+    num_nodes = num_nodes or default_nodes
     kwargs = dict(user)
     epochs = kwargs.get("max_epochs")
     kwargs["max_epochs"] = DEFAULT_EPOCHS if epochs in (None, -1) else max(1, min(int(epochs), MAX_EPOCHS))
@@ -121,7 +150,7 @@ def build_trainer_kwargs(user: dict, strategy: Any, world_size: int, root: str) 
             kwargs[key] = LIMIT_BATCHES
     kwargs.setdefault("enable_checkpointing", False)
     kwargs.setdefault("num_sanity_val_steps", 2)
-    kwargs.update(accelerator="cpu", devices=world_size, num_nodes=1, logger=False,
+    kwargs.update(accelerator=accelerator, devices=max(1, world_size // num_nodes), num_nodes=num_nodes, logger=False,
                   enable_progress_bar=False, enable_model_summary=False, strategy=strategy,
                   default_root_dir=root)
     return kwargs

@@ -19,6 +19,7 @@ RUN_FUNCTIONS = {"fit": "pytest_ltconform.runs:traced_fit"}
 RUN_FUNCTIONS["eval"] = "pytest_ltconform.eval_runs:traced_eval"
 # Run kinds whose contracts compare with a one-rank run on the weights the world saved.
 REFERENCE_RUNS = {"eval": "pytest_ltconform.eval_runs:reference_eval"}
+RUN_FUNCTIONS["launch"] = "pytest_ltconform.contracts.launch_env:observe"
 RUN_FUNCTIONS["spawn"] = "pytest_ltconform.contracts.spawn_safety:observe"
 RUN_FUNCTIONS["config"] = "pytest_ltconform.contracts.strategy_config:observe"
 
@@ -59,19 +60,31 @@ def raised_owner(run: Run) -> str | None:
         self.targets = targets
         self.pool = pool or WorldPool()
         self._runs: dict[tuple, Run | Exception] = {}
+        # The launched world pytest runs in (world.attached.AttachedWorld), for the multinode tier.
+        self.attached = None
 
-    def run_for(self, kind: str, strategy: str) -> Run:
-        key = (kind, strategy, self.settings.world_size)
+    def run_for(self, kind: str, strategy: str, tier: str = "cpu") -> Run:
+        """The run of ``kind`` under ``strategy`` in ``tier``'s world (see tiers.py): a local gloo
+        world for 'cpu', a local NCCL world for 'gpu'/'deepspeed', the attached world for
+        'multinode'. Made once and cached."""
+        key = (kind, strategy, self.settings.world_size) + (() if tier == "cpu" else (tier,))
         # Fresh-world mode (the benchmark's baseline) shares nothing between items.
         cached = None if self.pool.fresh_per_job else self._runs.get(key)
         if cached is None:
             ids = [cid for cid in contracts.ids() if contracts.get_contract(cid).run_kind == kind]
             try:
-                job = self.pool.run(
-                    self.settings.world_size, RUN_FUNCTIONS[kind], self.targets, strategy, ids,
-                    self.settings.pg_timeout_s, timeout_s=self.settings.timeout_s,
-                    pg_timeout_s=self.settings.pg_timeout_s,
-                )
+                if tier == "multinode":
+                    if self.attached is None:
+                        raise WorldStartError("the multinode tier runs only inside a torchrun or SLURM world")
+                    job = self.attached.run(RUN_FUNCTIONS[kind], self.targets, strategy, ids,
+                                            self.settings.pg_timeout_s, timeout_s=self.settings.timeout_s)
+                else:
+                    job = self.pool.run(
+                        self.settings.world_size, RUN_FUNCTIONS[kind], self.targets, strategy, ids,
+                        self.settings.pg_timeout_s, timeout_s=self.settings.timeout_s,
+                        pg_timeout_s=self.settings.pg_timeout_s,
+                        backend="nccl" if tier in ("gpu", "deepspeed") else "gloo",
+                    )
                 cached = Run(job, strategy, kind, self.targets)
                 if kind in REFERENCE_RUNS:
                     cached.reference = self._reference(kind, job, strategy)
@@ -96,12 +109,12 @@ def raised_owner(run: Run) -> str | None:
             return None
         return Run(ref, strategy, f"{kind}-reference", self.targets)
 
-    def verdict(self, contract_id: str, strategy: str) -> tuple[Verdict, float]:
-        """Judge one contract under one strategy; returns (verdict, seconds spent)."""
+    def verdict(self, contract_id: str, strategy: str, tier: str = "cpu") -> tuple[Verdict, float]:
+        """Judge one contract under one strategy in one tier; returns (verdict, seconds spent)."""
         started = time.monotonic()
         contract = contracts.get_contract(contract_id)
         try:
-            run = self.run_for(contract.run_kind, strategy)
+            run = self.run_for(contract.run_kind, strategy, tier)
         except WorldStartError as exc:
             return contract.verdict("error", f"could not start a world: {exc}"), time.monotonic() - started
         verdict = judge(contract, run)

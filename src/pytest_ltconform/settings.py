@@ -24,7 +24,7 @@ OPT_STRATEGIES = "ltconform_strategies"
 INI_TARGET = "ltconform_target"
 
 TIERS = ("cpu", "gpu", "multinode", "deepspeed")
-STRATEGIES = ("ddp", "fsdp")
+STRATEGIES = ("ddp", "fsdp", "deepspeed")  # deepspeed runs on the GPU tier only
 
 DEFAULT_WORLD_SIZE = 2
 DEFAULT_TIMEOUT_S = 120.0

@@ -17,6 +17,7 @@ _MODULES = {
     "shared-writes": "shared_writes",
     "strategy-config": "strategy_config",
     "spawn-safety": "spawn_safety",
+    "launch-env": "launch_env",
 }
 
 

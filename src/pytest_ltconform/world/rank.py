@@ -123,6 +123,14 @@ def _run_job(job: dict, rank: int, world_size: int, local_rank: int, store, gen:
     started = time.monotonic()
     with _isolated(job_dir):
         _seed(job.get("seed", 0))
+        # World parameters the run functions read (runs.world_params): the only thing that
+        # differs between the CPU, GPU and multi-node tiers on the rank side.
+        backend = job.get("backend", "gloo")
+        os.environ["LTCONFORM_ACCELERATOR"] = job.get("accelerator") or ("gpu" if backend == "nccl" else "cpu")
+        os.environ["LTCONFORM_NUM_NODES"] = str(job.get("num_nodes", 1))
+        os.environ["LTCONFORM_WORLD_KIND"] = job.get("world_kind", "local")
+        if backend == "nccl":
+            torch.cuda.set_device(local_rank)
         default_dtype = torch.get_default_dtype()
         pg_store = dist.PrefixStore(f"g{gen}/pg/{job['n']}", store)
         dist.init_process_group(

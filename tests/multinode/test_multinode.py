@@ -1,0 +1,92 @@
+"""The multinode tier against the real launchers: pytest runs as one rank of a two-node world.
+
+- two torchrun agents on localhost (``--nnodes 2 --node-rank 0/1``, gloo);
+- a real two-node SLURM cluster on this host (``srun -N 2 --ntasks-per-node=1``), including a
+  task layout that disagrees with the Trainer, which the launch-env contract must catch;
+- ranks that collect different items stop with a clear error instead of hanging.
+
+Marked ``multinode`` (deselected by default): ``python -m pytest -m multinode tests/multinode``.
+The SLURM tests need ``.ci/install-slurm`` (they skip, naming what is missing, without it).
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+from cluster import SlurmCluster, slurm_available, torchrun_two_agents
+
+pytestmark = pytest.mark.multinode
+
+BORING = "lightning.pytorch.demos.boring_classes.BoringModel"
+PYTEST = ["-m", "pytest", "-p", "no:cacheprovider", "-v", "-W", "ignore::DeprecationWarning"]
+TIMEOUT = 420
+
+needs_slurm = pytest.mark.skipif(slurm_available() is not None, reason=f"SLURM: {slurm_available()}")
+
+
+def _explain(results) -> str:
+    return "\n".join(f"=== agent/task output {i}: rc={r.returncode} {r.duration:.1f}s timed_out={r.timed_out}\n"
+                     f"{r.stdout[-6000:]}\n--- stderr\n{r.stderr[-4000:]}" for i, r in enumerate(results))
+
+
+def _check_multinode_pass(rank0_out: str, expected_world: str) -> None:
+    assert f"pytest is rank 0 of a {expected_world} world of 2 ranks" in rank0_out
+    assert "launch-env[ddp-multinode] PASSED" in rank0_out
+    assert "all-rank-save[ddp-multinode] PASSED" in rank0_out
+    assert " failed" not in rank0_out.splitlines()[-1] and " passed" in rank0_out.splitlines()[-1]
+
+
+def test_torchrun_two_agents_run_the_multinode_tier(tmp_path):
+    results = torchrun_two_agents([*PYTEST, "--ltconform", BORING, "-m", "ltconform_multinode"],
+                                  timeout=TIMEOUT, cwd=tmp_path)
+    explain = _explain(results)
+    assert [r.returncode for r in results] == [0, 0], explain
+    rank0, rank1 = results
+    _check_multinode_pass(rank0.stdout, "torchrun")
+    # Rank 1 ran every item too, but quietly: no report of its own.
+    assert "PASSED" not in rank1.stdout and "ltconform summary" not in rank1.stdout, explain
+
+
+def test_torchrun_ranks_that_collect_differently_stop_with_a_clear_error(tmp_path):
+    # A conftest that drops one test on node 1 only: the collections differ.
+    (tmp_path / "conftest.py").write_text(textwrap.dedent("""
+        import os
+        def pytest_collection_modifyitems(items):
+            if os.environ.get("GROUP_RANK") == "1":
+                items[:] = [i for i in items if "second" not in i.name]
+    """))
+    (tmp_path / "test_plain.py").write_text("def test_first():\n    pass\n\ndef test_second():\n    pass\n")
+    results = torchrun_two_agents([*PYTEST, "--ltconform", BORING, "-m", "not ltconform", "test_plain.py"],
+                                  timeout=180, cwd=tmp_path)
+    explain = _explain(results)
+    assert not any(r.timed_out for r in results), explain
+    for r in results:
+        assert r.returncode != 0, explain
+        assert "collected different tests" in r.stdout + r.stderr, explain
+        assert "test_plain.py::test_second" in r.stdout + r.stderr, explain
+    assert max(r.duration for r in results) < 120, explain
+
+
+@needs_slurm
+def test_slurm_two_nodes_run_the_multinode_tier_and_launch_env_catches_a_bad_layout(tmp_path):
+    (tmp_path / "layout.py").write_text(
+        "def trainer_kwargs():\n    return {'num_nodes': 2, 'devices': 2, 'strategy': 'ddp'}\n")
+    srun = ["-N", "2", "--ntasks-per-node=1", sys.executable, *PYTEST, "--ltconform", BORING]
+    with SlurmCluster() as cluster:
+        good = cluster.srun([*srun, "-m", "ltconform_multinode"], timeout=TIMEOUT, cwd=tmp_path)
+        explain = f"{_explain([good])}\n{cluster.log_tails()}"
+        assert good.returncode == 0, explain
+        _check_multinode_pass(good.stdout, "slurm")
+
+        # The Trainer says 2 nodes x 2 devices; SLURM started 1 task per node.
+        bad = cluster.srun([*srun, "--ltconform-trainer", f"{tmp_path / 'layout.py'}:trainer_kwargs",
+                            "-m", "ltconform_multinode", "-k", "launch-env"], timeout=TIMEOUT, cwd=tmp_path)
+    explain = _explain([bad])
+    assert bad.returncode != 0 and not bad.timed_out, explain
+    assert "launch-env[ddp-multinode] FAILED" in bad.stdout, explain
+    out = " ".join(bad.stdout.split())
+    assert "SLURM_NTASKS=2 but num_nodes 2 x devices 2 = 4" in out, explain
+    assert "SLURM_NTASKS_PER_NODE=1 but the Trainer has devices=2" in out, explain
+    assert "Rule: seed section 'Multi-node launch'" in out, explain

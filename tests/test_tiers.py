@@ -1,0 +1,257 @@
+"""Tiers: markers on the generated items, skip reasons that name what is missing,
+--ltconform-require, attached-world detection, and the launch-env judgement.
+
+Fast: nothing here starts a world (tier items skip before any run; the rest are unit tests).
+The real two-node runs are in tests/multinode (marker ``multinode``).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_ltconform import tiers
+from pytest_ltconform.contracts import launch_env
+from pytest_ltconform.world.attached import _collection_difference
+
+pytest_plugins = ["pytester"]
+
+BORING = "lightning.pytorch.demos.boring_classes.BoringModel"
+
+
+
+@pytest.fixture(autouse=True)
+def _boring_stays_imported():
+    """In-process pytester runs unload modules they imported; torch refuses to import some of
+    Lightning's twice, so the target's module is imported once, outside the runs."""
+    import lightning.pytorch.demos.boring_classes  # noqa: F401
+
+
+no_gpus_here = pytest.mark.skipif(tiers.cuda_device_count() >= 2, reason="this machine has CUDA devices")
+
+
+def _ids(result) -> list[str]:
+    return [line for line in result.stdout.lines if line.startswith("ltconform::")]
+
+
+def test_markers_select_tiers_under_strict_markers(pytester):
+    base = ["--strict-markers", "--ltconform", BORING, "--collect-only", "-q"]
+    every = _ids(pytester.runpytest(*base))
+    cpu = _ids(pytester.runpytest(*base, "-m", "ltconform_cpu"))
+    gpu = _ids(pytester.runpytest(*base, "-m", "ltconform_gpu"))
+    multi = _ids(pytester.runpytest(*base, "-m", "ltconform_multinode"))
+    ds = _ids(pytester.runpytest(*base, "-m", "ltconform_deepspeed"))
+    not_gpu = _ids(pytester.runpytest(*base, "-m", "ltconform and not ltconform_gpu"))
+    assert "ltconform::all-rank-save[ddp]" in cpu and "ltconform::all-rank-save[ddp-gpu]" in gpu
+    assert "ltconform::all-rank-save[ddp-multinode]" in multi and "ltconform::launch-env[ddp-multinode]" in multi
+    assert all(i.endswith(("[ddp]", "[fsdp]")) for i in cpu)
+    assert all(i.endswith(("-gpu]",)) for i in gpu)
+    assert all(i.endswith("-multinode]") for i in multi)
+    assert ds and all(i.endswith("[deepspeed-gpu]") for i in ds) and set(ds) <= set(gpu)
+    assert sorted(every) == sorted(cpu + gpu + multi)
+    assert sorted(not_gpu) == sorted(cpu + multi)
+    # launch-env judges a launched world: it has no local items.
+    assert not [i for i in cpu + gpu if "launch-env" in i]
+    # Only the strategies asked for.
+    ddp_only = _ids(pytester.runpytest(*base, "--ltconform-strategies", "ddp"))
+    assert ddp_only and all("fsdp" not in i and "deepspeed" not in i for i in ddp_only)
+
+
+@no_gpus_here
+def test_gpu_tier_skips_naming_missing_devices_and_require_turns_it_into_a_failure(pytester):
+    result = pytester.runpytest("--strict-markers", "--ltconform", BORING, "-m", "ltconform_gpu", "-rs")
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("skipped", 0) > 0 and set(outcomes) <= {"skipped", "deselected"}, outcomes
+    result.stdout.fnmatch_lines(["SKIPPED * needs 2 CUDA devices, found 0"])
+    assert result.ret == pytest.ExitCode.OK
+
+    result = pytester.runpytest("--ltconform", BORING, "-m", "ltconform_gpu", "--ltconform-world-size", "3", "-rs")
+    result.stdout.fnmatch_lines(["SKIPPED * needs 3 CUDA devices, found 0"])
+
+    required = pytester.runpytest("--ltconform", BORING, "-m", "ltconform_gpu and not ltconform_deepspeed",
+                                  "--ltconform-require", "gpu")
+    assert required.ret == pytest.ExitCode.TESTS_FAILED
+    assert required.parseoutcomes().get("failed", 0) == outcomes["skipped"] - _deepspeed_items(pytester)
+    required.stdout.fnmatch_lines(["*--ltconform-require gpu: the gpu tier cannot run here: needs 2 CUDA "
+                                   "devices, found 0*"])
+
+
+def _deepspeed_items(pytester) -> int:
+    return len(_ids(pytester.runpytest("--ltconform", BORING, "-m", "ltconform_deepspeed", "--collect-only", "-q")))
+
+
+@pytest.mark.skipif(tiers._deepspeed_missing() is None, reason="deepspeed is importable here")
+def test_deepspeed_tier_skips_when_deepspeed_is_missing(pytester):
+    result = pytester.runpytest("--ltconform", BORING, "-m", "ltconform_deepspeed", "-rs")
+    result.stdout.fnmatch_lines(["SKIPPED * deepspeed not importable*"])
+    # Requiring the gpu tier does not make a missing optional package fail the GPU runner.
+    assert "failed" not in result.parseoutcomes()
+    required = pytester.runpytest("--ltconform", BORING, "-m", "ltconform_deepspeed", "--ltconform-require",
+                                  "deepspeed")
+    assert required.ret == pytest.ExitCode.TESTS_FAILED
+
+
+def test_multinode_tier_skips_outside_a_launched_world_and_require_fails(pytester, monkeypatch):
+    for var in ("TORCHELASTIC_RUN_ID", "SLURM_NTASKS"):
+        monkeypatch.delenv(var, raising=False)
+    result = pytester.runpytest("--ltconform", BORING, "-m", "ltconform_multinode", "-rs")
+    result.stdout.fnmatch_lines(["SKIPPED * not inside a multi-node world: no torchrun or SLURM launch found*"])
+    assert result.ret == pytest.ExitCode.OK
+    required = pytester.runpytest("--ltconform", BORING, "-m", "ltconform_multinode", "-k", "launch",
+                                  "--ltconform-require", "multinode")
+    required.assert_outcomes(failed=1, deselected=required.parseoutcomes()["deselected"])
+
+
+# -- units ---------------------------------------------------------------------------------------
+
+class _Contract:
+    def __init__(self, strategies, tiers_=None):
+        self.strategies = strategies
+        if tiers_:
+            self.tiers = tiers_
+
+
+def test_variants_per_contract():
+    labels = [v.label for v in tiers.variants(_Contract(("ddp", "fsdp")), ("ddp", "fsdp", "deepspeed"),
+                                              ("ddp", "fsdp"))]
+    assert labels == ["ddp", "fsdp", "ddp-gpu", "fsdp-gpu", "deepspeed-gpu", "ddp-multinode", "fsdp-multinode"]
+    assert [v.label for v in tiers.variants(_Contract(("ddp",)), tiers.GPU_STRATEGIES, ("ddp",))] == \
+        ["ddp", "ddp-gpu", "ddp-multinode"]
+    assert [v.label for v in tiers.variants(_Contract(("ddp",), ("multinode",)), ("ddp",), ("ddp",))] == \
+        ["ddp-multinode"]
+    ds = tiers.variants(_Contract(("fsdp",)), ("fsdp", "deepspeed"), ("fsdp",))[-2]
+    assert ds.label == "deepspeed-gpu" and ds.needs == ("deepspeed", "gpu") and ds.backend == "nccl"
+    assert set(ds.markers) == {"ltconform_gpu", "ltconform_deepspeed"}
+
+
+def _attached(rank=0, launcher="torchrun"):
+    return tiers.Attached(launcher=launcher, environment="TorchElasticEnvironment", rank=rank, world_size=4,
+                          local_rank=0, node_rank=rank // 2, main_address="127.0.0.1", main_port=29500,
+                          agent_store=True)
+
+
+def test_availability_reasons():
+    local = tiers.Availability(2, cuda_count=lambda: 1, deepspeed_missing=lambda: None)
+    assert local.missing("cpu") is None
+    assert local.missing("gpu") == "needs 2 CUDA devices, found 1"
+    assert local.missing("deepspeed") is None
+    assert local.missing("multinode").startswith("not inside a multi-node world")
+    assert tiers.Availability(2, cuda_count=lambda: 8).missing("gpu") is None
+    # Inside a launched world nothing local runs, whatever the hardware, so every rank decides alike.
+    inside = tiers.Availability(2, _attached(), num_nodes=2, cuda_count=lambda: 8)
+    assert inside.missing("multinode") is None
+    assert "rank 0 of a torchrun world of 4 ranks" in inside.missing("gpu")
+    assert "-m ltconform_multinode" in inside.missing("cpu")
+    one_node = tiers.Availability(2, _attached(), num_nodes=1)
+    assert "needs 2 or more nodes" in one_node.missing("multinode")
+    v = tiers.Variant("deepspeed", "deepspeed", "deepspeed-gpu", (), ("deepspeed", "gpu"))
+    no_ds = tiers.Availability(2, cuda_count=lambda: 0, deepspeed_missing=lambda: "deepspeed not importable")
+    assert no_ds.first_missing(v) == ("deepspeed", "deepspeed not importable")
+
+
+def test_detect_attached_uses_lightning_environments(monkeypatch):
+    for key in ("TORCHELASTIC_RUN_ID", "SLURM_NTASKS", "SLURM_JOB_NAME", "MASTER_PORT", "MASTER_ADDR"):
+        monkeypatch.delenv(key, raising=False)
+    assert tiers.detect_attached() is None
+    env = {"TORCHELASTIC_RUN_ID": "none", "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "GROUP_RANK": "1",
+           "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29400", "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    a = tiers.detect_attached()
+    assert (a.launcher, a.rank, a.world_size, a.node_rank, a.main_port, a.agent_store) == \
+        ("torchrun", 3, 4, 1, 29400, True)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert tiers.detect_attached() is None  # a world of one rank is no world to attach to
+    for key in env:
+        monkeypatch.delenv(key)
+    slurm = {"SLURM_NTASKS": "2", "SLURM_PROCID": "1", "SLURM_LOCALID": "0", "SLURM_NODEID": "1",
+             "SLURM_JOB_NAME": "train", "SLURM_JOB_ID": "3071", "MASTER_ADDR": "127.0.0.1"}
+    for key, value in slurm.items():
+        monkeypatch.setenv(key, value)
+    a = tiers.detect_attached()
+    assert (a.launcher, a.environment, a.rank, a.node_rank, a.main_port, a.agent_store) == \
+        ("slurm", "SLURMEnvironment", 1, 1, 18071, False)
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "1")
+    assert tiers.detect_attached().world_size == 2
+    monkeypatch.delenv("MASTER_PORT", raising=False)  # SLURMEnvironment.main_port exports it
+    monkeypatch.setenv("SLURM_JOB_NAME", "bash")  # Lightning: an interactive shell, not a launch
+    assert tiers.detect_attached() is None
+
+
+def test_collection_difference_names_the_first_difference():
+    a = {"items": ["x", "y", "z"], "errors": 0}
+    assert _collection_difference(a, dict(a), 1) is None
+    assert "item 2 is 'y' on rank 0 but 'q' on rank 1" in _collection_difference(a, {"items": ["x", "q", "z"]}, 1)
+    assert "only rank 0 has is 'z'" in _collection_difference(a, {"items": ["x", "y"]}, 1)
+    assert "collection error" in _collection_difference(a, {"items": ["x", "y", "z"], "errors": 1}, 1)
+
+
+def _torchrun_env(rank, nodes=2, per_node=1, **extra):
+    env = {"TORCHELASTIC_RUN_ID": "none", "RANK": str(rank), "WORLD_SIZE": str(nodes * per_node),
+           "LOCAL_RANK": str(rank % per_node), "GROUP_RANK": str(rank // per_node), "MASTER_ADDR": "10.0.0.1",
+           "MASTER_PORT": "29400"}
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def _judge(envs, **trainer):
+    views = [launch_env.view(e, i) for i, e in enumerate(envs)]
+    return launch_env.check(views, {"num_nodes": None, "devices": None, "timeout_s": None, **trainer})
+
+
+def test_launch_env_accepts_a_consistent_torchrun_launch():
+    problems, notes, layout = _judge([_torchrun_env(r, 2, 2) for r in range(4)], num_nodes=2, devices=2)
+    assert problems == [] and notes == []
+    assert (layout["nodes"], layout["per_node"], layout["world"]) == (2, 2, 4)
+    problems, notes, _ = _judge([_torchrun_env(r) for r in range(2)])
+    assert problems == [] and "do not set num_nodes and devices" in notes[0]
+
+
+def test_launch_env_finds_each_kind_of_disagreement():
+    envs = [_torchrun_env(0), _torchrun_env(1, MASTER_PORT=29401)]
+    problems, _, _ = _judge(envs, num_nodes=2, devices=1)
+    assert any("MASTER_PORT differs across ranks (rank 0: 29400, rank 1: 29401)" in p[2] for p in problems)
+
+    problems, _, _ = _judge([_torchrun_env(r) for r in range(2)], num_nodes=1, devices=1)
+    assert [p[2] for p in problems] == ["WORLD_SIZE=2 but num_nodes 1 x devices 1 = 1"]
+
+    envs = [_torchrun_env(0, NODE_RANK=0), _torchrun_env(1, NODE_RANK=0)]
+    problems, _, _ = _judge(envs, num_nodes=2, devices=1)
+    assert [(p[1], p[2]) for p in problems] == [(1, "NODE_RANK=0 but the launcher's GROUP_RANK=1")]
+
+    envs = [_torchrun_env(r, NCCL_TIMEOUT=1800) for r in range(2)]
+    problems, _, _ = _judge(envs, num_nodes=2, devices=1)
+    assert "NCCL_TIMEOUT=1800 is set on rank(s) 0, 1" in problems[0][2]
+    problems, notes, _ = _judge(envs, num_nodes=2, devices=1, timeout_s=600.0)
+    assert problems == [] and "NCCL_TIMEOUT=1800 is set but has no effect" in notes[0]
+
+
+def test_launch_env_judges_slurm_task_layouts():
+    common = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "train", "SLURM_NNODES": "2", "SLURM_NTASKS": "2",
+              "SLURM_NTASKS_PER_NODE": "2", "SLURM_NODELIST": "n[1-2]", "SLURM_LOCALID": "0"}
+    envs = [{**common, "SLURM_NODEID": str(n), "SLURM_PROCID": str(n)} for n in range(2)]
+    problems, _, layout = _judge(envs, num_nodes=2)
+    details = [p[2] for p in problems]
+    assert "SLURM_NTASKS_PER_NODE=2 but 1 process per node (devices=1)" in details
+    assert "SLURM_NTASKS=2 != SLURM_NNODES 2 x SLURM_NTASKS_PER_NODE 2 = 4" in details
+    assert layout["master"] == "n1:19242"  # Lightning's defaults: first node, 15000 + job id digits
+    good = [{**e, "SLURM_NTASKS_PER_NODE": "1"} for e in envs]
+    assert _judge(good, num_nodes=2, devices=1)[0] == []
+    problems, _, _ = _judge(good, num_nodes=2, devices=2)
+    assert "SLURM_NTASKS_PER_NODE=1 but the Trainer has devices=2" in [p[2] for p in problems]
+    bash = [{**e, "SLURM_JOB_NAME": "bash"} for e in good]
+    assert "interactive shell" in _judge(bash, num_nodes=2, devices=1)[0][0][2]
+
+
+def test_build_trainer_kwargs_takes_the_world_parameters(monkeypatch):
+    from pytest_ltconform.runs import build_trainer_kwargs
+
+    monkeypatch.delenv("LTCONFORM_ACCELERATOR", raising=False)
+    monkeypatch.delenv("LTCONFORM_NUM_NODES", raising=False)
+    cpu = build_trainer_kwargs({"devices": 8, "accelerator": "gpu"}, "ddp", 2, "/tmp/x")
+    assert (cpu["accelerator"], cpu["devices"], cpu["num_nodes"]) == ("cpu", 2, 1)
+    gpu = build_trainer_kwargs({}, "ddp", 4, "/tmp/x", accelerator="gpu", num_nodes=2)
+    assert (gpu["accelerator"], gpu["devices"], gpu["num_nodes"]) == ("gpu", 2, 2)
+    monkeypatch.setenv("LTCONFORM_ACCELERATOR", "gpu")  # what the job runner sets for an NCCL world
+    monkeypatch.setenv("LTCONFORM_NUM_NODES", "2")
+    job = build_trainer_kwargs({}, "ddp", 2, "/tmp/x")
+    assert (job["accelerator"], job["devices"], job["num_nodes"]) == ("gpu", 1, 2)
