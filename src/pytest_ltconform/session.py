@@ -38,7 +38,6 @@ def owner_of(divergence: dict | None) -> str | None:
     return None
 
 
-class LtconformSession:
 def raised_owner(run: Run) -> str | None:
     """The contract owning a failure that every failed rank raised inside a recorded user call
     (trace event ``{"ev": "raised", "owner": ...}``, e.g. load_from_checkpoint on a sharded directory)."""
@@ -53,6 +52,7 @@ def raised_owner(run: Run) -> str | None:
     return owners.pop() if len(owners) == 1 else None
 
 
+class LtconformSession:
     """Makes and caches runs, and judges contracts on them."""
 
     def __init__(self, settings: Settings, targets, pool: WorldPool | None = None):
