@@ -230,8 +230,12 @@ def traced_fit(ctx, targets: target_mod.Targets, strategy_name: str, contract_id
             if probe is not None:
                 probes.append((cid, probe))
         strategy = adapt_strategy(ns, strategy_name, loaded.user_kwargs.get("strategy"), pg_timeout_s)
-        if getattr(strategy, "ltconform_note", None):  # what ran in place of the user's strategy
-            recorder.emit({"ev": "note", "text": strategy.ltconform_note})
+        from .sharded import ddp_note
+
+        # What ran in place of the user's strategy (their FSDP/DeepSpeed config as CPU FSDP, or as DDP).
+        note = getattr(strategy, "ltconform_note", None) or ddp_note(strategy_name, loaded.user_kwargs.get("strategy"))
+        if note:
+            recorder.emit({"ev": "note", "text": note})
         kwargs = build_trainer_kwargs(loaded.user_kwargs, strategy, ctx.world_size, ctx.job_dir)
         observer = _make_observer(ns, recorder)
         kwargs["callbacks"] = list(kwargs.get("callbacks") or []) + [observer]

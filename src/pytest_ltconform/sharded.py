@@ -189,6 +189,15 @@ def cpu_fsdp_strategy(ns: Any, user_strategy: Any = None, timeout_s: float | Non
     return strategy
 
 
+def ddp_note(strategy_name: str, user_strategy: Any) -> str | None:
+    """For a DDP item whose user's Trainer config names a sharded strategy: one sentence saying
+    that this item ran DDP, and where the sharded tier runs. None otherwise."""
+    if strategy_name != "ddp" or sharded_kind(user_strategy) is None:
+        return None
+    return (f"the Trainer config names {describe(user_strategy)}; this item runs the model under DDP on CPU gloo "
+            f"ranks, and the [fsdp] items run your sharded settings (the CPU sharded tier).")
+
+
 def _deepspeed_installed() -> bool:
     return importlib.util.find_spec("deepspeed") is not None
 
