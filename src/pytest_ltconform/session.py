@@ -19,6 +19,8 @@ RUN_FUNCTIONS = {"fit": "pytest_ltconform.runs:traced_fit"}
 RUN_FUNCTIONS["eval"] = "pytest_ltconform.eval_runs:traced_eval"
 # Run kinds whose contracts compare with a one-rank run on the weights the world saved.
 REFERENCE_RUNS = {"eval": "pytest_ltconform.eval_runs:reference_eval"}
+RUN_FUNCTIONS["ebatch"] = "pytest_ltconform.contracts.effective_batch:observe"
+REFERENCE_RUNS["ebatch"] = "pytest_ltconform.contracts.effective_batch:reference"
 RUN_FUNCTIONS["launch"] = "pytest_ltconform.contracts.launch_env:observe"
 RUN_FUNCTIONS["spawn"] = "pytest_ltconform.contracts.spawn_safety:observe"
 RUN_FUNCTIONS["config"] = "pytest_ltconform.contracts.strategy_config:observe"

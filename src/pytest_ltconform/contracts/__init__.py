@@ -18,6 +18,7 @@ _MODULES = {
     "strategy-config": "strategy_config",
     "spawn-safety": "spawn_safety",
     "launch-env": "launch_env",
+    "effective-batch": "effective_batch",
 }
 
 
