@@ -228,19 +228,27 @@ def _driver(loaded: Loaded) -> tuple[list[str], list[str]]:
     return before, stages
 
 
-def _eval_kwargs(user: dict, strategy: Any, world_size: int, root: str) -> tuple[dict, bool]:
-    """Trainer kwargs for an evaluation run: bounded fit, but whole evaluation epochs (a cap would
-    make worlds of different sizes see different samples), unless the user set limits."""
+def _eval_kwargs(user: dict, strategy: Any, world_size: int, root: str) -> tuple[dict, dict, bool]:
+    """Trainer kwargs for an evaluation run (bounded as every conformance run), and the limits the
+    evaluation stages run with: whole epochs (a cap would make worlds of different sizes see
+    different samples) unless the user set limits, in which case ``limited`` is True."""
     kwargs = build_trainer_kwargs(user, strategy, world_size, root)
+    limits = {}
     limited = False
     for stage in ("val", "test", "predict"):
         key = f"limit_{stage}_batches"
         if user.get(key) is None or (isinstance(user.get(key), float) and user[key] >= 1.0):
-            kwargs[key] = 1.0
+            limits[key] = 1.0
         else:
-            kwargs[key] = user[key]
+            limits[key] = user[key]
             limited = True
-    return kwargs, limited
+    return kwargs, limits, limited
+
+
+def _set_limits(trainer, limits: dict) -> None:
+    # The loops read these when each stage sets up its data, so the bounded fit keeps its caps.
+    for key, value in limits.items():
+        setattr(trainer, key, value)
 
 
 def _floats(metrics) -> dict:
@@ -302,7 +310,7 @@ def traced_eval(ctx, targets: target_mod.Targets, strategy_name: str, contract_i
         ns = loaded.ns
         before, stages = _driver(loaded)
         strategy = adapt_strategy(ns, strategy_name, loaded.user_kwargs.get("strategy"), pg_timeout_s)
-        kwargs, limited = _eval_kwargs(loaded.user_kwargs, strategy, ctx.world_size, ctx.job_dir)
+        kwargs, limits, limited = _eval_kwargs(loaded.user_kwargs, strategy, ctx.world_size, ctx.job_dir)
         state: dict[str, Any] = {"stage": None, "record": {}, "metrics": {}}
         kwargs["callbacks"] = list(kwargs.get("callbacks") or []) + [_make_callback(ns, state)]
         if kwargs.get("profiler") is None:
@@ -317,6 +325,7 @@ def traced_eval(ctx, targets: target_mod.Targets, strategy_name: str, contract_i
         weights = os.path.join(os.path.dirname(ctx.job_dir), "eval_weights.pt")
         if ctx.rank == 0:
             state["save_to"] = weights
+        _set_limits(trainer, limits)
         results = _run_stages(trainer, loaded, stages, state, recorder)
         return {"eval": {"stages": results, "weights": weights, "driver": before + stages, "limited": limited,
                          "world_size": ctx.world_size},
@@ -333,11 +342,12 @@ def reference_eval(ctx, targets: target_mod.Targets, weights: str, stages: list[
     loaded = Loaded(targets)
     ns = loaded.ns
     user = {k: v for k, v in loaded.user_kwargs.items() if k != "strategy"}
-    kwargs, limited = _eval_kwargs(user, "auto", 1, ctx.job_dir)
+    kwargs, limits, limited = _eval_kwargs(user, "auto", 1, ctx.job_dir)
     state: dict[str, Any] = {"stage": None, "record": {}, "metrics": {},
                              "load_from": torch.load(weights, map_location="cpu", weights_only=True)}
     kwargs["callbacks"] = list(kwargs.get("callbacks") or []) + [_make_callback(ns, state)]
     trainer = ns.Trainer(**kwargs)
+    _set_limits(trainer, limits)
     _count_metric_updates(loaded.model, state)
     _install_audit(ctx.job_dir)
     try:
