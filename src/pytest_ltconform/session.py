@@ -88,7 +88,7 @@ class LtconformSession:
                         backend="nccl" if tier in ("gpu", "deepspeed") else "gloo",
                     )
                 cached = Run(job, strategy, kind, self.targets)
-                if kind in REFERENCE_RUNS and tier == "cpu":
+                if kind in REFERENCE_RUNS and tier != "multinode":
                     cached.reference = self._reference(kind, job, strategy)
             except WorldStartError as exc:
                 cached = exc
