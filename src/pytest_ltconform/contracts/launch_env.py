@@ -214,6 +214,17 @@ def check(views: list[dict], trainer: dict) -> tuple[list[tuple[str, int | None,
             listing = ", ".join(f"rank {r}: {val}" for r, val in sorted(values.items()))
             problems.append(("deadlock", None, f"{label} differs across ranks ({listing}); every rank must "
                                                f"rendezvous at the same address"))
+    if trainer.get("num_nodes") and nodes_seen != trainer["num_nodes"]:
+        node_var = views[0]["node_var"]
+        problems.append(("deadlock", None, f"the Trainer has num_nodes={trainer['num_nodes']} but the processes "
+                                           f"report {nodes_seen} distinct {node_var} value(s) "
+                                           f"({', '.join(map(str, sorted(per_node, key=str)))}); every node needs "
+                                           f"its own {node_var}"))
+    seats = [(v["node_rank"], v["local_rank"]) for v in views if v["local_rank"] is not None]
+    doubled = sorted({s for s in seats if seats.count(s) > 1}, key=str)
+    if doubled:
+        problems.append(("deadlock", None, "several processes claim the same (node rank, local rank): "
+                                           + ", ".join(f"{n}/{lr}" for n, lr in doubled)))
     ranks = sorted(who(v) for v in views)
     if world is not None and ranks != list(range(len(views))):
         problems.append(("deadlock", None, f"global ranks are {ranks}, not 0..{len(views) - 1} once each"))
@@ -314,10 +325,9 @@ class LaunchEnv(Contract):
         evidence = [Evidence(detail, rank=rank) for _, rank, detail in problems]
         kinds = set()
         for _, _, detail in problems:
+            rendezvous = ("MASTER_", "NODE_RANK", "node ranks", "global ranks", "claim", "interactive")
             kinds.add("timeout" if "NCCL_TIMEOUT" in detail else
-                      "rendezvous" if any(w in detail for w in ("MASTER_", "NODE_RANK", "node ranks", "global ranks",
-                                                                "interactive"))
-                      else "size")
+                      "rendezvous" if any(w in detail for w in rendezvous) else "size")
         fix = "; ".join(_FIX[k] for k in ("size", "rendezvous", "timeout") if k in kinds) + "."
         summary = (f"the {where} disagrees with the Trainer or across ranks ({source}): {problems[0][2]}"
                    + (f"; and {len(problems) - 1} more finding(s) below" if len(problems) > 1 else "") + ".")
