@@ -1,8 +1,7 @@
 """CONFORMING: rank 0 writes the shared summary; each rank writes only files named after its own rank.
 
 The summary CSV is appended under `if self.trainer.is_global_zero:`, the final weights are saved by rank 0 only,
-each rank keeps a debug log whose name contains its global rank, and checkpoints go through
-trainer.save_checkpoint on every rank (Lightning writes the file once). Nothing is written twice.
+and each rank keeps a debug log whose name contains its global rank. Nothing is written twice.
 """
 import os
 
@@ -12,7 +11,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 SOURCE = "seed"
 EXPECTED = {"shared-writes": "pass", "all-rank-save": "pass", "data-sharding": "pass", "sync-dist": "pass"}
-EVIDENCE = "summary.csv and final.pt by rank 0 only; rank-named logs; checkpoint saving excluded"
+EVIDENCE = "summary.csv and final.pt by rank 0 only; debug_rank0.log and debug_rank1.log by their own rank"
 
 
 class DataModule(L.LightningDataModule):
@@ -40,7 +39,6 @@ class Model(L.LightningModule):
         if self.trainer.is_global_zero:
             with open(os.path.join(root, "summary.csv"), "a") as fh:
                 fh.write(f"{self.current_epoch},{float(self.trainer.callback_metrics['train_loss']):.5f}\n")
-        self.trainer.save_checkpoint(os.path.join(root, "last.ckpt"))
 
     def on_train_end(self):
         if self.trainer.is_global_zero:
