@@ -212,7 +212,8 @@ def test_launch_env_finds_each_kind_of_disagreement():
     assert any("MASTER_PORT differs across ranks (rank 0: 29400, rank 1: 29401)" in p[2] for p in problems)
 
     problems, _, _ = _judge([_torchrun_env(r) for r in range(2)], num_nodes=1, devices=1)
-    assert [p[2] for p in problems] == ["WORLD_SIZE=2 but num_nodes 1 x devices 1 = 1"]
+    assert [p[2] for p in problems] == ["WORLD_SIZE=2 but num_nodes 1 x devices 1 = 1",
+                                        "the launch spans 2 nodes (GROUP_RANK 0, 1) but the Trainer has num_nodes=1"]
 
     envs = [_torchrun_env(0, NODE_RANK=0), _torchrun_env(1, NODE_RANK=0)]
     problems, _, _ = _judge(envs, num_nodes=2, devices=1)

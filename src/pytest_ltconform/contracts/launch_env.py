@@ -216,10 +216,14 @@ def check(views: list[dict], trainer: dict) -> tuple[list[tuple[str, int | None,
                                                f"rendezvous at the same address"))
     if trainer.get("num_nodes") and nodes_seen != trainer["num_nodes"]:
         node_var = views[0]["node_var"]
-        problems.append(("deadlock", None, f"the Trainer has num_nodes={trainer['num_nodes']} but the processes "
-                                           f"report {nodes_seen} distinct {node_var} value(s) "
-                                           f"({', '.join(map(str, sorted(per_node, key=str)))}); every node needs "
-                                           f"its own {node_var}"))
+        seen = ", ".join(map(str, sorted(per_node, key=str)))
+        if nodes_seen < trainer["num_nodes"]:
+            problems.append(("deadlock", None, f"the Trainer has num_nodes={trainer['num_nodes']} but the processes "
+                                               f"report {nodes_seen} distinct {node_var} value(s) ({seen}); every "
+                                               f"node needs its own {node_var}"))
+        else:
+            problems.append(("silent", None, f"the launch spans {nodes_seen} nodes ({node_var} {seen}) but the "
+                                             f"Trainer has num_nodes={trainer['num_nodes']}"))
     seats = [(v["node_rank"], v["local_rank"]) for v in views if v["local_rank"] is not None]
     doubled = sorted({s for s in seats if seats.count(s) > 1}, key=str)
     if doubled:
