@@ -205,13 +205,19 @@ def _count_metric_updates(model, state: dict) -> None:
         mod.update = update
 
 
+_STEP = {"validate": ("validation_step",), "test": ("test_step",), "predict": ("predict_step", "forward")}
+
+
 def _has_loader(loaded: Loaded, stage: str) -> bool:
+    """Whether ``stage`` can run: a dataloader for it and the step method it calls."""
     attr = _LOADER[stage]
     ns = loaded.ns
-    module_has = getattr(type(loaded.model), attr, None) is not getattr(ns.LightningModule, attr)
+    model = type(loaded.model)
+    module_has = getattr(model, attr, None) is not getattr(ns.LightningModule, attr)
     dm = loaded.datamodule
     dm_has = dm is not None and getattr(type(dm), attr, None) is not getattr(ns.LightningDataModule, attr)
-    return module_has or dm_has
+    step = any(getattr(model, name, None) is not getattr(ns.LightningModule, name, None) for name in _STEP[stage])
+    return (module_has or dm_has) and step
 
 
 def _driver(loaded: Loaded) -> tuple[list[str], list[str]]:
