@@ -243,7 +243,8 @@ class UnusedParameters(Contract):
                         missing[names[i]].append((int(m.group(1)), {"n": None}))
         if not missing:
             return self._all_used(run, records, find_unused, names)
-        return self._unused(run, records, missing, find_unused, names, ddp_errors, forced)
+        return self._unused(run, records, missing, find_unused, names, ddp_errors, forced,
+                            bool(any_setup.get("static_graph")))
 
     # -- verdicts -------------------------------------------------------------------------------
     def _all_used(self, run, records, find_unused, names) -> Verdict:
@@ -264,7 +265,7 @@ class UnusedParameters(Contract):
             "passed", f"every one of the {len(names)} trainable parameters got a gradient in every backward "
                       f"pass ({counts}); find_unused_parameters=False is right.")
 
-    def _unused(self, run, records, missing, find_unused, names, ddp_errors, forced) -> Verdict:
+    def _unused(self, run, records, missing, find_unused, names, ddp_errors, forced, static) -> Verdict:
         per_rank_total = {r: len(v) for r, v in records.items()}
         # Which parameters miss a gradient in every recorded backward on every rank that recorded some.
         always = [n for n in names if n in missing and all(
@@ -316,6 +317,14 @@ class UnusedParameters(Contract):
                 evidence.append(Evidence(f"DDP's reducer raised: \"{first_line}\"{extra} (Lightning re-raises it as "
                                          f"'It looks like your LightningModule has parameters that were not used' "
                                          f"without names)", rank=r))
+        if static and not find_unused and always and not sometimes:
+            # A static graph records the unused set once and reuses it: correct, but they still cost memory.
+            return self.verdict(
+                "advisory",
+                f"static_graph=True lets DDP skip the same unused parameters every step, so training is correct, but "
+                f"{_plural(len(always), 'parameter')} ({_group(always)}) never got a gradient: they only cost "
+                f"memory. Not a correctness bug.",
+                evidence=evidence, fix="freeze them (module.requires_grad_(False)) or delete them.", category="waste")
         if find_unused:
             if always:
                 return self.verdict(
