@@ -219,8 +219,9 @@ def describe(result) -> str:
     statuses = Counter(r.status for r in result.ranks)
     if statuses.get("hung"):
         stuck = [r.rank for r in result.ranks if r.status == "hung"]
-        lines.append(f"The world did not finish: rank(s) {', '.join(map(str, stuck))} were still running after "
-                     f"{result.duration_s:.1f} s and were killed (SIGKILL).")
+        why = getattr(result, "early_stop", None) or f"still running after {result.duration_s:.1f} s"
+        lines.append(f"The world did not finish: rank(s) {', '.join(map(str, stuck))} were {why}, and were "
+                     f"killed (SIGKILL) after {result.duration_s:.1f} s.")
     if statuses.get("died"):
         for r in result.ranks:
             if r.status == "died":

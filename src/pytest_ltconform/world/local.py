@@ -70,6 +70,7 @@ class JobResult:
     divergence: dict | None = None
     timeout_s: float | None = None
     job_dir: str | None = None
+    early_stop: str | None = None
 
     @property
     def values(self) -> list:
@@ -106,6 +107,9 @@ class LocalWorld:
     ``func(ctx, *args)`` and returns a :class:`JobResult`. Never raises for what happens in a
     rank; raises :class:`WorldStartError` when ranks cannot be started at all.
     """
+
+    # Seconds without trace progress, after a divergence, before a world is declared hung.
+    EARLY_IDLE_S = 4.0
 
     def __init__(self, world_size: int = 2, *, backend: str = "gloo", pg_timeout_s: float = 30.0,
                  preload: tuple[str, ...] = ("lightning.pytorch",), start_timeout_s: float = 300.0,
@@ -259,6 +263,10 @@ class LocalWorld:
         straggler_s = self.pg_timeout_s + 10.0
         deadline = started + timeout_s
         hung: list[int] = []
+        early: str | None = None
+        trace_paths = {r: os.path.join(job_dir, f"rank{r}.trace.jsonl") for r in range(self.world_size)}
+        sizes = {r: (-1, started) for r in range(self.world_size)}  # (trace size, when it last grew)
+        next_look = started + 1.0
         while True:
             now = time.monotonic()
             for r, key in keys.items():
@@ -278,6 +286,20 @@ class LocalWorld:
             if len(outcomes) == self.world_size:
                 break
             waiting = [r for r in range(self.world_size) if r not in outcomes]
+            if now >= next_look:
+                next_look = now + 0.5
+                for r in waiting:
+                    size = _size(trace_paths[r])
+                    if size != sizes[r][0]:
+                        sizes[r] = (size, now)
+                idle = min(now - sizes[r][1] for r in waiting)
+                # Ranks whose traces stopped growing after their collective calls diverged will
+                # only leave the mismatched collective at the process-group timeout: stop now.
+                if idle >= self.EARLY_IDLE_S and diagnose.first_divergence(
+                        [read_trace(trace_paths[r]) for r in range(self.world_size)]) is not None:
+                    hung = waiting
+                    early = f"stuck for {idle:.0f} s after their collective calls diverged"
+                    break
             if (now > deadline
                     or (first_dead_at and now - first_dead_at > min(straggler_s, 5.0))
                     or (first_error_at and now - first_error_at > straggler_s)
@@ -301,7 +323,7 @@ class LocalWorld:
         elif status != "ok":
             self.kill()
         result = JobResult(status=status, ranks=ranks, duration_s=round(duration, 3),
-                           world_size=self.world_size, timeout_s=timeout_s, job_dir=job_dir)
+                           world_size=self.world_size, timeout_s=timeout_s, job_dir=job_dir, early_stop=early)
         if status in ("hung", "died", "error"):
             result.divergence = diagnose.first_divergence([r.trace for r in ranks])
             result.diagnosis = diagnose.describe(result)
