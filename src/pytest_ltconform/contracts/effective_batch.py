@@ -267,6 +267,7 @@ class EffectiveBatch(Contract):
     seed = "Choose using measured memory"
     run_kind = "ebatch"
     strategies = ("ddp",)
+    tiers = ("cpu",)  # the one-rank reference run exists on the local CPU tier only
 
     def judge(self, run: Run) -> Verdict:
         values = [(v or {}).get("ebatch") for v in run.values()]

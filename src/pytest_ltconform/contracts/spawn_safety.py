@@ -187,6 +187,7 @@ class SpawnSafety(Contract):
     seed = "Choose using measured memory"
     run_kind = "spawn"
     strategies = ("ddp",)
+    tiers = ("cpu",)  # pickling and importing do not depend on the hardware
 
     def judge(self, run: Run) -> Verdict:
         facts = (run.value(0) or {}).get("spawn")

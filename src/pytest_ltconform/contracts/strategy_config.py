@@ -330,6 +330,7 @@ class StrategyConfig(Contract):
     seed = "FSDP"
     run_kind = "config"
     strategies = ("ddp",)
+    tiers = ("cpu",)  # judged from the config alone: no hardware needed, one item
 
     def judge(self, run: Run) -> Verdict:
         value = run.value(0)
