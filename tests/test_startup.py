@@ -116,7 +116,8 @@ def trainer_typo():
     "model, trainer, expected",
     [
         ("no_such_pkg.Model", None, "--ltconform 'no_such_pkg.Model': cannot import module 'no_such_pkg'"),
-        ("targets_mod.Missing", None, "module 'targets_mod' has no attribute 'Missing'. Classes defined there"),
+        ("targets_mod.Goood", None, "'Goood'. Did you mean 'Good'? LightningModules defined there: Good"),
+        ("targets_mod.py", None, "a file target needs the object's name after a colon, e.g. targets_mod.py:Model"),
         ("targets_mod.NotAModule", None, "is a class but not a LightningModule subclass"),
         ("targets_mod:broken_factory", None, "broken_factory() raised ValueError: checkpoint path not set (at "),
         ("targets_mod.NoData", None, "no train_dataloader is defined on NoData"),

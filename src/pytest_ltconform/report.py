@@ -23,6 +23,7 @@ PROPERTY = "ltconform"
 def record(contract: str, strategy: str, world_size: int, verdict_dict: dict, duration_s: float) -> dict:
     return {"contract": contract, "strategy": strategy, "world_size": world_size,
             "outcome": verdict_dict["outcome"], "message": verdict_dict["message"],
+            "block": verdict_dict.get("block"), "partial": verdict_dict.get("partial", False),
             "summary": verdict_dict.get("summary"), "category": verdict_dict.get("category"),
             "fix": verdict_dict.get("fix"), "seed": verdict_dict.get("seed"),
             "evidence": verdict_dict.get("evidence", []), "duration_s": round(duration_s, 3)}
@@ -57,7 +58,8 @@ _STYLE = {"passed": "green", "failed": "red", "advisory": "yellow", "error": "ma
 
 
 def summary_text(results: list[dict], width: int, color: bool) -> str:
-    """A contract x strategy table, then each failure's evidence block once."""
+    """A contract x strategy table, then each failure's evidence block once (without the hang
+    diagnosis, which the item's own report carries), then one line per item not judged."""
     from rich import box
     from rich.console import Console
     from rich.table import Table
@@ -69,22 +71,34 @@ def summary_text(results: list[dict], width: int, color: bool) -> str:
     table.add_column("contract")
     for s in strategies:
         table.add_column(s)
+    partial = False
     for c in contracts:
         row = [c]
         for s in strategies:
             r = cell.get((c, s))
             if r is None:
                 row.append("-")
-            else:
-                style = _STYLE.get(r["outcome"], "")
-                row.append(f"[{style}]{r['outcome']}[/{style}]" if color and style else r["outcome"])
+                continue
+            text = r["outcome"] + ("*" if r.get("partial") else "")
+            partial = partial or bool(r.get("partial"))
+            style = _STYLE.get(r["outcome"], "")
+            row.append(f"[{style}]{text}[/{style}]" if color and style else text)
         table.add_row(*row)
     buf = io.StringIO()
     console = Console(file=buf, width=width, force_terminal=color, no_color=not color,
-                      color_system="standard" if color else None, highlight=False, soft_wrap=False)
+                      color_system="standard" if color else None, highlight=False)
     console.print(table)
+    if partial:
+        console.print("* judged on what every rank recorded before the world stopped (see the failed item)")
     for r in results:
-        if r["outcome"] in ("failed", "advisory", "error"):
+        if r["outcome"] in ("failed", "advisory"):
             console.rule(f"{r['contract']}[{r['strategy']}]", style="" if not color else _STYLE[r["outcome"]])
-            console.print(r["message"], markup=False, highlight=False)
+            # soft_wrap: long paths stay on one line, so they can be copied.
+            console.print(r.get("block") or r["message"], markup=False, highlight=False, soft_wrap=True)
+    errors = [r for r in results if r["outcome"] == "error"]
+    if errors:
+        console.rule("not judged")
+        for r in errors:
+            first = (r.get("summary") or r["message"]).splitlines()[0]
+            console.print(f"{r['contract']}[{r['strategy']}]: {first}", markup=False, highlight=False, soft_wrap=True)
     return buf.getvalue().rstrip("\n")

@@ -19,11 +19,11 @@ RUN_FUNCTIONS = {"fit": "pytest_ltconform.runs:traced_fit"}
 RUN_FUNCTIONS["eval"] = "pytest_ltconform.eval_runs:traced_eval"
 # Run kinds whose contracts compare with a one-rank run on the weights the world saved.
 REFERENCE_RUNS = {"eval": "pytest_ltconform.eval_runs:reference_eval"}
+RUN_FUNCTIONS["launch"] = "pytest_ltconform.contracts.launch_env:observe"
+RUN_FUNCTIONS["config"] = "pytest_ltconform.contracts.strategy_config:observe"
+RUN_FUNCTIONS["spawn"] = "pytest_ltconform.contracts.spawn_safety:observe"
 RUN_FUNCTIONS["ebatch"] = "pytest_ltconform.contracts.effective_batch:observe"
 REFERENCE_RUNS["ebatch"] = "pytest_ltconform.contracts.effective_batch:reference"
-RUN_FUNCTIONS["launch"] = "pytest_ltconform.contracts.launch_env:observe"
-RUN_FUNCTIONS["spawn"] = "pytest_ltconform.contracts.spawn_safety:observe"
-RUN_FUNCTIONS["config"] = "pytest_ltconform.contracts.strategy_config:observe"
 
 
 def owner_of(divergence: dict | None) -> str | None:
@@ -151,13 +151,20 @@ def judge(contract, run: Run) -> Verdict:
         return verdict
     owner = owner_of(job.divergence) or raised_owner(run)
     if owner is not None and owner != contract.id and verdict.outcome == "passed":
+        verdict.partial = True
         verdict.notes.append(
-            f"the world stopped early because of the {owner} failure, so this contract was judged on "
-            f"what every rank recorded up to that point, where it found nothing wrong."
+            f"the world stopped early because of the {owner}[{run.strategy}] failure, so this contract was "
+            f"judged on what every rank recorded up to that point, where it found nothing wrong."
         )
         return verdict
+    if owner is not None and owner != contract.id:
+        # A consequence of another contract's failure: say so in one line, without tracebacks.
+        return contract.verdict(
+            "error", f"not judged: the shared {run.kind} run did not finish because of the "
+                     f"{owner}[{run.strategy}] failure (see that item), and this contract needs the run's end.")
     first_bad = next(r for r in job.ranks if r.status != "ok")
-    what = {"error": f"rank {first_bad.rank} raised {first_bad.exc_type}: {first_bad.message}",
+    what = {"error": f"rank {first_bad.rank} raised {first_bad.exc_type}: "
+                     f"{(first_bad.message or '').splitlines()[0][:300] if first_bad.message else ''}",
             "hung": f"rank {first_bad.rank} hung", "died": f"rank {first_bad.rank} died "
             f"(exit code {first_bad.exit_code})"}.get(first_bad.status, first_bad.status)
     return contract.verdict("error", f"could not be judged: the run did not finish ({what}).",

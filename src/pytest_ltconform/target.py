@@ -52,6 +52,11 @@ def parse(text: str, option: str) -> TargetSpec:
     text = text.strip()
     if not text:
         raise TargetError(f"{option}: empty target. Pass pkg.mod.Class, pkg.mod:factory or path/to/file.py:Name.")
+    if text.endswith(".py") and ":" not in text:
+        raise TargetError(
+            f"{option} {text!r}: a file target needs the object's name after a colon, e.g. {text}:Model "
+            f"(or {text}:make_model for a factory)."
+        )
     file_part, sep, attr = text.rpartition(":")
     if sep and (file_part.endswith(".py") or os.sep in file_part or "/" in file_part):
         path = os.path.abspath(file_part)
@@ -148,8 +153,15 @@ def load_object(spec: TargetSpec) -> Any:
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            names = sorted(n for n in dir(module) if not n.startswith("_") and inspect.isclass(getattr(module, n)))
-            hint = f" Classes defined there: {', '.join(names[:12])}." if names else ""
+            import difflib
+
+            modules = sorted(n for n, v in vars(module).items() if inspect.isclass(v)
+                             and getattr(v, "__module__", None) == module.__name__
+                             and namespace_of(v) is not None)
+            close = difflib.get_close_matches(part, [n for n in dir(module) if not n.startswith("_")], n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            if modules:
+                hint += f" LightningModules defined there: {', '.join(modules[:12])}."
             raise TargetError(
                 f"{spec.option} {spec.text!r}: module {module.__name__!r} has no attribute "
                 f"{spec.attr!r}.{hint}"

@@ -49,15 +49,19 @@ class Verdict:
     category: str | None = None
     notes: list[str] = dataclasses.field(default_factory=list)
     diagnosis: str | None = None
+    partial: bool = False
 
     @property
     def failed(self) -> bool:
         return self.outcome in ("failed", "advisory")
 
-    def render(self) -> str:
-        """The evidence block shown in the pytest report and the terminal summary."""
+    def render(self, with_diagnosis: bool = True) -> str:
+        """The evidence block shown in the pytest report (with the hang diagnosis) and in the
+        terminal summary (without it)."""
         head = {"failed": "FAILED", "advisory": "ADVISORY", "error": "NOT JUDGED",
                 "passed": "passed", "skipped": "skipped"}[self.outcome]
+        if self.partial and self.outcome == "passed":
+            head += " (on the part of the run before the world stopped)"
         kind = {"deadlock": " (deadlocks the world)", "silent": " (silently wrong values, no error)",
                 "waste": " (not a correctness bug: wasted work)"}.get(self.category or "", "")
         lines = [f"[{self.contract}] {head}{kind}: {self.summary}"]
@@ -72,13 +76,15 @@ class Verdict:
         if self.fix:
             lines.append(f"Fix: {self.fix}")
         if self.seed:
-            lines.append(f"Rule: seed section '{self.seed}' (distributed-training contracts, Lightning 2.6.6)")
-        if self.diagnosis:
+            lines.append(f"Rule: docs/contracts/{self.contract}.md (from the '{self.seed}' section of the "
+                         f"distributed-training contracts, Lightning 2.6.6)")
+        if self.diagnosis and with_diagnosis:
             lines.append(self.diagnosis)
         return "\n".join(lines)
 
     def as_dict(self) -> dict:
-        return {"outcome": self.outcome, "message": self.render(), "summary": self.summary,
+        return {"outcome": self.outcome, "message": self.render(), "summary": self.summary, "partial": self.partial,
+                "block": self.render(with_diagnosis=False),
                 "category": self.category, "fix": self.fix, "seed": self.seed,
                 "evidence": [e.as_dict() for e in self.evidence], "notes": list(self.notes)}
 

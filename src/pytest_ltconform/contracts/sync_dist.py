@@ -105,15 +105,27 @@ class SyncDist(Contract):
             sets = ", ".join(f"rank {r} {{{', '.join(map(str, k))}}}" for r, k in sorted(keys.items()))
             summary = (f"{via}(sync_dist=True) in {hook} logs different key sets per rank: {sets}, at "
                        f"{site}. Each key is an all-reduce, so the ranks' collectives no longer pair up.")
+        diverged = {str(n) for k in keys.values() for n in k}
         for name, per_rank in sorted(totals.items()):
+            if str(name) not in diverged:
+                continue  # after a hang, other keys' counts only show how far each rank got
             counts = [per_rank.get(r, 0) for r in range(run.world_size)]
             if len(set(counts)) > 1:
                 evidence.append(Evidence(f"synced log calls of {name!r} over the run: "
                                          + ", ".join(f"rank {r}: {c}" for r, c in enumerate(counts))))
-        fix = ("call self.log/log_dict with sync_dist=True on every rank, with the same keys in the same "
-               "order (compute the value everywhere, e.g. after self.all_gather, or use a TorchMetrics "
-               "metric); a value only rank 0 has is logged with rank_zero_only=True, without a Python "
-               "rank gate and without sync_dist, and is never monitored.")
+        if empty and guard:
+            fix = (f"remove the `{guard}` gate around {via}({name_text}, ...) at {site} so that every rank "
+                   f"makes the call (keep sync_dist=True; choose reduce_fx, e.g. \"max\" for a time). If only "
+                   f"rank 0 has the value, log it with rank_zero_only=True and without sync_dist instead, and "
+                   f"do not monitor it.")
+        elif empty:
+            fix = (f"make {via}({name_text}, sync_dist=True) at {site} run on every rank, the same number of "
+                   f"times; if only some ranks have the value, log it with rank_zero_only=True and without "
+                   f"sync_dist, and do not monitor it.")
+        else:
+            fix = (f"log the same keys in the same order on every rank at {site}: build the key set from "
+                   f"what all ranks share (e.g. every class, with a NaN-safe or count-weighted value), or "
+                   f"use a TorchMetrics per-class metric.")
         notes = [] if run.finished else ["the world did not finish; see where each rank was, below."]
         return self.verdict("failed", summary, evidence=evidence, fix=fix, category="deadlock", notes=notes)
 

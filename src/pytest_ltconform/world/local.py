@@ -227,7 +227,8 @@ class LocalWorld:
         if self.alive and self._store is not None:
             try:
                 self._store.set(f"g{self.generation}/job/{self._next_job}", pickle.dumps(None))
-                deadline = time.monotonic() + 5
+                # Idle ranks exit at once; interpreter teardown of torch is not worth waiting for.
+                deadline = time.monotonic() + 1.0
                 while time.monotonic() < deadline and any(p.poll() is None for p in self._procs):
                     time.sleep(0.02)
             except Exception:
