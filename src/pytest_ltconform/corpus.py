@@ -78,8 +78,11 @@ def read_case(path: str) -> Case | None:
                 has_trainer="trainer_kwargs" in defined, strategy=names.get("STRATEGY", "ddp"))
 
 
-def judge_case(case: Case, pool, settings: Settings, only: str | None = None) -> list[dict]:
-    """Verdicts for every registered contract the case states an expectation for."""
+def judge_case(case: Case, pool, settings: Settings, only: str | None = None,
+               skipped: list | None = None) -> list[dict]:
+    """Verdicts for every registered contract the case states an expectation for; items of an
+    extra strategy that skip (the tier does not apply to the case) go to ``skipped``."""
+    skipped = [] if skipped is None else skipped
     from . import target as target_mod
     from .session import SUPPORTED_STRATEGIES, LtconformSession
 
@@ -106,7 +109,11 @@ def judge_case(case: Case, pool, settings: Settings, only: str | None = None) ->
         else:
             strategies = [case.strategy if case.strategy in contract.strategies else contract.strategies[0]]
         for strategy in strategies:
-            rows.append(_row(case, cid, strategy, *session.verdict(cid, strategy)))
+            verdict, duration = session.verdict(cid, strategy)
+            if conforming and verdict.outcome == "skipped" and strategy != strategies[0]:
+                skipped.append(f"{case.name} {cid}[{strategy}]: {verdict.summary}")
+                continue  # a tier that does not apply to this case is not a verdict on it
+            rows.append(_row(case, cid, strategy, verdict, duration))
     return rows
 
 
@@ -154,10 +161,11 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("CASE_TOPLEVEL_TRAIN", "1")
     pool = WorldPool()
     rows: list[dict] = []
+    skipped: list[str] = []
     started = time.monotonic()
     try:
         for case in cases:
-            rows += judge_case(case, pool, settings, args.contract)
+            rows += judge_case(case, pool, settings, args.contract, skipped)
     finally:
         cold = pool.cold_starts
         pool.close()
@@ -175,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"detection rate: true positives {_pct(rate['true_positives'], rate['positives'])}, "
           f"true negatives {_pct(rate['true_negatives'], rate['negatives'])}; "
           f"false positives {rate['false_positives']}, misses {rate['misses']}, not judged {rate['errors']}")
+    for line in skipped:
+        print(f"skipped (tier does not apply): {line}")
     print(f"{len(cases)} cases, {len(rows)} verdicts in {elapsed:.1f} s with {cold} world start(s)")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:

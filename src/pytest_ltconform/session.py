@@ -163,9 +163,30 @@ def judge(contract, run: Run) -> Verdict:
             "error", f"not judged: the shared {run.kind} run did not finish because of the "
                      f"{owner}[{run.strategy}] failure (see that item), and this contract needs the run's end.")
     first_bad = next(r for r in job.ranks if r.status != "ok")
+    if run.strategy == "fsdp" and tier_note is None and owner is None:
+        # The user's config does not ask for sharding; a module that cannot run under FSDP is
+        # information for them, not a verdict on this contract.
+        where = _raise_site(first_bad)
+        return contract.verdict(
+            "skipped", f"the module does not run under FSDP on CPU ({first_bad.exc_type or first_bad.status}"
+                       f"{': ' + where if where else ''}); the Trainer config does not name a sharded strategy, "
+                       f"so the sharded tier does not apply (--ltconform-strategies ddp hides it).")
     what = {"error": f"rank {first_bad.rank} raised {first_bad.exc_type}: "
                      f"{(first_bad.message or '').splitlines()[0][:300] if first_bad.message else ''}",
             "hung": f"rank {first_bad.rank} hung", "died": f"rank {first_bad.rank} died "
             f"(exit code {first_bad.exit_code})"}.get(first_bad.status, first_bad.status)
     return contract.verdict("error", f"could not be judged: the run did not finish ({what}).",
                             diagnosis=job.failure_text())
+
+
+def _raise_site(rank) -> str | None:
+    """The last user frame of a rank's traceback, as ``file:line``."""
+    import re
+
+    from .trace import is_user_file
+
+    frames = re.findall(r'File "([^"]+)", line (\d+)', rank.traceback or "")
+    for path, line in reversed(frames):
+        if is_user_file(path):
+            return f"{path}:{line}"
+    return None

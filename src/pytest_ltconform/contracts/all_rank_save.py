@@ -121,9 +121,14 @@ class AllRankSave(Contract):
         done = [(r, d) for r, d in enumerate(data) if d]
         if not done:
             return None
-        failures = [(r, d) for r, d in done if d.get("error") or not d.get("restored_ok")]
+        failures = [(r, d) for r, d in done if d.get("error") or not (d.get("restored_ok") or d.get("unchecked"))]
         first = done[0][1]
         files = ", ".join(first.get("files") or []) or "nothing"
+        if not failures and first.get("unchecked"):
+            return (f"Under FSDP every rank saved a sharded checkpoint directory ({files}). Resuming the fit from "
+                    f"it failed in Lightning 2.6.6 ({first.get('limitation')}) because the optimizer keeps no "
+                    f"state (e.g. plain SGD), and the restored weights were not compared: "
+                    f"{first['unchecked']}.")
         if not failures and first.get("limitation"):
             return (f"Under FSDP every rank saved a sharded checkpoint directory ({files}), and every rank's "
                     f"parameter shard restored from it with the matching strategy (state_dict_type='sharded') "

@@ -175,9 +175,13 @@ def _round_trip(loaded, trainer) -> dict:
             if not (stateless and "optim_state_dict" in str(exc)):
                 raise
             out["limitation"] = f"{type(exc).__name__}: {str(exc)[:160]}"
+            model, datamodule = fresh()  # the failed fit left the first one wrapped
+            if not target_mod.defines(model, "validation_step", loaded.targets.namespace):
+                # Nothing to evaluate the restored weights with: the save itself is what was checked.
+                out["unchecked"] = "the module defines no validation_step to load the weights through"
+                return out
             kwargs.update(limit_val_batches=1, strategy=matching_strategy(), callbacks=[RestoreCheck()])
             seen.clear()
-            model, datamodule = fresh()  # the failed fit left the first one wrapped
             loaded.ns.Trainer(**kwargs).validate(model, datamodule=datamodule, ckpt_path=path, verbose=False)
             seen["step"] = out["saved_step"]  # validate restores no loop state
         out.update(restored_step=seen.get("step"), restored_checksum=seen.get("checksum"))
