@@ -196,8 +196,9 @@ def _one_step_kwargs(user: dict, strategy, world_size: int, root: str, micro_bat
     from ..runs import build_trainer_kwargs
 
     kwargs = build_trainer_kwargs({k: v for k, v in user.items() if k != "strategy"}, strategy, world_size, root)
-    kwargs.update(max_steps=1, max_epochs=1, limit_train_batches=micro_batches, limit_val_batches=0,
-                  num_sanity_val_steps=0, enable_checkpointing=False)
+    # One epoch of exactly one accumulation window: one optimizer step, and the epoch's usual
+    # hooks (validation, on_fit_end) still run as the user's code expects.
+    kwargs.update(max_steps=-1, max_epochs=1, limit_train_batches=micro_batches)
     kwargs.pop("val_check_interval", None)
     return kwargs
 
@@ -249,7 +250,15 @@ def reference(ctx, targets, folder: str, world: int, accumulate: int, pg_timeout
     kwargs["callbacks"] = list(kwargs.get("callbacks") or []) + \
         [_make_callback(ns, state, 0, folder, reference_grads=os.path.join(folder, "ebatch_grads.pt"))]
     trainer = ns.Trainer(**kwargs)
-    trainer.fit(loaded.model, train_dataloaders=_Replay(combined))
+    # The same samples come from wherever the user's train_dataloader lives; the rest of the
+    # datamodule (validation, setup) stays the user's.
+    from ..target import defines
+
+    replay = _Replay(combined)
+    dm = loaded.datamodule
+    holder = dm if dm is not None and defines(dm, "train_dataloader", targets.namespace) else loaded.model
+    object.__setattr__(holder, "train_dataloader", lambda: replay)
+    trainer.fit(loaded.model, datamodule=dm)
     return {"reference": {"norm": state.get("norm"), "world_norm": state.get("world_norm"),
                           "cosine": state.get("cosine"), "per_param": state.get("per_param"),
                           "sizes": state["sizes"], "stepped": bool(state.get("stepped"))}}
