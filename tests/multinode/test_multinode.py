@@ -38,6 +38,19 @@ def _check_multinode_pass(rank0_out: str, expected_world: str) -> None:
     assert " failed" not in rank0_out.splitlines()[-1] and " passed" in rank0_out.splitlines()[-1]
 
 
+USER_TEST = """
+import os
+
+def where(ctx, tag):
+    return (tag, ctx.rank, ctx.world_size, os.environ["GROUP_RANK"])
+
+def test_world_fixture_runs_on_every_rank_of_the_launched_world(ltconform_world):
+    world = ltconform_world()
+    assert world.world_size == 2
+    assert world.run(where, "x") == [("x", 0, 2, "0"), ("x", 1, 2, "1")]
+"""
+
+
 def test_torchrun_two_agents_run_the_multinode_tier(tmp_path):
     results = torchrun_two_agents([*PYTEST, "--ltconform", BORING, "-m", "ltconform_multinode"],
                                   timeout=TIMEOUT, cwd=tmp_path)
@@ -47,6 +60,17 @@ def test_torchrun_two_agents_run_the_multinode_tier(tmp_path):
     _check_multinode_pass(rank0.stdout, "torchrun")
     # Rank 1 ran every item too, but quietly: no report of its own.
     assert "PASSED" not in rank1.stdout and "ltconform summary" not in rank1.stdout, explain
+
+
+def test_torchrun_world_fixture_runs_inside_the_launched_world(tmp_path):
+    (tmp_path / "test_user.py").write_text(USER_TEST)
+    results = torchrun_two_agents([*PYTEST, "--ltconform", BORING, "-m", "not ltconform", "test_user.py"],
+                                  timeout=TIMEOUT, cwd=tmp_path)
+    explain = _explain(results)
+    assert [r.returncode for r in results] == [0, 0], explain
+    rank0, rank1 = results
+    assert "test_world_fixture_runs_on_every_rank_of_the_launched_world PASSED" in rank0.stdout, explain
+    assert "PASSED" not in rank1.stdout, explain
 
 
 def test_torchrun_ranks_that_collect_differently_stop_with_a_clear_error(tmp_path):
