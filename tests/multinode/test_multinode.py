@@ -113,4 +113,4 @@ def test_slurm_two_nodes_run_the_multinode_tier_and_launch_env_catches_a_bad_lay
     out = " ".join(bad.stdout.split())
     assert "SLURM_NTASKS=2 but num_nodes 2 x devices 2 = 4" in out, explain
     assert "SLURM_NTASKS_PER_NODE=1 but the Trainer has devices=2" in out, explain
-    assert "Rule: seed section 'Multi-node launch'" in out, explain
+    assert "docs/contracts/launch-env.md" in out and "'Multi-node launch'" in out, explain
