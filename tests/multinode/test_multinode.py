@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from cluster import SlurmCluster, slurm_available, torchrun_two_agents
+
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.multinode
 
@@ -71,6 +74,20 @@ def test_torchrun_world_fixture_runs_inside_the_launched_world(tmp_path):
     rank0, rank1 = results
     assert "test_world_fixture_runs_on_every_rank_of_the_launched_world PASSED" in rank0.stdout, explain
     assert "PASSED" not in rank1.stdout, explain
+
+
+def test_torchrun_one_sided_save_is_diagnosed_and_the_world_serves_later_items(tmp_path):
+    case = REPO / "conformance" / "all-rank-save" / "callback_save_rank_zero_only.py"
+    args = ["-p", "no:warnings", "--ltconform", f"{case}:Model", "--ltconform-trainer", f"{case}:trainer_kwargs",
+            "--ltconform-strategies", "ddp", "--ltconform-timeout", "20", "-m", "ltconform_multinode"]
+    results = torchrun_two_agents([*PYTEST, *args], timeout=TIMEOUT, cwd=tmp_path)
+    explain = _explain(results)
+    assert not any(r.timed_out for r in results) and all(r.returncode != 0 for r in results), explain
+    out = " ".join(results[0].stdout.split())
+    assert "all-rank-save[ddp-multinode] FAILED" in out, explain
+    assert "Trainer.save_checkpoint called on rank 0 only" in out and "callback_save_rank_zero_only.py:28" in out
+    # The job after the broken one gets a fresh process group in the same world.
+    assert "launch-env[ddp-multinode] PASSED" in out, explain
 
 
 def test_torchrun_ranks_that_collect_differently_stop_with_a_clear_error(tmp_path):
