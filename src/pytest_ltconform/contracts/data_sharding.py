@@ -310,12 +310,6 @@ class DataShardingProbe(Probe):
 
 # -- pytest side -------------------------------------------------------------------------------
 
-_RECREATE = re.compile(
-    r"(DataLoader implementation has an error|Trying to inject custom `Sampler`|"
-    r"inject a `DistributedSampler`|re-instantiat|has no attribute|got multiple values for argument)",
-)
-
-
 def _user_frames(tb_text: str) -> list[dict]:
     from ..trace import is_user_file
 
@@ -430,9 +424,13 @@ class DataSharding(Contract):
         if not failed:
             return None
         tb = failed[0].traceback
-        inject = ("_update_dataloader" in tb or "_dataloader_init_kwargs_resolve_sampler" in tb
-                  or "_get_dataloader_init_args_and_kwargs" in tb or "DistributedSampler" in (failed[0].message or ""))
-        if not inject or not _RECREATE.search(f"{failed[0].message}\n{tb}"):
+        message = failed[0].message or ""
+        # Raised inside Lightning's re-creation of the DataLoader, or later by a sampler that
+        # expected attributes the injected DistributedSampler lacks.
+        inside = any(fn in tb for fn in ("_update_dataloader", "_dataloader_init_kwargs_resolve_sampler",
+                                         "_get_dataloader_init_args_and_kwargs", "_reinstantiate_wrapped_cls"))
+        missing_attr = "DistributedSampler" in message and "has no attribute" in message
+        if not inside and not missing_attr:
             return None
         frames = _user_frames(tb)
         message = (failed[0].message or "").strip().splitlines()[0]
