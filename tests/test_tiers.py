@@ -256,3 +256,49 @@ def test_build_trainer_kwargs_takes_the_world_parameters(monkeypatch):
     monkeypatch.setenv("LTCONFORM_NUM_NODES", "2")
     job = build_trainer_kwargs({}, "ddp", 2, "/tmp/x")
     assert (job["accelerator"], job["devices"], job["num_nodes"]) == ("gpu", 1, 2)
+
+
+def test_gpu_tier_uses_the_real_sharded_strategy_and_the_users_own():
+    import lightning.pytorch as L
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    from pytest_ltconform.runs import adapt_strategy
+
+    built = adapt_strategy(L, "fsdp", None, 12.0, accelerator="gpu")
+    assert type(built) is FSDPStrategy and built._timeout.total_seconds() == 12.0
+    mine = FSDPStrategy(sharding_strategy="SHARD_GRAD_OP")
+    assert adapt_strategy(L, "fsdp", mine, 12.0, accelerator="gpu") is mine
+    assert adapt_strategy(L, "deepspeed", "deepspeed_stage_3", 12.0, accelerator="gpu") == "deepspeed_stage_3"
+    # The CPU tier keeps its own FSDP subclass (Lightning refuses the real class on CPU).
+    assert type(adapt_strategy(L, "fsdp", None, 12.0, accelerator="cpu")) is not FSDPStrategy
+
+
+class _Recorder:
+    """Stands in for the world pool and the attached world: records where each run went."""
+
+    fresh_per_job = False
+
+    def __init__(self):
+        self.calls = []
+
+    def run(self, *args, **kwargs):
+        from pytest_ltconform.world import JobResult, RankOutcome
+
+        self.calls.append((args, kwargs))
+        return JobResult("ok", [RankOutcome(0, "ok", value={}), RankOutcome(1, "ok", value={})], 0.1, 2)
+
+
+def test_session_sends_each_tier_to_its_world():
+    from pytest_ltconform.session import LtconformSession
+    from pytest_ltconform.settings import Settings
+
+    pool, attached = _Recorder(), _Recorder()
+    session = LtconformSession(Settings(target="x"), targets=None, pool=pool)
+    session.attached = attached
+    session.run_for("launch", "ddp", "cpu")
+    session.run_for("launch", "ddp", "gpu")
+    session.run_for("launch", "deepspeed", "deepspeed")
+    session.run_for("launch", "ddp", "multinode")
+    session.run_for("launch", "ddp", "gpu")  # cached
+    assert [c[1]["backend"] for c in pool.calls] == ["gloo", "nccl", "nccl"]
+    assert len(attached.calls) == 1 and attached.calls[0][0][0].endswith("launch_env:observe")
