@@ -218,6 +218,15 @@ def test_find_unpicklable_names_the_attribute_path():
     assert find_unpicklable({"a": [1, 2]}, "x") is None
 
 
+@pytest.mark.parametrize("spawn_config,outcome", [(True, "failed"), (False, "advisory")])
+def test_spawn_safety_pickling_is_advisory_without_spawn(spawn_config, outcome):
+    item = {"path": "Model.loss_fn", "what": "a lambda", "error": "PicklingError", "site": None}
+    facts = {"pickling": [item], "fresh": {"tripped": None, "trainers": [], "error": None, "seconds": 1.0},
+             "spawn_config": spawn_config, "tripped_here": [], "module": "m"}
+    verdict = get_contract("spawn-safety").judge(_run(values=[{"spawn": facts}, {"spawn": None}]))
+    assert verdict.outcome == outcome and "Model.loss_fn does not pickle" in verdict.summary
+
+
 def test_tripwire_keeps_the_partial_module(tmp_path, monkeypatch):
     from pytest_ltconform import tripwire
 

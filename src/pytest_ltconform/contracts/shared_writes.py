@@ -25,6 +25,9 @@ from .base import Contract, Evidence, Probe, Run, Verdict, rank_guard
 
 ROOT = "<default_root_dir>"
 _SKIP_PREFIXES = ("/dev/", "/proc/", "/sys/")
+# Caches that libraries share across processes on purpose (compiler caches, lock files).
+_SHARED_CACHE_PARTS = ("torchinductor_", "__pycache__", ".triton", "triton_cache", "torch_extensions")
+_SHARED_CACHE_SUFFIXES = (".pyc", ".lock")
 
 # -- rank side ---------------------------------------------------------------------------------
 
@@ -152,7 +155,9 @@ class SharedWritesProbe(Probe):
         if site is None or saving:
             return  # written by a library on its own, or part of checkpoint saving
         absolute = os.path.realpath(os.path.abspath(path))
-        if absolute.startswith(_SKIP_PREFIXES):
+        if absolute.startswith(_SKIP_PREFIXES) or absolute.endswith(_SHARED_CACHE_SUFFIXES) or \
+                any(part in absolute for part in _SHARED_CACHE_PARTS) or \
+                absolute.startswith(os.path.expanduser("~/.cache") + os.sep):
             return
         shown = absolute
         for root in self.roots:

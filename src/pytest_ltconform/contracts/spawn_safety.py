@@ -222,6 +222,7 @@ class SpawnSafety(Contract):
                              + (f" at {where}" if where else "") + "); a spawn-started process imports it first.",
                              [Evidence(fresh["error"], site=where)],
                              "make the module importable on its own (imports and sys.path set up at import time)."))
+        import_problem = bool(failures)
         for item in facts.get("pickling", []):
             where = fmt_site(item["site"]) if item.get("site") else None
             summary = (f"{item['path']} does not pickle: it is {item['what']} ({item['error']}); ddp_spawn pickles "
@@ -247,7 +248,13 @@ class SpawnSafety(Contract):
             evidence += extra[1]
             notes.insert(0, extra[0])
         fixes = [fix] + [f[2] for f in failures[1:] if f[2] != fix]
-        return self.verdict("failed", summary, evidence=evidence, fix=" Also: ".join(fixes), notes=notes)
+        outcome = "failed"
+        if not import_problem and not facts.get("spawn_config"):
+            # Pickling matters once something spawns; torchrun and plain ddp build objects per rank.
+            outcome = "advisory"
+            notes.append("the Trainer config does not ask for ddp_spawn, so today's launch is not affected; "
+                         "any spawn-started run (ddp_spawn, notebooks, spawn DataLoader workers) would fail here.")
+        return self.verdict(outcome, summary, evidence=evidence, fix=" Also: ".join(fixes), notes=notes)
 
 
 CONTRACT = SpawnSafety()
