@@ -147,19 +147,27 @@ def _first_loader(loaders):
 
 
 def count_stream(dataset, limit: int = STREAM_COUNT_LIMIT, seconds: float = 3.0) -> int | None:
-    """How many items one fresh iterator of an IterableDataset yields (None past the bounds)."""
-    import time
+    """How many items one fresh iterator of an IterableDataset yields (None past the bounds).
+    Counted in a daemon thread, so a stream that blocks cannot hold up the rank."""
+    import threading
 
-    started = time.monotonic()
-    n = 0
-    try:
-        for _ in dataset:
-            n += 1
-            if n >= limit or time.monotonic() - started > seconds:
-                return None
-    except Exception:
-        return None
-    return n
+    box: dict = {}
+
+    def count() -> None:
+        n = 0
+        try:
+            for _ in dataset:
+                n += 1
+                if n >= limit:
+                    return
+        except Exception:
+            return
+        box["n"] = n
+
+    worker = threading.Thread(target=count, name="ltconform-stream-count", daemon=True)
+    worker.start()
+    worker.join(seconds)
+    return box.get("n")
 
 
 def _creation_site() -> dict | None:
