@@ -17,8 +17,8 @@ _MODULES = {
     "shared-writes": "shared_writes",
     "strategy-config": "strategy_config",
     "spawn-safety": "spawn_safety",
-    "launch-env": "launch_env",
     "effective-batch": "effective_batch",
+    "launch-env": "launch_env",
 }
 
 
