@@ -155,6 +155,7 @@ class ConfigureModelProbe(Probe):
             init_groups=_group_numel(init),
             overrides_configure_model=bool(helpers.is_overridden("configure_model", model)),
             configure_model_site=_override_site(type(model), "configure_model"),
+            init_site=_override_site(type(model), "__init__"),
             sharded_override_site=(_override_site(type(model), "configure_sharded_model")
                                    if helpers.is_overridden("configure_sharded_model", model) else None),
         )
@@ -341,9 +342,10 @@ class ConfigureModel(Contract):
             why = "which shards the model only after every rank has built all of it (configure_model runs " \
                   "inside the sharded context, where layers can be created on the meta device and wrapped)"
         if init_bytes >= GIANT_BYTES and init_bytes > built and init_numel > first.get("init_meta_numel", 0):
-            summary = f"{measured} under {where}, {why}."
-            evidence = [Evidence(f"{measured} (peak: the full model on each of {run.world_size} ranks)", rank=r)
-                        for r, _ in ranks[:1]]
+            at = f" ({first['init_site']})" if first.get("init_site") else ""
+            summary = f"{measured}{at} under {where}, {why}."
+            evidence = [Evidence(f"{measured} (peak: the full model on each of {run.world_size} ranks)", rank=r,
+                                 site=first.get("init_site")) for r, _ in ranks[:1]]
             groups = first.get("init_groups") or {}
             big = max(groups, key=groups.get) if groups else "layers"
             fix = (f"create the large layers ({big}) in configure_model, guarded so a second call returns early "
