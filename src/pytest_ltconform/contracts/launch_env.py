@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ..world.diagnose import fmt_site
 from .base import Contract, Evidence, Run, Verdict
 
 # Launcher variables a rank reports; nothing else of its environment leaves the rank.
@@ -85,6 +86,40 @@ def _simulated(module) -> list[dict] | None:
     return out
 
 
+def _assignment_site(module, name: str) -> dict | None:
+    """Where ``name = ...`` is written at the top level of ``module``'s source file."""
+    import ast
+
+    path = getattr(module, "__file__", None)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read())
+    except (OSError, TypeError, SyntaxError):
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return {"file": path, "line": node.lineno, "func": name}
+    return None
+
+
+def _trainer_site(targets) -> dict | None:
+    """Where the user's Trainer kwargs (``--ltconform-trainer``) are defined."""
+    import inspect
+
+    from .. import target as target_mod
+
+    if not targets.trainer:
+        return None
+    try:
+        obj = target_mod.load_object(targets.trainer)
+        if callable(obj):
+            path, line = inspect.getsourcefile(obj), inspect.getsourcelines(obj)[1]
+            return {"file": path, "line": line, "func": getattr(obj, "__qualname__", "trainer kwargs")}
+        return _assignment_site(target_mod.import_module(targets.trainer), targets.trainer.attr)
+    except Exception:
+        return None
+
+
 def observe(ctx, targets, strategy_name: str, contract_ids: list[str], pg_timeout_s: float) -> dict:
     """Rank side: this rank's launcher variables and the user's Trainer world settings.
 
@@ -104,6 +139,8 @@ def observe(ctx, targets, strategy_name: str, contract_ids: list[str], pg_timeou
                     "strategy": strategy if isinstance(strategy, str) or strategy is None else type(strategy).__name__,
                     "timeout_s": _strategy_timeout(strategy)},
         "simulated": _simulated(module),
+        "simulated_site": _assignment_site(module, "LAUNCH_ENV"),
+        "trainer_site": _trainer_site(targets),
     }
     return {"probes": {"launch-env": data}}
 
@@ -276,9 +313,9 @@ def check(views: list[dict], trainer: dict) -> tuple[list[tuple[str, int | None,
             notes.append(f"NCCL_TIMEOUT={value} is set but has no effect; the strategy's timeout "
                          f"({trainer['timeout_s']:g} s) is the one in force.")
         else:
-            problems.append(("silent", min(nccl), f"NCCL_TIMEOUT={value} is set on rank(s) "
-                                                  f"{', '.join(map(str, sorted(nccl)))} while the strategy "
-                                                  f"keeps its default process-group timeout"))
+            problems.append(("silent", None, f"NCCL_TIMEOUT={value} is set on rank(s) "
+                                             f"{', '.join(map(str, sorted(nccl)))} while the strategy "
+                                             f"keeps its default process-group timeout"))
     layout = {"launcher": views[0]["launcher"], "nodes": nodes_seen, "per_node": procs_per_node,
               "world": world, "var": var, "num_nodes": num_nodes, "devices": devices,
               "master": f"{views[0]['master_addr']}:{views[0]['master_port']}"}
@@ -309,10 +346,12 @@ class LaunchEnv(Contract):
         if not observed:
             return self.verdict("error", "no rank reported its launch environment.")
         trainer = observed[0]["trainer"]
+        launch_site = None
         if all(o["kind"] == "attached" for o in observed):
             envs, source = [o["env"] for o in observed], "as every rank saw it"
         elif observed[0].get("simulated"):
             envs, source = observed[0]["simulated"], "from the module's recorded LAUNCH_ENV"
+            launch_site = fmt_site(observed[0].get("simulated_site")) if observed[0].get("simulated_site") else None
         else:
             return self.verdict(
                 "skipped", "not inside a multi-node world: these ranks were started by pytest-ltconform "
@@ -326,7 +365,12 @@ class LaunchEnv(Contract):
                        f"{layout['num_nodes']} x devices {layout['devices']}, and every rank agrees on the node "
                        f"ranks and on MASTER {layout['master']} ({source}).")
             return self.verdict("passed", summary, notes=notes)
-        evidence = [Evidence(detail, rank=rank) for _, rank, detail in problems]
+        evidence = [Evidence(detail, rank=rank, site=launch_site) for _, rank, detail in problems]
+        trainer_site = observed[0].get("trainer_site")
+        if trainer_site and (trainer.get("num_nodes") or trainer.get("devices")):
+            evidence.append(Evidence(f"the Trainer kwargs (num_nodes={trainer.get('num_nodes') or 'unset'}, devices="
+                                     f"{trainer.get('devices_raw') or 'unset'}, strategy={trainer.get('strategy')}) "
+                                     f"come from here", site=fmt_site(trainer_site)))
         kinds = set()
         for _, _, detail in problems:
             rendezvous = ("MASTER_", "NODE_RANK", "node ranks", "global ranks", "claim", "interactive")
