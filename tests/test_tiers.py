@@ -302,3 +302,13 @@ def test_session_sends_each_tier_to_its_world():
     session.run_for("launch", "ddp", "gpu")  # cached
     assert [c[1]["backend"] for c in pool.calls] == ["gloo", "nccl", "nccl"]
     assert len(attached.calls) == 1 and attached.calls[0][0][0].endswith("launch_env:observe")
+
+
+def test_xdist_workers_cannot_share_a_rank_of_a_launched_world(pytester, monkeypatch):
+    env = {"TORCHELASTIC_RUN_ID": "none", "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "GROUP_RANK": "0",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999", "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    result = pytester.runpytest("--ltconform", BORING, "-n", "2")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*pytest is rank 0 of a torchrun world of 2 ranks; pytest-xdist workers (-n)*"])
