@@ -219,9 +219,13 @@ def describe(result) -> str:
     statuses = Counter(r.status for r in result.ranks)
     if statuses.get("hung"):
         stuck = [r.rank for r in result.ranks if r.status == "hung"]
-        why = getattr(result, "early_stop", None) or f"still running after {result.duration_s:.1f} s"
-        lines.append(f"The world did not finish: rank(s) {', '.join(map(str, stuck))} were {why}, and were "
-                     f"killed (SIGKILL) after {result.duration_s:.1f} s.")
+        ranks = ", ".join(map(str, stuck))
+        if getattr(result, "early_stop", None):
+            lines.append(f"The world did not finish: rank(s) {ranks} were {result.early_stop}, and were killed "
+                         f"(SIGKILL) after {result.duration_s:.1f} s.")
+        else:
+            lines.append(f"The world did not finish: rank(s) {ranks} were still running after "
+                         f"{result.duration_s:.1f} s and were killed (SIGKILL).")
     if statuses.get("died"):
         for r in result.ranks:
             if r.status == "died":
