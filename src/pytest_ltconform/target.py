@@ -293,6 +293,9 @@ class Targets:
     namespace: str
     model_name: str
     trainer_keys: tuple[str, ...] = ()
+    # "module:qualname" of the classes the targets built, for pointing evidence at their source.
+    model_class: str | None = None
+    datamodule_class: str | None = None
 
 
 def validate(model: str, datamodule: str | None, trainer: str | None) -> Targets:
@@ -338,4 +341,6 @@ def validate(model: str, datamodule: str | None, trainer: str | None) -> Targets
     return Targets(
         model=model_spec, datamodule=dm_spec, trainer=tr_spec, namespace=namespace,
         model_name=type(module).__qualname__, trainer_keys=keys,
+        model_class=f"{type(module).__module__}:{type(module).__qualname__}",
+        datamodule_class=f"{type(dm).__module__}:{type(dm).__qualname__}" if dm is not None else None,
     )

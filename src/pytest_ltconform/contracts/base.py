@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import functools
+import inspect
 import linecache
 from typing import Any
 
@@ -228,3 +229,120 @@ def _mentions_rank(test: ast.AST) -> bool:
 
 def site_text(site: dict | None) -> str:
     return fmt_site(site)
+
+
+# -- where the user's classes define things (pytest side, for evidence) ---------------------------
+
+def user_class(run: Run, which: str = "model"):
+    """The user's LightningModule (or, with ``which="datamodule"``, LightningDataModule) class
+    of this run, from the module the targets were loaded from; None when unavailable."""
+    import importlib
+    import sys
+
+    ref = getattr(run.targets, f"{which}_class", None) if run.targets is not None else None
+    if not ref:
+        return None
+    module_name, _, qualname = ref.partition(":")
+    module = sys.modules.get(module_name)
+    try:
+        obj = module or importlib.import_module(module_name)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+        return obj
+    except Exception:
+        return None
+
+
+def _user_classes(cls) -> list:
+    from ..trace import is_user_file
+
+    found = []
+    for klass in getattr(cls, "__mro__", ()):
+        try:
+            path = inspect.getsourcefile(klass)
+        except TypeError:
+            continue
+        if path and is_user_file(path):
+            found.append((klass, path))
+    return found
+
+
+def attribute_site(cls, attr: str) -> dict | None:
+    """Where ``self.<attr> = ...`` is assigned in ``cls`` or a user base class, as a site dict."""
+    for klass, path in _user_classes(cls):
+        tree = _parse(path)
+        if tree is None:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and node.name == klass.__name__:
+                for fn in node.body:
+                    if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                        continue
+                    for sub in ast.walk(fn):
+                        targets = sub.targets if isinstance(sub, ast.Assign) else \
+                            [sub.target] if isinstance(sub, ast.AnnAssign) else []
+                        for t in targets:
+                            if isinstance(t, ast.Attribute) and t.attr == attr and \
+                                    isinstance(t.value, ast.Name) and t.value.id == "self":
+                                return {"file": path, "line": sub.lineno, "func": f"{klass.__name__}.{fn.name}"}
+    return None
+
+
+def method_site(cls, name: str) -> dict | None:
+    """Where the user's class (or a user base class) defines method ``name``, as a site dict."""
+    for klass, path in _user_classes(cls):
+        if name in vars(klass):
+            try:
+                line = inspect.getsourcelines(vars(klass)[name])[1]
+            except (TypeError, OSError):
+                continue
+            return {"file": path, "line": line, "func": f"{klass.__name__}.{name}"}
+    return None
+
+
+def class_site(cls, name: str) -> dict | None:
+    """Where a class called ``name`` is defined in the source file of ``cls`` (e.g. a sampler or
+    dataset class next to the user's module)."""
+    for _, path in _user_classes(cls)[:1]:
+        tree = _parse(path)
+        for node in ast.walk(tree) if tree is not None else ():
+            if isinstance(node, ast.ClassDef) and node.name == name:
+                return {"file": path, "line": node.lineno, "func": name}
+    return None
+
+
+def target_site(spec) -> dict | None:
+    """Where a target (e.g. the ``--ltconform-trainer`` callable or dict) is defined."""
+    if spec is None:
+        return None
+    from .. import target as target_mod
+
+    try:
+        obj = target_mod.load_object(spec)
+    except Exception:
+        return None
+    if inspect.isfunction(obj) or inspect.isclass(obj):
+        try:
+            return {"file": inspect.getsourcefile(obj), "line": inspect.getsourcelines(obj)[1],
+                    "func": spec.attr}
+        except (TypeError, OSError):
+            return None
+    module = target_mod.import_module(spec)
+    path = getattr(module, "__file__", None)
+    tree = _parse(path) if path else None
+    for node in ast.walk(tree) if tree is not None else ():
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == spec.attr for t in node.targets):
+            return {"file": path, "line": node.lineno, "func": spec.attr}
+    return None
+
+
+def definition_evidence(run: Run, names: list[str], what: str = "created") -> list[Evidence]:
+    """One line per top-level submodule of the parameter ``names``, pointing at the
+    ``self.<name> = ...`` that creates it in the user's class."""
+    cls = user_class(run)
+    out = []
+    for attr in dict.fromkeys(n.split(".")[0] for n in names):
+        site = attribute_site(cls, attr) if cls is not None else None
+        if site:
+            out.append(Evidence(f"self.{attr} is {what} here", site=fmt_site(site)))
+    return out

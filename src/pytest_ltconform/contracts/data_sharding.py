@@ -22,7 +22,7 @@ import re
 from collections import defaultdict
 
 from ..world.diagnose import fmt_site
-from .base import Contract, Evidence, Probe, Run, Verdict
+from .base import Contract, Evidence, Probe, Run, Verdict, class_site, user_class
 
 ROWS_PER_BATCH = 64        # sample rows hashed per batch
 BATCHES_PER_EPOCH = 8      # batches fingerprinted per epoch and stage (all are counted)
@@ -632,6 +632,13 @@ class DataSharding(Contract):
                              f"{len([h for e in per_rank[r][epochs[0]] for h in e.get('rows', [])])} sample hashes"
                              + (f"; sampler order starts {orders[r][:8]}" if orders.get(r) else ""), rank=r)
                     for r in range(run.world_size)]
+        for which in ("model", "datamodule"):
+            cls = user_class(run, which)
+            defined = class_site(cls, sampler) if cls is not None and sampler else None
+            if defined:
+                evidence.append(Evidence(f"{sampler} is defined here: it draws its permutation once and has no "
+                                         f"set_epoch", site=fmt_site(defined)))
+                break
         fix = ("reseed the permutation every epoch: implement set_epoch(epoch) on the sampler (Lightning calls it "
                "at every epoch start) and draw from torch.Generator().manual_seed(seed + epoch), or use "
                "DistributedSampler(shuffle=True).")

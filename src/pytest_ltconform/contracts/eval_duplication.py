@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 
 from ..world.diagnose import fmt_site
-from .base import Contract, Evidence, Run, Verdict, rank_guard
+from .base import Contract, Evidence, Run, Verdict, method_site, rank_guard, user_class
 
 _STAGE_WORDS = {"validate": "validation", "test": "test", "predict": "prediction"}
 _GATHERS = ("all_gather", "gather", "all_gather_object", "gather_object", "all_gather_into_tensor")
@@ -130,6 +130,10 @@ class EvalDuplication(Contract):
                 failures.append(f"{tag}: {len(dups)} sample {several} evaluated more than once across ranks: "
                                 f"{total} evaluations for {len(counts)} distinct samples.{pad}")
                 evidence.append(Evidence(f"{word} sample {named} ({sampler})"))
+                built = _loader_site(run, stage)
+                if built:
+                    evidence.append(Evidence(f"the {word} DataLoader is built here, and Lightning wraps it in "
+                                             f"{sampler}", site=fmt_site(built)))
                 for r, idx in enumerate(per_rank):
                     shown = _ids(idx, keep_order=True)
                     evidence.append(Evidence(f"{sampler} gave this rank {len(idx)} {word} indices {shown}", rank=r))
@@ -276,3 +280,14 @@ class EvalDuplication(Contract):
 
 
 CONTRACT = EvalDuplication()
+
+
+def _loader_site(run: Run, stage: str) -> dict | None:
+    """Where the user's module or datamodule defines the ``<stage>_dataloader`` hook."""
+    hook = {"validate": "val", "validation": "val", "val": "val"}.get(stage, stage) + "_dataloader"
+    for which in ("datamodule", "model"):
+        cls = user_class(run, which)
+        site = method_site(cls, hook) if cls is not None else None
+        if site:
+            return site
+    return None

@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 
-from .base import Contract, Evidence, Probe, Run, Verdict
+from .base import Contract, Evidence, Probe, Run, Verdict, definition_evidence, target_site
 
 _DDP_ERROR_PATTERNS = (
     "Expected to have finished reduction",
@@ -257,7 +257,9 @@ class UnusedParameters(Contract):
                 f"graph after each forward looking for unused parameters that do not exist: wasted time that "
                 f"grows with the graph. Training is correct; this is not a correctness bug.",
                 evidence=[Evidence(f"{len(v)} backward pass{'' if len(v) == 1 else 'es'}, none left a trainable "
-                                   f"parameter without gradient", rank=r) for r, v in records.items()],
+                                   f"parameter without gradient", rank=r) for r, v in records.items()]
+                + [Evidence("the Trainer config that sets find_unused_parameters=True",
+                            site=_site(target_site(run.targets.trainer if run.targets else None)))],
                 fix="remove the flag (DDPStrategy(find_unused_parameters=False) is the default; use "
                     "strategy='ddp'); keep it only if some steps really skip parameters.",
                 category="waste")
@@ -357,6 +359,7 @@ class UnusedParameters(Contract):
         else:
             what = (f"{_plural(len(always), 'parameter')} never got a gradient ({_group(always)}) and "
                     f"{_plural(len(sometimes), 'more')} missed some backward passes ({_group(sometimes)})")
+        evidence += definition_evidence(run, list(always) + list(sometimes))
         summary = (f"under DDP with find_unused_parameters=False, {what}. DDP waits for a gradient of every "
                    f"registered parameter in every backward.{stopped}")
         fixes = []
