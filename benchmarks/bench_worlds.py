@@ -65,6 +65,9 @@ def main() -> int:
     print(f"fresh world per item:  {f:.1f} s")
     print(f"speed-up: {f / p:.2f}x")
     print(f"identical verdicts: {v_persistent == v_fresh} ({sorted(set(v_persistent.values()))})")
+    for key in sorted(set(v_persistent) | set(v_fresh)):
+        if v_persistent.get(key) != v_fresh.get(key):
+            print(f"  differs: {key}: persistent {v_persistent.get(key)}, fresh {v_fresh.get(key)}")
     return 0 if v_persistent == v_fresh else 1
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import shutil
 
 from .local import JobResult, LocalWorld, RankOutcome, WorldStartError
 
@@ -23,6 +24,7 @@ class WorldPool:
             # LTCONFORM_FRESH_WORLDS=1: a cold world per job, for measuring what reuse saves.
             fresh_per_job = os.environ.get("LTCONFORM_FRESH_WORLDS", "") not in ("", "0")
         self.fresh_per_job = fresh_per_job
+        self._kept: list[str] = []
         atexit.register(self.close)
 
     def get(self, world_size: int, backend: str = "gloo", pg_timeout_s: float = 30.0) -> LocalWorld:
@@ -39,7 +41,8 @@ class WorldPool:
             return world.run(fn_ref, *args, timeout_s=timeout_s, kwargs=kwargs)
         finally:
             if self.fresh_per_job:
-                world.close()
+                world.close(keep_files=True)
+                self._kept.append(world.root)
 
     @property
     def cold_starts(self) -> int:
@@ -49,3 +52,6 @@ class WorldPool:
         for world in self._worlds.values():
             world.close()
         self._worlds.clear()
+        for root in self._kept:
+            shutil.rmtree(root, ignore_errors=True)
+        self._kept.clear()

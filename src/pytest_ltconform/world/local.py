@@ -220,8 +220,9 @@ class LocalWorld:
             log.close()
         self._procs, self._logs = [], []
 
-    def close(self) -> None:
-        """Stop the ranks (politely if idle, else by SIGKILL) and remove the world's files."""
+    def close(self, keep_files: bool = False) -> None:
+        """Stop the ranks (politely if idle, else by SIGKILL) and remove the world's files,
+        unless ``keep_files`` (a later job, e.g. a reference run, reads what this one wrote)."""
         if self.closed:
             return
         if self.alive and self._store is not None:
@@ -236,7 +237,7 @@ class LocalWorld:
         self.kill()
         self.closed = True
         self._store = None
-        if self._own_root:
+        if self._own_root and not keep_files:
             shutil.rmtree(self.root, ignore_errors=True)
 
     # -- jobs -----------------------------------------------------------------------------------
