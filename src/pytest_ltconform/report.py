@@ -62,6 +62,7 @@ def summary_text(results: list[dict], width: int, color: bool) -> str:
     diagnosis, which the item's own report carries), then one line per item not judged."""
     from rich import box
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     contracts = list(dict.fromkeys(r["contract"] for r in results))
@@ -92,7 +93,7 @@ def summary_text(results: list[dict], width: int, color: bool) -> str:
         console.print("* judged on what every rank recorded before the world stopped (see the failed item)")
     for r in results:
         if r["outcome"] in ("failed", "advisory"):
-            console.rule(f"{r['contract']}[{r['strategy']}]", style="" if not color else _STYLE[r["outcome"]])
+            console.rule(escape(f"{r['contract']}[{r['strategy']}]"), style="" if not color else _STYLE[r["outcome"]])
             # soft_wrap: long paths stay on one line, so they can be copied.
             console.print(r.get("block") or r["message"], markup=False, highlight=False, soft_wrap=True)
     errors = [r for r in results if r["outcome"] == "error"]

@@ -120,8 +120,23 @@ class LtconformSession:
         except WorldStartError as exc:
             return contract.verdict("error", f"could not start a world: {exc}"), time.monotonic() - started
         verdict = judge(contract, run)
+        if verdict.outcome == "error" and contract.run_kind != "fit":
+            verdict = self._explained_by_fit(contract, strategy) or verdict
         # The first item that needs a run pays for it; later items only for their judgement.
         return verdict, time.monotonic() - started
+
+    def _explained_by_fit(self, contract, strategy: str) -> Verdict | None:
+        """A run of another kind that failed on a module whose traced fit already hung because of
+        a named contract: say so in one line instead of repeating the tracebacks."""
+        fit = self._runs.get(("fit", strategy, self.settings.world_size))
+        if not isinstance(fit, Run) or fit.finished:
+            return None
+        owner = owner_of(fit.job.divergence) or raised_owner(fit)
+        if owner is None or owner == contract.id:
+            return None
+        return contract.verdict(
+            "error", f"its own run did not finish either; the module's fit does not finish because "
+                     f"of the {owner}[{strategy}] failure (see that item).")
 
     def close(self) -> None:
         self.pool.close()
@@ -160,7 +175,7 @@ def judge(contract, run: Run) -> Verdict:
     if owner is not None and owner != contract.id:
         # A consequence of another contract's failure: say so in one line, without tracebacks.
         return contract.verdict(
-            "error", f"not judged: the shared {run.kind} run did not finish because of the "
+            "error", f"the shared {run.kind} run did not finish because of the "
                      f"{owner}[{run.strategy}] failure (see that item), and this contract needs the run's end.")
     first_bad = next(r for r in job.ranks if r.status != "ok")
     if run.strategy == "fsdp" and tier_note is None and owner is None:
@@ -175,7 +190,7 @@ def judge(contract, run: Run) -> Verdict:
                      f"{(first_bad.message or '').splitlines()[0][:300] if first_bad.message else ''}",
             "hung": f"rank {first_bad.rank} hung", "died": f"rank {first_bad.rank} died "
             f"(exit code {first_bad.exit_code})"}.get(first_bad.status, first_bad.status)
-    return contract.verdict("error", f"could not be judged: the run did not finish ({what}).",
+    return contract.verdict("error", f"the run did not finish ({what}).",
                             diagnosis=job.failure_text())
 
 
