@@ -180,8 +180,10 @@ class SyncDist(Contract):
                            f"differs across ranks at epoch end and every rank's {owners[0]} decides on "
                            f"its own shard.")
             elif diff_rows:
-                summary = (f"monitored metric {key!r} ({owner_text}) is logged without sync_dist in {hook} "
-                           f"at {site}, and its value differs across ranks at epoch end.")
+                as_float = (" as a Python float (e.g. .item()), for which Lightning gives no sync_dist warning,"
+                            if any(e.get("vtype") == "float" for e in logs) else "")
+                summary = (f"monitored metric {key!r} ({owner_text}) is logged{as_float} without sync_dist in "
+                           f"{hook} at {site}, and its value differs across ranks at epoch end.")
             else:
                 continue
             if not diff_rows and rows:
