@@ -8,8 +8,8 @@ Fix: call trainer.save_checkpoint on every rank; keep the guard for printing onl
 """
 import os
 
-import torch
 import lightning.pytorch as L
+import torch
 from lightning.pytorch.strategies import FSDPStrategy
 from torch.utils.data import DataLoader, TensorDataset
 

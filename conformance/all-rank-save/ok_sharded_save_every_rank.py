@@ -8,8 +8,8 @@ all-rank-save here under the CPU sharded tier, including its own save-and-resume
 """
 import os
 
-import torch
 import lightning.pytorch as L
+import torch
 from lightning.pytorch.strategies import FSDPStrategy
 from torch.utils.data import DataLoader, TensorDataset
 

@@ -6,8 +6,8 @@ hand, so it skips wrapping the whole model (nothing here is wrapped: no sharding
 "already built" guard either. Fix: rename it to configure_model, return early when the layers exist, and let
 the strategy wrap (auto_wrap_policy).
 """
-import torch
 import lightning.pytorch as L
+import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 SOURCE = "seed"

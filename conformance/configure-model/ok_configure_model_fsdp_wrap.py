@@ -6,8 +6,8 @@ unit (sharded as soon as it is created). The "already built" guard makes the sec
 return early: same FSDP units, same trained shards, and validate scores the trained model. A checker must pass
 configure-model under the CPU sharded tier, with configure_model called inside that context.
 """
-import torch
 import lightning.pytorch as L
+import torch
 from lightning.pytorch.strategies import FSDPStrategy
 from torch.distributed.fsdp.wrap import wrap
 from torch.utils.data import DataLoader, TensorDataset

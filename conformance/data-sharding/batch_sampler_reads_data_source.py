@@ -6,8 +6,8 @@ DistributedSampler, which stores the dataset as `.dataset`; the first epoch fail
 rank. Fix: take the dataset from the constructor (or `sampler.dataset`), or own the sampling with
 use_distributed_sampler=False and a rank-aware sampler.
 """
-import torch
 import lightning.pytorch as L
+import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, TensorDataset
 
 SOURCE = "issue"

@@ -5,13 +5,13 @@ DataLoader with its DistributedSampler from the arguments the user passed; the p
 the injected `sampler=` keyword and fit raises a MisconfigurationException inside Lightning on every rank, with a
 traceback that never shows the user's line. Fix: pass arguments by keyword (batch_size=..., sampler=...).
 """
-import torch
 import lightning.pytorch as L
+import torch
 from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 
 SOURCE = "issue"
 EXPECTED = {"data-sharding": "fail"}
-EVIDENCE = ("Lightning could not re-create the DataLoader with its DistributedSampler; sampler passed positionally (argument 4) "
+EVIDENCE = ("Lightning could not re-create the DataLoader with its DistributedSampler; sampler passed positionally (argument 4) "  # noqa: E501
             "at dataloader_sampler_positional.py:23 (DataModule.train_dataloader), on every rank")
 
 

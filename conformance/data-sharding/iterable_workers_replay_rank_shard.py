@@ -5,9 +5,9 @@ copied into both worker processes and each copy yields the whole rank shard agai
 rank twice per epoch (and the epoch is twice as long). Fix: also split by get_worker_info(): keep record i when
 i % (world * workers) == rank * workers + worker_id.
 """
+import lightning.pytorch as L
 import torch
 import torch.distributed as dist
-import lightning.pytorch as L
 from torch.utils.data import DataLoader, IterableDataset
 
 SOURCE = "seed"

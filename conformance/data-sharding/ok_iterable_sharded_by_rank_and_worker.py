@@ -4,9 +4,9 @@ Each of the 2 ranks runs 2 workers; record i goes to the one (rank, worker) pair
 i % (world * workers) == rank * workers + worker_id, so every record is trained on exactly once per epoch and
 every rank gets the same number of batches.
 """
+import lightning.pytorch as L
 import torch
 import torch.distributed as dist
-import lightning.pytorch as L
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 SOURCE = "seed"

@@ -5,8 +5,8 @@ every world_size-th index. Sharding is right, but the generator is seeded in __i
 time and the sampler has no set_epoch, so every epoch replays the same batches in the same order.
 Fix: implement set_epoch(epoch) (Lightning calls it every epoch) and seed with seed + epoch.
 """
-import torch
 import lightning.pytorch as L
+import torch
 from torch.utils.data import DataLoader, Sampler, TensorDataset
 
 SOURCE = "seed"

@@ -6,9 +6,9 @@ but rank 0 runs 3 batches of 4 per epoch and rank 1 runs 2. Every training step 
 the other never enters. Fix: give every rank the same number of batches (equal shards, or stop all ranks after
 the smallest shard).
 """
+import lightning.pytorch as L
 import torch
 import torch.distributed as dist
-import lightning.pytorch as L
 from torch.utils.data import DataLoader, IterableDataset
 
 SOURCE = "seed"

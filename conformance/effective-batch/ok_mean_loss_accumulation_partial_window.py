@@ -4,8 +4,8 @@
 leaves the epoch's last optimizer step with 1 of 2 micro-batches. Both are accounting facts to report, not
 faults: the mean-reduced loss gives the same first-step gradient on 2 ranks x batch 4 as on 1 rank x batch 8.
 """
-import torch
 import lightning.pytorch as L
+import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 SOURCE = "seed"

@@ -7,8 +7,8 @@ than a token on rank 0, and the step differs from the one the same 8 sequences g
 Fix: all-reduce the token count and divide the summed loss by the global count (times the world size, since DDP
 averages), or weight each rank's mean by its token share.
 """
-import torch
 import lightning.pytorch as L
+import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 SOURCE = "seed"

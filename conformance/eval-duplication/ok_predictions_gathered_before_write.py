@@ -8,9 +8,9 @@ A checker must pass eval-duplication here.
 import csv
 import os
 
+import lightning.pytorch as L
 import torch
 import torch.distributed as dist
-import lightning.pytorch as L
 from torch.utils.data import DataLoader, Dataset
 
 SOURCE = "conforming"

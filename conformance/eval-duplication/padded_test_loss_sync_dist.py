@@ -5,9 +5,9 @@ get an epoch mean over ranks. The test set has 9 samples; Lightning's Distribute
 too (to 10, repeating index 0), so the synced test_loss averages 10 evaluations and differs from a
 one-device test on the same weights. Fix: a non-padding test sampler (or dedupe by id), or test on one device.
 """
+import lightning.pytorch as L
 import torch
 import torch.nn.functional as F
-import lightning.pytorch as L
 from torch.utils.data import DataLoader, TensorDataset
 
 SOURCE = "seed"

@@ -5,8 +5,8 @@ Both processes claim node 0, so Lightning's LightningEnvironment gives both glob
 never completes (two rank-0 processes, nobody as rank 1). NODE_RANK must differ per node (0 on hostA, 1 on
 hostB); parsing a --node_rank argument without exporting it has no effect.
 """
-import torch
 import lightning.pytorch as L
+import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 SOURCE = "seed"

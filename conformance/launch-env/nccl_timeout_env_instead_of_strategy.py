@@ -6,8 +6,8 @@ process-group timeout from the strategy (DDPStrategy(timeout=...), default 30 mi
 supported way to set it, so a long checkpoint write on rank 0 still times the other ranks out at the default.
 Fix: DDPStrategy(timeout=timedelta(hours=2)) and drop the variable.
 """
-import torch
 import lightning.pytorch as L
+import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 SOURCE = "seed"

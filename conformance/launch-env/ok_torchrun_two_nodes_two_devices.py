@@ -7,8 +7,8 @@ timeout is set on the strategy. Every contract must pass.
 """
 from datetime import timedelta
 
-import torch
 import lightning.pytorch as L
+import torch
 from lightning.pytorch.strategies import DDPStrategy
 from torch.utils.data import DataLoader, TensorDataset
 

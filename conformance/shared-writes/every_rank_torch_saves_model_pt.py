@@ -8,8 +8,8 @@ trainer.save_checkpoint on every rank, which writes once).
 """
 import os
 
-import torch
 import lightning.pytorch as L
+import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 SOURCE = "seed"

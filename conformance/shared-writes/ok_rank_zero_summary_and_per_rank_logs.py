@@ -5,8 +5,8 @@ and each rank keeps a debug log whose name contains its global rank. Nothing is 
 """
 import os
 
-import torch
 import lightning.pytorch as L
+import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 SOURCE = "seed"

@@ -8,8 +8,8 @@ function (or nn.MSELoss()), and open the file where it is written.
 import os
 import tempfile
 
-import torch
 import lightning.pytorch as L
+import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 SOURCE = "seed"

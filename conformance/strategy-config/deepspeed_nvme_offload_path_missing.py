@@ -5,8 +5,8 @@ example nvme_path. DeepSpeed only opens the swap folder once the engine is built
 queued and every rank started, and then fails on every node. Fix: an explicit, writable local NVMe path that
 exists on every node (or offload to cpu).
 """
-import torch
 import lightning.pytorch as L
+import torch
 from lightning.pytorch.strategies import DeepSpeedStrategy
 from torch.utils.data import DataLoader, TensorDataset
 

@@ -6,8 +6,8 @@ optimizer from the config and warns only at GPU setup; the fp16 section makes De
 although the Trainer believes it is full precision. Fix: one owner for each: drop "optimizer" and "fp16" from the
 dict and set Trainer(precision="16-mixed") if half precision is wanted.
 """
-import torch
 import lightning.pytorch as L
+import torch
 from lightning.pytorch.strategies import DeepSpeedStrategy
 from torch.utils.data import DataLoader, TensorDataset
 

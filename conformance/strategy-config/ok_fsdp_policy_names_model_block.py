@@ -6,9 +6,9 @@ so Lightning builds the MixedPrecision itself; the process-group timeout is set 
 """
 import datetime
 
+import lightning.pytorch as L
 import torch
 import torch.nn as nn
-import lightning.pytorch as L
 from lightning.pytorch.strategies import FSDPStrategy
 from torch.utils.data import DataLoader, TensorDataset
 

@@ -6,8 +6,8 @@ for a Python float, so the mistake goes unnoticed: every rank's EarlyStopping se
 shard (here the shards differ on purpose), and the ranks disagree about whether the run improved.
 Fix: log the tensor with sync_dist=True and batch_size (or a TorchMetrics object).
 """
-import torch
 import lightning.pytorch as L
+import torch
 from lightning.pytorch.callbacks import EarlyStopping
 from torch.utils.data import DataLoader, TensorDataset
 

@@ -6,8 +6,8 @@ sample of every rank (the object syncs its state), and the monitored validation 
 logged with sync_dist=True and batch_size. A checker must pass sync-dist here (no nonlinear-metric or
 monitor finding).
 """
-import torch
 import lightning.pytorch as L
+import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 from torchmetrics.classification import BinaryAUROC

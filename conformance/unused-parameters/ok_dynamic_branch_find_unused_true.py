@@ -5,8 +5,8 @@ unused parameters (strategy="ddp_find_unused_parameters_true"). aux_head misses 
 gets one on even batches, so the flag is needed and its graph traversal is not wasted: a checker must pass
 unused-parameters here (neither a failure nor the "flag is wasted" advisory).
 """
-import torch
 import lightning.pytorch as L
+import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 SOURCE = "conforming"

@@ -6,8 +6,8 @@ backward; DDP (find_unused_parameters=False) waits for them and the next step fa
 here, so the fix is find_unused_parameters=True (or computing the auxiliary loss on every batch, weighted 0
 when it should not count), not freezing the head.
 """
-import torch
 import lightning.pytorch as L
+import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 SOURCE = "seed"
