@@ -75,7 +75,7 @@ def read_case(path: str) -> Case | None:
         name = name[len("conformance/"):]
     return Case(path=os.path.abspath(path), name=name, expected=names["EXPECTED"],
                 evidence=names.get("EVIDENCE", ""), has_datamodule="DataModule" in defined,
-                has_trainer="trainer_kwargs" in defined, strategy=names.get("STRATEGY", "ddp"))
+                has_trainer="trainer_kwargs" in defined, strategy=names.get("STRATEGY", ""))
 
 
 def judge_case(case: Case, pool, settings: Settings, only: str | None = None,
@@ -97,17 +97,22 @@ def judge_case(case: Case, pool, settings: Settings, only: str | None = None,
             f"{case.path}:trainer_kwargs" if case.has_trainer else None,
         )
     except target_mod.TargetError as exc:
-        return [{"case": case.name, "contract": c, "strategy": case.strategy, "expected": case.expected[c],
+        return [{"case": case.name, "contract": c, "strategy": case.strategy or "ddp", "expected": case.expected[c],
                  "got": "error", "outcome": "error", "message": str(exc), "duration_s": 0.0} for c in wanted]
     session = LtconformSession(settings, targets, pool=pool)
     conforming = all(v == "pass" for v in case.expected.values())
+    if not case.strategy:
+        case.strategy = _configured_strategy(targets)
     for cid in wanted:
         contract = contracts.get_contract(cid)
         if conforming:
             # A conforming case must pass under every strategy the contract runs under.
             strategies = [s for s in contract.strategies if s in SUPPORTED_STRATEGIES]
+        elif case.expected[cid] == "fail" and case.strategy in contract.strategies:
+            # The fault shows where the case's own config runs it (e.g. a sharded checkpoint).
+            strategies = [case.strategy]
         else:
-            strategies = [case.strategy if case.strategy in contract.strategies else contract.strategies[0]]
+            strategies = [contract.strategies[0]]
         for strategy in strategies:
             verdict, duration = session.verdict(cid, strategy)
             if conforming and verdict.outcome == "skipped" and strategy != strategies[0]:
@@ -115,6 +120,22 @@ def judge_case(case: Case, pool, settings: Settings, only: str | None = None,
                 continue  # a tier that does not apply to this case is not a verdict on it
             rows.append(_row(case, cid, strategy, verdict, duration))
     return rows
+
+
+def _configured_strategy(targets) -> str:
+    """The strategy a case's own Trainer config names, as an item strategy: a sharded config
+    (FSDP, or DeepSpeed, which runs as the CPU sharded tier) is judged under 'fsdp'."""
+    from . import target as target_mod
+    from .sharded import deepspeed_stand_in, sharded_kind
+
+    if targets.trainer is None:
+        return "ddp"
+    try:
+        with deepspeed_stand_in():
+            kwargs = target_mod.trainer_kwargs(targets.trainer)
+    except Exception:
+        return "ddp"
+    return "fsdp" if sharded_kind(kwargs.get("strategy")) else "ddp"
 
 
 def _row(case: Case, cid: str, strategy: str, verdict, duration: float) -> dict:
