@@ -145,6 +145,15 @@ def stuck_in_user_code(ctx):
 
 def test_hung_rank_is_killed_and_diagnosed(ltconform_world):
     ltconform_world(world_size=2, timeout_s=20).run(stuck_in_user_code)
+
+def exit_on_rank_one(ctx):
+    import torch.distributed as dist
+    if ctx.rank == 1:
+        os._exit(7)  # a rank that dies without a traceback
+    dist.barrier()
+
+def test_dead_rank_is_reported(ltconform_world):
+    ltconform_world(world_size=2, timeout_s=30).run(exit_on_rank_one)
 '''
 
 
@@ -152,7 +161,7 @@ def test_ltconform_world_fixture_reuses_ranks_and_isolates_jobs(pytester, no_lef
     pytester.makepyfile(helper_state="COUNTER = 0\n", test_user_dist=LEAKY)
     start = time.monotonic()
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-v")
-    result.assert_outcomes(passed=1, failed=2)
+    result.assert_outcomes(passed=1, failed=3)
     result.stdout.fnmatch_lines([
         "*ltconform_world.run(test_user_dist:fail_on_rank_one) failed on 2 ranks*",
         "*rank 1: error (ValueError: bad shard on rank 1)*",
@@ -164,7 +173,13 @@ def test_ltconform_world_fixture_reuses_ranks_and_isolates_jobs(pytester, no_lef
         "*rank(s) 1 were still running after * s and were killed (SIGKILL)*",
         "*rank 1 (hung): stack: stuck_in_user_code() in test_user_dist.py:47*",
     ])
-    assert time.monotonic() - start < 20 + 15 + 60
+    # A rank that dies: named with its exit code, the other rank's error alongside.
+    result.stdout.fnmatch_lines([
+        "*ltconform_world.run(test_user_dist:exit_on_rank_one) failed on 2 ranks*",
+        "*--- rank 1: died (exit code 7)*",
+    ])
+    result.stdout.fnmatch_lines(["*Rank 1 exited without a result (exit code 7).*"])
+    assert time.monotonic() - start < 20 + 30 + 90
 
 
 HANGING = str(CONFORMANCE / "sync-dist" / "epoch_end_log_rank_zero_gate.py")
