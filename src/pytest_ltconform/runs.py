@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from typing import Any
 
 from . import target as target_mod
@@ -219,7 +220,7 @@ def traced_fit(ctx, targets: target_mod.Targets, strategy_name: str, contract_id
 
     recorder = Recorder(ctx.trace_path, ctx.rank)
     namespaces = [targets.namespace] + [ns for ns in target_mod.NAMESPACES
-                                        if ns != targets.namespace and ns in __import__("sys").modules]
+                                        if ns != targets.namespace and ns in sys.modules]
     recorder.install(tuple(namespaces))
     probes = []
     try:

@@ -399,7 +399,6 @@ class Recorder:
     def _install_metric_taps(self) -> None:
         try:
             import torchmetrics
-            import torchmetrics.functional as F
         except ImportError:
             return
         recorder = self
@@ -448,7 +447,6 @@ class Recorder:
                 if callable(target) and not isinstance(target, type):
                     qualname = f"{target.__module__}.{target.__name__}"
                     self._patch(mod, attr, lambda orig, q=qualname: functional(orig, q))
-        _ = F
 
     def _remember_per_batch(self, name: str, event: dict, produced: dict) -> None:
         trainer = self.trainer

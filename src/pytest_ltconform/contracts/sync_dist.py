@@ -250,14 +250,10 @@ class SyncDist(Contract):
                 continue
             try:
                 truth, n_samples = _recompute(records)
-            except Exception as exc:  # an input we cannot concatenate: say so, do not guess
-                truth, n_samples = None, 0
-                reason = f"{type(exc).__name__}: {exc}"
-            if truth is None:
+            except Exception:  # inputs that do not concatenate: no epoch value to compare, so no finding
                 continue
-            if abs(logged - truth) <= max(1e-4, 1e-3 * abs(truth)):
+            if truth is None or abs(logged - truth) <= max(1e-4, 1e-3 * abs(truth)):
                 continue
-            _ = reason if truth is None else None
             producer = record["producer"]
             if record["kind"] == "functional":
                 fn_name = record["fn"].rsplit(".", 1)[-1]
