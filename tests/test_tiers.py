@@ -245,15 +245,15 @@ def test_launch_env_judges_slurm_task_layouts():
 
 def test_build_trainer_kwargs_takes_the_world_parameters(monkeypatch):
     from pytest_ltconform.runs import build_trainer_kwargs
+    from pytest_ltconform.world import rank
 
-    monkeypatch.delenv("LTCONFORM_ACCELERATOR", raising=False)
-    monkeypatch.delenv("LTCONFORM_NUM_NODES", raising=False)
     cpu = build_trainer_kwargs({"devices": 8, "accelerator": "gpu"}, "ddp", 2, "/tmp/x")
     assert (cpu["accelerator"], cpu["devices"], cpu["num_nodes"]) == ("cpu", 2, 1)
     gpu = build_trainer_kwargs({}, "ddp", 4, "/tmp/x", accelerator="gpu", num_nodes=2)
     assert (gpu["accelerator"], gpu["devices"], gpu["num_nodes"]) == ("gpu", 2, 2)
-    monkeypatch.setenv("LTCONFORM_ACCELERATOR", "gpu")  # what the job runner sets for an NCCL world
-    monkeypatch.setenv("LTCONFORM_NUM_NODES", "2")
+    # What the job runner's context says for an NCCL world spanning two nodes.
+    ctx = rank.RankContext(0, 2, 0, "/tmp/x", "/tmp/x.trace", None, accelerator="gpu", num_nodes=2)
+    monkeypatch.setattr(rank, "_CURRENT", ctx)
     job = build_trainer_kwargs({}, "ddp", 2, "/tmp/x")
     assert (job["accelerator"], job["devices"], job["num_nodes"]) == ("gpu", 1, 2)
 

@@ -22,7 +22,8 @@ from typing import Any
 
 from . import target as target_mod
 from .runs import Loaded, _make_profiler, adapt_strategy, build_trainer_kwargs
-from .trace import Recorder, user_site
+from .sites import user_site
+from .trace import Recorder
 
 STAGES = ("validate", "test", "predict")
 _LOADER = {"validate": "val_dataloader", "test": "test_dataloader", "predict": "predict_dataloader"}

@@ -14,6 +14,7 @@ from typing import Any
 
 from . import target as target_mod
 from .trace import HOOK_PREFIXES, Recorder
+from .world.rank import current_context
 
 # Bounds that keep a conformance run small whatever the production config says.
 MAX_EPOCHS = 4
@@ -78,8 +79,9 @@ def _make_observer(ns: Any, recorder: Recorder):
 
 def world_params() -> tuple[str, int]:
     """(accelerator, num_nodes) of the world this job runs in: 'cpu' or 'gpu', and how many nodes
-    the ranks span. Set per job by the rank-side job runner; CPU on one node outside a job."""
-    return os.environ.get("LTCONFORM_ACCELERATOR", "cpu"), int(os.environ.get("LTCONFORM_NUM_NODES", "1"))
+    the ranks span, from the running job's rank context; CPU on one node outside a job."""
+    ctx = current_context()
+    return (ctx.accelerator, ctx.num_nodes) if ctx is not None else ("cpu", 1)
 
 
 def _gpu_strategy(strategies: Any, strategy_name: str, user_strategy: Any, pg_timeout_s: float) -> Any:

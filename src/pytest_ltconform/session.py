@@ -198,7 +198,7 @@ def _raise_site(rank) -> str | None:
     """The last user frame of a rank's traceback, as ``file:line``."""
     import re
 
-    from .trace import is_user_file
+    from .sites import is_user_file
 
     frames = re.findall(r'File "([^"]+)", line (\d+)', rank.traceback or "")
     for path, line in reversed(frames):

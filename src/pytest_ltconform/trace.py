@@ -23,12 +23,12 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import sys
-import sysconfig
 import threading
 import time
 import weakref
 from typing import Any
+
+from .sites import user_site
 
 COLLECTIVES = (
     "all_reduce", "broadcast", "barrier", "all_gather", "gather", "reduce", "scatter",
@@ -38,66 +38,6 @@ COLLECTIVES = (
 )
 STRATEGY_CALLS = ("barrier", "broadcast", "reduce", "all_gather", "reduce_boolean_decision")
 HOOK_PREFIXES = ("[LightningModule]", "[Callback]", "[LightningDataModule]", "[Strategy]")
-
-_LIB_PACKAGES = (
-    "torch", "lightning", "lightning_fabric", "pytorch_lightning", "lightning_utilities",
-    "torchmetrics", "pytest_ltconform", "deepspeed",
-)
-
-
-def _library_roots() -> tuple[str, ...]:
-    roots = []
-    for name in _LIB_PACKAGES:
-        spec = importlib.util.find_spec(name) if name not in sys.modules else sys.modules[name].__spec__
-        if spec is not None and spec.submodule_search_locations:
-            roots.extend(os.path.realpath(p) + os.sep for p in spec.submodule_search_locations)
-    for key in ("stdlib", "platstdlib"):
-        path = sysconfig.get_paths().get(key)
-        if path:
-            roots.append(os.path.realpath(path) + os.sep)
-    return tuple(roots)
-
-
-_ROOTS: tuple[str, ...] | None = None
-_USER_CACHE: dict[str, bool] = {}
-
-
-def is_user_file(filename: str) -> bool:
-    """True for files that are neither torch, Lightning, TorchMetrics, the stdlib nor this package."""
-    global _ROOTS
-    cached = _USER_CACHE.get(filename)
-    if cached is not None:
-        return cached
-    if _ROOTS is None:
-        _ROOTS = _library_roots()
-    if filename.startswith("<"):
-        result = False
-    else:
-        real = os.path.realpath(filename)
-        result = not real.startswith(_ROOTS) and "site-packages" + os.sep + "torch" not in real
-    _USER_CACHE[filename] = result
-    return result
-
-
-def _qualname(code) -> str:
-    return getattr(code, "co_qualname", code.co_name)
-
-
-def user_site(depth: int = 2) -> tuple[dict | None, bool]:
-    """The first user frame above the caller's caller, and whether it is the immediate caller.
-
-    Returns ``({"file", "line", "func"}, direct)``; ``(None, False)`` when no frame is user code.
-    """
-    frame = sys._getframe(depth)
-    direct = True
-    while frame is not None:
-        code = frame.f_code
-        if is_user_file(code.co_filename):
-            return {"file": code.co_filename, "line": frame.f_lineno, "func": _qualname(code)}, direct
-        direct = False
-        frame = frame.f_back
-    return None, False
-
 
 class Recorder:
     """Records one job's events on one rank into ``path`` (JSON lines).

@@ -23,7 +23,8 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from ..world.diagnose import first_divergence, fmt_site, hook_label
+from ..sites import fmt_site, hook_label
+from ..world.diagnose import first_divergence
 from .base import Contract, Evidence, Probe, Run, Verdict, rank_guard
 
 # Layouts of a checkpoint path that load_from_checkpoint cannot read.

@@ -14,7 +14,7 @@ import inspect
 import linecache
 from typing import Any
 
-from ..world.diagnose import fmt_site
+from ..sites import fmt_site
 
 OUTCOMES = ("passed", "failed", "advisory", "error", "skipped")
 
@@ -227,10 +227,6 @@ def _mentions_rank(test: ast.AST) -> bool:
     return any(word in text for word in _RANK_WORDS)
 
 
-def site_text(site: dict | None) -> str:
-    return fmt_site(site)
-
-
 # -- where the user's classes define things (pytest side, for evidence) ---------------------------
 
 def user_class(run: Run, which: str = "model"):
@@ -254,7 +250,7 @@ def user_class(run: Run, which: str = "model"):
 
 
 def _user_classes(cls) -> list:
-    from ..trace import is_user_file
+    from ..sites import is_user_file
 
     found = []
     for klass in getattr(cls, "__mro__", ()):

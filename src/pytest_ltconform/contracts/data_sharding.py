@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 
-from ..world.diagnose import fmt_site
+from ..sites import fmt_site
 from .base import Contract, Evidence, Probe, Run, Verdict, class_site, user_class
 
 ROWS_PER_BATCH = 64        # sample rows hashed per batch
@@ -175,7 +175,7 @@ def _creation_site() -> dict | None:
     subclass's own __init__."""
     import sys
 
-    from ..trace import is_user_file
+    from ..sites import is_user_file
 
     frame = sys._getframe(2)
     while frame is not None:
@@ -223,7 +223,7 @@ class DataShardingProbe(Probe):
         """Record the first indices each iteration of a user-defined sampler yields."""
         import inspect
 
-        from ..trace import is_user_file
+        from ..sites import is_user_file
 
         cls = type(sampler)
         try:
@@ -319,7 +319,7 @@ class DataShardingProbe(Probe):
 # -- pytest side -------------------------------------------------------------------------------
 
 def _user_frames(tb_text: str) -> list[dict]:
-    from ..trace import is_user_file
+    from ..sites import is_user_file
 
     frames = []
     for m in re.finditer(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)', tb_text or ""):

@@ -22,7 +22,7 @@ import math
 import os
 import re
 
-from ..world.diagnose import fmt_site
+from ..sites import fmt_site
 from .base import Contract, Evidence, Run, Verdict
 
 TOLERANCE = 0.10  # relative gap between the two gradient norms that fails

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from ..world.diagnose import fmt_site
+from ..sites import fmt_site
 from .base import Contract, Evidence, Run, Verdict, method_site, rank_guard, user_class
 
 _STAGE_WORDS = {"validate": "validation", "test": "test", "predict": "prediction"}

@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..world.diagnose import fmt_site
+from ..sites import fmt_site
 from .base import Contract, Evidence, Run, Verdict
 
 # Launcher variables a rank reports; nothing else of its environment leaves the rank.
@@ -132,7 +132,7 @@ def observe(ctx, targets, strategy_name: str, contract_ids: list[str], pg_timeou
     module = target_mod.import_module(targets.model)
     strategy = user.get("strategy")
     data = {
-        "kind": os.environ.get("LTCONFORM_WORLD_KIND", "local"),
+        "kind": ctx.world_kind,
         "env": {k: os.environ[k] for k in ENV_KEYS if k in os.environ},
         "trainer": {"num_nodes": _count(user.get("num_nodes")), "devices": _count(user.get("devices")),
                     "devices_raw": repr(user.get("devices")) if "devices" in user else None,

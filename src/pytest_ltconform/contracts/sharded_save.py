@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ..trace import user_site
+from ..sites import user_site
 from .base import Probe
 
 

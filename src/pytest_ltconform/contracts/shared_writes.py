@@ -20,7 +20,7 @@ import os
 import sys
 import threading
 
-from ..world.diagnose import fmt_site
+from ..sites import fmt_site
 from .base import Contract, Evidence, Probe, Run, Verdict, rank_guard
 
 ROOT = "<default_root_dir>"
@@ -64,7 +64,7 @@ def install_dispatcher() -> None:
 
 
 def _user_frame_and_checkpointing(start) -> tuple[dict | None, bool]:
-    from ..trace import is_user_file
+    from ..sites import is_user_file
 
     site = None
     saving = False

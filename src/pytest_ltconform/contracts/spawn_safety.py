@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 
-from ..world.diagnose import fmt_site
+from ..sites import fmt_site
 from .base import Contract, Evidence, Run, Verdict
 
 MAX_DEPTH = 12

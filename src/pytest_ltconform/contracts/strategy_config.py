@@ -319,7 +319,7 @@ def observe(ctx, targets, strategy_name: str, contract_ids: list[str], pg_timeou
 # -- pytest side -------------------------------------------------------------------------------
 
 def _site(f: dict) -> str | None:
-    from ..world.diagnose import fmt_site
+    from ..sites import fmt_site
 
     return fmt_site(f["site"]) if f.get("site") else None
 

@@ -25,7 +25,8 @@ import importlib
 import math
 from collections import defaultdict
 
-from ..world.diagnose import first_divergence, fmt_site, hook_label
+from ..sites import fmt_site, hook_label
+from ..world.diagnose import first_divergence
 from .base import Contract, Evidence, Run, Verdict, rank_guard
 
 

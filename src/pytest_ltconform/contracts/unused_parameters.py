@@ -156,7 +156,7 @@ class UnusedParametersProbe(Probe):
             recorder.emit({"ev": "grad_config", "user_find_unused": user_flag, "forced": forced})
 
     def before_fit(self, loaded, trainer, recorder) -> None:
-        from ..trace import user_site
+        from ..sites import user_site
 
         observer = self.observer
         if observer is None:
@@ -392,7 +392,7 @@ def _source(site: dict | None) -> str | None:
 def _site(site: dict | None) -> str | None:
     if not site:
         return None
-    from ..world.diagnose import fmt_site
+    from ..sites import fmt_site
 
     return fmt_site(site)
 

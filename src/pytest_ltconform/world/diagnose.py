@@ -14,25 +14,7 @@ import os
 import re
 from collections import Counter, defaultdict
 
-
-def fmt_site(site: dict | None) -> str:
-    """``path:line (function)``; the path is relative when it is under the working directory."""
-    if not site:
-        return "<no user frame>"
-    path = site.get("file", "?")
-    try:
-        rel = os.path.relpath(path)
-        if not rel.startswith(".."):
-            path = rel
-    except ValueError:
-        pass
-    return f"{path}:{site.get('line')} ({site.get('func')})"
-
-
-def hook_label(name: str | None) -> str:
-    if not name:
-        return "outside any hook"
-    return name.split("]", 1)[-1] if name.startswith("[") else name
+from ..sites import fmt_site, hook_label, is_user_file
 
 
 def is_collective_bearing(event: dict) -> bool:
@@ -129,8 +111,6 @@ def stack_summary(stack: str | None) -> str | None:
     """The innermost frame and the innermost user frame of a faulthandler dump (main thread)."""
     if not stack:
         return None
-    from ..trace import is_user_file
-
     block = stack
     for part in re.split(r"\n(?=(?:Current )?[Tt]hread 0x)", stack):
         if "most recent call first" in part and ("Current thread" in part or "Thread" in part):

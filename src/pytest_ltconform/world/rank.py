@@ -49,8 +49,10 @@ def _die_with_parent(parent_pid: int) -> None:
 
 @dataclasses.dataclass
 class RankContext:
-    """What a job function gets: ``rank``, ``world_size``, its own ``job_dir`` and the path of
-    the per-rank ``trace_path`` (JSON lines)."""
+    """What a job function gets: ``rank``, ``world_size``, its own ``job_dir``, the path of the
+    per-rank ``trace_path`` (JSON lines), and the world it runs in: ``accelerator`` ('cpu' or
+    'gpu'), ``num_nodes`` the ranks span, and ``world_kind`` ('local' for ranks the plugin started,
+    'attached' inside a torchrun or SLURM world)."""
 
     rank: int
     world_size: int
@@ -58,6 +60,18 @@ class RankContext:
     job_dir: str
     trace_path: str
     store: object
+    accelerator: str = "cpu"
+    num_nodes: int = 1
+    world_kind: str = "local"
+
+
+_CURRENT: RankContext | None = None
+
+
+def current_context() -> RankContext | None:
+    """The context of the job running on this rank now; None outside a job (for instance in
+    the pytest process)."""
+    return _CURRENT
 
 
 def _resolve(ref: str):
@@ -118,17 +132,16 @@ def _run_job(job: dict, rank: int, world_size: int, local_rank: int, store, gen:
     job_dir = os.path.join(job["dir"], f"rank{rank}")
     os.makedirs(job_dir, exist_ok=True)
     trace_path = os.path.join(job["dir"], f"rank{rank}.trace.jsonl")
-    ctx = RankContext(rank, world_size, local_rank, job_dir, trace_path, store)
+    backend = job.get("backend", "gloo")
+    # The world's parameters: the only thing that differs between the CPU, GPU and multi-node
+    # tiers on the rank side.
+    ctx = RankContext(rank, world_size, local_rank, job_dir, trace_path, store,
+                      accelerator=job.get("accelerator") or ("gpu" if backend == "nccl" else "cpu"),
+                      num_nodes=int(job.get("num_nodes", 1)), world_kind=job.get("world_kind", "local"))
     result: dict = {"rank": rank, "status": "ok"}
     started = time.monotonic()
     with _isolated(job_dir):
         _seed(job.get("seed", 0))
-        # World parameters the run functions read (runs.world_params): the only thing that
-        # differs between the CPU, GPU and multi-node tiers on the rank side.
-        backend = job.get("backend", "gloo")
-        os.environ["LTCONFORM_ACCELERATOR"] = job.get("accelerator") or ("gpu" if backend == "nccl" else "cpu")
-        os.environ["LTCONFORM_NUM_NODES"] = str(job.get("num_nodes", 1))
-        os.environ["LTCONFORM_WORLD_KIND"] = job.get("world_kind", "local")
         if backend == "nccl":
             torch.cuda.set_device(local_rank)
         default_dtype = torch.get_default_dtype()
@@ -137,6 +150,8 @@ def _run_job(job: dict, rank: int, world_size: int, local_rank: int, store, gen:
             job.get("backend", "gloo"), store=pg_store, rank=rank, world_size=world_size,
             timeout=datetime.timedelta(seconds=job["pg_timeout_s"]),
         )
+        global _CURRENT
+        _CURRENT = ctx
         try:
             fn = _resolve(job["fn"])
             result["value"] = fn(ctx, *job.get("args", ()), **job.get("kwargs", {}))
@@ -145,6 +160,7 @@ def _run_job(job: dict, rank: int, world_size: int, local_rank: int, store, gen:
             result.update(status="skip" if skip else "error", exc_type=type(exc).__name__,
                           message=str(exc)[:2000], traceback=traceback.format_exc()[-12000:])
         finally:
+            _CURRENT = None
             torch.set_default_dtype(default_dtype)
             if dist.is_initialized():
                 with contextlib.suppress(Exception):
