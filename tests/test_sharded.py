@@ -27,9 +27,9 @@ def test_fsdp_items_generated_for_opted_in_contracts(pytester):
 def test_contract_strategies_opt_in():
     from pytest_ltconform import contracts
     from pytest_ltconform.contracts.base import Contract
-    from pytest_ltconform.session import SUPPORTED_STRATEGIES
+    from pytest_ltconform.vocabulary import CPU_STRATEGIES
 
-    assert "fsdp" in SUPPORTED_STRATEGIES
+    assert "fsdp" in CPU_STRATEGIES
     assert Contract.strategies == ("ddp",)
     for cid in ("all-rank-save", "sync-dist", "configure-model"):
         assert contracts.get_contract(cid).strategies == ("ddp", "fsdp")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_ltconform import tiers
+from pytest_ltconform import tiers, vocabulary
 from pytest_ltconform.contracts import launch_env
 from pytest_ltconform.world.attached import _collection_difference
 
@@ -114,7 +114,7 @@ def test_variants_per_contract():
     labels = [v.label for v in tiers.variants(_Contract(("ddp", "fsdp")), ("ddp", "fsdp", "deepspeed"),
                                               ("ddp", "fsdp"))]
     assert labels == ["ddp", "fsdp", "ddp-gpu", "fsdp-gpu", "deepspeed-gpu", "ddp-multinode", "fsdp-multinode"]
-    assert [v.label for v in tiers.variants(_Contract(("ddp",)), tiers.GPU_STRATEGIES, ("ddp",))] == \
+    assert [v.label for v in tiers.variants(_Contract(("ddp",)), vocabulary.GPU_STRATEGIES, ("ddp",))] == \
         ["ddp", "ddp-gpu", "ddp-multinode"]
     assert [v.label for v in tiers.variants(_Contract(("ddp",), ("multinode",)), ("ddp",), ("ddp",))] == \
         ["ddp-multinode"]

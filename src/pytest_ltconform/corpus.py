@@ -84,7 +84,8 @@ def judge_case(case: Case, pool, settings: Settings, only: str | None = None,
     extra strategy that skip (the tier does not apply to the case) go to ``skipped``."""
     skipped = [] if skipped is None else skipped
     from . import target as target_mod
-    from .session import SUPPORTED_STRATEGIES, LtconformSession
+    from .session import LtconformSession
+    from .vocabulary import CPU_STRATEGIES
 
     rows = []
     wanted = [c for c in case.expected if c in contracts.ids() and (only is None or c == only)]
@@ -107,7 +108,7 @@ def judge_case(case: Case, pool, settings: Settings, only: str | None = None,
         contract = contracts.get_contract(cid)
         if conforming:
             # A conforming case must pass under every strategy the contract runs under.
-            strategies = [s for s in contract.strategies if s in SUPPORTED_STRATEGIES]
+            strategies = [s for s in contract.strategies if s in CPU_STRATEGIES]
         elif case.expected[cid] == "fail" and case.strategy in contract.strategies:
             # The fault shows where the case's own config runs it (e.g. a sharded checkpoint).
             strategies = [case.strategy]

@@ -253,14 +253,14 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     if targets is None:
         return
     from . import contracts, tiers
-    from .session import SUPPORTED_STRATEGIES
+    from .vocabulary import CPU_STRATEGIES
 
     settings = config.stash[SETTINGS_KEY]
     parent = session
     first_new = len(items)
     for cid in contracts.ids():
         contract = contracts.get_contract(cid)
-        for variant in tiers.variants(contract, settings.strategies, SUPPORTED_STRATEGIES):
+        for variant in tiers.variants(contract, settings.strategies, CPU_STRATEGIES):
             item = LtconformItem.from_parent(
                 parent, name=f"{cid}[{variant.label}]", nodeid=f"ltconform::{cid}[{variant.label}]",
                 contract_id=cid, strategy=variant.strategy, variant=variant,

@@ -12,9 +12,9 @@ import time
 from . import contracts
 from .contracts.base import Run, Verdict
 from .settings import Settings
+from .vocabulary import backend_for
 from .world import WorldPool, WorldStartError
 
-SUPPORTED_STRATEGIES = ("ddp", "fsdp")
 RUN_FUNCTIONS = {"fit": "pytest_ltconform.runs:traced_fit"}
 RUN_FUNCTIONS["eval"] = "pytest_ltconform.eval_runs:traced_eval"
 # Run kinds whose contracts compare with a one-rank run on the weights the world saved.
@@ -85,7 +85,7 @@ class LtconformSession:
                         self.settings.world_size, RUN_FUNCTIONS[kind], self.targets, strategy, ids,
                         self.settings.pg_timeout_s, timeout_s=self.settings.timeout_s,
                         pg_timeout_s=self.settings.pg_timeout_s,
-                        backend="nccl" if tier in ("gpu", "deepspeed") else "gloo",
+                        backend=backend_for(tier),
                     )
                 cached = Run(job, strategy, kind, self.targets)
                 if kind in REFERENCE_RUNS and tier != "multinode":

@@ -11,6 +11,8 @@ import os
 
 import pytest
 
+from .vocabulary import STRATEGIES, TIERS
+
 # Option names are constants so tests and other plugins can refer to them.
 OPT_TARGET = "ltconform"
 OPT_DATAMODULE = "ltconform_datamodule"
@@ -23,8 +25,6 @@ OPT_STRATEGIES = "ltconform_strategies"
 
 INI_TARGET = "ltconform_target"
 
-TIERS = ("cpu", "gpu", "multinode", "deepspeed")
-STRATEGIES = ("ddp", "fsdp", "deepspeed")  # deepspeed runs on the GPU tier only
 
 DEFAULT_WORLD_SIZE = 2
 DEFAULT_TIMEOUT_S = 120.0

@@ -27,11 +27,7 @@ import importlib.util
 import os
 import warnings
 
-LOCAL_TIERS = ("cpu", "gpu", "deepspeed")
-DEFAULT_CONTRACT_TIERS = ("cpu", "gpu", "multinode")
-GPU_STRATEGIES = ("ddp", "fsdp", "deepspeed")
-# Strategies a contract that is judged under FSDP is also judged under on the GPU tier.
-SHARDED = ("fsdp", "deepspeed")
+from .vocabulary import DEFAULT_CONTRACT_TIERS, GPU_STRATEGIES, SHARDED_STRATEGIES, backend_for
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +47,7 @@ class Variant:
 
     @property
     def backend(self) -> str:
-        return "nccl" if self.tier in ("gpu", "deepspeed") else "gloo"
+        return backend_for(self.tier)
 
 
 def contract_tiers(contract) -> tuple[str, ...]:
@@ -74,7 +70,7 @@ def variants(contract, selected: tuple[str, ...], local_supported: tuple[str, ..
     if "gpu" in tiers:
         gpu = [s for s in own if s in GPU_STRATEGIES and s != "deepspeed"]
         out += [Variant("gpu", s, f"{s}-gpu", ("ltconform_gpu",), ("gpu",)) for s in gpu if s in selected]
-        if any(s in SHARDED for s in own) and "deepspeed" in selected:
+        if any(s in SHARDED_STRATEGIES for s in own) and "deepspeed" in selected:
             out.append(Variant("deepspeed", "deepspeed", "deepspeed-gpu", ("ltconform_gpu", "ltconform_deepspeed"),
                                ("deepspeed", "gpu")))
     if "multinode" in tiers:

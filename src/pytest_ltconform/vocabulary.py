@@ -1,0 +1,28 @@
+"""The words items are made of: strategies, tiers and process-group backends.
+
+One place for the lists that the options, the item generator, the session and the worlds share,
+so that a strategy or tier is added once. Plain data; imports nothing.
+"""
+
+from __future__ import annotations
+
+# Strategies a user can select (--ltconform-strategies).
+STRATEGIES = ("ddp", "fsdp", "deepspeed")
+# Strategies the CPU tier runs today (gloo ranks on this machine).
+CPU_STRATEGIES = ("ddp", "fsdp")
+# Strategies the GPU tier runs (NCCL ranks); deepspeed has its own tier there.
+GPU_STRATEGIES = ("ddp", "fsdp", "deepspeed")
+# A contract judged under one of these is also judged under the others on the GPU tier.
+SHARDED_STRATEGIES = ("fsdp", "deepspeed")
+
+# Tiers a user can require (--ltconform-require).
+TIERS = ("cpu", "gpu", "multinode", "deepspeed")
+# The tiers a contract has items in unless it says otherwise.
+DEFAULT_CONTRACT_TIERS = ("cpu", "gpu", "multinode")
+# Tiers whose ranks sit on CUDA devices.
+CUDA_TIERS = ("gpu", "deepspeed")
+
+
+def backend_for(tier: str) -> str:
+    """The process-group backend of ``tier``'s world: 'nccl' on CUDA tiers, else 'gloo'."""
+    return "nccl" if tier in CUDA_TIERS else "gloo"
