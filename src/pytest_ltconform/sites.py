@@ -91,3 +91,8 @@ def hook_label(name: str | None) -> str:
     if not name:
         return "outside any hook"
     return name.split("]", 1)[-1] if name.startswith("[") else name
+
+
+def plural(n: int, word: str) -> str:
+    """``"1 call"``, ``"3 calls"``: a count with its noun."""
+    return f"{n} {word}{'' if n == 1 else 's'}"

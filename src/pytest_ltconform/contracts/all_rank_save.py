@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from ..sites import fmt_site, hook_label
+from ..sites import fmt_site, hook_label, plural
 from ..world.diagnose import first_divergence
 from .base import Contract, Evidence, Probe, Run, Verdict, rank_guard
 
@@ -40,10 +40,6 @@ def user_call(event: dict) -> bool:
 
 def _counts(run: Run, label: str) -> dict[int, int]:
     return {r: sum(1 for e in t if user_call(e) and e.get("label") == label) for r, t in enumerate(run.traces)}
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 class AllRankSave(Contract):
@@ -96,7 +92,7 @@ class AllRankSave(Contract):
         summary = (f"{first.get('label')}({arg.group(1) if arg else 'path'}) in {first.get('hook') or 'user code'} on "
                    f"{who} is given {layout}{made_by}: load_from_checkpoint reads one checkpoint file and does "
                    f"not support sharded checkpoints"
-                   + (f"; it raised {next(iter(raised.values()))} on {_plural(len(raised), 'rank')}" if raised
+                   + (f"; it raised {next(iter(raised.values()))} on {plural(len(raised), 'rank')}" if raised
                       else "") + ".")
         evidence = []
         for r, e in loads:
@@ -187,7 +183,7 @@ class AllRankSave(Contract):
                                              rank=r, site=fmt_site(e.get("site"))))
             else:
                 evidence.append(Evidence(f"no {label}() in {hook_label(div['hook'][r])} "
-                                         f"(total: {_plural(counts.get(r, 0), 'call')})", rank=r))
+                                         f"(total: {plural(counts.get(r, 0), 'call')})", rank=r))
         if guard:
             evidence.append(Evidence(f"the call is guarded by `{guard}`", site=site))
         if label == "Trainer.save_checkpoint":

@@ -344,10 +344,6 @@ def _ranges(ids: list) -> str:
     return ", ".join(parts)
 
 
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
-
-
 class DataSharding(Contract):
     id = "data-sharding"
     title = "Each rank trains on its own share of the data, reshuffled every epoch"

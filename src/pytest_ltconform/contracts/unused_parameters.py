@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 
+from ..sites import plural
 from .base import Contract, Evidence, Probe, Run, Verdict, definition_evidence, target_site
 
 _DDP_ERROR_PATTERNS = (
@@ -201,10 +202,6 @@ def _group(names: list[str]) -> str:
     return ", ".join(f"{p}.* ({k} tensors)" for p, k in prefixes.items())
 
 
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
-
-
 class UnusedParameters(Contract):
     id = "unused-parameters"
     title = "Every trainable parameter gets a gradient on every backward, or DDP is told otherwise"
@@ -248,7 +245,7 @@ class UnusedParameters(Contract):
 
     # -- verdicts -------------------------------------------------------------------------------
     def _all_used(self, run, records, find_unused, names) -> Verdict:
-        counts = ", ".join(f"rank {r}: {_plural(len(v), 'backward')}" for r, v in records.items())
+        counts = ", ".join(f"rank {r}: {plural(len(v), 'backward')}" for r, v in records.items())
         if find_unused:
             return self.verdict(
                 "advisory",
@@ -303,7 +300,7 @@ class UnusedParameters(Contract):
                     why.append(f"requires_grad was switched off for {off} at that moment "
                                f"(toggle_optimizer or similar)")
                     causes.add("toggled")
-                detail = (f"{which} left {_plural(len(unused), 'parameter')} without gradient: {_group(list(unused))}"
+                detail = (f"{which} left {plural(len(unused), 'parameter')} without gradient: {_group(list(unused))}"
                           f" ({'; '.join(why) or 'their output did not reach the loss'}); "
                           f"in {len(steps)} of {len({(e.get('epoch'), e.get('batch')) for e in recs})} "
                           f"training steps: {step_text}")
@@ -324,14 +321,14 @@ class UnusedParameters(Contract):
             return self.verdict(
                 "advisory",
                 f"static_graph=True lets DDP skip the same unused parameters every step, so training is correct, but "
-                f"{_plural(len(always), 'parameter')} ({_group(always)}) never got a gradient: they only cost "
+                f"{plural(len(always), 'parameter')} ({_group(always)}) never got a gradient: they only cost "
                 f"memory. Not a correctness bug.",
                 evidence=evidence, fix="freeze them (module.requires_grad_(False)) or delete them.", category="waste")
         if find_unused:
             if always:
                 return self.verdict(
                     "advisory",
-                    f"find_unused_parameters=True keeps the run going, but {_plural(len(always), 'parameter')} "
+                    f"find_unused_parameters=True keeps the run going, but {plural(len(always), 'parameter')} "
                     f"({_group(always)}) never got a gradient in any backward pass: DDP searches the graph for them "
                     f"after every forward, and they only cost memory. Not a correctness bug.",
                     evidence=evidence,
@@ -340,7 +337,7 @@ class UnusedParameters(Contract):
                     category="waste")
             return self.verdict(
                 "passed",
-                f"{_plural(len(sometimes), 'parameter')} ({_group(sometimes)}) skip some backward passes, and "
+                f"{plural(len(sometimes), 'parameter')} ({_group(sometimes)}) skip some backward passes, and "
                 f"find_unused_parameters=True is set, which is what dynamic usage needs.")
         if not run.finished:
             stopped = (" DDP's reducer then stopped the run at the next step (the reduction of the previous "
@@ -351,14 +348,14 @@ class UnusedParameters(Contract):
                        "looks like your LightningModule has parameters that were not used in producing the loss' "
                        "without naming them.")
         if always and not sometimes:
-            what = (f"{_plural(len(always), 'parameter')} that require grad got no gradient in any backward pass "
+            what = (f"{plural(len(always), 'parameter')} that require grad got no gradient in any backward pass "
                     f"on any rank: {_group(always)}")
         elif sometimes and not always:
-            what = (f"{_plural(len(sometimes), 'parameter')} got no gradient in some backward passes "
+            what = (f"{plural(len(sometimes), 'parameter')} got no gradient in some backward passes "
                     f"(usage changes from backward to backward): {_group(sometimes)}")
         else:
-            what = (f"{_plural(len(always), 'parameter')} never got a gradient ({_group(always)}) and "
-                    f"{_plural(len(sometimes), 'more')} missed some backward passes ({_group(sometimes)})")
+            what = (f"{plural(len(always), 'parameter')} never got a gradient ({_group(always)}) and "
+                    f"{plural(len(sometimes), 'more')} missed some backward passes ({_group(sometimes)})")
         evidence += definition_evidence(run, list(always) + list(sometimes))
         summary = (f"under DDP with find_unused_parameters=False, {what}. DDP waits for a gradient of every "
                    f"registered parameter in every backward.{stopped}")
