@@ -13,42 +13,57 @@ import os
 import sys
 import sysconfig
 
+# The libraries whose frames are never the user's: what the plugin drives, pytest, and itself.
 _LIB_PACKAGES = (
     "torch", "lightning", "lightning_fabric", "pytorch_lightning", "lightning_utilities",
-    "torchmetrics", "pytest_ltconform", "deepspeed",
+    "torchmetrics", "deepspeed", "pytest", "_pytest", "pluggy", "pytest_ltconform",
 )
+# Third-party code installed next to the standard library (a system or conda Python keeps
+# site-packages inside the stdlib folder) is user code unless it is one of the libraries above.
+_INSTALLED_DIRS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
 
 
-def _library_roots() -> tuple[str, ...]:
+def _package_roots() -> tuple[str, ...]:
     roots = []
     for name in _LIB_PACKAGES:
-        spec = importlib.util.find_spec(name) if name not in sys.modules else sys.modules[name].__spec__
+        try:
+            spec = importlib.util.find_spec(name) if name not in sys.modules else sys.modules[name].__spec__
+        except (ImportError, ValueError):
+            spec = None
         if spec is not None and spec.submodule_search_locations:
             roots.extend(os.path.realpath(p) + os.sep for p in spec.submodule_search_locations)
-    for key in ("stdlib", "platstdlib"):
-        path = sysconfig.get_paths().get(key)
-        if path:
-            roots.append(os.path.realpath(path) + os.sep)
     return tuple(roots)
 
 
-_ROOTS: tuple[str, ...] | None = None
+def _stdlib_roots() -> tuple[str, ...]:
+    paths = {sysconfig.get_paths().get(key) for key in ("stdlib", "platstdlib")}
+    return tuple(os.path.realpath(p) + os.sep for p in paths if p)
+
+
+_ROOTS: tuple[tuple[str, ...], tuple[str, ...]] | None = None
 _USER_CACHE: dict[str, bool] = {}
 
 
 def is_user_file(filename: str) -> bool:
-    """True for files that are neither torch, Lightning, TorchMetrics, the stdlib nor this package."""
+    """True for a source file of user code: any file outside torch, Lightning, TorchMetrics,
+    DeepSpeed, pytest, the standard library and this plugin, wherever it is installed
+    (a package in site-packages is user code). False for ``<string>``-like pseudo files."""
     global _ROOTS
     cached = _USER_CACHE.get(filename)
     if cached is not None:
         return cached
     if _ROOTS is None:
-        _ROOTS = _library_roots()
+        _ROOTS = (_package_roots(), _stdlib_roots())
+    packages, stdlib = _ROOTS
     if filename.startswith("<"):
         result = False
     else:
         real = os.path.realpath(filename)
-        result = not real.startswith(_ROOTS) and "site-packages" + os.sep + "torch" not in real
+        installed = next((real.split(d, 1)[1] for d in _INSTALLED_DIRS if d in real), None)
+        in_stdlib = real.startswith(stdlib) and installed is None
+        # torch's companions (torchvision, torchaudio, torchdata...) are library code too.
+        torch_family = installed is not None and installed.startswith("torch")
+        result = not (real.startswith(packages) or in_stdlib or torch_family)
     _USER_CACHE[filename] = result
     return result
 

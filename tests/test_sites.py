@@ -1,0 +1,50 @@
+"""User frames: what counts as the user's code, wherever it is installed (rule: DESIGN 'User code')."""
+
+from __future__ import annotations
+
+import json
+import os
+import sysconfig
+
+import pytest
+
+from pytest_ltconform import sites
+
+
+def _fresh(monkeypatch):
+    monkeypatch.setattr(sites, "_ROOTS", None)
+    monkeypatch.setattr(sites, "_USER_CACHE", {})
+
+
+def test_libraries_the_stdlib_and_the_plugin_are_not_user_code(monkeypatch):
+    _fresh(monkeypatch)
+    assert not sites.is_user_file(json.__file__)
+    assert not sites.is_user_file(pytest.__file__)
+    assert not sites.is_user_file(sites.__file__)
+    assert not sites.is_user_file("<string>")
+    torch = pytest.importorskip("torch")
+    assert not sites.is_user_file(torch.__file__)
+
+
+def test_a_package_installed_in_site_packages_is_user_code(monkeypatch, tmp_path):
+    _fresh(monkeypatch)
+    # A system or conda Python keeps site-packages inside its stdlib folder.
+    stdlib = tmp_path / "lib" / "python3.x"
+    installed = stdlib / "site-packages" / "forecastlib" / "models.py"
+    companion = stdlib / "site-packages" / "torchvision" / "datasets.py"
+    for path in (installed, companion):
+        path.parent.mkdir(parents=True)
+        path.write_text("x = 1\n")
+    real_paths = sysconfig.get_paths()
+    monkeypatch.setattr(sysconfig, "get_paths", lambda: {**real_paths, "stdlib": str(stdlib),
+                                                         "platstdlib": str(stdlib)})
+    assert sites.is_user_file(str(installed))
+    assert not sites.is_user_file(str(companion))
+    assert not sites.is_user_file(str(stdlib / "json.py"))
+    assert sites.is_user_file(os.path.abspath(__file__))
+
+
+def test_fmt_site_and_plural():
+    assert sites.fmt_site(None) == "<no user frame>"
+    assert sites.fmt_site({"file": "/x/y.py", "line": 3, "func": "f"}) == "/x/y.py:3 (f)"
+    assert (sites.plural(1, "call"), sites.plural(2, "call")) == ("1 call", "2 calls")
