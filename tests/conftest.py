@@ -58,3 +58,47 @@ def no_leftover_ranks(pytester):
     marker = str(pytester.path)
     assert wait_until(lambda: not rank_pids(cwd_marker=marker), 15), \
         f"rank processes left behind: {rank_pids(cwd_marker=marker)}"
+
+
+# -- fake runs: the Run a contract judges, from hand-made per-rank data (no world started) --------
+
+class FakeRuns:
+    """Builds runs with the world's own result types, so verdict tests judge what a real job returns."""
+
+    @staticmethod
+    def rank(rank: int, trace=(), value=None, status: str = "ok", **outcome):
+        """One rank's outcome: its trace events, its returned value, and for a failed rank
+        ``exc_type``, ``message``, ``traceback``."""
+        from pytest_ltconform.world import RankOutcome
+
+        return RankOutcome(rank=rank, status=status, value=value, trace=list(trace), **outcome)
+
+    @staticmethod
+    def job(ranks: list, status: str = "ok", divergence: dict | None = None):
+        from pytest_ltconform.world import JobResult
+
+        return JobResult(status=status, ranks=ranks, duration_s=0.1, world_size=len(ranks), divergence=divergence)
+
+    def of(self, ranks: list, status: str = "ok", kind: str = "fit", **job):
+        """A ddp run of ``kind`` made of ``ranks`` (from :meth:`rank`)."""
+        from pytest_ltconform.contracts.base import Run
+
+        return Run(self.job(ranks, status, **job), "ddp", kind)
+
+    def run(self, traces: list | None = None, values: list | None = None, **job):
+        """A ddp fit with one rank per entry of ``traces`` (event lists) or ``values`` (returned dicts)."""
+        n = len(traces or values)
+        traces, values = traces or [[]] * n, values or [None] * n
+        return self.of([self.rank(r, traces[r], values[r]) for r in range(n)], **job)
+
+    @staticmethod
+    def batches(rank_rows: list[list[str]], epoch: int = 0) -> list[dict]:
+        """data-sharding's ``batch`` events for one rank: one batch per list of sample-row hashes."""
+        return [{"ev": "batch", "stage": "train", "idx": i, "dl": 0, "epoch": epoch, "n": len(rows),
+                 "fp": "|".join(rows), "rows": rows} for i, rows in enumerate(rank_rows)]
+
+
+@pytest.fixture
+def fake_runs() -> FakeRuns:
+    """The shared builder of hand-made runs for verdict tests (see :class:`FakeRuns`)."""
+    return FakeRuns()

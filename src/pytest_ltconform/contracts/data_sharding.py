@@ -18,6 +18,7 @@ traceback).
 
 from __future__ import annotations
 
+import math
 import re
 from collections import defaultdict
 
@@ -344,6 +345,66 @@ def _ranges(ids: list) -> str:
     return ", ".join(parts)
 
 
+def _injection_failures(run: Run) -> list:
+    """The ranks whose fit raised inside Lightning's re-creation of the DataLoader, or later in a
+    sampler that expected attributes the injected DistributedSampler lacks (empty otherwise)."""
+    if run.finished:
+        return []
+    failed = [r for r in run.job.ranks if r.status == "error" and r.traceback]
+    if not failed:
+        return []
+    tb = failed[0].traceback
+    message = failed[0].message or ""
+    inside = any(fn in tb for fn in ("_update_dataloader", "_dataloader_init_kwargs_resolve_sampler",
+                                     "_get_dataloader_init_args_and_kwargs", "_reinstantiate_wrapped_cls"))
+    missing_attr = "DistributedSampler" in message and "has no attribute" in message
+    return failed if inside or missing_attr else []
+
+
+def _missing_attribute(first, stage: str, message: str, frames: list[dict]):
+    """(where, cause, fix, evidence) for a sampler reading what the DistributedSampler lacks."""
+    where = fmt_site(frames[-1])
+    cause = (f"a sampler or batch sampler of the {stage} DataLoader reads an attribute that the "
+             f"DistributedSampler Lightning injects does not have ({first.exc_type}: {message})")
+    evidence = [Evidence(f"{first.exc_type}: {message}", rank=first.rank, site=where)]
+    fix = ("read only what every sampler offers (a DistributedSampler keeps the dataset as .dataset, not "
+           ".data_source; use len(sampler) and iteration), or own the sampling: "
+           "Trainer(use_distributed_sampler=False) with a batch sampler that shards by rank itself.")
+    return where, cause, fix, evidence
+
+
+def _not_recreatable(first, stage: str, message: str, created: list[dict]) -> tuple[str, str]:
+    """(cause, fix) for a DataLoader Lightning could not re-create with its sampler."""
+    cause = (f"Lightning could not re-create the {stage} DataLoader with its DistributedSampler "
+             f"({first.exc_type}: {message})")
+    positional = [c for c in created if (c.get("positional") or 0) >= 4]
+    if positional:
+        cause += (f"; the DataLoader gets its sampler (argument {positional[0]['positional']} and on) "
+                  f"positionally, so the re-created DataLoader would receive it twice")
+    fix = ("pass DataLoader arguments by keyword (DataLoader(dataset, batch_size=..., sampler=...)), "
+           "and keep a DataLoader subclass's __init__ arguments stored as attributes of the same name; "
+           "or own the sampling with Trainer(use_distributed_sampler=False) and a rank-aware sampler.")
+    return cause, fix
+
+
+def _compare_fingerprints(per_rank: dict, world_size: int) -> tuple[int, int, set]:
+    """(steps with the same batch on every rank, steps compared, sample hashes of the same ones),
+    step by step over rank 0's epochs."""
+    same = compared = 0
+    samples = set()
+    for epoch in sorted(per_rank[0]):
+        lists = [per_rank[r].get(epoch, []) for r in range(world_size)]
+        for k in range(min(len(x) for x in lists)):
+            fps = [lst[k].get("fp") for lst in lists]
+            if None in fps:
+                continue
+            compared += 1
+            if len(set(fps)) == 1:
+                same += 1
+                samples.update(lists[0][k].get("rows", []))
+    return same, compared, samples
+
+
 class DataSharding(Contract):
     id = "data-sharding"
     title = "Each rank trains on its own share of the data, reshuffled every epoch"
@@ -422,50 +483,24 @@ class DataSharding(Contract):
 
     # -- 1. DataLoader Lightning cannot re-create ------------------------------------------------
     def _recreate_failure(self, run: Run) -> Verdict | None:
-        if run.finished:
-            return None
-        failed = [r for r in run.job.ranks if r.status == "error" and r.traceback]
+        failed = _injection_failures(run)
         if not failed:
             return None
         tb = failed[0].traceback
-        message = failed[0].message or ""
-        # Raised inside Lightning's re-creation of the DataLoader, or later by a sampler that
-        # expected attributes the injected DistributedSampler lacks.
-        inside = any(fn in tb for fn in ("_update_dataloader", "_dataloader_init_kwargs_resolve_sampler",
-                                         "_get_dataloader_init_args_and_kwargs", "_reinstantiate_wrapped_cls"))
-        missing_attr = "DistributedSampler" in message and "has no attribute" in message
-        if not inside and not missing_attr:
-            return None
-        frames = _user_frames(tb)
         message = (failed[0].message or "").strip().splitlines()[0]
         message = message.split(". ")[0][:300]
-        stage = "train"
         m = re.search(r"(train|val|test|predict)_dataloader", tb)
-        if m:
-            stage = m.group(1)
+        stage = m.group(1) if m else "train"
         created = [e for e in self._creation_events(run) if (e.get("hook") or "").endswith(f"{stage}_dataloader")] \
             or self._creation_events(run)
         built_at = fmt_site(created[0]["site"]) if created else None
-        evidence = []
+        frames = _user_frames(tb)
         if "has no attribute" in (failed[0].message or "") and frames:
-            where = fmt_site(frames[-1])
-            cause = (f"a sampler or batch sampler of the {stage} DataLoader reads an attribute that the "
-                     f"DistributedSampler Lightning injects does not have ({failed[0].exc_type}: {message})")
-            evidence.append(Evidence(f"{failed[0].exc_type}: {message}", rank=failed[0].rank, site=where))
-            fix = ("read only what every sampler offers (a DistributedSampler keeps the dataset as .dataset, not "
-                   ".data_source; use len(sampler) and iteration), or own the sampling: "
-                   "Trainer(use_distributed_sampler=False) with a batch sampler that shards by rank itself.")
+            where, cause, fix, evidence = _missing_attribute(failed[0], stage, message, frames)
         else:
             where = built_at or (fmt_site(frames[-1]) if frames else None)
-            cause = (f"Lightning could not re-create the {stage} DataLoader with its DistributedSampler "
-                     f"({failed[0].exc_type}: {message})")
-            positional = [c for c in created if (c.get("positional") or 0) >= 4]
-            if positional:
-                cause += (f"; the DataLoader gets its sampler (argument {positional[0]['positional']} and on) "
-                          f"positionally, so the re-created DataLoader would receive it twice")
-            fix = ("pass DataLoader arguments by keyword (DataLoader(dataset, batch_size=..., sampler=...)), "
-                   "and keep a DataLoader subclass's __init__ arguments stored as attributes of the same name; "
-                   "or own the sampling with Trainer(use_distributed_sampler=False) and a rank-aware sampler.")
+            cause, fix = _not_recreatable(failed[0], stage, message, created)
+            evidence = []
         for r in failed:
             evidence.append(Evidence(f"fit raised {r.exc_type} inside Lightning's sampler injection "
                                      f"({stage}_dataloader), before the first {stage} batch", rank=r.rank))
@@ -488,58 +523,52 @@ class DataSharding(Contract):
             per_rank = batches.get(stage, {})
             if len(per_rank) < run.world_size:
                 continue
-            same = compared = 0
-            samples = set()
-            for epoch in sorted(per_rank[0]):
-                lists = [per_rank[r].get(epoch, []) for r in range(run.world_size)]
-                for k in range(min(len(x) for x in lists)):
-                    fps = [lst[k].get("fp") for lst in lists]
-                    if None in fps:
-                        continue
-                    compared += 1
-                    if len(set(fps)) == 1:
-                        same += 1
-                        samples.update(lists[0][k].get("rows", []))
+            same, compared, samples = _compare_fingerprints(per_rank, run.world_size)
             if compared and same == compared:
-                loader = loaders.get(stage)
-                steps = {r: {ep: len(v) for ep, v in per_rank[r].items()} for r in range(run.world_size)}
-                first_ep = min(per_rank[0])
-                n0 = [e.get("n") for e in per_rank[0][first_ep]]
-                ranks = " and ".join(f"rank {r}" for r in range(run.world_size))
-                every = "in every step" if same == compared else f"in {same} of {compared} steps"
-                ids = [i for e in per_rank[0][first_ep] for i in e.get("ids", [])]
-                id_text = f"; sample ids {_ranges(ids)} in the same order on every rank" if ids else ""
-                summary = (f"{ranks} drew identical {stage} batches {every} ({compared} fingerprinted batches, "
-                           f"{len(samples)} distinct samples{id_text}), so the world trains on one rank's data "
-                           f"{run.world_size} times; {self._what(loader)} is not sharded by rank.")
-                evidence = [Evidence(f"{stage} epoch {first_ep}: {steps[r][first_ep]} batches of sizes {n0}, "
-                                     f"batch hashes {[e.get('fp')[:8] for e in per_rank[r][first_ep][:4]]}"
-                                     + (f", sample ids {[e.get('ids') for e in per_rank[r][first_ep][:4]]}"
-                                        if ids else ""), rank=r)
-                            for r in range(run.world_size)]
-                stream = self._stream_len(run, stage)
-                if loader and loader.get("iterable") and stream and loader.get("batch_size"):
-                    import math
-
-                    want = math.ceil(stream / (loader["batch_size"] * run.world_size))
-                    have = steps[0][first_ep]
-                    capped = " (the run caps an epoch at 4 batches)" if have >= 4 and want < have else ""
-                    evidence.append(Evidence(
-                        f"{self._what(loader)} yields all {stream} items on each rank: {have} steps per rank "
-                        f"per epoch{capped} where {stream} items / ({loader['batch_size']} per batch x "
-                        f"{run.world_size} ranks) = {want}", site=self._dataset_site(loader)))
-                    if loader.get("dataset_site"):
-                        evidence.append(Evidence(f"{loader['dataset']} is defined here; its __iter__ yields the "
-                                                 f"same items on every rank" if not loader.get("num_workers")
-                                                 else f"{loader['dataset']} is defined here",
-                                                 site=fmt_site(loader["dataset_site"])))
-                elif loader:
-                    evidence.append(Evidence(f"{self._what(loader)}, sampler {loader.get('sampler')}, "
-                                             f"use_distributed_sampler={loader.get('use_distributed_sampler')}",
-                                             site=self._dataset_site(loader)))
-                out.append(self.verdict("failed", summary, evidence=evidence, fix=self._fix_for(loader),
-                                        category="silent"))
+                out.append(self._identical(run, stage, per_rank, loaders.get(stage), same, compared, samples))
         return out
+
+    def _identical(self, run, stage, per_rank, loader, same, compared, samples) -> Verdict:
+        """Every rank drew the same batches of ``stage``: which, and why the loader is not sharded."""
+        steps = {r: {ep: len(v) for ep, v in per_rank[r].items()} for r in range(run.world_size)}
+        first_ep = min(per_rank[0])
+        n0 = [e.get("n") for e in per_rank[0][first_ep]]
+        ranks = " and ".join(f"rank {r}" for r in range(run.world_size))
+        every = "in every step" if same == compared else f"in {same} of {compared} steps"
+        ids = [i for e in per_rank[0][first_ep] for i in e.get("ids", [])]
+        id_text = f"; sample ids {_ranges(ids)} in the same order on every rank" if ids else ""
+        summary = (f"{ranks} drew identical {stage} batches {every} ({compared} fingerprinted batches, "
+                   f"{len(samples)} distinct samples{id_text}), so the world trains on one rank's data "
+                   f"{run.world_size} times; {self._what(loader)} is not sharded by rank.")
+        evidence = [Evidence(f"{stage} epoch {first_ep}: {steps[r][first_ep]} batches of sizes {n0}, "
+                             f"batch hashes {[e.get('fp')[:8] for e in per_rank[r][first_ep][:4]]}"
+                             + (f", sample ids {[e.get('ids') for e in per_rank[r][first_ep][:4]]}"
+                                if ids else ""), rank=r)
+                    for r in range(run.world_size)]
+        evidence += self._loader_evidence(run, stage, loader, steps[0][first_ep])
+        return self.verdict("failed", summary, evidence=evidence, fix=self._fix_for(loader), category="silent")
+
+    def _loader_evidence(self, run, stage, loader, have: int) -> list[Evidence]:
+        """For a stream: the items every rank yields against the steps a sharded stream would give."""
+        stream = self._stream_len(run, stage)
+        if loader and loader.get("iterable") and stream and loader.get("batch_size"):
+            want = math.ceil(stream / (loader["batch_size"] * run.world_size))
+            capped = " (the run caps an epoch at 4 batches)" if have >= 4 and want < have else ""
+            evidence = [Evidence(
+                f"{self._what(loader)} yields all {stream} items on each rank: {have} steps per rank "
+                f"per epoch{capped} where {stream} items / ({loader['batch_size']} per batch x "
+                f"{run.world_size} ranks) = {want}", site=self._dataset_site(loader))]
+            if loader.get("dataset_site"):
+                evidence.append(Evidence(f"{loader['dataset']} is defined here; its __iter__ yields the "
+                                         f"same items on every rank" if not loader.get("num_workers")
+                                         else f"{loader['dataset']} is defined here",
+                                         site=fmt_site(loader["dataset_site"])))
+            return evidence
+        if loader:
+            return [Evidence(f"{self._what(loader)}, sampler {loader.get('sampler')}, "
+                             f"use_distributed_sampler={loader.get('use_distributed_sampler')}",
+                             site=self._dataset_site(loader))]
+        return []
 
     @staticmethod
     def _stream_len(run: Run, stage: str) -> int | None:

@@ -24,6 +24,7 @@ per node, which is then judged instead.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -159,15 +160,6 @@ def _int(value: Any) -> int | None:
     return int(digits) if digits else None
 
 
-def launcher_of(env: dict) -> str:
-    """'torchrun', 'slurm', 'slurm-interactive' or 'manual' (MASTER_*/NODE_RANK set by hand)."""
-    if "TORCHELASTIC_RUN_ID" in env:
-        return "torchrun"
-    if "SLURM_NTASKS" in env:
-        return "slurm-interactive" if env.get("SLURM_JOB_NAME") in _INTERACTIVE_JOB_NAMES else "slurm"
-    return "manual"
-
-
 def first_host(nodelist: str) -> str:
     """First host of a SLURM node list ('n[1-2],m3' -> 'n1'), as Lightning picks the root node."""
     head = nodelist.split(" ")[0].split(",")[0]
@@ -178,23 +170,267 @@ def first_host(nodelist: str) -> str:
     return head
 
 
-def view(env: dict, index: int) -> dict:
-    """One process's world as its launcher describes it (the values Lightning would use)."""
-    launcher = launcher_of(env)
-    if launcher.startswith("slurm"):
+class _Findings:
+    """Problems (category, rank or None, detail) and notes of one launch, in the order found."""
+
+    def __init__(self):
+        self.problems: list[tuple[str, int | None, str]] = []
+        self.notes: list[str] = []
+
+    def problem(self, category: str, detail: str, rank: int | None = None) -> None:
+        self.problems.append((category, rank, detail))
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+
+def _who(v: dict) -> int:
+    return v["rank"] if v["rank"] is not None else v["index"]
+
+
+def _sizes(views: list[dict]) -> dict:
+    """rank -> the world size its launcher gives (a later process claiming the same rank wins)."""
+    return {_who(v): v["world_size"] for v in views}
+
+
+@dataclasses.dataclass
+class _Layout:
+    """The world the started processes make, and the Trainer's settings (filled from it when unset)."""
+
+    per_node: dict  # node rank -> processes started on it
+    nodes: int
+    procs_per_node: int
+    world: int | None  # the world size the first rank's launcher variable gives
+    var: str
+    num_nodes: int
+    devices: int
+
+    @classmethod
+    def of(cls, views: list[dict], trainer: dict) -> _Layout:
+        per_node: dict[int | None, int] = {}
+        for v in views:
+            per_node[v["node_rank"]] = per_node.get(v["node_rank"], 0) + 1
+        procs_per_node = max(per_node.values())
+        world = sorted(set(_sizes(views).values()), key=str)[0]
+        return cls(per_node, len(per_node), procs_per_node, world, views[0]["world_var"],
+                   trainer.get("num_nodes") or len(per_node), trainer.get("devices") or procs_per_node)
+
+    def facts(self, first: dict) -> dict:
+        return {"launcher": first["launcher"], "nodes": self.nodes, "per_node": self.procs_per_node,
+                "world": self.world, "var": self.var, "num_nodes": self.num_nodes, "devices": self.devices,
+                "master": f"{first['master_addr']}:{first['master_port']}"}
+
+
+# -- one validator per launcher, like Lightning's cluster environments --------------------------
+
+class _Launcher:
+    """A launcher: how it is recognised, the world it describes to one process (the values
+    Lightning would use), and the settings only it has. The base class is a manual launch
+    (MASTER_ADDR/MASTER_PORT/NODE_RANK exported by hand)."""
+
+    name = "manual"
+    node_var = "NODE_RANK"
+
+    @staticmethod
+    def detect(env: dict) -> bool:
+        return True
+
+    def view(self, env: dict, index: int) -> dict:
+        return {"launcher": self.name, "index": index, "world_size": _int(env.get("WORLD_SIZE")),
+                "world_var": "WORLD_SIZE", "rank": _int(env.get("RANK")), "local_rank": _int(env.get("LOCAL_RANK")),
+                "node_rank": _int(env.get(self.node_var, "0")), "node_var": self.node_var,
+                "master_addr": env.get("MASTER_ADDR"), "master_port": env.get("MASTER_PORT"), "env": env}
+
+    def validate_process(self, v: dict, findings: _Findings) -> None:
+        """Checks of one process's own variables (none for a manual launch)."""
+
+    def validate(self, views: list[dict], layout: _Layout, findings: _Findings) -> None:
+        """Checks of the launcher's own settings across the launch (none for a manual launch)."""
+
+
+class _OwnNodeRank(_Launcher):
+    """A launcher that sets its own node rank: a NODE_RANK exported next to it must agree."""
+
+    def validate_process(self, v: dict, findings: _Findings) -> None:
+        exported = _int(v["env"].get("NODE_RANK"))
+        if exported is not None and exported != v["node_rank"]:
+            findings.problem("deadlock", f"NODE_RANK={exported} but the launcher's {v['node_var']}={v['node_rank']}",
+                             rank=_who(v))
+
+
+class _TorchElastic(_OwnNodeRank):
+    name = "torchrun"
+    node_var = "GROUP_RANK"
+
+    @staticmethod
+    def detect(env: dict) -> bool:
+        return "TORCHELASTIC_RUN_ID" in env
+
+
+class _Slurm(_OwnNodeRank):
+    name = "slurm"
+    node_var = "SLURM_NODEID"
+
+    @staticmethod
+    def detect(env: dict) -> bool:
+        return "SLURM_NTASKS" in env
+
+    def view(self, env: dict, index: int) -> dict:
         job = env.get("SLURM_JOB_ID")
         port = env.get("MASTER_PORT") or (str(15000 + int(job[-4:])) if job and job[-4:].isdigit() else "12910")
-        return {"launcher": launcher, "index": index, "world_size": _int(env.get("SLURM_NTASKS")),
+        return {"launcher": self.name, "index": index, "world_size": _int(env.get("SLURM_NTASKS")),
                 "world_var": "SLURM_NTASKS", "rank": _int(env.get("SLURM_PROCID")),
                 "local_rank": _int(env.get("SLURM_LOCALID")), "node_rank": _int(env.get("SLURM_NODEID")),
-                "node_var": "SLURM_NODEID",
+                "node_var": self.node_var,
                 "master_addr": env.get("MASTER_ADDR") or first_host(env.get("SLURM_NODELIST", "127.0.0.1")),
                 "master_port": port, "env": env}
-    node_var = "GROUP_RANK" if launcher == "torchrun" else "NODE_RANK"
-    return {"launcher": launcher, "index": index, "world_size": _int(env.get("WORLD_SIZE")), "world_var": "WORLD_SIZE",
-            "rank": _int(env.get("RANK")), "local_rank": _int(env.get("LOCAL_RANK")),
-            "node_rank": _int(env.get(node_var, "0")), "node_var": node_var,
-            "master_addr": env.get("MASTER_ADDR"), "master_port": env.get("MASTER_PORT"), "env": env}
+
+    def validate(self, views: list[dict], layout: _Layout, findings: _Findings) -> None:
+        """SLURM's task layout: tasks per node, tasks = nodes x tasks per node, nodes = num_nodes."""
+        env0 = views[0]["env"]
+        per_node = _int(env0.get("SLURM_NTASKS_PER_NODE"))
+        nnodes = _int(env0.get("SLURM_NNODES") or env0.get("SLURM_JOB_NUM_NODES"))
+        ntasks = _int(env0.get("SLURM_NTASKS"))
+        if per_node is None and ntasks and ntasks > 1:
+            findings.problem("deadlock", f"SLURM_NTASKS={ntasks} without SLURM_NTASKS_PER_NODE: "
+                                         f"launch with --ntasks-per-node, not --ntasks")
+        if per_node is not None:
+            procs = layout.procs_per_node
+            if per_node != procs:
+                findings.problem("silent", f"SLURM_NTASKS_PER_NODE={per_node} but {procs} "
+                                           f"process{'es' if procs != 1 else ''} per node "
+                                           f"(devices={layout.devices})")
+            elif per_node != layout.devices:
+                findings.problem("silent", f"SLURM_NTASKS_PER_NODE={per_node} but the Trainer has "
+                                           f"devices={layout.devices}")
+            if nnodes is not None and ntasks is not None and ntasks != nnodes * per_node:
+                findings.problem("silent", f"SLURM_NTASKS={ntasks} != SLURM_NNODES {nnodes} x "
+                                           f"SLURM_NTASKS_PER_NODE {per_node} = {nnodes * per_node}")
+        if nnodes is not None and nnodes != layout.num_nodes:
+            findings.problem("silent", f"SLURM_NNODES={nnodes} but the Trainer has num_nodes={layout.num_nodes}")
+
+
+class _SlurmInteractive(_Slurm):
+    """An srun job named like an interactive shell: Lightning does not treat it as a SLURM launch."""
+
+    name = "slurm-interactive"
+
+    @staticmethod
+    def detect(env: dict) -> bool:
+        return "SLURM_NTASKS" in env and env.get("SLURM_JOB_NAME") in _INTERACTIVE_JOB_NAMES
+
+    def validate(self, views: list[dict], layout: _Layout, findings: _Findings) -> None:
+        if len(views) > 1:
+            findings.problem("deadlock", f"SLURM_JOB_NAME={views[0]['env'].get('SLURM_JOB_NAME')} makes Lightning "
+                                         f"treat this {len(views)}-task job as an interactive shell: every "
+                                         f"task takes global rank 0")
+        super().validate(views, layout, findings)
+
+
+# In the order they are tried; the manual launch takes what no launcher claims.
+_LAUNCHERS = (_TorchElastic(), _SlurmInteractive(), _Slurm(), _Launcher())
+_BY_NAME = {launcher.name: launcher for launcher in _LAUNCHERS}
+
+
+def _launcher(env: dict) -> _Launcher:
+    return next(launcher for launcher in _LAUNCHERS if launcher.detect(env))
+
+
+def launcher_of(env: dict) -> str:
+    """'torchrun', 'slurm', 'slurm-interactive' or 'manual' (MASTER_*/NODE_RANK set by hand)."""
+    return _launcher(env).name
+
+
+def view(env: dict, index: int) -> dict:
+    """One process's world as its launcher describes it (the values Lightning would use)."""
+    return _launcher(env).view(env, index)
+
+
+# -- checks every launch gets ------------------------------------------------------------------
+
+def _check_node_sizes(layout: _Layout, trainer: dict, findings: _Findings) -> None:
+    """Every node runs the same number of processes; say which Trainer settings were filled in."""
+    if len(set(layout.per_node.values())) > 1:
+        listing = ", ".join(f"node {n}: {c}" for n, c in sorted(layout.per_node.items(), key=lambda kv: str(kv[0])))
+        findings.problem("deadlock", f"nodes run different numbers of processes ({listing}); "
+                                     f"Lightning assumes devices processes on every node")
+    unset = [k for k in ("num_nodes", "devices") if not trainer.get(k)]
+    if unset:
+        why = (f"Lightning's default num_nodes=1 under a launch of {layout.nodes} nodes shards the data for the "
+               f"wrong world" if "num_nodes" in unset and layout.nodes > 1 else
+               "devices='auto' takes every visible device of a node, which need not match the tasks per node")
+        findings.note(f"your Trainer kwargs do not set {' and '.join(unset)}; judged with num_nodes="
+                      f"{layout.num_nodes} and devices={layout.devices} as launched. Set them in the production "
+                      f"Trainer: {why}.")
+
+
+def _check_world_size(views: list[dict], layout: _Layout, findings: _Findings) -> None:
+    """The world size is the same everywhere, the processes that exist, and num_nodes x devices."""
+    var, world = layout.var, layout.world
+    sizes = _sizes(views)
+    if len(set(sizes.values())) > 1:
+        listing = ", ".join(f"rank {r}: {s}" for r, s in sorted(sizes.items()))
+        findings.problem("deadlock", f"{var} differs across ranks ({listing})")
+    if world is not None and world != len(views):
+        findings.problem("deadlock", f"{var}={world} but {len(views)} processes were started "
+                                     f"({layout.nodes} node(s) x {layout.procs_per_node})")
+    wanted = layout.num_nodes * layout.devices
+    if world is not None and world != wanted:
+        findings.problem("silent", f"{var}={world} but num_nodes {layout.num_nodes} x devices {layout.devices} = "
+                                   f"{wanted}")
+
+
+def _check_master(views: list[dict], findings: _Findings) -> None:
+    for key, label in (("master_addr", "MASTER_ADDR"), ("master_port", "MASTER_PORT")):
+        values = {_who(v): v[key] for v in views}
+        if len(set(values.values())) > 1:
+            listing = ", ".join(f"rank {r}: {val}" for r, val in sorted(values.items()))
+            findings.problem("deadlock", f"{label} differs across ranks ({listing}); every rank must "
+                                         f"rendezvous at the same address")
+
+
+def _check_node_count(views: list[dict], layout: _Layout, trainer: dict, findings: _Findings) -> None:
+    """The distinct node ranks the processes report are the Trainer's num_nodes."""
+    wanted = trainer.get("num_nodes")
+    if not wanted or layout.nodes == wanted:
+        return
+    node_var = views[0]["node_var"]
+    seen = ", ".join(map(str, sorted(layout.per_node, key=str)))
+    if layout.nodes < wanted:
+        findings.problem("deadlock", f"the Trainer has num_nodes={wanted} but the processes report {layout.nodes} "
+                                     f"distinct {node_var} value(s) ({seen}); every node needs its own {node_var}")
+    else:
+        findings.problem("silent", f"the launch spans {layout.nodes} nodes ({node_var} {seen}) but the "
+                                   f"Trainer has num_nodes={wanted}")
+
+
+def _check_seats(views: list[dict], layout: _Layout, findings: _Findings) -> None:
+    """Each (node rank, local rank) and global rank once; node ranks 0..nodes-1."""
+    seats = [(v["node_rank"], v["local_rank"]) for v in views if v["local_rank"] is not None]
+    doubled = sorted({s for s in seats if seats.count(s) > 1}, key=str)
+    if doubled:
+        findings.problem("deadlock", "several processes claim the same (node rank, local rank): "
+                                     + ", ".join(f"{n}/{lr}" for n, lr in doubled))
+    ranks = sorted(_who(v) for v in views)
+    if layout.world is not None and ranks != list(range(len(views))):
+        findings.problem("deadlock", f"global ranks are {ranks}, not 0..{len(views) - 1} once each")
+    node_ranks = sorted(n for n in layout.per_node if n is not None)
+    if node_ranks != list(range(layout.nodes)):
+        findings.problem("deadlock", f"node ranks are {node_ranks}, not 0..{layout.nodes - 1}")
+
+
+def _check_timeout(views: list[dict], trainer: dict, findings: _Findings) -> None:
+    """The timeout belongs to the strategy: NCCL_TIMEOUT is read by neither torch nor Lightning."""
+    nccl = {_who(v): v["env"]["NCCL_TIMEOUT"] for v in views if "NCCL_TIMEOUT" in v["env"]}
+    if not nccl:
+        return
+    value = next(iter(nccl.values()))
+    if trainer.get("timeout_s"):
+        findings.note(f"NCCL_TIMEOUT={value} is set but has no effect; the strategy's timeout "
+                      f"({trainer['timeout_s']:g} s) is the one in force.")
+    else:
+        findings.problem("silent", f"NCCL_TIMEOUT={value} is set on rank(s) {', '.join(map(str, sorted(nccl)))} "
+                                   f"while the strategy keeps its default process-group timeout")
 
 
 def check(views: list[dict], trainer: dict) -> tuple[list[tuple[str, int | None, str]], list[str], dict]:
@@ -203,123 +439,18 @@ def check(views: list[dict], trainer: dict) -> tuple[list[tuple[str, int | None,
 
     Returns (problems as (category, rank or None, detail), notes, layout facts).
     """
-    problems: list[tuple[str, int | None, str]] = []
-    notes: list[str] = []
-
-    def who(v: dict) -> int:
-        return v["rank"] if v["rank"] is not None else v["index"]
-
-    per_node: dict[int | None, int] = {}
+    findings = _Findings()
+    layout = _Layout.of(views, trainer)
+    _check_node_sizes(layout, trainer, findings)
+    _check_world_size(views, layout, findings)
+    _check_master(views, findings)
+    _check_node_count(views, layout, trainer, findings)
+    _check_seats(views, layout, findings)
     for v in views:
-        per_node[v["node_rank"]] = per_node.get(v["node_rank"], 0) + 1
-    nodes_seen = len(per_node)
-    counts = sorted(set(per_node.values()))
-    procs_per_node = counts[-1]
-    if len(counts) > 1:
-        listing = ", ".join(f"node {n}: {c}" for n, c in sorted(per_node.items(), key=lambda kv: str(kv[0])))
-        problems.append(("deadlock", None, f"nodes run different numbers of processes ({listing}); "
-                                           f"Lightning assumes devices processes on every node"))
-    num_nodes = trainer.get("num_nodes") or nodes_seen
-    devices = trainer.get("devices") or procs_per_node
-    unset = [k for k in ("num_nodes", "devices") if not trainer.get(k)]
-    if unset:
-        why = (f"Lightning's default num_nodes=1 under a launch of {nodes_seen} nodes shards the data for the "
-               f"wrong world" if "num_nodes" in unset and nodes_seen > 1 else
-               "devices='auto' takes every visible device of a node, which need not match the tasks per node")
-        notes.append(f"your Trainer kwargs do not set {' and '.join(unset)}; judged with num_nodes={num_nodes} "
-                     f"and devices={devices} as launched. Set them in the production Trainer: {why}.")
-
-    # 1. world size: the same everywhere, the processes that exist, and num_nodes x devices.
-    var = views[0]["world_var"]
-    sizes = {who(v): v["world_size"] for v in views}
-    distinct = sorted(set(sizes.values()), key=str)
-    if len(distinct) > 1:
-        listing = ", ".join(f"rank {r}: {s}" for r, s in sorted(sizes.items()))
-        problems.append(("deadlock", None, f"{var} differs across ranks ({listing})"))
-    world = distinct[0]
-    if world is not None and world != len(views):
-        problems.append(("deadlock", None, f"{var}={world} but {len(views)} processes were started "
-                                           f"({nodes_seen} node(s) x {procs_per_node})"))
-    if world is not None and world != num_nodes * devices:
-        problems.append(("silent", None, f"{var}={world} but num_nodes {num_nodes} x devices {devices} = "
-                                         f"{num_nodes * devices}"))
-
-    # 2. rendezvous values and node ranks agree.
-    for key, label in (("master_addr", "MASTER_ADDR"), ("master_port", "MASTER_PORT")):
-        values = {who(v): v[key] for v in views}
-        if len(set(values.values())) > 1:
-            listing = ", ".join(f"rank {r}: {val}" for r, val in sorted(values.items()))
-            problems.append(("deadlock", None, f"{label} differs across ranks ({listing}); every rank must "
-                                               f"rendezvous at the same address"))
-    if trainer.get("num_nodes") and nodes_seen != trainer["num_nodes"]:
-        node_var = views[0]["node_var"]
-        seen = ", ".join(map(str, sorted(per_node, key=str)))
-        if nodes_seen < trainer["num_nodes"]:
-            problems.append(("deadlock", None, f"the Trainer has num_nodes={trainer['num_nodes']} but the processes "
-                                               f"report {nodes_seen} distinct {node_var} value(s) ({seen}); every "
-                                               f"node needs its own {node_var}"))
-        else:
-            problems.append(("silent", None, f"the launch spans {nodes_seen} nodes ({node_var} {seen}) but the "
-                                             f"Trainer has num_nodes={trainer['num_nodes']}"))
-    seats = [(v["node_rank"], v["local_rank"]) for v in views if v["local_rank"] is not None]
-    doubled = sorted({s for s in seats if seats.count(s) > 1}, key=str)
-    if doubled:
-        problems.append(("deadlock", None, "several processes claim the same (node rank, local rank): "
-                                           + ", ".join(f"{n}/{lr}" for n, lr in doubled)))
-    ranks = sorted(who(v) for v in views)
-    if world is not None and ranks != list(range(len(views))):
-        problems.append(("deadlock", None, f"global ranks are {ranks}, not 0..{len(views) - 1} once each"))
-    node_ranks = sorted(n for n in per_node if n is not None)
-    if node_ranks != list(range(nodes_seen)):
-        problems.append(("deadlock", None, f"node ranks are {node_ranks}, not 0..{nodes_seen - 1}"))
-    for v in views:
-        exported = _int(v["env"].get("NODE_RANK"))
-        if v["node_var"] != "NODE_RANK" and exported is not None and exported != v["node_rank"]:
-            problems.append(("deadlock", who(v), f"NODE_RANK={exported} but the launcher's "
-                                                 f"{v['node_var']}={v['node_rank']}"))
-
-    # 3. SLURM's task layout.
-    env0 = views[0]["env"]
-    if views[0]["launcher"].startswith("slurm"):
-        if views[0]["launcher"] == "slurm-interactive" and len(views) > 1:
-            problems.append(("deadlock", None, f"SLURM_JOB_NAME={env0.get('SLURM_JOB_NAME')} makes Lightning "
-                                               f"treat this {len(views)}-task job as an interactive shell: every "
-                                               f"task takes global rank 0"))
-        per_node_var = _int(env0.get("SLURM_NTASKS_PER_NODE"))
-        nnodes = _int(env0.get("SLURM_NNODES") or env0.get("SLURM_JOB_NUM_NODES"))
-        ntasks = _int(env0.get("SLURM_NTASKS"))
-        if per_node_var is None and ntasks and ntasks > 1:
-            problems.append(("deadlock", None, f"SLURM_NTASKS={ntasks} without SLURM_NTASKS_PER_NODE: "
-                                               f"launch with --ntasks-per-node, not --ntasks"))
-        if per_node_var is not None:
-            if per_node_var != procs_per_node:
-                problems.append(("silent", None, f"SLURM_NTASKS_PER_NODE={per_node_var} but {procs_per_node} "
-                                                 f"process{'es' if procs_per_node != 1 else ''} per node "
-                                                 f"(devices={devices})"))
-            elif per_node_var != devices:
-                problems.append(("silent", None, f"SLURM_NTASKS_PER_NODE={per_node_var} but the Trainer has "
-                                                 f"devices={devices}"))
-            if nnodes is not None and ntasks is not None and ntasks != nnodes * per_node_var:
-                problems.append(("silent", None, f"SLURM_NTASKS={ntasks} != SLURM_NNODES {nnodes} x "
-                                                 f"SLURM_NTASKS_PER_NODE {per_node_var} = {nnodes * per_node_var}"))
-        if nnodes is not None and nnodes != num_nodes:
-            problems.append(("silent", None, f"SLURM_NNODES={nnodes} but the Trainer has num_nodes={num_nodes}"))
-
-    # 4. the timeout belongs to the strategy.
-    nccl = {who(v): v["env"]["NCCL_TIMEOUT"] for v in views if "NCCL_TIMEOUT" in v["env"]}
-    if nccl:
-        value = next(iter(nccl.values()))
-        if trainer.get("timeout_s"):
-            notes.append(f"NCCL_TIMEOUT={value} is set but has no effect; the strategy's timeout "
-                         f"({trainer['timeout_s']:g} s) is the one in force.")
-        else:
-            problems.append(("silent", None, f"NCCL_TIMEOUT={value} is set on rank(s) "
-                                             f"{', '.join(map(str, sorted(nccl)))} while the strategy "
-                                             f"keeps its default process-group timeout"))
-    layout = {"launcher": views[0]["launcher"], "nodes": nodes_seen, "per_node": procs_per_node,
-              "world": world, "var": var, "num_nodes": num_nodes, "devices": devices,
-              "master": f"{views[0]['master_addr']}:{views[0]['master_port']}"}
-    return problems, notes, layout
+        _BY_NAME[v["launcher"]].validate_process(v, findings)
+    _BY_NAME[views[0]["launcher"]].validate(views, layout, findings)
+    _check_timeout(views, trainer, findings)
+    return findings.problems, findings.notes, layout.facts(views[0])
 
 
 _FIX = {

@@ -17,6 +17,7 @@ started ranks, so spawning is judged here instead.
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 from ..sites import fmt_site
 from .base import Contract, Evidence, Run, Verdict
@@ -195,66 +196,91 @@ class SpawnSafety(Contract):
             r = run.job.ranks[0]
             return self.verdict("error", f"the spawn checks could not run: {r.exc_type}: {r.message}",
                                 diagnosis=run.job.failure_text())
-        failures: list[tuple[str, list[Evidence], str]] = []
         fresh = facts.get("fresh") or {}
         module = facts["module"]
-        trip = fresh.get("tripped") or (facts.get("tripped_here") or [None])[0]
-        if trip:
-            site = fmt_site(trip) if trip.get("file") else None
-            summary = (f"importing the module {module} called {trip['method']} at import time (module top level, "
-                       f"no `if __name__ == \"__main__\":` guard) at {site}: a spawn-started rank (ddp_spawn, "
-                       f"DataLoader workers under spawn) re-imports it and starts training again, and so does "
-                       f"every tool that imports it.")
-            evidence = [Evidence(f"{trip['method']} entered while importing {module} in a fresh interpreter",
-                                 site=site)]
-            for built in fresh.get("trainers", [])[:2]:
-                evidence.append(Evidence("Trainer(...) constructed at import time", site=fmt_site(built)))
-            failures.append((summary, evidence, "put the script part (Trainer construction and fit) under "
-                                                "`if __name__ == \"__main__\":`, or in a main() called from there."))
-        elif fresh.get("timeout"):
-            failures.append((f"importing the module {module} in a fresh interpreter did not return within "
-                             f"{fresh['timeout']:.0f} s: something at module top level runs (training, a "
-                             f"collective, a server) that every spawn-started process would run again.", [],
-                             "move side effects under `if __name__ == \"__main__\":`."))
-        elif fresh.get("error"):
-            where = fmt_site(fresh["error_site"]) if fresh.get("error_site") else None
-            failures.append((f"the module {module} cannot be imported in a fresh interpreter ({fresh['error']}"
-                             + (f" at {where}" if where else "") + "); a spawn-started process imports it first.",
-                             [Evidence(fresh["error"], site=where)],
-                             "make the module importable on its own (imports and sys.path set up at import time)."))
+        failures = _import_failures(facts, fresh, module)
         import_problem = bool(failures)
-        for item in facts.get("pickling", []):
-            where = fmt_site(item["site"]) if item.get("site") else None
-            summary = (f"{item['path']} does not pickle: it is {item['what']} ({item['error']}); ddp_spawn pickles "
-                       f"the module, the datamodule and the Trainer with its callbacks to start every rank.")
-            failures.append((summary, [Evidence(f"{item['path']}: {item['what']}", site=where)],
-                             "keep only picklable state on these objects: a module-level function instead of a "
-                             "lambda or nested function, open files and locks created where they are used (or "
-                             "dropped in __getstate__); or launch with torchrun/ddp instead of ddp_spawn."))
+        failures += [_pickling_failure(item) for item in facts.get("pickling", [])]
         notes = []
         if facts.get("spawn_config"):
             notes.append("the Trainer config asks for ddp_spawn; inside our worlds it runs as ddp (Lightning keeps "
                          "its spawn launcher even in externally started ranks), so spawning is judged here.")
         if not failures:
-            parts = ["the module, datamodule and Trainer kwargs pickle"]
-            if fresh.get("seconds") is not None:
-                parts.append(f"importing {module} in a fresh interpreter started no training "
-                             f"({fresh['seconds']:.1f} s)")
-            elif fresh.get("crashed") is not None:
-                notes.append(f"the fresh-interpreter import check itself did not report (exit {fresh['crashed']}).")
-            return self.verdict("passed", "; ".join(parts) + ".", notes=notes)
+            return self._passed(fresh, module, notes)
+        return self._failed(failures, notes, spawn_matters=import_problem or bool(facts.get("spawn_config")))
+
+    def _passed(self, fresh: dict, module: str, notes: list[str]) -> Verdict:
+        parts = ["the module, datamodule and Trainer kwargs pickle"]
+        if fresh.get("seconds") is not None:
+            parts.append(f"importing {module} in a fresh interpreter started no training "
+                         f"({fresh['seconds']:.1f} s)")
+        elif fresh.get("crashed") is not None:
+            notes.append(f"the fresh-interpreter import check itself did not report (exit {fresh['crashed']}).")
+        return self.verdict("passed", "; ".join(parts) + ".", notes=notes)
+
+    def _failed(self, failures: list[_Failure], notes: list[str], spawn_matters: bool) -> Verdict:
+        """The first failure leads; the others add their evidence, a note and their fix."""
         summary, evidence, fix = failures[0]
         for extra in failures[1:]:
-            evidence += extra[1]
-            notes.insert(0, extra[0])
-        fixes = [fix] + [f[2] for f in failures[1:] if f[2] != fix]
+            evidence += extra.evidence
+            notes.insert(0, extra.summary)
+        fixes = [fix] + [f.fix for f in failures[1:] if f.fix != fix]
         outcome = "failed"
-        if not import_problem and not facts.get("spawn_config"):
+        if not spawn_matters:
             # Pickling matters once something spawns; torchrun and plain ddp build objects per rank.
             outcome = "advisory"
             notes.append("the Trainer config does not ask for ddp_spawn, so today's launch is not affected; "
                          "any spawn-started run (ddp_spawn, notebooks, spawn DataLoader workers) would fail here.")
         return self.verdict(outcome, summary, evidence=evidence, fix=" Also: ".join(fixes), notes=notes)
+
+
+class _Failure(NamedTuple):
+    summary: str
+    evidence: list[Evidence]
+    fix: str
+
+
+def _import_failures(facts: dict, fresh: dict, module: str) -> list[_Failure]:
+    """What importing the module in a fresh interpreter showed: training started at import time,
+    an import that never returned, or one that raised (at most one of them)."""
+    trip = fresh.get("tripped") or (facts.get("tripped_here") or [None])[0]
+    if trip:
+        return [_trip_failure(trip, fresh, module)]
+    if fresh.get("timeout"):
+        return [_Failure(f"importing the module {module} in a fresh interpreter did not return within "
+                         f"{fresh['timeout']:.0f} s: something at module top level runs (training, a "
+                         f"collective, a server) that every spawn-started process would run again.", [],
+                         "move side effects under `if __name__ == \"__main__\":`.")]
+    if fresh.get("error"):
+        where = fmt_site(fresh["error_site"]) if fresh.get("error_site") else None
+        return [_Failure(f"the module {module} cannot be imported in a fresh interpreter ({fresh['error']}"
+                         + (f" at {where}" if where else "") + "); a spawn-started process imports it first.",
+                         [Evidence(fresh["error"], site=where)],
+                         "make the module importable on its own (imports and sys.path set up at import time).")]
+    return []
+
+
+def _trip_failure(trip: dict, fresh: dict, module: str) -> _Failure:
+    site = fmt_site(trip) if trip.get("file") else None
+    summary = (f"importing the module {module} called {trip['method']} at import time (module top level, "
+               f"no `if __name__ == \"__main__\":` guard) at {site}: a spawn-started rank (ddp_spawn, "
+               f"DataLoader workers under spawn) re-imports it and starts training again, and so does "
+               f"every tool that imports it.")
+    evidence = [Evidence(f"{trip['method']} entered while importing {module} in a fresh interpreter", site=site)]
+    for built in fresh.get("trainers", [])[:2]:
+        evidence.append(Evidence("Trainer(...) constructed at import time", site=fmt_site(built)))
+    return _Failure(summary, evidence, "put the script part (Trainer construction and fit) under "
+                                       "`if __name__ == \"__main__\":`, or in a main() called from there.")
+
+
+def _pickling_failure(item: dict) -> _Failure:
+    where = fmt_site(item["site"]) if item.get("site") else None
+    summary = (f"{item['path']} does not pickle: it is {item['what']} ({item['error']}); ddp_spawn pickles "
+               f"the module, the datamodule and the Trainer with its callbacks to start every rank.")
+    return _Failure(summary, [Evidence(f"{item['path']}: {item['what']}", site=where)],
+                    "keep only picklable state on these objects: a module-level function instead of a "
+                    "lambda or nested function, open files and locks created where they are used (or "
+                    "dropped in __getstate__); or launch with torchrun/ddp instead of ddp_spawn.")
 
 
 CONTRACT = SpawnSafety()

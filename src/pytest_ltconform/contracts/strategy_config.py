@@ -166,36 +166,64 @@ def _walk(config, prefix=""):
 
 
 def _deepspeed_facts(strategy, model, user: dict, file: str | None) -> list[dict]:
-    findings = []
+    """Findings on a DeepSpeed config dict, in this order: "auto" values, non-numeric sizes, two
+    optimizer owners, accumulation, precision sections, NVMe offload paths."""
     config = getattr(strategy, "config", None)
     if not isinstance(config, dict):
-        return findings
-    autos = [p for p, v in _walk(config) if isinstance(v, str) and v.strip().lower() == "auto"]
-    if autos:
-        findings.append({"kind": "ds_auto", "paths": autos, "site": _config_line(file, ['"auto"', "'auto'"])})
+        return []
     zero = config.get("zero_optimization") if isinstance(config.get("zero_optimization"), dict) else {}
+    return (_ds_auto(config, file) + _ds_non_numeric(config, zero, file) + _ds_optimizer_owner(config, model, file)
+            + _ds_accumulation(config, user, file) + _ds_precision(config, user, file) + _ds_offload(zero, file))
+
+
+def _is_auto(value) -> bool:
+    return isinstance(value, str) and value.strip().lower() == "auto"
+
+
+def _ds_auto(config: dict, file: str | None) -> list[dict]:
+    autos = [p for p, v in _walk(config) if _is_auto(v)]
+    if not autos:
+        return []
+    return [{"kind": "ds_auto", "paths": autos, "site": _config_line(file, ['"auto"', "'auto'"])}]
+
+
+def _ds_non_numeric(config: dict, zero: dict, file: str | None) -> list[dict]:
+    """Bucket and batch sizes given as strings ("auto" is reported on its own)."""
     bad = []
     for key, where in [(k, zero) for k in NUMERIC_ZERO_KEYS] + [(k, config) for k in NUMERIC_TOP_KEYS]:
         if key in where:
             value = where[key]
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                if not (isinstance(value, str) and value.strip().lower() == "auto"):
-                    prefix = "zero_optimization." if where is zero else ""
-                    bad.append(f"{prefix}{key}={value!r}")
-    if bad:
-        findings.append({"kind": "ds_non_numeric", "items": bad,
-                         "site": _config_line(file, [b.split("=")[0].split(".")[-1] for b in bad])})
-    if "optimizer" in config or "scheduler" in config:
-        owner = _configure_optimizers_returns(model)
-        if owner:
-            findings.append({"kind": "ds_optimizer_owner", "keys": [k for k in ("optimizer", "scheduler")
-                                                                    if k in config],
-                             "config_optimizer": str((config.get("optimizer") or {}).get("type", "?")),
-                             "module_optimizer": owner, "site": _config_line(file, ['"optimizer"', "'optimizer'"])})
-    if "gradient_accumulation_steps" in config:
-        findings.append({"kind": "ds_accumulation", "config": config["gradient_accumulation_steps"],
-                         "trainer": user.get("accumulate_grad_batches", 1),
-                         "site": _config_line(file, ["gradient_accumulation_steps"])})
+            if (isinstance(value, bool) or not isinstance(value, (int, float))) and not _is_auto(value):
+                prefix = "zero_optimization." if where is zero else ""
+                bad.append(f"{prefix}{key}={value!r}")
+    if not bad:
+        return []
+    return [{"kind": "ds_non_numeric", "items": bad,
+             "site": _config_line(file, [b.split("=")[0].split(".")[-1] for b in bad])}]
+
+
+def _ds_optimizer_owner(config: dict, model, file: str | None) -> list[dict]:
+    if "optimizer" not in config and "scheduler" not in config:
+        return []
+    owner = _configure_optimizers_returns(model)
+    if not owner:
+        return []
+    return [{"kind": "ds_optimizer_owner", "keys": [k for k in ("optimizer", "scheduler") if k in config],
+             "config_optimizer": str((config.get("optimizer") or {}).get("type", "?")),
+             "module_optimizer": owner, "site": _config_line(file, ['"optimizer"', "'optimizer'"])}]
+
+
+def _ds_accumulation(config: dict, user: dict, file: str | None) -> list[dict]:
+    if "gradient_accumulation_steps" not in config:
+        return []
+    return [{"kind": "ds_accumulation", "config": config["gradient_accumulation_steps"],
+             "trainer": user.get("accumulate_grad_batches", 1),
+             "site": _config_line(file, ["gradient_accumulation_steps"])}]
+
+
+def _ds_precision(config: dict, user: dict, file: str | None) -> list[dict]:
+    """fp16/bf16 sections that enable (or disable) a precision the Trainer does not (or does) use."""
+    findings = []
     precision = _precision(user)
     for key, want in (("fp16", ("16-mixed", "16-true")), ("bf16", ("bf16-mixed", "bf16-true"))):
         section = config.get(key)
@@ -207,6 +235,12 @@ def _deepspeed_facts(strategy, model, user: dict, file: str | None) -> list[dict
         if isinstance(section, dict) and section.get("enabled") is False and precision in want:
             findings.append({"kind": "ds_precision_off", "key": key, "precision": precision,
                              "site": _config_line(file, [f'"{key}"', f"'{key}'"])})
+    return findings
+
+
+def _ds_offload(zero: dict, file: str | None) -> list[dict]:
+    """NVMe offload sections whose nvme_path is missing, absent on this node or not writable."""
+    findings = []
     for section in ("offload_optimizer", "offload_param"):
         off = zero.get(section) if isinstance(zero.get(section), dict) else None
         if off and str(off.get("device", "")).lower() == "nvme":
@@ -355,85 +389,121 @@ class StrategyConfig(Contract):
         return verdict
 
     def _render(self, f: dict, facts: dict):
-        """(summary, (evidence text, site), seed section, fix) for one finding."""
-        kind = f["kind"]
-        site = _site(f)
-        if kind == "fsdp_policy_absent":
-            args = " and ".join(f["args"])
-            summary = (f"{args} name{'s' if len(f['args']) == 1 else ''} {f['class']}, which occurs 0 times in "
-                       f"{f['model']}; {f['hint']}: FSDP then wraps only the root (the whole model is gathered at "
-                       f"once) and checkpoints nothing, with no error.")
-            if f.get("note"):
-                summary += f" ({f['note']})"
-            fix = ("name the layer class the model really repeats in auto_wrap_policy and "
-                   "activation_checkpointing_policy.")
-            return summary, (f"{f['class']}: 0 instances in {f['model']} after configure_model", site), "FSDP", fix
-        if kind == "fsdp_mixed_precision":
-            summary = (f"FSDPStrategy(mixed_precision={f['value']}): expected torch.distributed.fsdp.MixedPrecision or "
-                       f"None, got {f['type']}; Lightning passes it to FSDP unchecked, which fails only when it wraps "
-                       f"the model on the GPUs. Trainer precision is {f['precision']}"
-                       + (", so nothing else configures reduced precision." if f["precision"].startswith("32")
-                          else "."))
-            fix = ("set Trainer(precision='bf16-mixed') (Lightning builds the MixedPrecision), or pass "
-                   "FSDPStrategy(mixed_precision=MixedPrecision(param_dtype=..., reduce_dtype=..., buffer_dtype=...)).")
-            return summary, (f"mixed_precision is a {f['type']}", site), "FSDP", fix
-        if kind == "ds_auto":
-            paths = f["paths"]
-            listed = ", ".join(paths[:-1]) + f" and {paths[-1]}" if len(paths) > 1 else paths[0]
-            summary = (f'DeepSpeed config has "auto" at {listed}; Lightning passes them on unresolved ("auto" is '
-                       f"Hugging Face's placeholder, filled by its own integration): DeepSpeed then fails on the "
-                       f"micro-batch size (TypeError comparing with an int) and silently replaces the bucket sizes by "
-                       f"its 5e8 defaults.")
-            fix = ("put real numbers in the DeepSpeed dict (or leave train_micro_batch_size_per_gpu out so Lightning "
-                   "derives it from the DataLoader), or use DeepSpeedStrategy's typed arguments.")
-            return summary, (f'"auto" at {listed}', site), "DeepSpeed", fix
-        if kind == "ds_non_numeric":
-            summary = f"DeepSpeed config sizes must be numbers: {', '.join(f['items'])}."
-            fix = "write the sizes as numbers (e.g. 500_000_000 or 5e8 as a float), not strings."
-            return summary, (", ".join(f["items"]), site), "DeepSpeed", fix
-        if kind == "ds_optimizer_owner":
-            summary = (f"the DeepSpeed config defines {' and '.join(f['keys'])} ({f['config_optimizer']}) while "
-                       f"configure_optimizers also returns {f['module_optimizer']}: two owners of the optimizer, and "
-                       f"Lightning builds the one from the config.")
-            fix = "keep one owner: delete the optimizer/scheduler from the DeepSpeed config, or return none from " \
-                  "configure_optimizers."
-            return summary, (f"config {f['keys']}; configure_optimizers -> {f['module_optimizer']}", site), \
-                "DeepSpeed", fix
-        if kind == "ds_accumulation":
-            summary = (f"DeepSpeed config sets gradient_accumulation_steps={f['config']} but Trainer "
-                       f"accumulate_grad_batches={f['trainer']}; accumulation belongs to the Trainer (Lightning "
-                       f"raises MisconfigurationException at GPU setup, after the job was queued and started).")
-            fix = (f"delete gradient_accumulation_steps from the DeepSpeed config and set "
-                   f"Trainer(accumulate_grad_batches={f['config']}).")
-            return summary, (f"gradient_accumulation_steps={f['config']} vs accumulate_grad_batches={f['trainer']}",
-                             site), "DeepSpeed", fix
-        if kind in ("ds_precision", "ds_precision_off"):
-            state = "enables" if kind == "ds_precision" else "disables"
-            summary = (f"the DeepSpeed config {state} {f['key']} while Trainer precision is {f['precision']}: the "
-                       f"config wins inside DeepSpeed, so the model trains in a precision the Trainer does not know.")
-            fix = "set the precision in one place: Trainer(precision=...) and no fp16/bf16 section in the config."
-            return summary, (f"{f['key']} section vs precision={f['precision']}", site), "DeepSpeed", fix
-        if kind == "ds_offload_path":
-            summary = (f"DeepSpeed {f['section']} offloads to NVMe at {f['path']!r}, which {f['problem']}; "
-                       f"ZeRO-Infinity needs an explicit, writable local path on every node.")
-            fix = "point nvme_path at a writable local NVMe folder that exists on every node, or offload to cpu."
-            return summary, (f"{f['section']}.nvme_path={f['path']!r}: {f['problem']}", site), "DeepSpeed", fix
-        if kind == "nccl_timeout":
-            if f["explicit"]:
-                return None  # the timeout that works is set; NCCL_TIMEOUT is only noise
-            summary = (f"NCCL_TIMEOUT={f['value']} is set in the environment but the strategy ({f['strategy']}) keeps "
-                       f"the default process-group timeout: neither torch nor Lightning reads NCCL_TIMEOUT, so a hang "
-                       f"still waits for the default.")
-            fix = ("set DDPStrategy(timeout=datetime.timedelta(...)) (or the same argument of FSDPStrategy or "
-                   "DeepSpeedStrategy).")
-            return summary, (f"NCCL_TIMEOUT={f['value']}; strategy timeout left at its default", site), \
-                "Choose using measured memory", fix
-        if kind == "unknown_name":
-            close = f" (did you mean {', '.join(map(repr, f['close']))}?)" if f["close"] else ""
-            summary = f"strategy={f['name']!r} is not a strategy name Lightning knows{close}."
-            return summary, (f"strategy={f['name']!r}", site), "Choose using measured memory", \
-                "use a registered strategy name or a strategy object."
-        return None
+        """(summary, (evidence text, site), seed section, fix) for one finding; None for a finding
+        that needs no verdict."""
+        render = _RENDERERS.get(f["kind"])
+        return render(f, _site(f)) if render is not None else None
+
+
+# -- one renderer per finding kind: (summary, (evidence text, site), seed section, fix) ----------
+
+def _render_policy_absent(f: dict, site: str | None):
+    args = " and ".join(f["args"])
+    summary = (f"{args} name{'s' if len(f['args']) == 1 else ''} {f['class']}, which occurs 0 times in "
+               f"{f['model']}; {f['hint']}: FSDP then wraps only the root (the whole model is gathered at "
+               f"once) and checkpoints nothing, with no error.")
+    if f.get("note"):
+        summary += f" ({f['note']})"
+    fix = ("name the layer class the model really repeats in auto_wrap_policy and "
+           "activation_checkpointing_policy.")
+    return summary, (f"{f['class']}: 0 instances in {f['model']} after configure_model", site), "FSDP", fix
+
+
+def _render_mixed_precision(f: dict, site: str | None):
+    summary = (f"FSDPStrategy(mixed_precision={f['value']}): expected torch.distributed.fsdp.MixedPrecision or "
+               f"None, got {f['type']}; Lightning passes it to FSDP unchecked, which fails only when it wraps "
+               f"the model on the GPUs. Trainer precision is {f['precision']}"
+               + (", so nothing else configures reduced precision." if f["precision"].startswith("32")
+                  else "."))
+    fix = ("set Trainer(precision='bf16-mixed') (Lightning builds the MixedPrecision), or pass "
+           "FSDPStrategy(mixed_precision=MixedPrecision(param_dtype=..., reduce_dtype=..., buffer_dtype=...)).")
+    return summary, (f"mixed_precision is a {f['type']}", site), "FSDP", fix
+
+
+def _render_ds_auto(f: dict, site: str | None):
+    paths = f["paths"]
+    listed = ", ".join(paths[:-1]) + f" and {paths[-1]}" if len(paths) > 1 else paths[0]
+    summary = (f'DeepSpeed config has "auto" at {listed}; Lightning passes them on unresolved ("auto" is '
+               f"Hugging Face's placeholder, filled by its own integration): DeepSpeed then fails on the "
+               f"micro-batch size (TypeError comparing with an int) and silently replaces the bucket sizes by "
+               f"its 5e8 defaults.")
+    fix = ("put real numbers in the DeepSpeed dict (or leave train_micro_batch_size_per_gpu out so Lightning "
+           "derives it from the DataLoader), or use DeepSpeedStrategy's typed arguments.")
+    return summary, (f'"auto" at {listed}', site), "DeepSpeed", fix
+
+
+def _render_ds_non_numeric(f: dict, site: str | None):
+    summary = f"DeepSpeed config sizes must be numbers: {', '.join(f['items'])}."
+    fix = "write the sizes as numbers (e.g. 500_000_000 or 5e8 as a float), not strings."
+    return summary, (", ".join(f["items"]), site), "DeepSpeed", fix
+
+
+def _render_ds_optimizer_owner(f: dict, site: str | None):
+    summary = (f"the DeepSpeed config defines {' and '.join(f['keys'])} ({f['config_optimizer']}) while "
+               f"configure_optimizers also returns {f['module_optimizer']}: two owners of the optimizer, and "
+               f"Lightning builds the one from the config.")
+    fix = "keep one owner: delete the optimizer/scheduler from the DeepSpeed config, or return none from " \
+          "configure_optimizers."
+    return summary, (f"config {f['keys']}; configure_optimizers -> {f['module_optimizer']}", site), "DeepSpeed", fix
+
+
+def _render_ds_accumulation(f: dict, site: str | None):
+    summary = (f"DeepSpeed config sets gradient_accumulation_steps={f['config']} but Trainer "
+               f"accumulate_grad_batches={f['trainer']}; accumulation belongs to the Trainer (Lightning "
+               f"raises MisconfigurationException at GPU setup, after the job was queued and started).")
+    fix = (f"delete gradient_accumulation_steps from the DeepSpeed config and set "
+           f"Trainer(accumulate_grad_batches={f['config']}).")
+    return summary, (f"gradient_accumulation_steps={f['config']} vs accumulate_grad_batches={f['trainer']}",
+                     site), "DeepSpeed", fix
+
+
+def _render_ds_precision(f: dict, site: str | None):
+    state = "enables" if f["kind"] == "ds_precision" else "disables"
+    summary = (f"the DeepSpeed config {state} {f['key']} while Trainer precision is {f['precision']}: the "
+               f"config wins inside DeepSpeed, so the model trains in a precision the Trainer does not know.")
+    fix = "set the precision in one place: Trainer(precision=...) and no fp16/bf16 section in the config."
+    return summary, (f"{f['key']} section vs precision={f['precision']}", site), "DeepSpeed", fix
+
+
+def _render_ds_offload_path(f: dict, site: str | None):
+    summary = (f"DeepSpeed {f['section']} offloads to NVMe at {f['path']!r}, which {f['problem']}; "
+               f"ZeRO-Infinity needs an explicit, writable local path on every node.")
+    fix = "point nvme_path at a writable local NVMe folder that exists on every node, or offload to cpu."
+    return summary, (f"{f['section']}.nvme_path={f['path']!r}: {f['problem']}", site), "DeepSpeed", fix
+
+
+def _render_nccl_timeout(f: dict, site: str | None):
+    if f["explicit"]:
+        return None  # the timeout that works is set; NCCL_TIMEOUT is only noise
+    summary = (f"NCCL_TIMEOUT={f['value']} is set in the environment but the strategy ({f['strategy']}) keeps "
+               f"the default process-group timeout: neither torch nor Lightning reads NCCL_TIMEOUT, so a hang "
+               f"still waits for the default.")
+    fix = ("set DDPStrategy(timeout=datetime.timedelta(...)) (or the same argument of FSDPStrategy or "
+           "DeepSpeedStrategy).")
+    return summary, (f"NCCL_TIMEOUT={f['value']}; strategy timeout left at its default", site), \
+        "Choose using measured memory", fix
+
+
+def _render_unknown_name(f: dict, site: str | None):
+    close = f" (did you mean {', '.join(map(repr, f['close']))}?)" if f["close"] else ""
+    summary = f"strategy={f['name']!r} is not a strategy name Lightning knows{close}."
+    return summary, (f"strategy={f['name']!r}", site), "Choose using measured memory", \
+        "use a registered strategy name or a strategy object."
+
+
+_RENDERERS = {
+    "fsdp_policy_absent": _render_policy_absent,
+    "fsdp_mixed_precision": _render_mixed_precision,
+    "ds_auto": _render_ds_auto,
+    "ds_non_numeric": _render_ds_non_numeric,
+    "ds_optimizer_owner": _render_ds_optimizer_owner,
+    "ds_accumulation": _render_ds_accumulation,
+    "ds_precision": _render_ds_precision,
+    "ds_precision_off": _render_ds_precision,
+    "ds_offload_path": _render_ds_offload_path,
+    "nccl_timeout": _render_nccl_timeout,
+    "unknown_name": _render_unknown_name,
+}
 
 
 CONTRACT = StrategyConfig()

@@ -19,6 +19,7 @@ parameter indices are mapped back to names.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import defaultdict
 
@@ -223,25 +224,10 @@ class UnusedParameters(Contract):
         if not any_setup.get("ddp"):
             return self.verdict("skipped", "the model was not wrapped in DistributedDataParallel, so "
                                            "find_unused_parameters does not apply.")
-        config = next((e for t in run.traces for e in t if e.get("ev") == "grad_config"), None)
-        find_unused = bool(config["user_find_unused"] if config else any_setup.get("find_unused"))
-        forced = bool(config and config.get("forced"))
-        names = any_setup.get("names", [])
-        missing: dict[str, list[tuple[int, dict]]] = defaultdict(list)
-        for r, recs in records.items():
-            for e in recs:
-                for n in e.get("unused", []):
-                    missing[n].append((r, e))
-        for msg in ddp_errors.values():  # DDP's own report can name a backward we did not see end
-            for m in _INDEX_RE.finditer(msg or ""):
-                for idx in m.group(2).split():
-                    i = int(idx)
-                    if i < len(names) and not missing.get(names[i]):
-                        missing[names[i]].append((int(m.group(1)), {"n": None}))
-        if not missing:
-            return self._all_used(run, records, find_unused, names)
-        return self._unused(run, records, missing, find_unused, names, ddp_errors, forced,
-                            bool(any_setup.get("static_graph")))
+        use = _GradUse.of(run, any_setup, records, ddp_errors)
+        if not use.missing:
+            return self._all_used(run, use.records, use.find_unused, use.names)
+        return self._unused(run, use)
 
     # -- verdicts -------------------------------------------------------------------------------
     def _all_used(self, run, records, find_unused, names) -> Verdict:
@@ -264,81 +250,44 @@ class UnusedParameters(Contract):
             "passed", f"every one of the {len(names)} trainable parameters got a gradient in every backward "
                       f"pass ({counts}); find_unused_parameters=False is right.")
 
-    def _unused(self, run, records, missing, find_unused, names, ddp_errors, forced, static) -> Verdict:
-        per_rank_total = {r: len(v) for r, v in records.items()}
-        # Which parameters miss a gradient in every recorded backward on every rank that recorded some.
-        always = [n for n in names if n in missing and all(
-            per_rank_total[r] == 0 or sum(1 for rr, _ in missing[n] if rr == r) >= per_rank_total[r]
-            for r in records)]
-        sometimes = [n for n in names if n in missing and n not in always]
-        evidence: list[Evidence] = []
-        causes: set[str] = set()
-        for r, recs in records.items():
-            patterns: dict[tuple, list[dict]] = defaultdict(list)
-            for e in recs:
-                if e.get("unused"):
-                    patterns[(e.get("k"), tuple(e["unused"]))].append(e)
-            for (k, unused), evs in patterns.items():
-                first = evs[0]
-                steps = sorted({(ev.get("epoch"), ev.get("batch")) for ev in evs})
-                step_text = ", ".join(f"epoch {ep} batch {b}" for ep, b in steps[:6]) + (
-                    f" (+{len(steps) - 6} more)" if len(steps) > 6 else "")
-                many = max(1, max(e.get("k", 1) for e in recs))
-                which = f"backward {k} of each training step" if many > 1 else "the backward"
-                code = _source(first.get("site"))
-                if code:
-                    which += f" (`{code}`)"
-                why = []
-                if first.get("no_grad"):
-                    why.append(f"{', '.join(first['no_grad'])} ran only under torch.no_grad()")
-                    causes.add("no_grad")
-                if first.get("not_run"):
-                    why.append(f"{', '.join(first['not_run'])} never ran in forward")
-                    causes.add("not_run")
-                if first.get("off"):
-                    off = "all of them" if len(first["off"]) == len(unused) else _group(first["off"])
-                    why.append(f"requires_grad was switched off for {off} at that moment "
-                               f"(toggle_optimizer or similar)")
-                    causes.add("toggled")
-                detail = (f"{which} left {plural(len(unused), 'parameter')} without gradient: {_group(list(unused))}"
-                          f" ({'; '.join(why) or 'their output did not reach the loss'}); "
-                          f"in {len(steps)} of {len({(e.get('epoch'), e.get('batch')) for e in recs})} "
-                          f"training steps: {step_text}")
-                evidence.append(Evidence(detail, rank=r, site=_site(first.get("site"))))
-        for r, msg in ddp_errors.items():
-            if msg:
-                first_line = msg.strip().splitlines()[0][:300]
-                idx = [m.group(0) for m in _INDEX_RE.finditer(msg)]
-                named = []
-                for m in _INDEX_RE.finditer(msg):
-                    named += [names[int(i)] for i in m.group(2).split() if int(i) < len(names)]
-                extra = f"; {idx[0].strip()} = {_group(named)}" if idx and named else ""
-                evidence.append(Evidence(f"DDP's reducer raised: \"{first_line}\"{extra} (Lightning re-raises it as "
-                                         f"'It looks like your LightningModule has parameters that were not used' "
-                                         f"without names)", rank=r))
-        if static and not find_unused and always and not sometimes:
+    def _unused(self, run: Run, use: _GradUse) -> Verdict:
+        always, sometimes = use.always_and_sometimes()
+        found = _Findings()
+        for r, recs in use.records.items():
+            _pattern_evidence(r, recs, found)
+        _ddp_error_evidence(use, found)
+        if use.static and not use.find_unused and always and not sometimes:
             # A static graph records the unused set once and reuses it: correct, but they still cost memory.
             return self.verdict(
                 "advisory",
                 f"static_graph=True lets DDP skip the same unused parameters every step, so training is correct, but "
                 f"{plural(len(always), 'parameter')} ({_group(always)}) never got a gradient: they only cost "
                 f"memory. Not a correctness bug.",
-                evidence=evidence, fix="freeze them (module.requires_grad_(False)) or delete them.", category="waste")
-        if find_unused:
-            if always:
-                return self.verdict(
-                    "advisory",
-                    f"find_unused_parameters=True keeps the run going, but {plural(len(always), 'parameter')} "
-                    f"({_group(always)}) never got a gradient in any backward pass: DDP searches the graph for them "
-                    f"after every forward, and they only cost memory. Not a correctness bug.",
-                    evidence=evidence,
-                    fix="freeze them (module.requires_grad_(False)) or delete them, then drop "
-                        "find_unused_parameters=True if nothing else needs it.",
-                    category="waste")
+                evidence=found.evidence, fix="freeze them (module.requires_grad_(False)) or delete them.",
+                category="waste")
+        if use.find_unused:
+            return self._dynamic(always, sometimes, found.evidence)
+        return self._failed(run, use, always, sometimes, found)
+
+    def _dynamic(self, always: list[str], sometimes: list[str], evidence: list[Evidence]) -> Verdict:
+        """find_unused_parameters=True: right for usage that changes, waste for parameters that never train."""
+        if always:
             return self.verdict(
-                "passed",
-                f"{plural(len(sometimes), 'parameter')} ({_group(sometimes)}) skip some backward passes, and "
-                f"find_unused_parameters=True is set, which is what dynamic usage needs.")
+                "advisory",
+                f"find_unused_parameters=True keeps the run going, but {plural(len(always), 'parameter')} "
+                f"({_group(always)}) never got a gradient in any backward pass: DDP searches the graph for them "
+                f"after every forward, and they only cost memory. Not a correctness bug.",
+                evidence=evidence,
+                fix="freeze them (module.requires_grad_(False)) or delete them, then drop "
+                    "find_unused_parameters=True if nothing else needs it.",
+                category="waste")
+        return self.verdict(
+            "passed",
+            f"{plural(len(sometimes), 'parameter')} ({_group(sometimes)}) skip some backward passes, and "
+            f"find_unused_parameters=True is set, which is what dynamic usage needs.")
+
+    def _failed(self, run: Run, use: _GradUse, always: list[str], sometimes: list[str], found: _Findings) -> Verdict:
+        """find_unused_parameters=False with parameters that miss a gradient."""
         if not run.finished:
             stopped = (" DDP's reducer then stopped the run at the next step (the reduction of the previous "
                        "backward never finished).")
@@ -347,35 +296,148 @@ class UnusedParameters(Contract):
                        "iteration' at the step after the first such backward, which Lightning re-raises as 'It "
                        "looks like your LightningModule has parameters that were not used in producing the loss' "
                        "without naming them.")
-        if always and not sometimes:
-            what = (f"{plural(len(always), 'parameter')} that require grad got no gradient in any backward pass "
-                    f"on any rank: {_group(always)}")
-        elif sometimes and not always:
-            what = (f"{plural(len(sometimes), 'parameter')} got no gradient in some backward passes "
-                    f"(usage changes from backward to backward): {_group(sometimes)}")
-        else:
-            what = (f"{plural(len(always), 'parameter')} never got a gradient ({_group(always)}) and "
-                    f"{plural(len(sometimes), 'more')} missed some backward passes ({_group(sometimes)})")
-        evidence += definition_evidence(run, list(always) + list(sometimes))
-        summary = (f"under DDP with find_unused_parameters=False, {what}. DDP waits for a gradient of every "
-                   f"registered parameter in every backward.{stopped}")
-        fixes = []
-        if always:
-            fixes.append("freeze what never trains (self.<module>.requires_grad_(False), and eval() for a teacher "
-                         "run under torch.no_grad()) or delete modules the forward no longer calls")
-        if sometimes or "toggled" in causes:
-            fixes.append("when usage really changes per backward (alternating GAN losses, optional branches), set "
-                         "strategy='ddp_find_unused_parameters_true' (DDPStrategy(find_unused_parameters=True)) "
-                         "or give each part its own DDP unit")
-        fix = "; ".join(fixes) + "."
-        if always:
-            fix += " Turning on find_unused_parameters to hide parameters that never train costs a graph traversal " \
-                   "every step and keeps them in memory."
+        evidence = found.evidence + definition_evidence(run, list(always) + list(sometimes))
+        summary = (f"under DDP with find_unused_parameters=False, {_what_missed(always, sometimes)}. DDP waits for a "
+                   f"gradient of every registered parameter in every backward.{stopped}")
         notes = []
-        if forced:
+        if use.forced:
             notes.append("the conformance run kept DDP going with find_unused_parameters=True so every backward "
                          "could be observed; the verdict is about your setting, find_unused_parameters=False.")
+        fix = _fix(always, sometimes, "toggled" in found.causes)
         return self.verdict("failed", summary, evidence=evidence, fix=fix, notes=notes)
+
+
+@dataclasses.dataclass
+class _GradUse:
+    """What the traced fit says about gradients, as the verdicts read it."""
+
+    records: dict[int, list[dict]]                # rank -> its grad_use events, one per backward
+    missing: dict[str, list[tuple[int, dict]]]    # parameter -> (rank, event) of each backward it missed
+    names: list[str]                              # parameters in DDP's registration order
+    ddp_errors: dict[int, str | None]             # rank -> DDP's own reducer message
+    find_unused: bool                             # the user's find_unused_parameters
+    forced: bool                                  # the run turned the flag on to keep observing
+    static: bool                                  # static_graph=True
+
+    @classmethod
+    def of(cls, run: Run, setup: dict, records: dict, ddp_errors: dict) -> _GradUse:
+        config = next((e for t in run.traces for e in t if e.get("ev") == "grad_config"), None)
+        find_unused = bool(config["user_find_unused"] if config else setup.get("find_unused"))
+        names = setup.get("names", [])
+        missing: dict[str, list[tuple[int, dict]]] = defaultdict(list)
+        for r, recs in records.items():
+            for e in recs:
+                for n in e.get("unused", []):
+                    missing[n].append((r, e))
+        for msg in ddp_errors.values():  # DDP's own report can name a backward we did not see end
+            for m in _INDEX_RE.finditer(msg or ""):
+                for idx in m.group(2).split():
+                    i = int(idx)
+                    if i < len(names) and not missing.get(names[i]):
+                        missing[names[i]].append((int(m.group(1)), {"n": None}))
+        return cls(records, missing, names, ddp_errors, find_unused, bool(config and config.get("forced")),
+                   bool(setup.get("static_graph")))
+
+    def always_and_sometimes(self) -> tuple[list[str], list[str]]:
+        """Parameters that miss a gradient in every recorded backward on every rank that recorded
+        some, and those that miss only some, in registration order."""
+        per_rank_total = {r: len(v) for r, v in self.records.items()}
+        always = [n for n in self.names if n in self.missing and all(
+            per_rank_total[r] == 0 or sum(1 for rr, _ in self.missing[n] if rr == r) >= per_rank_total[r]
+            for r in self.records)]
+        sometimes = [n for n in self.names if n in self.missing and n not in always]
+        return always, sometimes
+
+
+class _Findings:
+    """Evidence collected so far, and the causes it names ('no_grad', 'not_run', 'toggled')."""
+
+    def __init__(self):
+        self.evidence: list[Evidence] = []
+        self.causes: set[str] = set()
+
+
+def _pattern_evidence(rank: int, recs: list[dict], found: _Findings) -> None:
+    """One evidence line per (backward within the step, unused set) pattern of one rank."""
+    patterns: dict[tuple, list[dict]] = defaultdict(list)
+    for e in recs:
+        if e.get("unused"):
+            patterns[(e.get("k"), tuple(e["unused"]))].append(e)
+    for (k, unused), evs in patterns.items():
+        first = evs[0]
+        steps = sorted({(ev.get("epoch"), ev.get("batch")) for ev in evs})
+        step_text = ", ".join(f"epoch {ep} batch {b}" for ep, b in steps[:6]) + (
+            f" (+{len(steps) - 6} more)" if len(steps) > 6 else "")
+        many = max(1, max(e.get("k", 1) for e in recs))
+        which = f"backward {k} of each training step" if many > 1 else "the backward"
+        code = _source(first.get("site"))
+        if code:
+            which += f" (`{code}`)"
+        why = _why_unused(first, unused, found)
+        detail = (f"{which} left {plural(len(unused), 'parameter')} without gradient: {_group(list(unused))}"
+                  f" ({'; '.join(why) or 'their output did not reach the loss'}); "
+                  f"in {len(steps)} of {len({(e.get('epoch'), e.get('batch')) for e in recs})} "
+                  f"training steps: {step_text}")
+        found.evidence.append(Evidence(detail, rank=rank, site=_site(first.get("site"))))
+
+
+def _why_unused(event: dict, unused: tuple, found: _Findings) -> list[str]:
+    """The reasons one grad_use event gives for its unused parameters; notes each cause."""
+    why = []
+    if event.get("no_grad"):
+        why.append(f"{', '.join(event['no_grad'])} ran only under torch.no_grad()")
+        found.causes.add("no_grad")
+    if event.get("not_run"):
+        why.append(f"{', '.join(event['not_run'])} never ran in forward")
+        found.causes.add("not_run")
+    if event.get("off"):
+        off = "all of them" if len(event["off"]) == len(unused) else _group(event["off"])
+        why.append(f"requires_grad was switched off for {off} at that moment "
+                   f"(toggle_optimizer or similar)")
+        found.causes.add("toggled")
+    return why
+
+
+def _ddp_error_evidence(use: _GradUse, found: _Findings) -> None:
+    """DDP's own reducer message per rank, with its parameter indices mapped back to names."""
+    for r, msg in use.ddp_errors.items():
+        if msg:
+            first_line = msg.strip().splitlines()[0][:300]
+            idx = [m.group(0) for m in _INDEX_RE.finditer(msg)]
+            named = []
+            for m in _INDEX_RE.finditer(msg):
+                named += [use.names[int(i)] for i in m.group(2).split() if int(i) < len(use.names)]
+            extra = f"; {idx[0].strip()} = {_group(named)}" if idx and named else ""
+            found.evidence.append(Evidence(f"DDP's reducer raised: \"{first_line}\"{extra} (Lightning re-raises it "
+                                           f"as 'It looks like your LightningModule has parameters that were not "
+                                           f"used' without names)", rank=r))
+
+
+def _what_missed(always: list[str], sometimes: list[str]) -> str:
+    if always and not sometimes:
+        return (f"{plural(len(always), 'parameter')} that require grad got no gradient in any backward pass "
+                f"on any rank: {_group(always)}")
+    if sometimes and not always:
+        return (f"{plural(len(sometimes), 'parameter')} got no gradient in some backward passes "
+                f"(usage changes from backward to backward): {_group(sometimes)}")
+    return (f"{plural(len(always), 'parameter')} never got a gradient ({_group(always)}) and "
+            f"{plural(len(sometimes), 'more')} missed some backward passes ({_group(sometimes)})")
+
+
+def _fix(always: list[str], sometimes: list[str], toggled: bool) -> str:
+    fixes = []
+    if always:
+        fixes.append("freeze what never trains (self.<module>.requires_grad_(False), and eval() for a teacher "
+                     "run under torch.no_grad()) or delete modules the forward no longer calls")
+    if sometimes or toggled:
+        fixes.append("when usage really changes per backward (alternating GAN losses, optional branches), set "
+                     "strategy='ddp_find_unused_parameters_true' (DDPStrategy(find_unused_parameters=True)) "
+                     "or give each part its own DDP unit")
+    fix = "; ".join(fixes) + "."
+    if always:
+        fix += " Turning on find_unused_parameters to hide parameters that never train costs a graph traversal " \
+               "every step and keeps them in memory."
+    return fix
 
 
 def _source(site: dict | None) -> str | None:

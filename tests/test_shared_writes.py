@@ -1,0 +1,67 @@
+"""shared-writes: the rank-side write probe on real files, and verdicts on hand-made write events
+(the worlds themselves are exercised by the corpus, tests/test_corpus.py)."""
+
+from __future__ import annotations
+
+import os
+
+from pytest_ltconform.contracts import get_contract
+
+
+class _Recorder:
+    def __init__(self):
+        self.events = []
+        self._fh = open(os.devnull, "w")
+        self._patches = []
+
+    def emit(self, event):
+        self.events.append(event)
+
+    def current_hook(self):
+        return "Model.on_train_end"
+
+    def _patch(self, owner, name, factory):
+        original = getattr(owner, name)
+        setattr(owner, name, factory(original))
+        self._patches.append((owner, name, original))
+
+    def undo(self):
+        for owner, name, original in reversed(self._patches):
+            setattr(owner, name, original)
+
+
+def test_shared_writes_probe_records_open_and_torch_save(tmp_path, monkeypatch):
+    import torch
+
+    from pytest_ltconform.contracts import shared_writes
+
+    monkeypatch.chdir(tmp_path)
+    recorder = _Recorder()
+    probe = shared_writes.SharedWritesProbe()
+    try:
+        probe.before_trainer(None, {"default_root_dir": str(tmp_path)}, recorder)
+        with open("history.csv", "a") as fh:  # this file is user code for the probe
+            fh.write("1\n")
+        with open("history.csv") as fh:
+            fh.read()
+        torch.save({"w": torch.zeros(2)}, str(tmp_path / "model.pt"))
+        fd = os.open(str(tmp_path / "raw.bin"), os.O_WRONLY | os.O_CREAT)
+        os.close(fd)
+    finally:
+        probe.collect(None, None, recorder)
+        recorder.undo()
+    writes = [(os.path.basename(e["path"]), e["mode"]) for e in recorder.events]
+    assert ("history.csv", "a") in writes and ("model.pt", "torch.save") in writes
+    assert any(name == "raw.bin" for name, _ in writes)
+    assert all(e["path"].startswith(shared_writes.ROOT) for e in recorder.events)
+    assert len([w for w in writes if w[0] == "history.csv"]) == 1  # the read is not a write
+
+
+def test_shared_writes_verdicts(fake_runs):
+    contract = get_contract("shared-writes")
+    site = {"file": "/u/m.py", "line": 3, "func": "Model.on_validation_epoch_end"}
+    write = {"ev": "write", "path": "<default_root_dir>/val.csv", "mode": "a", "site": site,
+             "hook": "Model.on_validation_epoch_end", "epoch": 0}
+    verdict = contract.judge(fake_runs.run([[write], [write]]))
+    assert verdict.outcome == "failed" and "val.csv opened for appending by rank 0 and rank 1" in verdict.summary
+    assert contract.judge(fake_runs.run([[write], []])).outcome == "passed"
