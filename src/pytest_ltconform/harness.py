@@ -31,7 +31,6 @@ from .world.rank import current_context
 MAX_EPOCHS = 4
 DEFAULT_EPOCHS = 2
 LIMIT_BATCHES = 4
-FORCED = ("accelerator", "devices", "num_nodes", "logger", "enable_progress_bar", "enable_model_summary")
 
 
 @dataclasses.dataclass(frozen=True)
