@@ -244,7 +244,7 @@ def test_launch_env_judges_slurm_task_layouts():
 
 
 def test_build_trainer_kwargs_takes_the_world_parameters(monkeypatch):
-    from pytest_ltconform.runs import build_trainer_kwargs
+    from pytest_ltconform.harness import build_trainer_kwargs
     from pytest_ltconform.world import rank
 
     cpu = build_trainer_kwargs({"devices": 8, "accelerator": "gpu"}, "ddp", 2, "/tmp/x")
@@ -262,7 +262,7 @@ def test_gpu_tier_uses_the_real_sharded_strategy_and_the_users_own():
     import lightning.pytorch as L
     from lightning.pytorch.strategies import FSDPStrategy
 
-    from pytest_ltconform.runs import adapt_strategy
+    from pytest_ltconform.harness import adapt_strategy
 
     built = adapt_strategy(L, "fsdp", None, 12.0, accelerator="gpu")
     assert type(built) is FSDPStrategy and built._timeout.total_seconds() == 12.0
@@ -301,7 +301,7 @@ def test_session_sends_each_tier_to_its_world():
     session.run_for("launch", "ddp", "multinode")
     session.run_for("launch", "ddp", "gpu")  # cached
     assert [c[1]["backend"] for c in pool.calls] == ["gloo", "nccl", "nccl"]
-    assert len(attached.calls) == 1 and attached.calls[0][0][0].endswith("launch_env:observe")
+    assert len(attached.calls) == 1 and attached.calls[0][0][0].endswith("harness:inspect")
 
 
 def test_xdist_workers_cannot_share_a_rank_of_a_launched_world(pytester, monkeypatch):

@@ -1,8 +1,10 @@
 """The pytest-side session: one per ltconform pytest process. It owns the world pool and the
 run cache, and turns (contract, strategy) into a verdict.
 
-Runs are made once per (run kind, strategy, world size) and shared by every contract that
-declares that kind, so the items stay one per contract while the cost is one run.
+Runs are made once per (run spec, strategy, world size) and shared by every contract that
+declares that spec, so the items stay one per contract while the cost is one run. The session
+knows no contract: it asks the registry which run a contract needs, which probes that run loads
+and which contract an unfinished run's failure belongs to (``contracts.blamed``).
 """
 
 from __future__ import annotations
@@ -11,47 +13,10 @@ import time
 
 from . import contracts
 from .contracts.base import Run, Verdict
+from .harness import FIT, RunSpec
 from .settings import Settings
 from .vocabulary import backend_for
 from .world import WorldPool, WorldStartError
-
-RUN_FUNCTIONS = {"fit": "pytest_ltconform.runs:traced_fit"}
-RUN_FUNCTIONS["eval"] = "pytest_ltconform.eval_runs:traced_eval"
-# Run kinds whose contracts compare with a one-rank run on the weights the world saved.
-REFERENCE_RUNS = {"eval": "pytest_ltconform.eval_runs:reference_eval"}
-RUN_FUNCTIONS["launch"] = "pytest_ltconform.contracts.launch_env:observe"
-RUN_FUNCTIONS["config"] = "pytest_ltconform.contracts.strategy_config:observe"
-RUN_FUNCTIONS["spawn"] = "pytest_ltconform.contracts.spawn_safety:observe"
-RUN_FUNCTIONS["ebatch"] = "pytest_ltconform.contracts.effective_batch:observe"
-REFERENCE_RUNS["ebatch"] = "pytest_ltconform.contracts.effective_batch:reference"
-
-
-def owner_of(divergence: dict | None) -> str | None:
-    """The contract whose rule the first divergence breaks."""
-    if not divergence:
-        return None
-    if divergence["kind"] == "hooks":
-        return "data-sharding"
-    kinds = {e.get("ev") for evs in divergence["events"].values() for e in evs}
-    if "call" in kinds:
-        return "all-rank-save"
-    if "log" in kinds:
-        return "sync-dist"
-    return None
-
-
-def raised_owner(run: Run) -> str | None:
-    """The contract owning a failure that every failed rank raised inside a recorded user call
-    (trace event ``{"ev": "raised", "owner": ...}``, e.g. load_from_checkpoint on a sharded directory)."""
-    owners = set()
-    for rank in run.job.ranks:
-        if rank.status == "ok":
-            continue
-        found = [e.get("owner") for e in rank.trace or [] if e.get("ev") == "raised" and e.get("owner")]
-        if not found:
-            return None
-        owners.add(found[-1])
-    return owners.pop() if len(owners) == 1 else None
 
 
 class LtconformSession:
@@ -66,30 +31,16 @@ class LtconformSession:
         self.attached = None
 
     def run_for(self, kind: str, strategy: str, tier: str = "cpu") -> Run:
-        """The run of ``kind`` under ``strategy`` in ``tier``'s world (see tiers.py): a local gloo
-        world for 'cpu', a local NCCL world for 'gpu'/'deepspeed', the attached world for
-        'multinode'. Made once and cached."""
+        """The run called ``kind`` (a contract's ``run_spec.name``) under ``strategy`` in
+        ``tier``'s world (see tiers.py): a local gloo world for 'cpu', a local NCCL world for
+        'gpu'/'deepspeed', the attached world for 'multinode'. Made once and cached; raises
+        WorldStartError when no world could run it."""
         key = (kind, strategy, self.settings.world_size) + (() if tier == "cpu" else (tier,))
         # Fresh-world mode (the benchmark's baseline) shares nothing between items.
         cached = None if self.pool.fresh_per_job else self._runs.get(key)
         if cached is None:
-            ids = [cid for cid in contracts.ids() if contracts.get_contract(cid).run_kind == kind]
             try:
-                if tier == "multinode":
-                    if self.attached is None:
-                        raise WorldStartError("the multinode tier runs only inside a torchrun or SLURM world")
-                    job = self.attached.run(RUN_FUNCTIONS[kind], self.targets, strategy, ids,
-                                            self.settings.pg_timeout_s, timeout_s=self.settings.timeout_s)
-                else:
-                    job = self.pool.run(
-                        self.settings.world_size, RUN_FUNCTIONS[kind], self.targets, strategy, ids,
-                        self.settings.pg_timeout_s, timeout_s=self.settings.timeout_s,
-                        pg_timeout_s=self.settings.pg_timeout_s,
-                        backend=backend_for(tier),
-                    )
-                cached = Run(job, strategy, kind, self.targets)
-                if kind in REFERENCE_RUNS and tier != "multinode":
-                    cached.reference = self._reference(kind, job, strategy)
+                cached = self._make(contracts.run_spec(kind), strategy, tier)
             except WorldStartError as exc:
                 cached = exc
             self._runs[key] = cached
@@ -97,30 +48,47 @@ class LtconformSession:
             raise cached
         return cached
 
-    def _reference(self, kind: str, job, strategy: str) -> Run | None:
-        """The one-rank reference run for ``kind``, on what rank 0 of ``job`` saved; None when the
+    def _make(self, spec: RunSpec, strategy: str, tier: str) -> Run:
+        probes = contracts.probes_for(spec.name)
+        settings = self.settings
+        if tier == "multinode":
+            if self.attached is None:
+                raise WorldStartError("the multinode tier runs only inside a torchrun or SLURM world")
+            job = self.attached.run(spec.fn, self.targets, strategy, probes, settings.pg_timeout_s,
+                                    timeout_s=settings.timeout_s)
+        else:
+            job = self.pool.run(settings.world_size, spec.fn, self.targets, strategy, probes, settings.pg_timeout_s,
+                                timeout_s=settings.timeout_s, pg_timeout_s=settings.pg_timeout_s,
+                                backend=backend_for(tier))
+        run = Run(job, strategy, spec.name, self.targets)
+        if spec.reference and tier != "multinode":
+            run.reference = self._reference(spec, job, strategy)
+        return run
+
+    def _reference(self, spec: RunSpec, job, strategy: str) -> Run | None:
+        """The one-rank reference run of ``spec``, on what rank 0 of ``job`` saved; None when the
         world did not finish."""
         value = job.ranks[0].value if job.status == "ok" and job.ranks else None
         args = (value or {}).get("reference_args") if isinstance(value, dict) else None
         if not args:
             return None
         try:
-            ref = self.pool.run(1, REFERENCE_RUNS[kind], self.targets, *args, self.settings.pg_timeout_s,
+            ref = self.pool.run(1, spec.reference, self.targets, *args, self.settings.pg_timeout_s,
                                 timeout_s=self.settings.timeout_s, pg_timeout_s=self.settings.pg_timeout_s)
         except WorldStartError:
             return None
-        return Run(ref, strategy, f"{kind}-reference", self.targets)
+        return Run(ref, strategy, f"{spec.name}-reference", self.targets)
 
     def verdict(self, contract_id: str, strategy: str, tier: str = "cpu") -> tuple[Verdict, float]:
         """Judge one contract under one strategy in one tier; returns (verdict, seconds spent)."""
         started = time.monotonic()
         contract = contracts.get_contract(contract_id)
         try:
-            run = self.run_for(contract.run_kind, strategy, tier)
+            run = self.run_for(contract.run_spec.name, strategy, tier)
         except WorldStartError as exc:
             return contract.verdict("error", f"could not start a world: {exc}"), time.monotonic() - started
         verdict = judge(contract, run)
-        if verdict.outcome == "error" and contract.run_kind != "fit":
+        if verdict.outcome == "error" and contract.run_spec.name != FIT.name:
             verdict = self._explained_by_fit(contract, strategy) or verdict
         # The first item that needs a run pays for it; later items only for their judgement.
         return verdict, time.monotonic() - started
@@ -128,10 +96,10 @@ class LtconformSession:
     def _explained_by_fit(self, contract, strategy: str) -> Verdict | None:
         """A run of another kind that failed on a module whose traced fit already hung because of
         a named contract: say so in one line instead of repeating the tracebacks."""
-        fit = self._runs.get(("fit", strategy, self.settings.world_size))
+        fit = self._runs.get((FIT.name, strategy, self.settings.world_size))
         if not isinstance(fit, Run) or fit.finished:
             return None
-        owner = owner_of(fit.job.divergence) or raised_owner(fit)
+        owner = contracts.blamed(fit)
         if owner is None or owner == contract.id:
             return None
         return contract.verdict(
@@ -164,7 +132,7 @@ def judge(contract, run: Run) -> Verdict:
     if verdict.failed:
         verdict.diagnosis = job.diagnosis
         return verdict
-    owner = owner_of(job.divergence) or raised_owner(run)
+    owner = contracts.blamed(run)
     if owner is not None and owner != contract.id and verdict.outcome == "passed":
         verdict.partial = True
         verdict.notes.append(

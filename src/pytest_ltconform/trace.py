@@ -8,9 +8,12 @@ the rank hangs or dies. Recorded:
   a Lightning ``Profiler``, which is how every rank's position is aligned with the others';
 - Python-level ``torch.distributed`` collectives, ``Trainer.save_checkpoint``, the strategy's
   ``barrier``/``broadcast``/``reduce``/``all_gather``, ``LightningModule.all_gather``;
-- every ``LightningModule.log`` / ``log_dict`` call with its flags and value type;
-- values returned by TorchMetrics functions and ``Metric.forward`` that are later logged, with
-  their inputs, so that the pytest side can recompute the epoch-level value.
+- every ``LightningModule.log`` / ``log_dict`` call with its flags and value type.
+
+Contracts add their own recording through the public API: :meth:`Recorder.patch` wraps a callable
+for the run (undone by :meth:`Recorder.uninstall`), :meth:`Recorder.add_log_tap` lets a probe
+annotate each ``log`` event before it is written (sync-dist's metric producers), and
+:meth:`Recorder.emit` writes an event of their own.
 
 Each event carries ``site``, the first frame outside torch, lightning, torchmetrics and this
 package ("user code"), and ``user``, whether the call came *directly* from user code (only those
@@ -25,7 +28,6 @@ import json
 import os
 import threading
 import time
-import weakref
 from typing import Any
 
 from .sites import user_site
@@ -60,11 +62,18 @@ class Recorder:
         self._log_dict_depth = 0
         self.trainer = None
         self.t0 = time.monotonic()
-        # id(tensor) -> (weakref, producer info); for the nonlinear-metric check.
-        self._produced: dict[int, tuple[Any, dict]] = {}
-        self.per_batch_logs: dict[str, dict] = {}
-        self.extra: dict[str, Any] = {}
+        self._log_taps: list = []
         self._paused = 0
+
+    @property
+    def closed(self) -> bool:
+        """Whether the trace file is closed (the run on this rank is over)."""
+        return self._fh.closed
+
+    def add_log_tap(self, tap) -> None:
+        """Call ``tap(event, value)`` for every recorded ``log`` event before it is written;
+        the tap may add keys to ``event`` (``value`` is what was logged)."""
+        self._log_taps.append(tap)
 
     def paused(self):
         """Context manager: record nothing inside (a probe's own extra Trainer calls, such as a
@@ -128,7 +137,9 @@ class Recorder:
         self.emit({"ev": "hook_exit", "i": index, "h": index})
 
     # -- patching -------------------------------------------------------------------------------
-    def _patch(self, owner: Any, name: str, wrapper_factory) -> None:
+    def patch(self, owner: Any, name: str, wrapper_factory) -> None:
+        """Replace ``owner.name`` with ``wrapper_factory(original)`` until :meth:`uninstall`; a
+        name already wrapped by a recorder is left alone."""
         original = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name, None)
         if original is None or getattr(original, "__ltconform_wrapped__", False):
             return
@@ -137,6 +148,8 @@ class Recorder:
         wrapper.__wrapped__ = original
         setattr(owner, name, wrapper)
         self._patches.append((owner, name, original))
+
+    _patch = patch  # the name probes used before it was public
 
     def _call_wrapper(self, kind: str, op: str, label: str):
         recorder = self
@@ -179,19 +192,18 @@ class Recorder:
         for name in COLLECTIVES:
             for owner in (dist, c10d):
                 if hasattr(owner, name):
-                    self._patch(owner, name, self._call_wrapper("collective", name, f"torch.distributed.{name}"))
+                    self.patch(owner, name, self._call_wrapper("collective", name, f"torch.distributed.{name}"))
         for ns in namespaces:
             try:
                 mod = importlib.import_module(ns)
             except ImportError:
                 continue
-            self._patch(mod.Trainer, "save_checkpoint",
+            self.patch(mod.Trainer, "save_checkpoint",
                         self._call_wrapper("save", "save_checkpoint", "Trainer.save_checkpoint"))
-            self._patch(mod.LightningModule, "all_gather",
+            self.patch(mod.LightningModule, "all_gather",
                         self._call_wrapper("strategy", "all_gather", "LightningModule.all_gather"))
-            self._patch(mod.LightningModule, "log", self._log_wrapper)
-            self._patch(mod.LightningModule, "log_dict", self._log_dict_wrapper)
-        self._install_metric_taps()
+            self.patch(mod.LightningModule, "log", self._log_wrapper)
+            self.patch(mod.LightningModule, "log_dict", self._log_dict_wrapper)
 
     def attach(self, trainer) -> None:
         """Bind the Trainer: positions come from it, and its strategy's collectives are traced."""
@@ -215,7 +227,7 @@ class Recorder:
                 setattr(owner, name, original)
         self._patches.clear()
         self.trainer = None
-        self._produced.clear()
+        self._log_taps.clear()
         try:
             self._fh.close()
         except Exception:
@@ -259,28 +271,12 @@ class Recorder:
         return log
 
     def _record_log(self, module, bound: dict, site, direct: bool) -> None:
-        import torch
-
         if self._paused:
             return
         name = str(bound.get("name"))
         value = bound.get("value")
         hook = getattr(module, "_current_fx_name", None) or self.current_hook()
-        vtype = "other"
-        try:
-            from torchmetrics import Metric
-
-            if isinstance(value, Metric):
-                vtype = "metric"
-        except ImportError:
-            pass
-        if vtype == "other":
-            if isinstance(value, torch.Tensor):
-                vtype = "tensor"
-            elif isinstance(value, bool):
-                vtype = "other"
-            elif isinstance(value, (int, float)):
-                vtype = "float"
+        vtype = _value_type(value)
         on_step, on_epoch = bound.get("on_step"), bound.get("on_epoch")
         # Lightning's defaults: step-level in *_step hooks of training, epoch-level elsewhere.
         in_train_step = hook in ("training_step", "on_train_batch_start", "on_train_batch_end",
@@ -306,109 +302,26 @@ class Recorder:
                 event["value"] = float(value)
             except Exception:
                 pass
-        produced = self._producer_of(value) if vtype == "tensor" else None
-        if produced is not None:
-            event["producer"] = produced["label"]
-            if on_epoch and event["reduce_fx"] in ("mean", "avg"):
-                self._remember_per_batch(name, event, produced)
+        for tap in self._log_taps:
+            tap(event, value)
         self.emit(event)
 
-    # -- TorchMetrics taps ----------------------------------------------------------------------
-    def _producer_of(self, value) -> dict | None:
-        entry = self._produced.get(id(value))
-        if entry is None or entry[0]() is not value:
-            return None
-        return entry[1]
 
-    def _tap(self, out, info: dict) -> None:
-        import torch
+def _value_type(value) -> str:
+    """'metric' (a TorchMetrics object), 'tensor', 'float' (a Python number) or 'other'."""
+    import torch
 
-        if isinstance(out, torch.Tensor) and out.numel() == 1:
-            if len(self._produced) > 4096:
-                self._produced = {k: v for k, v in self._produced.items() if v[0]() is not None}
-            self._produced[id(out)] = (weakref.ref(out), info)
+    try:
+        from torchmetrics import Metric
 
-    @staticmethod
-    def _detach(obj):
-        import torch
-
-        if isinstance(obj, torch.Tensor):
-            return obj.detach().cpu().clone()
-        return obj
-
-    def _install_metric_taps(self) -> None:
-        try:
-            import torchmetrics
-        except ImportError:
-            return
-        recorder = self
-
-        def metric_forward(original):
-            def forward(metric, *args, **kwargs):
-                out = original(metric, *args, **kwargs)
-                try:
-                    recorder._tap(out, {
-                        "label": f"the per-batch return value of {type(metric).__name__}",
-                        "kind": "metric", "metric": metric,
-                        "args": [recorder._detach(a) for a in args],
-                        "kwargs": {k: recorder._detach(v) for k, v in kwargs.items()},
-                    })
-                except Exception:
-                    pass
-                return out
-
-            return forward
-
-        self._patch(torchmetrics.Metric, "forward", metric_forward)
-
-        def functional(original, qualname):
-            def fn(*args, **kwargs):
-                out = original(*args, **kwargs)
-                try:
-                    recorder._tap(out, {
-                        "label": f"functional {original.__name__}", "kind": "functional",
-                        "fn": qualname, "args": [recorder._detach(a) for a in args],
-                        "kwargs": {k: recorder._detach(v) for k, v in kwargs.items()},
-                    })
-                except Exception:
-                    pass
-                return out
-
-            return fn
-
-        for mod_name in ("torchmetrics.functional", "torchmetrics.functional.classification",
-                         "torchmetrics.functional.regression"):
-            try:
-                mod = importlib.import_module(mod_name)
-            except ImportError:
-                continue
-            for attr in getattr(mod, "__all__", []):
-                target = getattr(mod, attr, None)
-                if callable(target) and not isinstance(target, type):
-                    qualname = f"{target.__module__}.{target.__name__}"
-                    self._patch(mod, attr, lambda orig, q=qualname: functional(orig, q))
-
-    def _remember_per_batch(self, name: str, event: dict, produced: dict) -> None:
-        trainer = self.trainer
-        stage = None
-        run_key = None
-        if trainer is not None:
-            stage = str(trainer.state.stage)
-            run_key = [stage, int(trainer.current_epoch), bool(trainer.sanity_checking),
-                       self.extra.get("validation_runs", 0)]
-        record = self.per_batch_logs.get(name)
-        if record is None or record["run"] != run_key:
-            record = {"run": run_key, "hook": event["hook"], "site": event["site"], "via": event["via"],
-                      "sync_dist": event["sync_dist"], "producer": produced["label"],
-                      "kind": produced["kind"], "calls": []}
-            if produced["kind"] == "metric":
-                import copy
-
-                template = copy.deepcopy(produced["metric"])
-                template.reset()
-                record["metric"] = template
-            else:
-                record["fn"] = produced["fn"]
-            self.per_batch_logs[name] = record
-        record["calls"].append({"args": produced["args"], "kwargs": produced["kwargs"],
-                                "logged": event.get("value")})
+        if isinstance(value, Metric):
+            return "metric"
+    except ImportError:
+        pass
+    if isinstance(value, torch.Tensor):
+        return "tensor"
+    if isinstance(value, bool):
+        return "other"
+    if isinstance(value, (int, float)):
+        return "float"
+    return "other"

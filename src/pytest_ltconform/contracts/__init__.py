@@ -1,6 +1,8 @@
 """The contract registry: id -> module. Modules are imported only when a contract is used.
 
-Each module defines ``CONTRACT``, an instance of :class:`~.base.Contract`.
+Each module (a file, or a folder ``<id>/`` whose ``__init__`` holds the contract and whose
+``probe.py`` holds what runs on the ranks) defines ``CONTRACT``, an instance of
+:class:`~.base.Contract`. A new contract is one module and one line here.
 """
 
 from __future__ import annotations
@@ -34,3 +36,36 @@ def get_contract(contract_id: str):
     except KeyError:
         raise KeyError(f"unknown contract {contract_id!r}; known: {', '.join(_MODULES)}") from None
     return importlib.import_module(f"{__name__}.{module}").CONTRACT
+
+
+def run_spec(name: str):
+    """The :class:`~..harness.RunSpec` called ``name`` that a registered contract declares;
+    raises KeyError when none does."""
+    for cid in _MODULES:
+        spec = get_contract(cid).run_spec
+        if spec.name == name:
+            return spec
+    raise KeyError(f"no contract declares a run called {name!r}")
+
+
+def probes_for(name: str) -> list[tuple[str, str]]:
+    """``[(contract_id, "module:Class")]`` of every contract that declares the run ``name`` and
+    has a probe, in registry order: what the harness loads on the ranks of that run."""
+    found = []
+    for cid in _MODULES:
+        contract = get_contract(cid)
+        ref = contract.probe_ref() if contract.run_spec.name == name else None
+        if ref is not None:
+            found.append((cid, ref))
+    return found
+
+
+def blamed(run) -> str | None:
+    """The contract named as the cause of an unfinished ``run``: the lowest claim of every
+    contract's ``blames(run)`` (see :class:`~.base.Blame`); None when no contract claims it."""
+    claims = []
+    for order, cid in enumerate(_MODULES):
+        claim = get_contract(cid).blames(run)
+        if claim is not None:
+            claims.append((claim, order, cid))
+    return min(claims)[2] if claims else None

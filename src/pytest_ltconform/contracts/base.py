@@ -1,22 +1,38 @@
-"""What a contract is: a rank-side probe that observes a run, and a verdict over all ranks.
+"""What a contract is: the run it needs, a rank-side probe that observes it, the failures of an
+unfinished run it owns, and a verdict over all ranks.
 
-A contract never starts processes itself. It declares the run it needs (``run_kind``); the
-session makes that run once per (target, strategy, world) and hands every contract the same
-:class:`Run`. Verdicts are plain data so they travel on pytest reports (and through xdist).
+A contract never starts processes itself. It declares the run it needs (``run_spec``, a
+:class:`~..harness.RunSpec`) and its probe (``probe_class``, a :class:`~..harness.Probe`); the
+session makes that run once per (target, strategy, world) and hands every contract that declares
+it the same :class:`Run`. When a run did not finish, the session asks every contract's
+:meth:`Contract.blames`; the claim with the lowest :class:`Blame` names the cause. Verdicts are
+plain data so they travel on pytest reports (and through xdist).
 """
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import enum
 import functools
 import inspect
 import linecache
 from typing import Any
 
+from ..harness import FIT, Probe, RunSpec
 from ..sites import fmt_site
 
-OUTCOMES = ("passed", "failed", "advisory", "error", "skipped")
+
+class Blame(enum.IntEnum):
+    """Why a world stopped early, strongest claim first: of the contracts that claim an
+    unfinished run (:meth:`Contract.blames`), the lowest value is named as the cause, and every
+    other contract's verdict on that run says so instead of repeating the tracebacks. New kinds of
+    claim (a rank that raised on its own, decisions that differ) get their place in this order."""
+
+    HOOKS = 10   # the ranks entered different hooks first (data-sharding: unequal batch counts)
+    CALL = 20    # a user collective-bearing call made on some ranks only (all-rank-save)
+    LOG = 30     # a synced self.log made on some ranks only (sync-dist)
+    RAISED = 40  # every failed rank raised inside a recorded call whose event names its owner
 
 
 @dataclasses.dataclass
@@ -95,12 +111,11 @@ class Run:
     rank-side observations, and, for a world that did not finish, the divergence and diagnosis.
     """
 
-    def __init__(self, job, strategy: str, kind: str, targets: Any = None, note: str | None = None):
+    def __init__(self, job, strategy: str, kind: str, targets: Any = None):
         self.job = job
         self.strategy = strategy
         self.kind = kind
         self.targets = targets
-        self.note = note
 
     @property
     def world_size(self) -> int:
@@ -129,42 +144,66 @@ class Run:
         trace = self.job.ranks[rank].trace
         return [e for e in trace if ev is None or e.get("ev") == ev]
 
+    def divergence_kind(self) -> str | None:
+        """'hooks' or 'calls' for the first point where the ranks' traces differ; None if none."""
+        div = self.job.divergence
+        return div["kind"] if div else None
+
+    def divergent_events(self) -> set:
+        """The ``ev`` kinds of the events at the first divergence ('call', 'log', ...)."""
+        div = self.job.divergence
+        return {e.get("ev") for evs in div["events"].values() for e in evs} if div else set()
+
+    def raised_owner(self) -> str | None:
+        """The contract owning a failure that every failed rank raised inside a recorded user call
+        (trace event ``{"ev": "raised", "owner": ...}``, e.g. load_from_checkpoint on a sharded
+        directory); None when a failed rank has no such event or they name different owners."""
+        owners = set()
+        for rank in self.job.ranks:
+            if rank.status == "ok":
+                continue
+            found = [e.get("owner") for e in rank.trace or [] if e.get("ev") == "raised" and e.get("owner")]
+            if not found:
+                return None
+            owners.add(found[-1])
+        return owners.pop() if len(owners) == 1 else None
+
 
 class Contract:
-    """Base class. Subclasses set ``id``, ``title``, ``seed`` (the seed section enforced) and
-    implement :meth:`judge`; those that need rank-side observations return a :class:`Probe`."""
+    """Base class. Subclasses set ``id``, ``title``, ``seed`` (the seed section enforced), the run
+    they need (``run_spec``, default the traced fit) and their rank-side ``probe_class`` if any,
+    and implement :meth:`judge`; one that owns a kind of early stop overrides :meth:`blames`."""
 
     id: str = ""
     title: str = ""
     seed: str = ""
-    run_kind: str = "fit"
+    run_spec: RunSpec = FIT
+    probe_class: type[Probe] | None = None
     strategies: tuple[str, ...] = ("ddp",)  # a contract that also holds under CPU FSDP adds "fsdp"
 
     def probe(self) -> Probe | None:
-        return None
+        """A new probe; contracts that build theirs here instead of naming ``probe_class`` still work."""
+        return self.probe_class() if self.probe_class is not None else None
+
+    def probe_ref(self) -> str | None:
+        """The probe's class as "module:Class", which the harness loads on the ranks; None without one."""
+        cls = self.probe_class
+        if cls is None:
+            made = self.probe()
+            cls = type(made) if made is not None else None
+        return f"{cls.__module__}:{cls.__qualname__}" if cls is not None else None
+
+    def blames(self, run: Run) -> int | None:
+        """How strongly this contract claims why the unfinished ``run`` stopped (a :class:`Blame`,
+        lower wins); None when it does not. By default a contract claims a failure its own probe
+        named it the owner of (:meth:`Run.raised_owner`)."""
+        return Blame.RAISED if run.raised_owner() == self.id else None
 
     def judge(self, run: Run) -> Verdict:
         raise NotImplementedError
 
     def verdict(self, outcome: str, summary: str, **kwargs) -> Verdict:
         return Verdict(contract=self.id, outcome=outcome, summary=summary, seed=self.seed, **kwargs)
-
-
-class Probe:
-    """Rank-side observer for one run; every method is optional."""
-
-    def before_trainer(self, loaded, trainer_kwargs: dict, recorder) -> None:
-        """Adjust the Trainer kwargs (e.g. add a callback) before the Trainer is built."""
-
-    def before_fit(self, loaded, trainer, recorder) -> None:
-        """Inspect or hook the model and trainer before ``fit``."""
-
-    def after_fit(self, loaded, trainer, recorder) -> None:
-        """Run more Trainer calls on the same world after ``fit`` (validate, test, predict)."""
-
-    def collect(self, loaded, trainer, recorder) -> Any:
-        """Plain-data observations returned to the pytest side."""
-        return None
 
 
 # -- source helpers for evidence -----------------------------------------------------------------

@@ -23,7 +23,7 @@ import re
 from collections import defaultdict
 
 from ..sites import fmt_site
-from .base import Contract, Evidence, Probe, Run, Verdict, class_site, user_class
+from .base import Blame, Contract, Evidence, Probe, Run, Verdict, class_site, user_class
 
 ROWS_PER_BATCH = 64        # sample rows hashed per batch
 BATCHES_PER_EPOCH = 8      # batches fingerprinted per epoch and stage (all are counted)
@@ -413,6 +413,10 @@ class DataSharding(Contract):
 
     def probe(self) -> Probe:
         return DataShardingProbe()
+
+    def blames(self, run: Run) -> int | None:
+        """The ranks ran different hooks first (unequal batch counts stop the world)."""
+        return Blame.HOOKS if run.divergence_kind() == "hooks" else super().blames(run)
 
     def judge(self, run: Run) -> Verdict:
         recreate = self._recreate_failure(run)

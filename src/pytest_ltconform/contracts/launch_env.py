@@ -28,6 +28,7 @@ import dataclasses
 import os
 from typing import Any
 
+from ..harness import Probe, inspection
 from ..sites import fmt_site
 from .base import Contract, Evidence, Run, Verdict
 
@@ -121,29 +122,29 @@ def _trainer_site(targets) -> dict | None:
         return None
 
 
-def observe(ctx, targets, strategy_name: str, contract_ids: list[str], pg_timeout_s: float) -> dict:
-    """Rank side: this rank's launcher variables and the user's Trainer world settings.
+class LaunchEnvProbe(Probe):
+    def inspect(self, run) -> dict:
+        """This rank's launcher variables and the user's Trainer world settings:
+        ``{"kind", "env", "trainer", "simulated", "simulated_site", "trainer_site"}``, where ``kind``
+        is 'attached' or 'local' (ranks the plugin spawned)."""
+        from .. import target as target_mod
 
-    Returns ``{"probes": {"launch-env": {"kind", "env", "trainer", "simulated"}}}`` where
-    ``kind`` is 'attached' or 'local' (ranks the plugin spawned).
-    """
-    from .. import target as target_mod
-
-    user = target_mod.trainer_kwargs(targets.trainer) if targets.trainer else {}
-    module = target_mod.import_module(targets.model)
-    strategy = user.get("strategy")
-    data = {
-        "kind": ctx.world_kind,
-        "env": {k: os.environ[k] for k in ENV_KEYS if k in os.environ},
-        "trainer": {"num_nodes": _count(user.get("num_nodes")), "devices": _count(user.get("devices")),
-                    "devices_raw": repr(user.get("devices")) if "devices" in user else None,
-                    "strategy": strategy if isinstance(strategy, str) or strategy is None else type(strategy).__name__,
-                    "timeout_s": _strategy_timeout(strategy)},
-        "simulated": _simulated(module),
-        "simulated_site": _assignment_site(module, "LAUNCH_ENV"),
-        "trainer_site": _trainer_site(targets),
-    }
-    return {"probes": {"launch-env": data}}
+        targets = run.targets
+        user = target_mod.trainer_kwargs(targets.trainer) if targets.trainer else {}
+        module = target_mod.import_module(targets.model)
+        strategy = user.get("strategy")
+        return {
+            "kind": run.ctx.world_kind,
+            "env": {k: os.environ[k] for k in ENV_KEYS if k in os.environ},
+            "trainer": {"num_nodes": _count(user.get("num_nodes")), "devices": _count(user.get("devices")),
+                        "devices_raw": repr(user.get("devices")) if "devices" in user else None,
+                        "strategy": strategy if isinstance(strategy, str) or strategy is None
+                        else type(strategy).__name__,
+                        "timeout_s": _strategy_timeout(strategy)},
+            "simulated": _simulated(module),
+            "simulated_site": _assignment_site(module, "LAUNCH_ENV"),
+            "trainer_site": _trainer_site(targets),
+        }
 
 
 # -- pytest side ---------------------------------------------------------------------------------
@@ -468,7 +469,8 @@ class LaunchEnv(Contract):
     id = "launch-env"
     title = "The launched world matches the Trainer's num_nodes x devices, and every rank agrees"
     seed = "Multi-node launch"
-    run_kind = "launch"
+    run_spec = inspection("launch")
+    probe_class = LaunchEnvProbe
     strategies = ("ddp",)
     tiers = ("multinode",)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
+from ..harness import Probe, inspection
 from ..sites import fmt_site
 from .base import Contract, Evidence, Run, Verdict
 
@@ -139,28 +140,31 @@ def _fresh_import(targets) -> dict | None:
     return {"crashed": proc.returncode, "tail": (proc.stdout + proc.stderr)[-1500:]}
 
 
-def observe(ctx, targets, strategy_name: str, contract_ids: list[str], pg_timeout_s: float) -> dict:
-    """Rank-side function of run kind "spawn" (rank 0 only does the work)."""
-    done_key = f"ltconform-spawn-done/{os.path.dirname(ctx.job_dir)}"
-    if ctx.rank != 0:
-        # Wait for rank 0 without a collective: its fresh interpreter can outlast the pg timeout.
-        import time
+class SpawnSafetyProbe(Probe):
+    def inspect(self, run) -> dict | None:
+        """Pickling, a fresh-interpreter import and the spawn config (rank 0 does the work; the
+        other ranks wait for it and return None)."""
+        ctx = run.ctx
+        done_key = f"ltconform-spawn-done/{os.path.dirname(ctx.job_dir)}"
+        if ctx.rank != 0:
+            # Wait for rank 0 without a collective: its fresh interpreter can outlast the pg timeout.
+            import time
 
-        deadline = time.monotonic() + FRESH_IMPORT_TIMEOUT_S + 60
-        while time.monotonic() < deadline and not ctx.store.check([done_key]):
-            time.sleep(0.1)
-        return {"spawn": None}
-    try:
-        return {"spawn": _observe_rank0(targets)}
-    finally:
-        ctx.store.set(done_key, "1")
+            deadline = time.monotonic() + FRESH_IMPORT_TIMEOUT_S + 60
+            while time.monotonic() < deadline and not ctx.store.check([done_key]):
+                time.sleep(0.1)
+            return None
+        try:
+            return _observe_rank0(run)
+        finally:
+            ctx.store.set(done_key, "1")
 
 
-def _observe_rank0(targets) -> dict:
+def _observe_rank0(run) -> dict:
     from .. import tripwire
-    from ..runs import Loaded
 
-    loaded = Loaded(targets)
+    targets = run.targets
+    loaded = run.objects
     objects = [(loaded.model, type(loaded.model).__qualname__)]
     if loaded.datamodule is not None:
         objects.append((loaded.datamodule, type(loaded.datamodule).__qualname__))
@@ -186,12 +190,13 @@ class SpawnSafety(Contract):
     id = "spawn-safety"
     title = "Objects pickle and the module imports without training (ddp_spawn, spawn workers)"
     seed = "Choose using measured memory"
-    run_kind = "spawn"
+    run_spec = inspection("spawn")
+    probe_class = SpawnSafetyProbe
     strategies = ("ddp",)
     tiers = ("cpu",)  # pickling and importing do not depend on the hardware
 
     def judge(self, run: Run) -> Verdict:
-        facts = (run.value(0) or {}).get("spawn")
+        facts = run.probe(self.id)[0]
         if facts is None:
             r = run.job.ranks[0]
             return self.verdict("error", f"the spawn checks could not run: {r.exc_type}: {r.message}",

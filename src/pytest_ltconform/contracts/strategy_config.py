@@ -6,7 +6,7 @@ DeepSpeed dict needs real numbers (no Hugging Face "auto"), one optimizer owner,
 and precision that agree with the Trainer; offload paths must be writable; the process-group
 timeout is ``DDPStrategy(timeout=...)``, not ``NCCL_TIMEOUT``.
 
-Judged without the hardware: a run of kind "config" loads the targets on one rank (a
+Judged without the hardware: an inspection run "config" loads the targets on one rank (a
 ``DeepSpeedStrategy`` stays readable where deepspeed is not installed, see ``sharded.py``),
 builds the model's layers inside ``configure_model`` on the meta device, and reports what the
 strategy object holds; the pytest side turns that into findings with the line of the user's
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 
+from ..harness import Probe, inspection
 from .base import Contract, Evidence, Run, Verdict
 
 NUMERIC_ZERO_KEYS = ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size",
@@ -320,34 +321,33 @@ def _unknown_name(strategy, ns) -> list[dict]:
              "close": difflib.get_close_matches(strategy, sorted(known), n=3)}]
 
 
-def observe(ctx, targets, strategy_name: str, contract_ids: list[str], pg_timeout_s: float) -> dict:
-    """Rank-side function of run kind "config": the user's strategy settings as findings."""
-    import sys
+class StrategyConfigProbe(Probe):
+    def inspect(self, run) -> dict | None:
+        """The user's strategy settings as findings (rank 0 only; None on other ranks)."""
+        import sys
 
-    if ctx.rank != 0:
-        return {"config": None}
-    from ..runs import Loaded
-
-    loaded = Loaded(targets)
-    user = loaded.user_kwargs
-    strategy = user.get("strategy")
-    spec = targets.trainer
-    file = None
-    if spec is not None:
-        mod = sys.modules.get(spec.module) or sys.modules.get(f"ltconform_target_{spec.module}")
-        file = getattr(mod, "__file__", None) or spec.path
-    names = _mro_names(strategy) if strategy is not None and not isinstance(strategy, str) else []
-    findings: list[dict] = []
-    if "FSDPStrategy" in names:
-        findings += _fsdp_facts(strategy, loaded.model, user, file)
-    if "DeepSpeedStrategy" in names:
-        findings += _deepspeed_facts(strategy, loaded.model, user, file)
-    findings += _timeout_facts(strategy, user, loaded.ns, file)
-    findings += _unknown_name(strategy, loaded.ns)
-    describe = type(strategy).__name__ if names else repr(strategy if strategy is not None else "auto")
-    return {"config": {"strategy": describe, "precision": _precision(user),
-                       "accumulate": user.get("accumulate_grad_batches", 1), "findings": findings,
-                       "stand_in": bool(getattr(strategy, "ltconform_stand_in", False))}}
+        if run.ctx.rank != 0:
+            return None
+        loaded = run.objects
+        user = loaded.user_kwargs
+        strategy = user.get("strategy")
+        spec = run.targets.trainer
+        file = None
+        if spec is not None:
+            mod = sys.modules.get(spec.module) or sys.modules.get(f"ltconform_target_{spec.module}")
+            file = getattr(mod, "__file__", None) or spec.path
+        names = _mro_names(strategy) if strategy is not None and not isinstance(strategy, str) else []
+        findings: list[dict] = []
+        if "FSDPStrategy" in names:
+            findings += _fsdp_facts(strategy, loaded.model, user, file)
+        if "DeepSpeedStrategy" in names:
+            findings += _deepspeed_facts(strategy, loaded.model, user, file)
+        findings += _timeout_facts(strategy, user, loaded.ns, file)
+        findings += _unknown_name(strategy, loaded.ns)
+        describe = type(strategy).__name__ if names else repr(strategy if strategy is not None else "auto")
+        return {"strategy": describe, "precision": _precision(user),
+                "accumulate": user.get("accumulate_grad_batches", 1), "findings": findings,
+                "stand_in": bool(getattr(strategy, "ltconform_stand_in", False))}
 
 
 # -- pytest side -------------------------------------------------------------------------------
@@ -362,13 +362,13 @@ class StrategyConfig(Contract):
     id = "strategy-config"
     title = "Strategy arguments (FSDP, DeepSpeed, DDP timeout) mean what the config intends"
     seed = "FSDP"
-    run_kind = "config"
+    run_spec = inspection("config")
+    probe_class = StrategyConfigProbe
     strategies = ("ddp",)
     tiers = ("cpu",)  # judged from the config alone: no hardware needed, one item
 
     def judge(self, run: Run) -> Verdict:
-        value = run.value(0)
-        facts = (value or {}).get("config")
+        facts = run.probe(self.id)[0]
         if facts is None:
             r = run.job.ranks[0]
             return self.verdict("error", f"the strategy config could not be read: {r.exc_type}: {r.message}",

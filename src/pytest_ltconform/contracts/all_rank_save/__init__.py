@@ -11,7 +11,7 @@ and raw ``torch.distributed`` collectives, from the module or a user callback, a
 ranks hook by hook. A call made on a subset of ranks fails with its call site, the rank guard
 found in the source and per-rank counts.
 
-Under the CPU sharded tier (FSDP on gloo ranks) a probe also saves a sharded checkpoint on every
+Under the CPU sharded tier (FSDP on gloo ranks) a probe (``probe.py``) also saves a sharded checkpoint on every
 rank after fit and resumes a short fit from that directory with the matching strategy, and every
 ``load_from_checkpoint`` call is recorded: one given a sharded checkpoint directory fails (that
 path is unsupported; the fix is ``Trainer(ckpt_path=dir)`` with the same strategy, or
@@ -23,9 +23,10 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from ..sites import fmt_site, hook_label, plural
-from ..world.diagnose import first_divergence
-from .base import Contract, Evidence, Probe, Run, Verdict, rank_guard
+from ...sites import fmt_site, hook_label, plural
+from ...world.diagnose import first_divergence
+from ..base import Blame, Contract, Evidence, Run, Verdict, rank_guard
+from .probe import ShardedSaveProbe
 
 # Layouts of a checkpoint path that load_from_checkpoint cannot read.
 SHARDED_LAYOUTS = {"fsdp": "an FSDP sharded checkpoint (torch.distributed.checkpoint: per-rank .distcp files "
@@ -47,11 +48,12 @@ class AllRankSave(Contract):
     title = "Checkpoint saves and other collectives are called on every rank"
     seed = "Sampling, metrics and writes"
     strategies = ("ddp", "fsdp")
+    probe_class = ShardedSaveProbe
 
-    def probe(self) -> Probe:
-        from .sharded_save import ShardedSaveProbe
-
-        return ShardedSaveProbe()
+    def blames(self, run: Run) -> int | None:
+        """A collective-bearing call some ranks made and the others did not stopped the world;
+        a load_from_checkpoint that raised on a sharded directory names this contract too."""
+        return Blame.CALL if "call" in run.divergent_events() else super().blames(run)
 
     def judge(self, run: Run) -> Verdict:
         div = first_divergence(run.traces, select=user_call)
@@ -175,24 +177,11 @@ class AllRankSave(Contract):
         else:
             summary = (f"the ranks made different collective-bearing calls in {hook} ({count_text}); "
                        f"collectives must pair up in the same order on every rank.")
-        evidence = []
-        for r in sorted(events):
-            if events[r]:
-                for e in events[r]:
-                    evidence.append(Evidence(f"{e.get('label')}() in {hook_label(div['hook'][r])}",
-                                             rank=r, site=fmt_site(e.get("site"))))
-            else:
-                evidence.append(Evidence(f"no {label}() in {hook_label(div['hook'][r])} "
-                                         f"(total: {plural(counts.get(r, 0), 'call')})", rank=r))
+        evidence = _call_evidence(div, label, counts)
         if guard:
             evidence.append(Evidence(f"the call is guarded by `{guard}`", site=site))
-        if label == "Trainer.save_checkpoint":
-            fix = ("call trainer.save_checkpoint on every rank (Lightning writes the file from rank 0 "
-                   "only, and sharded strategies need every rank to gather); keep the rank-zero "
-                   "guard for plain side work such as printing or copying files.")
-        else:
-            fix = (f"make {label}() on every rank, in the same order; if only one rank needs the "
-                   f"result, call it everywhere and use it on that rank.")
+        fix = _FIXES.get(label) or (f"make {label}() on every rank, in the same order; if only one rank needs "
+                                    f"the result, call it everywhere and use it on that rank.")
         notes = []
         if label == "Trainer.save_checkpoint" and run.strategy == "fsdp":
             notes.append("under FSDP the save is itself a gather: building the checkpoint's state dict collects "
@@ -202,6 +191,26 @@ class AllRankSave(Contract):
             notes.append("the world did not finish: the one-sided call left the other ranks waiting "
                          "(see where each rank was, below).")
         return self.verdict("failed", summary, evidence=evidence, fix=fix, category="deadlock", notes=notes)
+
+
+_FIXES = {"Trainer.save_checkpoint": ("call trainer.save_checkpoint on every rank (Lightning writes the file from "
+                                      "rank 0 only, and sharded strategies need every rank to gather); keep the "
+                                      "rank-zero guard for plain side work such as printing or copying files.")}
+
+
+def _call_evidence(div: dict, label: str, counts: dict[int, int]) -> list[Evidence]:
+    """One line per call each rank made at the divergence, or the call it did not make."""
+    events = div["events"]
+    evidence = []
+    for r in sorted(events):
+        if events[r]:
+            for e in events[r]:
+                evidence.append(Evidence(f"{e.get('label')}() in {hook_label(div['hook'][r])}",
+                                         rank=r, site=fmt_site(e.get("site"))))
+        else:
+            evidence.append(Evidence(f"no {label}() in {hook_label(div['hook'][r])} "
+                                     f"(total: {plural(counts.get(r, 0), 'call')})", rank=r))
+    return evidence
 
 
 CONTRACT = AllRankSave()

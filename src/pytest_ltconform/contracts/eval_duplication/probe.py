@@ -1,6 +1,6 @@
-"""Rank-side evaluation runs for the eval-duplication contract.
+"""Rank side of eval-duplication: its evaluation run, its one-rank reference and its probe.
 
-``traced_eval`` runs on every rank of the world: the driver steps (``fit`` unless the target's
+``evaluate`` runs on every rank of the world: the driver steps (``fit`` unless the target's
 module says otherwise in ``PLAIN_DRIVER``), then each evaluation stage (validate, test, predict)
 the target has a dataloader for, on the same Trainer. For every stage it records, per rank, the
 dataset indices the loader's sampler hands that rank (read from the sampler Lightning injected or
@@ -8,7 +8,7 @@ the user's own, never from the batches, so the dataset need not return ids), how
 each TorchMetrics object was updated with, the metrics the stage returned, and the files user
 code opened for writing. Rank 0 saves the weights the stages ran with.
 
-``reference_eval`` runs in a world of one rank: a ``Trainer(accelerator="cpu", devices=1)`` on
+``reference`` runs in a world of one rank: a ``Trainer(accelerator="cpu", devices=1)`` on
 those weights and the same data and stages, for the single-device values.
 
 Imported only in ranks.
@@ -20,10 +20,8 @@ import os
 import sys
 from typing import Any
 
-from . import target as target_mod
-from .runs import Loaded, _make_profiler, adapt_strategy, build_trainer_kwargs
-from .sites import user_site
-from .trace import Recorder
+from ...harness import Probe, RankRun, UserObjects, rank_run
+from ...sites import user_site
 
 STAGES = ("validate", "test", "predict")
 _LOADER = {"validate": "val_dataloader", "test": "test_dataloader", "predict": "predict_dataloader"}
@@ -130,58 +128,79 @@ def _indices(loader, num_batches) -> dict:
     return info
 
 
-def _make_callback(ns: Any, state: dict):
+def _make_callback(ns: Any, probe: EvalDuplicationProbe):
     class EvalObserver(ns.Callback):
         """Reads each evaluation stage's samplers and counts what TorchMetrics objects receive."""
 
-        def _start(self, trainer, stage):
-            if state.get("stage") != stage:
-                return
-            # Weights move here, after configure_model has built every layer.
-            if state.get("save_to") and not state.get("saved"):
-                import torch
-
-                torch.save({k: v.detach().cpu() for k, v in trainer.lightning_module.state_dict().items()},
-                           state["save_to"])
-                state["saved"] = True
-            if state.get("load_from") is not None:
-                result = trainer.lightning_module.load_state_dict(state["load_from"], strict=False)
-                state["load_problems"] = sorted(set(result.missing_keys) | set(result.unexpected_keys))
-            attr, num_attr = _TRAINER_LOADERS[stage]
-            loaders = _loaders(getattr(trainer, attr, None))
-            nums = list(getattr(trainer, num_attr, None) or [])
-            state["record"]["loaders"] = [_indices(dl, nums[i] if i < len(nums) else None)
-                                          for i, dl in enumerate(loaders)]
-            for counter in state["metrics"].values():
-                counter["n"] = 0
-
-        def _end(self, trainer, stage):
-            if state.get("stage") != stage:
-                return
-            state["record"]["metric_samples"] = {name: {"type": c["type"], "n": c["n"]}
-                                                 for name, c in state["metrics"].items()}
-
         def on_validation_start(self, trainer, pl_module):
             if not trainer.sanity_checking:
-                self._start(trainer, "validate")
+                probe.stage_start(trainer, "validate")
 
         def on_test_start(self, trainer, pl_module):
-            self._start(trainer, "test")
+            probe.stage_start(trainer, "test")
 
         def on_predict_start(self, trainer, pl_module):
-            self._start(trainer, "predict")
+            probe.stage_start(trainer, "predict")
 
         def on_validation_epoch_end(self, trainer, pl_module):
             if not trainer.sanity_checking:
-                self._end(trainer, "validate")
+                probe.stage_end("validate")
 
         def on_test_epoch_end(self, trainer, pl_module):
-            self._end(trainer, "test")
+            probe.stage_end("test")
 
         def on_predict_epoch_end(self, trainer, pl_module):
-            self._end(trainer, "predict")
+            probe.stage_end("predict")
 
     return EvalObserver()
+
+
+class EvalDuplicationProbe(Probe):
+    """Per evaluation stage: the indices each loader hands this rank, the samples each TorchMetrics
+    object is updated with, and the files user code writes. ``load_from`` (a state dict) loads the
+    world's weights into the one-rank reference."""
+
+    def __init__(self, load_from: dict | None = None):
+        self.state: dict[str, Any] = {"stage": None, "record": {}, "metrics": {}, "load_from": load_from}
+        self.root = "."
+
+    def before_trainer(self, objects, trainer_kwargs, recorder) -> None:
+        self.root = trainer_kwargs["default_root_dir"]
+        trainer_kwargs["callbacks"] = list(trainer_kwargs.get("callbacks") or []) + \
+            [_make_callback(objects.ns, self)]
+
+    def before_fit(self, objects, trainer, recorder) -> None:
+        _count_metric_updates(objects.model, self.state)
+        _install_audit(self.root)
+
+    def stage_start(self, trainer, stage: str) -> None:
+        state = self.state
+        if state.get("stage") != stage:
+            return
+        # Weights move here, after configure_model has built every layer.
+        if state.get("save_to") and not state.get("saved"):
+            import torch
+
+            torch.save({k: v.detach().cpu() for k, v in trainer.lightning_module.state_dict().items()},
+                       state["save_to"])
+            state["saved"] = True
+        if state.get("load_from") is not None:
+            result = trainer.lightning_module.load_state_dict(state["load_from"], strict=False)
+            state["load_problems"] = sorted(set(result.missing_keys) | set(result.unexpected_keys))
+        attr, num_attr = _TRAINER_LOADERS[stage]
+        loaders = _loaders(getattr(trainer, attr, None))
+        nums = list(getattr(trainer, num_attr, None) or [])
+        state["record"]["loaders"] = [_indices(dl, nums[i] if i < len(nums) else None)
+                                      for i, dl in enumerate(loaders)]
+        for counter in state["metrics"].values():
+            counter["n"] = 0
+
+    def stage_end(self, stage: str) -> None:
+        state = self.state
+        if state.get("stage") != stage:
+            return
+        state["record"]["metric_samples"] = {name: {"type": c["type"], "n": c["n"]}
+                                             for name, c in state["metrics"].items()}
 
 
 def _count_metric_updates(model, state: dict) -> None:
@@ -209,7 +228,7 @@ def _count_metric_updates(model, state: dict) -> None:
 _STEP = {"validate": ("validation_step",), "test": ("test_step",), "predict": ("predict_step", "forward")}
 
 
-def _has_loader(loaded: Loaded, stage: str) -> bool:
+def _has_loader(loaded: UserObjects, stage: str) -> bool:
     """Whether ``stage`` can run: a dataloader for it and the step method it calls."""
     attr = _LOADER[stage]
     ns = loaded.ns
@@ -221,7 +240,7 @@ def _has_loader(loaded: Loaded, stage: str) -> bool:
     return (module_has or dm_has) and step
 
 
-def _driver(loaded: Loaded) -> tuple[list[str], list[str]]:
+def _driver(loaded: UserObjects) -> tuple[list[str], list[str]]:
     """(steps before evaluation, evaluation stages). A target's module may name its own driver in
     ``PLAIN_DRIVER`` ("fit", "fit,validate", "validate", "predict"); otherwise fit, then every
     evaluation stage the target has a dataloader for."""
@@ -235,11 +254,11 @@ def _driver(loaded: Loaded) -> tuple[list[str], list[str]]:
     return before, stages
 
 
-def _eval_kwargs(user: dict, strategy: Any, world_size: int, root: str) -> tuple[dict, dict, bool]:
+def _eval_kwargs(run: RankRun, user: dict, strategy: Any, world_size: int) -> tuple[dict, dict, bool]:
     """Trainer kwargs for an evaluation run (bounded as every conformance run), and the limits the
     evaluation stages run with: whole epochs (a cap would make worlds of different sizes see
     different samples) unless the user set limits, in which case ``limited`` is True."""
-    kwargs = build_trainer_kwargs(user, strategy, world_size, root)
+    kwargs = run.trainer_kwargs(strategy, user, world_size)
     limits = {}
     limited = False
     for stage in ("val", "test", "predict"):
@@ -268,98 +287,90 @@ def _floats(metrics) -> dict:
     return out
 
 
-def _run_stages(trainer, loaded: Loaded, stages: list[str], state: dict, recorder: Recorder | None) -> dict:
+def _stage_writes() -> list[dict]:
+    """The files user code wrote in the stage that just ended, once each, with their line counts."""
+    writes = []
+    for w in _ACTIVE["writes"]:
+        if any(x["path"] == w["path"] for x in writes):
+            continue
+        try:
+            with open(w["abs"], "rb") as fh:
+                w["lines"] = sum(1 for _ in fh) if os.path.getsize(w["abs"]) < 50_000_000 else None
+        except OSError:
+            w["lines"] = None
+        writes.append(w)
+    return writes
+
+
+def _run_stages(run: RankRun, stages: list[str], state: dict) -> dict:
     results = {}
+    trainer, objects = run.trainer, run.objects
     for stage in stages:
         record = state["record"] = {"loaders": [], "metric_samples": {}}
         state["stage"] = stage
         _ACTIVE.update(stage=stage, writes=[])
-        if recorder is not None:
-            recorder.emit({"ev": "eval_stage", "name": stage, "at": "start"})
+        run.emit({"ev": "eval_stage", "name": stage, "at": "start"})
         try:
-            out = getattr(trainer, stage)(loaded.model, datamodule=loaded.datamodule)
+            out = getattr(trainer, stage)(objects.model, datamodule=objects.datamodule)
         finally:
             _ACTIVE["stage"] = None
             state["stage"] = None
-            if recorder is not None:
-                recorder.emit({"ev": "eval_stage", "name": stage, "at": "end"})
+            run.emit({"ev": "eval_stage", "name": stage, "at": "end"})
         if stage == "predict":
             batches = _loaders(out) if out is not None else []
             record["returned_batches"] = len(batches)
         else:
             record["returned"] = [_floats(d) for d in (out or [])]
         record["callback_metrics"] = _floats(trainer.callback_metrics)
-        writes = []
-        for w in _ACTIVE["writes"]:
-            if any(x["path"] == w["path"] for x in writes):
-                continue
-            try:
-                with open(w["abs"], "rb") as fh:
-                    w["lines"] = sum(1 for _ in fh) if os.path.getsize(w["abs"]) < 50_000_000 else None
-            except OSError:
-                w["lines"] = None
-            writes.append(w)
-        record["writes"] = writes
+        record["writes"] = _stage_writes()
         results[stage] = record
     return results
 
 
-def traced_eval(ctx, targets: target_mod.Targets, strategy_name: str, contract_ids: list[str],
-                pg_timeout_s: float) -> dict:
+def _probe_of(run: RankRun) -> EvalDuplicationProbe:
+    return next(p for p in run.probes.values() if isinstance(p, EvalDuplicationProbe))
+
+
+def evaluate(ctx, targets, strategy_name: str, probes: list, pg_timeout_s: float) -> dict:
     """Every rank: the driver steps, then each evaluation stage, recorded. Returns plain data:
-    ``{"eval": {"stages": {stage: record}, "weights": path, "driver": [...], "limited": bool}}``."""
-    recorder = Recorder(ctx.trace_path, ctx.rank)
-    namespaces = [targets.namespace] + [ns for ns in target_mod.NAMESPACES
-                                        if ns != targets.namespace and ns in sys.modules]
-    recorder.install(tuple(namespaces))
+    ``{"eval": {"stages": {stage: record}, "weights": path, "driver": [...], "limited": bool},
+    "reference_args": [weights, stages] (rank 0)}``."""
     try:
-        loaded = Loaded(targets)
-        ns = loaded.ns
-        before, stages = _driver(loaded)
-        strategy = adapt_strategy(ns, strategy_name, loaded.user_kwargs.get("strategy"), pg_timeout_s)
-        kwargs, limits, limited = _eval_kwargs(loaded.user_kwargs, strategy, ctx.world_size, ctx.job_dir)
-        state: dict[str, Any] = {"stage": None, "record": {}, "metrics": {}}
-        kwargs["callbacks"] = list(kwargs.get("callbacks") or []) + [_make_callback(ns, state)]
-        if kwargs.get("profiler") is None:
-            kwargs["profiler"] = _make_profiler(ns, recorder)
-        trainer = ns.Trainer(**kwargs)
-        recorder.attach(trainer)
-        _count_metric_updates(loaded.model, state)
-        _install_audit(ctx.job_dir)
-        if "fit" in before:
-            recorder.emit({"ev": "stage", "name": "fit"})
-            trainer.fit(loaded.model, datamodule=loaded.datamodule)
-        weights = os.path.join(os.path.dirname(ctx.job_dir), "eval_weights.pt")
-        if ctx.rank == 0:
-            state["save_to"] = weights
-        _set_limits(trainer, limits)
-        results = _run_stages(trainer, loaded, stages, state, recorder)
-        return {"eval": {"stages": results, "weights": weights, "driver": before + stages, "limited": limited,
-                         "world_size": ctx.world_size},
-                "reference_args": [weights, stages] if ctx.rank == 0 else None}
+        with rank_run(ctx, targets, probes, pg_timeout_s) as run:
+            probe = _probe_of(run)
+            objects = run.objects
+            before, stages = _driver(objects)
+            strategy = run.strategy(strategy_name, objects.user_kwargs.get("strategy"))
+            kwargs, limits, limited = _eval_kwargs(run, objects.user_kwargs, strategy, ctx.world_size)
+            trainer = run.build_trainer(kwargs)
+            if "fit" in before:
+                run.emit({"ev": "stage", "name": "fit"})
+                trainer.fit(objects.model, datamodule=objects.datamodule)
+            weights = os.path.join(os.path.dirname(ctx.job_dir), "eval_weights.pt")
+            if ctx.rank == 0:
+                probe.state["save_to"] = weights
+            _set_limits(trainer, limits)
+            results = _run_stages(run, stages, probe.state)
+            return {"eval": {"stages": results, "weights": weights, "driver": before + stages, "limited": limited,
+                             "world_size": ctx.world_size},
+                    "reference_args": [weights, stages] if ctx.rank == 0 else None}
     finally:
         _ACTIVE["stage"] = None
-        recorder.uninstall()
 
 
-def reference_eval(ctx, targets: target_mod.Targets, weights: str, stages: list[str], pg_timeout_s: float) -> dict:
+def reference(ctx, targets, weights: str, stages: list[str], pg_timeout_s: float) -> dict:
     """One rank, ``Trainer(accelerator="cpu", devices=1)``: the same stages on the saved weights."""
     import torch
 
-    loaded = Loaded(targets)
-    ns = loaded.ns
-    user = {k: v for k, v in loaded.user_kwargs.items() if k != "strategy"}
-    kwargs, limits, limited = _eval_kwargs(user, "auto", 1, ctx.job_dir)
-    state: dict[str, Any] = {"stage": None, "record": {}, "metrics": {},
-                             "load_from": torch.load(weights, map_location="cpu", weights_only=True)}
-    kwargs["callbacks"] = list(kwargs.get("callbacks") or []) + [_make_callback(ns, state)]
-    trainer = ns.Trainer(**kwargs)
-    _set_limits(trainer, limits)
-    _count_metric_updates(loaded.model, state)
-    _install_audit(ctx.job_dir)
+    probe = EvalDuplicationProbe(load_from=torch.load(weights, map_location="cpu", weights_only=True))
     try:
-        results = _run_stages(trainer, loaded, stages, state, None)
+        with rank_run(ctx, targets, [("reference", probe)], pg_timeout_s, traced=False) as run:
+            user = {k: v for k, v in run.objects.user_kwargs.items() if k != "strategy"}
+            kwargs, limits, limited = _eval_kwargs(run, user, "auto", 1)
+            trainer = run.build_trainer(kwargs)
+            _set_limits(trainer, limits)
+            results = _run_stages(run, stages, probe.state)
     finally:
         _ACTIVE["stage"] = None
     return {"eval": {"stages": results, "limited": limited, "world_size": 1,
-                     "load_problems": state.get("load_problems", [])}}
+                     "load_problems": probe.state.get("load_problems", [])}}

@@ -1,4 +1,7 @@
-"""Rank side of all-rank-save's sharded checks (imported only inside rank processes).
+"""Rank side of all-rank-save: its sharded checks in the traced fit (imported only inside ranks).
+
+Collective-bearing calls and saves are recorded by the generic recorder (``trace.py``); this
+probe adds:
 
 - Every ``LightningModule.load_from_checkpoint`` call is recorded with the layout of the path it
   was given (a file, an FSDP sharded directory, a DeepSpeed directory), and, when it raises on a
@@ -14,8 +17,10 @@ from __future__ import annotations
 import os
 import sys
 
-from ..sites import user_site
-from .base import Probe
+from ... import sharded
+from ... import target as target_mod
+from ...harness import Probe, build_trainer_kwargs
+from ...sites import user_site
 
 
 def checkpoint_layout(path) -> tuple[str | None, list[str]]:
@@ -94,96 +99,40 @@ class ShardedSaveProbe(Probe):
         self.data: dict = {"sharded": None}
         self.sharded_run = False
 
-    def before_trainer(self, loaded, trainer_kwargs, recorder):
-        from .. import sharded
-
-        user_strategy = loaded.user_kwargs.get("strategy")
+    def before_trainer(self, objects, trainer_kwargs, recorder):
+        user_strategy = objects.user_kwargs.get("strategy")
         text = sharded.describe(user_strategy) if sharded.sharded_kind(user_strategy) else None
         for ns in ("lightning.pytorch", "pytorch_lightning"):
             if ns in sys.modules:
                 module_cls = sys.modules[ns].LightningModule
-                recorder._patch(module_cls, "load_from_checkpoint",
+                recorder.patch(module_cls, "load_from_checkpoint",
                                 lambda original, t=text: _LoadTap(original, recorder, t))
         # The round trip builds its own CPU FSDP Trainers: only on the CPU sharded tier.
         self.sharded_run = bool(getattr(trainer_kwargs.get("strategy"), "ltconform_cpu_tier", False))
 
-    def after_fit(self, loaded, trainer, recorder):
+    def after_fit(self, objects, trainer, recorder):
         if self.sharded_run:
             with recorder.paused():
-                self.data["sharded"] = _round_trip(loaded, trainer)
+                self.data["sharded"] = _round_trip(objects, trainer)
 
-    def collect(self, loaded, trainer, recorder):
+    def collect(self, objects, trainer, recorder):
         return self.data
 
 
-def _round_trip(loaded, trainer) -> dict:
-    from .. import runs, sharded
-    from .. import target as target_mod
-
+def _round_trip(objects, trainer) -> dict:
+    """Save a sharded checkpoint on every rank, resume a short fit from it with the matching
+    strategy, and compare the restored step and parameter shard with the saved ones."""
     out: dict = {"phase": "save", "error": None}
-    strategy = trainer.strategy
     path = os.path.join(trainer.default_root_dir, "ltconform-sharded.ckpt")
-    previous = strategy._state_dict_type
     try:
-        strategy._state_dict_type = "sharded"
-        try:
-            trainer.save_checkpoint(path)
-        finally:
-            strategy._state_dict_type = previous
+        _save_sharded(trainer, path)
         layout, files = checkpoint_layout(path)
         out.update(layout=layout, files=files, saved_step=int(trainer.global_step),
-                   saved_epoch=int(trainer.current_epoch), saved_checksum=_shard_checksum(loaded.model))
+                   saved_epoch=int(trainer.current_epoch), saved_checksum=_shard_checksum(objects.model))
         out["phase"] = "resume"
-
-        def fresh():  # a module and datamodule as the user's code builds them, never trained
-            return (target_mod.instantiate(loaded.targets.model, "LightningModule", "LightningModule"),
-                    target_mod.instantiate(loaded.targets.datamodule, "LightningDataModule", "LightningDataModule")
-                    if loaded.targets.datamodule else None)
-
-        model, datamodule = fresh()
-        timeout = getattr(strategy, "_timeout", None)
-
-        def matching_strategy():  # a Trainer binds its strategy: each Trainer gets a new one
-            made = sharded.cpu_fsdp_strategy(loaded.ns, loaded.user_kwargs.get("strategy"),
-                                             timeout.total_seconds() if timeout else None)
-            made._state_dict_type = "sharded"
-            return made
-
-        seen: dict = {}
-
-        class RestoreCheck(loaded.ns.Callback):
-            def on_train_start(self, trainer, pl_module):
-                seen.update(step=int(trainer.global_step), checksum=_shard_checksum(pl_module))
-
-            def on_validation_start(self, trainer, pl_module):
-                seen.setdefault("checksum", _shard_checksum(pl_module))
-
-        user = {k: v for k, v in loaded.user_kwargs.items()
-                if k not in ("callbacks", "strategy", "max_steps", "profiler", "plugins")}
-        kwargs = runs.build_trainer_kwargs(user, matching_strategy(), trainer.world_size,
-                                           os.path.join(trainer.default_root_dir, "ltconform-resume"))
-        kwargs.update(max_epochs=int(trainer.current_epoch) + 1, max_steps=-1, limit_train_batches=1,
-                      limit_val_batches=0, num_sanity_val_steps=0, enable_checkpointing=False,
-                      callbacks=[RestoreCheck()])
-        stateless = all(not getattr(opt, "state", None) for opt in trainer.optimizers)
-        try:
-            loaded.ns.Trainer(**kwargs).fit(model, datamodule=datamodule, ckpt_path=path)
-        except ValueError as exc:
-            # An optimizer without state (plain SGD) saves an empty "state" that the sharded format
-            # drops, and Lightning 2.6.6 then refuses the optimizer on resume. Check the weights
-            # through validate(ckpt_path=dir), which loads no optimizer, and report the limitation.
-            if not (stateless and "optim_state_dict" in str(exc)):
-                raise
-            out["limitation"] = f"{type(exc).__name__}: {str(exc)[:160]}"
-            model, datamodule = fresh()  # the failed fit left the first one wrapped
-            if not target_mod.defines(model, "validation_step", loaded.targets.namespace):
-                # Nothing to evaluate the restored weights with: the save itself is what was checked.
-                out["unchecked"] = "the module defines no validation_step to load the weights through"
-                return out
-            kwargs.update(limit_val_batches=1, strategy=matching_strategy(), callbacks=[RestoreCheck()])
-            seen.clear()
-            loaded.ns.Trainer(**kwargs).validate(model, datamodule=datamodule, ckpt_path=path, verbose=False)
-            seen["step"] = out["saved_step"]  # validate restores no loop state
+        seen = _Resume(objects, trainer, path).restore(out)
+        if seen is None:
+            return out
         out.update(restored_step=seen.get("step"), restored_checksum=seen.get("checksum"))
         saved = out["saved_checksum"]
         out["restored_ok"] = (seen.get("step") == out["saved_step"] and seen.get("checksum") is not None
@@ -191,3 +140,85 @@ def _round_trip(loaded, trainer) -> dict:
     except (Exception, _dcp_exception()) as exc:  # reported as the round trip's failure, not a broken run
         out["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
     return out
+
+
+def _save_sharded(trainer, path: str) -> None:
+    strategy = trainer.strategy
+    previous = strategy._state_dict_type
+    try:
+        strategy._state_dict_type = "sharded"
+        trainer.save_checkpoint(path)
+    finally:
+        strategy._state_dict_type = previous
+
+
+class _Resume:
+    """A fresh module, datamodule and Trainer with the matching strategy, restored from ``path``."""
+
+    def __init__(self, objects, trainer, path: str):
+        self.objects = objects
+        self.trainer = trainer
+        self.path = path
+        self.seen: dict = {}
+        timeout = getattr(trainer.strategy, "_timeout", None)
+        self.timeout_s = timeout.total_seconds() if timeout else None
+
+    def strategy(self):  # a Trainer binds its strategy: each Trainer gets a new one
+        made = sharded.cpu_fsdp_strategy(self.objects.ns, self.objects.user_kwargs.get("strategy"), self.timeout_s)
+        made._state_dict_type = "sharded"
+        return made
+
+    def callback(self):
+        seen = self.seen
+
+        class RestoreCheck(self.objects.ns.Callback):
+            def on_train_start(self, trainer, pl_module):
+                seen.update(step=int(trainer.global_step), checksum=_shard_checksum(pl_module))
+
+            def on_validation_start(self, trainer, pl_module):
+                seen.setdefault("checksum", _shard_checksum(pl_module))
+
+        return RestoreCheck()
+
+    def kwargs(self) -> dict:
+        trainer = self.trainer
+        user = {k: v for k, v in self.objects.user_kwargs.items()
+                if k not in ("callbacks", "strategy", "max_steps", "profiler", "plugins")}
+        kwargs = build_trainer_kwargs(user, self.strategy(), trainer.world_size,
+                                      os.path.join(trainer.default_root_dir, "ltconform-resume"))
+        kwargs.update(max_epochs=int(trainer.current_epoch) + 1, max_steps=-1, limit_train_batches=1,
+                      limit_val_batches=0, num_sanity_val_steps=0, enable_checkpointing=False,
+                      callbacks=[self.callback()])
+        return kwargs
+
+    def restore(self, out: dict) -> dict | None:
+        """What the resumed run saw (step, checksum); None when the weights could not be checked."""
+        objects = self.objects
+        # A module and datamodule as the user's code builds them, never trained.
+        model, datamodule = objects.new_model(), objects.new_datamodule()
+        kwargs = self.kwargs()
+        stateless = all(not getattr(opt, "state", None) for opt in self.trainer.optimizers)
+        try:
+            objects.ns.Trainer(**kwargs).fit(model, datamodule=datamodule, ckpt_path=self.path)
+            return self.seen
+        except ValueError as exc:
+            # An optimizer without state (plain SGD) saves an empty "state" that the sharded format
+            # drops, and Lightning 2.6.6 then refuses the optimizer on resume. Check the weights
+            # through validate(ckpt_path=dir), which loads no optimizer, and report the limitation.
+            if not (stateless and "optim_state_dict" in str(exc)):
+                raise
+            out["limitation"] = f"{type(exc).__name__}: {str(exc)[:160]}"
+        return self._validate(kwargs, out)
+
+    def _validate(self, kwargs: dict, out: dict) -> dict | None:
+        objects = self.objects
+        model, datamodule = objects.new_model(), objects.new_datamodule()  # the failed fit left the first one wrapped
+        if not target_mod.defines(model, "validation_step", objects.targets.namespace):
+            # Nothing to evaluate the restored weights with: the save itself is what was checked.
+            out["unchecked"] = "the module defines no validation_step to load the weights through"
+            return None
+        kwargs.update(limit_val_batches=1, strategy=self.strategy(), callbacks=[self.callback()])
+        self.seen.clear()
+        objects.ns.Trainer(**kwargs).validate(model, datamodule=datamodule, ckpt_path=self.path, verbose=False)
+        self.seen["step"] = out["saved_step"]  # validate restores no loop state
+        return self.seen

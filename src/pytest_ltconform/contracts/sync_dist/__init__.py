@@ -4,7 +4,7 @@ Seed section "Sampling, metrics and writes": ``self.log(..., sync_dist=True)`` a
 every rank must make the same synced log calls; nonlinear metrics need TorchMetrics objects;
 rank-zero-only logging does not suit monitored metrics that every rank needs.
 
-Checked from the traced fit:
+Checked from the traced fit (rank side: ``probe.py``):
 
 1. deadlocks: the per-rank sequences of synced log calls (name, hook), aligned hook by hook; a
    call on a subset of ranks, different key sets or a different order fails;
@@ -25,9 +25,10 @@ import importlib
 import math
 from collections import defaultdict
 
-from ..sites import fmt_site, hook_label
-from ..world.diagnose import first_divergence
-from .base import Contract, Evidence, Run, Verdict, rank_guard
+from ...sites import fmt_site, hook_label
+from ...world.diagnose import first_divergence
+from ..base import Blame, Contract, Evidence, Run, Verdict, rank_guard
+from .probe import SyncDistProbe
 
 
 def synced_log(event: dict) -> bool:
@@ -51,6 +52,11 @@ class SyncDist(Contract):
     title = "Synced logging, monitored metrics and shared decisions agree across ranks"
     seed = "Sampling, metrics and writes"
     strategies = ("ddp", "fsdp")
+    probe_class = SyncDistProbe
+
+    def blames(self, run: Run) -> int | None:
+        """A synced log call some ranks made and the others did not stopped the world."""
+        return Blame.LOG if "log" in run.divergent_events() else super().blames(run)
 
     def judge(self, run: Run) -> Verdict:
         div = first_divergence(run.traces, select=synced_log)
@@ -80,22 +86,13 @@ class SyncDist(Contract):
         via = "log_dict" if some.get("via") == "log_dict" else "self.log"
         evidence = [Evidence(f"synced log calls in {hook}: {keys[r] or 'none'}", rank=r,
                              site=fmt_site(events[r][0].get("site")) if events[r] else None) for r in sorted(keys)]
-        totals = defaultdict(dict)
-        for r, trace in enumerate(run.traces):
-            for e in trace:
-                if synced_log(e):
-                    totals[e.get("name")][r] = totals[e.get("name")].get(r, 0) + 1
+        evidence += _count_evidence(run, keys)
         empty = [r for r, k in keys.items() if not k]
+        callers = sorted(r for r, k in keys.items() if k)
+        name_text = ", ".join(repr(n) for n in sorted({n for r in callers for n in keys[r]}))
+        where = (via, hook, site, guard)
         if empty:
-            callers = sorted(r for r, k in keys.items() if k)
-            names = sorted({n for r in callers for n in keys[r]})
-            name_text = ", ".join(repr(n) for n in names)
-            who = f"rank {callers[0]} only" if len(callers) == 1 else f"ranks {callers} only"
-            missing = ", ".join(f"rank {r}: 0 calls" for r in empty)
-            summary = (f"{via}({name_text}, sync_dist=True) called on {who} ({missing}), in {hook}"
-                       + (f" under `{guard}`" if guard else "") + f" at {site}. The sync is an "
-                       f"all-reduce that only some ranks enter: the world hangs or pairs it with an "
-                       f"unrelated collective.")
+            summary = _one_sided_summary(keys, empty, callers, name_text, where)
         elif sorted(map(str, keys[0])) == sorted(map(str, next(iter(keys.values())))) and \
                 len({tuple(sorted(map(str, k))) for k in keys.values()}) == 1:
             order = "; ".join(f"rank {r} {k}" for r, k in sorted(keys.items()))
@@ -106,34 +103,14 @@ class SyncDist(Contract):
             sets = ", ".join(f"rank {r} {{{', '.join(map(str, k))}}}" for r, k in sorted(keys.items()))
             summary = (f"{via}(sync_dist=True) in {hook} logs different key sets per rank: {sets}, at "
                        f"{site}. Each key is an all-reduce, so the ranks' collectives no longer pair up.")
-        diverged = {str(n) for k in keys.values() for n in k}
-        for name, per_rank in sorted(totals.items()):
-            if str(name) not in diverged:
-                continue  # after a hang, other keys' counts only show how far each rank got
-            counts = [per_rank.get(r, 0) for r in range(run.world_size)]
-            if len(set(counts)) > 1:
-                evidence.append(Evidence(f"synced log calls of {name!r} over the run: "
-                                         + ", ".join(f"rank {r}: {c}" for r, c in enumerate(counts))))
-        if empty and guard:
-            fix = (f"remove the `{guard}` gate around {via}({name_text}, ...) at {site} so that every rank "
-                   f"makes the call (keep sync_dist=True; choose reduce_fx, e.g. \"max\" for a time). If only "
-                   f"rank 0 has the value, log it with rank_zero_only=True and without sync_dist instead, and "
-                   f"do not monitor it.")
-        elif empty:
-            fix = (f"make {via}({name_text}, sync_dist=True) at {site} run on every rank, the same number of "
-                   f"times; if only some ranks have the value, log it with rank_zero_only=True and without "
-                   f"sync_dist, and do not monitor it.")
-        else:
-            fix = (f"log the same keys in the same order on every rank at {site}: build the key set from "
-                   f"what all ranks share (e.g. every class, with a NaN-safe or count-weighted value), or "
-                   f"use a TorchMetrics per-class metric.")
+        fix = _sequence_fix(bool(empty), name_text, where)
         notes = [] if run.finished else ["the world did not finish; see where each rank was, below."]
         return self.verdict("failed", summary, evidence=evidence, fix=fix, category="deadlock", notes=notes)
 
     # -- 2. monitored metrics -------------------------------------------------------------------
     def _monitors(self, run: Run) -> list[dict]:
         seen, monitors = set(), []
-        for v in run.values():
+        for v in run.probe(self.id):
             for m in (v or {}).get("final", {}).get("monitors", []):
                 if m["key"] and (m["key"], m["owner"]) not in seen:
                     seen.add((m["key"], m["owner"]))
@@ -143,7 +120,7 @@ class SyncDist(Contract):
     def _snapshot_values(self, run: Run, key: str) -> list[tuple[dict, list]]:
         """[(snapshot meta, [value per rank])] for every validation end all ranks reached."""
         per_rank = [[s for s in (v or {}).get("snapshots", []) if s["event"] == "validation_end"]
-                    for v in run.values()]
+                    for v in run.probe(self.id)]
         rows = []
         for i in range(min((len(s) for s in per_rank), default=0)):
             rows.append((per_rank[0][i], [s[i]["metrics"].get(key) for s in per_rank]))
@@ -197,7 +174,7 @@ class SyncDist(Contract):
 
     # -- 3. decisions ---------------------------------------------------------------------------
     def _decision_failures(self, run: Run) -> list[Verdict]:
-        values = run.values()
+        values = run.probe(self.id)
         if not run.finished or any(v is None for v in values):
             return []
         finals = [v["final"] for v in values]
@@ -237,7 +214,7 @@ class SyncDist(Contract):
 
     # -- 4. nonlinear per-batch metrics ---------------------------------------------------------
     def _nonlinear_failures(self, run: Run) -> list[Verdict]:
-        values = run.values()
+        values = run.probe(self.id)
         if not run.finished or any(v is None for v in values):
             return []
         failures = []
@@ -293,6 +270,53 @@ class SyncDist(Contract):
             notes.append(f"{', '.join(floats)} logged as Python floats without sync_dist: Lightning gives no "
                          f"warning for these; the logged value is rank 0's alone.")
         return self.verdict("passed", "; ".join(parts) + ".", notes=notes)
+
+
+# -- 1. helpers for a diverged sequence of synced log calls -----------------------------------------
+
+def _count_evidence(run: Run, keys: dict) -> list[Evidence]:
+    """Per-rank totals over the run of the keys that diverged, where they differ."""
+    totals = defaultdict(dict)
+    for r, trace in enumerate(run.traces):
+        for e in trace:
+            if synced_log(e):
+                totals[e.get("name")][r] = totals[e.get("name")].get(r, 0) + 1
+    diverged = {str(n) for k in keys.values() for n in k}
+    evidence = []
+    for name, per_rank in sorted(totals.items()):
+        if str(name) not in diverged:
+            continue  # after a hang, other keys' counts only show how far each rank got
+        counts = [per_rank.get(r, 0) for r in range(run.world_size)]
+        if len(set(counts)) > 1:
+            evidence.append(Evidence(f"synced log calls of {name!r} over the run: "
+                                     + ", ".join(f"rank {r}: {c}" for r, c in enumerate(counts))))
+    return evidence
+
+
+def _one_sided_summary(keys: dict, empty: list, callers: list, name_text: str, where: tuple) -> str:
+    via, hook, site, guard = where
+    who = f"rank {callers[0]} only" if len(callers) == 1 else f"ranks {callers} only"
+    missing = ", ".join(f"rank {r}: 0 calls" for r in empty)
+    return (f"{via}({name_text}, sync_dist=True) called on {who} ({missing}), in {hook}"
+            + (f" under `{guard}`" if guard else "") + f" at {site}. The sync is an "
+            f"all-reduce that only some ranks enter: the world hangs or pairs it with an "
+            f"unrelated collective.")
+
+
+def _sequence_fix(one_sided: bool, name_text: str, where: tuple) -> str:
+    via, _, site, guard = where
+    if one_sided and guard:
+        return (f"remove the `{guard}` gate around {via}({name_text}, ...) at {site} so that every rank "
+                f"makes the call (keep sync_dist=True; choose reduce_fx, e.g. \"max\" for a time). If only "
+                f"rank 0 has the value, log it with rank_zero_only=True and without sync_dist instead, and "
+                f"do not monitor it.")
+    if one_sided:
+        return (f"make {via}({name_text}, sync_dist=True) at {site} run on every rank, the same number of "
+                f"times; if only some ranks have the value, log it with rank_zero_only=True and without "
+                f"sync_dist, and do not monitor it.")
+    return (f"log the same keys in the same order on every rank at {site}: build the key set from "
+            f"what all ranks share (e.g. every class, with a NaN-safe or count-weighted value), or "
+            f"use a TorchMetrics per-class metric.")
 
 
 def _concat(values: list):

@@ -1,0 +1,340 @@
+"""eval-duplication: in validation, test and predict every sample is counted exactly once, and
+what is published (a logged epoch metric, a predictions file) covers the whole set.
+
+Seed section "Sampling, metrics and writes": DistributedSampler pads repeated indices when the
+sample count does not divide by the world size, validation and test included; published metrics
+need a single-device Trainer or a validated non-duplicating distributed evaluator; rank zero alone
+sees only its shard of the predictions.
+
+Checked on the "eval" run (rank side: ``probe.py``): per rank and stage, the dataset indices the
+loader's sampler hands each rank (read from the sampler, so the dataset need not return ids), the
+samples each TorchMetrics object was updated with, the stage's metrics, and files written by user
+code; then a one-rank ``Trainer(accelerator="cpu", devices=1)`` run on the same weights. Fails on
+indices evaluated more than once (with the metrics that moved because of it), on samples never
+evaluated, on an unsynced epoch metric that rank 0 publishes from its own shard, and on a file
+rank 0 alone writes during an evaluation stage without gathering the other ranks' outputs.
+Lightning's "Using DistributedSampler" warning is not used: it fires on every multi-rank run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import Counter, defaultdict
+
+from ...harness import RunSpec
+from ...sites import fmt_site
+from ..base import Contract, Evidence, Run, Verdict, method_site, rank_guard, user_class
+from .probe import EvalDuplicationProbe
+
+_STAGE_WORDS = {"validate": "validation", "test": "test", "predict": "prediction"}
+_GATHERS = ("all_gather", "gather", "all_gather_object", "gather_object", "all_gather_into_tensor")
+_FIX_DUPLICATES = ("Evaluate each sample once: shard evaluation with a sampler that does not pad (each rank "
+                   "takes indices rank, rank + world, ...; use_distributed_sampler=False), or drop duplicates "
+                   "by a stable sample id before computing, or publish metrics from a "
+                   "Trainer(accelerator=\"cpu\", devices=1) run.")
+_FIX_MISSING = "Evaluate every sample: a sampler without drop_last that covers every index across ranks."
+_FIX_SHARD_METRIC = ("Publish a metric over the whole set: a TorchMetrics object (synced across ranks), "
+                     "self.log(..., sync_dist=True) for a plain mean, or all-gather predictions with sample ids "
+                     "before computing; or compute it with Trainer(accelerator=\"cpu\", devices=1).")
+_FIX_WRITES = ("Collect rank outputs with their sample ids before writing: self.all_gather (or "
+               "torch.distributed.gather_object) then write on rank 0, or a BasePredictionWriter that writes "
+               "one file per rank and a merge by id; or run this stage on one device.")
+
+
+def _ids(values: list[int], limit: int = 12, keep_order: bool = False) -> str:
+    values = list(values) if keep_order else sorted(values)
+    text = ", ".join(map(str, values[:limit]))
+    return f"[{text}{', ...' if len(values) > limit else ''}]"
+
+
+def _close(value: float, reference: float) -> bool:
+    return math.isclose(value, reference, rel_tol=1e-4, abs_tol=1e-6)
+
+
+def _fmt(v: float) -> str:
+    return f"{v:.4f}".rstrip("0").rstrip(".") if abs(v) < 1e6 else f"{v:.4g}"
+
+
+def _ranks(rs: list[int]) -> str:
+    rs = sorted(rs)
+    return f"rank {rs[0]}" if len(rs) == 1 else "ranks " + ", ".join(map(str, rs[:-1])) + f" and {rs[-1]}"
+
+
+@dataclasses.dataclass
+class Findings:
+    """What the stages found, in order: failure sentences, evidence, fixes, passing sentences, notes."""
+
+    failures: list[str] = dataclasses.field(default_factory=list)
+    evidence: list[Evidence] = dataclasses.field(default_factory=list)
+    fixes: set[str] = dataclasses.field(default_factory=set)
+    good: list[str] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    def fail(self, text: str, fix: str) -> None:
+        self.failures.append(text)
+        self.fixes.add(fix)
+
+
+class EvalDuplication(Contract):
+    id = "eval-duplication"
+    title = "Evaluation counts every sample exactly once and publishes the whole set"
+    seed = "Sampling, metrics and writes"
+    run_spec = RunSpec("eval", "pytest_ltconform.contracts.eval_duplication.probe:evaluate",
+                       reference="pytest_ltconform.contracts.eval_duplication.probe:reference")
+    probe_class = EvalDuplicationProbe
+    strategies = ("ddp",)
+
+    def judge(self, run: Run) -> Verdict:
+        data = [(v or {}).get("eval") for v in run.values()]
+        if any(d is None for d in data):
+            return self.verdict("passed", "no evaluation was recorded on every rank.")
+        limited = data[0].get("limited")
+        stages = [s for s in data[0].get("driver", []) if s in data[0]["stages"]]
+        if not stages:
+            return self.verdict("passed", "the target has no validation, test or predict dataloader to check.")
+        found = Findings()
+        ref = _reference(run, found.notes)
+        if limited:
+            found.notes.append("the user's limit_*_batches makes worlds of different sizes evaluate different "
+                               "samples: values were not compared and unevaluated samples are not reported.")
+        for stage in stages:
+            recs = [d["stages"][stage] for d in data]
+            ref_rec = (ref or {}).get("stages", {}).get(stage) if ref else None
+            _StageCheck(run, stage, recs, ref_rec, limited, found).check()
+        if found.failures:
+            return self.verdict("failed", " ".join(found.failures), evidence=found.evidence,
+                                fix=" ".join(sorted(found.fixes)), category="silent", notes=found.notes)
+        return self.verdict("passed", " ".join(found.good), evidence=found.evidence, notes=found.notes)
+
+
+def _reference(run: Run, notes: list[str]) -> dict | None:
+    """The one-device run's observations; None (with a note saying why) when they cannot be compared."""
+    ref_run = getattr(run, "reference", None)
+    ref = None
+    if ref_run is not None and ref_run.finished:
+        ref = (ref_run.values()[0] or {}).get("eval")
+    if ref is None:
+        notes.append("the one-device reference run did not finish, so no value was compared with it"
+                     + (f": {ref_run.job.failure_text()[:600]}" if ref_run is not None else "."))
+    if ref is not None and ref.get("load_problems"):
+        keys = ref["load_problems"]
+        notes.append(f"the one-device run could not load every weight ({', '.join(keys[:6])}"
+                     f"{', ...' if len(keys) > 6 else ''}), so no value was compared with it.")
+        ref = None
+    return ref
+
+
+class _StageCheck:
+    """One evaluation stage of the world (``recs``: each rank's record) against the one-device
+    record ``ref_rec`` (None: not compared); adds what it finds to ``found``."""
+
+    def __init__(self, run: Run, stage: str, recs: list[dict], ref_rec: dict | None, limited: bool,
+                 found: Findings):
+        self.run, self.stage, self.recs, self.ref_rec = run, stage, recs, ref_rec
+        self.limited, self.found = limited, found
+        self.word = _STAGE_WORDS[stage]
+        self.world = len(recs)
+
+    def check(self) -> None:
+        n_loaders = max(len(r.get("loaders", [])) for r in self.recs)
+        for i in range(n_loaders):
+            self._loader(i, n_loaders)
+        self._rank_zero_writes()
+
+    def _loader(self, i: int, n_loaders: int) -> None:
+        infos = [r["loaders"][i] if i < len(r.get("loaders", [])) else {} for r in self.recs]
+        tag = f"{self.word}" + (f" (dataloader {i})" if n_loaders > 1 else "")
+        if any(info.get("iterable") for info in infos):
+            self.found.notes.append(f"{tag}: an IterableDataset has no indices to compare; not checked.")
+            return
+        if any(info.get("indices") is None for info in infos):
+            self.found.notes.append(f"{tag}: the sampler's indices could not be read "
+                                    f"({next((x.get('error') for x in infos if x.get('error')), 'no sampler')}).")
+            return
+        per_rank = [info["indices"] for info in infos]
+        n = infos[0].get("dataset_len")
+        counts = Counter(i for idx in per_rank for i in idx)
+        dups = {k: c for k, c in counts.items() if c > 1}
+        sampler = infos[0].get("sampler") or "sampler"
+        moved = self._compare(i)
+        if dups:
+            self._duplicates(tag, infos, per_rank, counts, dups, moved)
+        elif n is not None and not self.limited and len(counts) < n:
+            missing = sorted(set(range(n)) - set(counts))
+            shard_text = ", ".join(f"rank {r}: {len(x)}" for r, x in enumerate(per_rank))
+            self.found.fail(f"{tag}: {len(missing)} of {n} samples were never evaluated on any rank "
+                            f"{_ids(missing)} ({shard_text}; {sampler}).", _FIX_MISSING)
+        else:
+            self._exactly_once(tag, i, per_rank, n, counts)
+        if not dups:
+            self._shard_metrics(tag, per_rank, n, moved)
+
+    def _duplicates(self, tag, infos, per_rank, counts, dups, moved) -> None:
+        word, world, n = self.word, self.world, infos[0].get("dataset_len")
+        sampler = infos[0].get("sampler") or "sampler"
+        where = defaultdict(list)
+        for r, idx in enumerate(per_rank):
+            for k in idx:
+                if k in dups:
+                    where[k].append(r)
+        named = "; ".join(f"index {k} on {_ranks(where[k])}" for k in sorted(dups)[:6])
+        pad = ""
+        if infos[0].get("total_size") and n is not None and infos[0]["total_size"] > n:
+            pad = (f" {sampler} pads {n} indices to {infos[0]['total_size']} ({n} % {world} = {n % world}) "
+                   f"by repeating the first ones.")
+        several = "indices" if len(dups) > 1 else "index"
+        total = sum(len(x) for x in per_rank)
+        self.found.fail(f"{tag}: {len(dups)} sample {several} evaluated more than once across ranks: "
+                        f"{total} evaluations for {len(counts)} distinct samples.{pad}", _FIX_DUPLICATES)
+        evidence = self.found.evidence
+        evidence.append(Evidence(f"{word} sample {named} ({sampler})"))
+        built = _loader_site(self.run, self.stage)
+        if built:
+            evidence.append(Evidence(f"the {word} DataLoader is built here, and Lightning wraps it in "
+                                     f"{sampler}", site=fmt_site(built)))
+        for r, idx in enumerate(per_rank):
+            evidence.append(Evidence(f"{sampler} gave this rank {len(idx)} {word} indices "
+                                     f"{_ids(idx, keep_order=True)}", rank=r))
+        for name, samples in _metric_counts(self.recs).items():
+            fed = sum(samples["per_rank"])
+            if fed > len(counts):
+                evidence.append(Evidence(
+                    f"{samples['type']} `{name}` was updated with {fed} samples for {len(counts)} distinct "
+                    f"{word} samples (" + ", ".join(f"rank {r}: {k}" for r, k in enumerate(samples["per_rank"]))
+                    + "): its synced state holds the duplicates"))
+        for key, dist, single, _ in moved:
+            evidence.append(Evidence(f"{key} {_fmt(dist)} on {world} ranks vs {_fmt(single)} on 1 device "
+                                     f"with the same weights (difference {dist - single:+.4g})"))
+
+    def _exactly_once(self, tag, i, per_rank, n, counts) -> None:
+        span = f"every index 0..{n - 1}" if n is not None and len(counts) == n else f"{len(counts)} indices"
+        shard_text = ", ".join(f"rank {r}: {len(x)}" for r, x in enumerate(per_rank))
+        text = f"{tag}: {span} evaluated exactly once across ranks ({shard_text})"
+        same = self._same(i)
+        if same:
+            text += "; " + ", ".join(f"{k} {_fmt(v)} on {self.world} ranks = {_fmt(s)} on 1 device"
+                                     for k, v, s in same[:4])
+        self.found.good.append(text + ".")
+
+    def _values(self, i, rec) -> dict:
+        if self.stage == "predict":
+            return {}
+        returned = rec.get("returned") or []
+        return returned[i] if i < len(returned) else {}
+
+    def _compare(self, i) -> list[tuple[str, float, float, list[float]]]:
+        """Metrics whose published (rank 0) value differs from the one-device value."""
+        if self.ref_rec is None:
+            return []
+        ref_vals = self._values(i, self.ref_rec)
+        per_rank = [self._values(i, r) for r in self.recs]
+        out = []
+        for key, dist in per_rank[0].items():
+            single = ref_vals.get(key)
+            if single is None or _close(dist, single):
+                continue
+            out.append((key, dist, single, [pr.get(key) for pr in per_rank]))
+        return out
+
+    def _same(self, i) -> list[tuple[str, float, float]]:
+        if self.ref_rec is None:
+            return []
+        ref_vals = self._values(i, self.ref_rec)
+        return [(k, v, ref_vals[k]) for k, v in self._values(i, self.recs[0]).items()
+                if k in ref_vals and _close(v, ref_vals[k])]
+
+    def _shard_metrics(self, tag, per_rank, n, moved) -> None:
+        """An unsynced epoch metric: each rank holds its own shard's value and rank 0's is published."""
+        for key, dist, single, values in moved:
+            others = [v for v in values[1:] if v is not None]
+            if not others or all(_close(v, dist) for v in others):
+                continue  # synced: equal on every rank (a different value is sync-dist's business)
+            log = _log_event(self.run, key)
+            how = ""
+            if log is not None:
+                flags = [f for f in ("rank_zero_only", "sync_dist") if log.get(f)]
+                how = f" (logged in {log.get('hook')} with " + (
+                    ", ".join(f"{f}=True" for f in flags) if flags else "no sync") + ")"
+            covered = len(per_rank[0])
+            total = n if n is not None else len({i for idx in per_rank for i in idx})
+            self.found.fail(f"{tag}: {key} published from rank 0 is computed from rank 0's shard alone: "
+                            f"{covered} of {total} {self.word} samples{how}.", _FIX_SHARD_METRIC)
+            self.found.evidence.append(Evidence(
+                f"{key} {_fmt(dist)} on rank 0 (" + ", ".join(f"rank {r}: {_fmt(v)}" for r, v in enumerate(values)
+                                                        if r and v is not None)
+                + f") vs {_fmt(single)} on 1 device with the same weights (difference {dist - single:+.4g})",
+                rank=0, site=fmt_site(log.get("site")) if log else None))
+
+    def _rank_zero_writes(self) -> None:
+        recs, word, stage = self.recs, self.word, self.stage
+        if len(recs) < 2:
+            return
+        by_rank = [{w["path"]: w for w in rec.get("writes") or []} for rec in recs]
+        others = set().union(*[set(b) for b in by_rank[1:]])
+        gathered = _gathered(self.run, stage)
+        infos = recs[0].get("loaders") or []
+        if not infos or any(i.get("indices") is None for i in infos):
+            return
+        own = sorted({k for k in infos[0]["indices"]})
+        rest = sorted({k for rec in recs[1:] for info in (rec.get("loaders") or [])[:1]
+                       for k in (info.get("indices") or [])} - set(own))
+        if not rest:
+            return
+        n = infos[0].get("dataset_len") or len(set(own) | set(rest))
+        for path, w in by_rank[0].items():
+            if path in others or gathered:
+                continue
+            site = w.get("site")
+            guard = rank_guard(site)
+            lines = f"; the file has {w['lines']} line(s)" if w.get("lines") is not None else ""
+            self.found.fail(f"{word}: {path} is written by rank 0 alone"
+                            + (f" under `{guard}`" if guard else "")
+                            + f" from rank 0's shard: it covers {len(own)} of {n} {word} samples; nothing "
+                              f"gathers the other ranks' outputs first.", _FIX_WRITES)
+            self.found.evidence.append(Evidence(f"{path} written in {stage} from {len(own)} of {n} samples: ids "
+                                                f"{_ids(own)} (rank 0){lines}", rank=0, site=fmt_site(site)))
+            self.found.evidence.append(Evidence(f"ids {_ids(rest)} were {word} inputs on other ranks and never "
+                                                f"reached the file (trainer.{stage} returns only each rank's own "
+                                                f"shard)"))
+
+
+def _metric_counts(recs) -> dict:
+    out: dict[str, dict] = {}
+    for r, rec in enumerate(recs):
+        for name, c in (rec.get("metric_samples") or {}).items():
+            entry = out.setdefault(name, {"type": c["type"], "per_rank": [0] * len(recs)})
+            entry["per_rank"][r] = c["n"]
+    return {k: v for k, v in out.items() if sum(v["per_rank"])}
+
+
+def _log_event(run, key) -> dict | None:
+    """Rank 0's last user ``self.log`` of ``key`` (recorded by the harness's trace)."""
+    for e in reversed(run.events(0, "log")):
+        if e.get("name") == key and e.get("user"):
+            return e
+    return None
+
+
+def _gathered(run, stage) -> bool:
+    inside = False
+    for e in run.events(0):
+        if e.get("ev") == "eval_stage" and e.get("name") == stage:
+            inside = e.get("at") == "start"
+        elif inside and e.get("ev") == "call" and e.get("user") and e.get("op") in _GATHERS:
+            return True
+    return False
+
+
+CONTRACT = EvalDuplication()
+
+
+def _loader_site(run: Run, stage: str) -> dict | None:
+    """Where the user's module or datamodule defines the ``<stage>_dataloader`` hook."""
+    hook = {"validate": "val", "validation": "val", "val": "val"}.get(stage, stage) + "_dataloader"
+    for which in ("datamodule", "model"):
+        cls = user_class(run, which)
+        site = method_site(cls, hook) if cls is not None else None
+        if site:
+            return site
+    return None

@@ -1,0 +1,353 @@
+"""The rank-side harness: every run a contract is judged on is made here, on every rank.
+
+A contract declares the run it needs as a :class:`RunSpec`; the session submits ``spec.fn`` to a
+world with the contracts' probes as data ("module:Class" references, resolved here the way worlds
+resolve job functions), so this module never imports a contract. Shared runs are defined here:
+
+- :data:`FIT`, the traced ``trainer.fit`` every fit-based contract is judged on;
+- :func:`inspection` runs, which load the user's objects without training.
+
+Runs a contract owns (an evaluation, a one-step run, their one-rank references) live in the
+contract's home and build their Trainer through :class:`RankRun`, which loads the user's objects,
+adapts the strategy, merges the Trainer kwargs, installs the recorder and its profiler, and calls
+the probes' hooks. Rank-side: imported by the session only for :class:`RunSpec` and :data:`FIT`
+(no torch or Lightning at module level).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import importlib
+import sys
+from typing import Any
+
+from . import target as target_mod
+from .trace import HOOK_PREFIXES, Recorder
+from .world.rank import current_context
+
+# Bounds that keep a conformance run small whatever the production config says.
+MAX_EPOCHS = 4
+DEFAULT_EPOCHS = 2
+LIMIT_BATCHES = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """A run a contract is judged on. ``name`` keys the session's run cache (contracts that
+    declare the same spec share one run) and labels the run in verdicts. ``fn`` ("module:function")
+    runs on every rank as ``fn(ctx, targets, strategy_name, probes, pg_timeout_s) -> dict``, where
+    ``probes`` is ``[(contract_id, "module:Class"), ...]``. ``reference`` ("module:function" or
+    None) runs on one rank after a finished world, as ``reference(ctx, targets, *args,
+    pg_timeout_s)`` with ``args`` = rank 0's ``value["reference_args"]``."""
+
+    name: str
+    fn: str
+    reference: str | None = None
+
+
+FIT = RunSpec("fit", "pytest_ltconform.harness:traced_fit")
+
+
+def inspection(name: str) -> RunSpec:
+    """A run that loads the user's objects without training; each probe's :meth:`Probe.inspect`
+    says what it observed. One per contract (``name``), so a failing probe stays its own."""
+    return RunSpec(name, "pytest_ltconform.harness:inspect")
+
+
+class Probe:
+    """Rank-side observer of one run for one contract; every method is optional. ``objects`` is
+    the run's :class:`UserObjects`, ``recorder`` its :class:`~.trace.Recorder` (None in an untraced
+    run). Return values of :meth:`collect` and :meth:`inspect` must be plain data (pickled back)."""
+
+    def install(self, recorder) -> None:
+        """Patch what must be patched before the user's module is imported (taps on names the
+        user imports, e.g. TorchMetrics functions)."""
+
+    def before_trainer(self, objects, trainer_kwargs: dict, recorder) -> None:
+        """Adjust the Trainer kwargs (e.g. add a callback) before the Trainer is built."""
+
+    def before_fit(self, objects, trainer, recorder) -> None:
+        """Inspect or hook the model and trainer before ``fit``."""
+
+    def after_fit(self, objects, trainer, recorder) -> None:
+        """Run more Trainer calls on the same world after ``fit`` (validate, test, predict)."""
+
+    def collect(self, objects, trainer, recorder) -> Any:
+        """Plain-data observations returned to the pytest side (``value["probes"][contract_id]``)."""
+        return None
+
+    def inspect(self, run: RankRun) -> Any:
+        """In an :func:`inspection` run: plain-data observations of ``run`` (no Trainer)."""
+        return None
+
+
+def resolve(ref: str) -> Any:
+    """The object a "module:qualname" reference names."""
+    module_name, _, qualname = ref.partition(":")
+    obj = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+class UserObjects:
+    """The user's objects, loaded inside a rank after the trace is installed: ``model``,
+    ``datamodule`` (or None), ``user_kwargs`` (their Trainer kwargs), ``ns`` (the Lightning
+    namespace module) and ``targets``."""
+
+    def __init__(self, targets: target_mod.Targets):
+        self.targets = targets
+        self.ns = importlib.import_module(targets.namespace)
+        self.model = self.new_model()
+        self.datamodule = self.new_datamodule()
+        self.user_kwargs = target_mod.trainer_kwargs(targets.trainer) if targets.trainer else {}
+
+    def new_model(self) -> Any:
+        """A fresh instance of the user's LightningModule, as their code builds it."""
+        return target_mod.instantiate(self.targets.model, "LightningModule", "LightningModule")
+
+    def new_datamodule(self) -> Any:
+        """A fresh instance of the user's LightningDataModule; None when there is none."""
+        if not self.targets.datamodule:
+            return None
+        return target_mod.instantiate(self.targets.datamodule, "LightningDataModule", "LightningDataModule")
+
+
+def _make_profiler(ns: Any, recorder: Recorder):
+    base = importlib.import_module(f"{ns.__name__}.profilers").Profiler
+
+    class TraceProfiler(base):
+        """Feeds hook entries and exits to the recorder (Lightning profiles every hook)."""
+
+        def start(self, action_name: str) -> None:
+            if action_name.startswith(HOOK_PREFIXES):
+                recorder.hook_enter(action_name)
+
+        def stop(self, action_name: str) -> None:
+            if action_name.startswith(HOOK_PREFIXES):
+                recorder.hook_exit(action_name)
+
+        def summary(self) -> str:
+            return ""
+
+    return TraceProfiler()
+
+
+def _gpu_strategy(strategies: Any, strategy_name: str, user_strategy: Any, pg_timeout_s: float) -> Any:
+    """The GPU tier runs the real strategy class with the user's own configuration: their
+    instance when they gave one of that class, else the class (or their registered name)."""
+    import datetime
+
+    cls = {"fsdp": strategies.FSDPStrategy, "deepspeed": strategies.DeepSpeedStrategy}[strategy_name]
+    if isinstance(user_strategy, cls):
+        return user_strategy
+    if isinstance(user_strategy, str) and user_strategy.lower().startswith(strategy_name):
+        return user_strategy
+    return cls(timeout=datetime.timedelta(seconds=pg_timeout_s))
+
+
+def _ddp_strategy(strategies: Any, user_strategy: Any, pg_timeout_s: float) -> Any:
+    import datetime
+
+    if any(k.__name__ == "DeepSpeedStrategy" for k in type(user_strategy).__mro__):
+        user_strategy = None  # DeepSpeed needs CUDA: a 'ddp' item runs DDP; strategy-config reads the config
+    if isinstance(user_strategy, strategies.DDPStrategy):
+        if getattr(user_strategy, "_start_method", "popen") != "popen":
+            kwargs = dict(getattr(user_strategy, "_ddp_kwargs", {}) or {})
+            return strategies.DDPStrategy(timeout=datetime.timedelta(seconds=pg_timeout_s), **kwargs)
+        return user_strategy
+    find_unused = isinstance(user_strategy, str) and "find_unused_parameters_true" in user_strategy
+    return strategies.DDPStrategy(find_unused_parameters=find_unused, timeout=datetime.timedelta(seconds=pg_timeout_s))
+
+
+def adapt_strategy(ns: Any, strategy_name: str, user_strategy: Any, pg_timeout_s: float,
+                   accelerator: str | None = None) -> Any:
+    """The strategy object a rank of our world runs for ``strategy_name`` ('ddp' or 'fsdp', or
+    'deepspeed' on GPU); raises ValueError for another name.
+
+    'ddp': the user's DDPStrategy instance when they gave one (so find_unused_parameters and
+    friends are theirs), else a DDPStrategy that keeps a string's find_unused flag; ddp_spawn
+    becomes ddp, since Lightning keeps its own spawn launcher even in externally started ranks.
+    """
+    strategies = importlib.import_module(f"{ns.__name__}.strategies")
+    if strategy_name == "ddp":
+        return _ddp_strategy(strategies, user_strategy, pg_timeout_s)
+    if strategy_name in ("fsdp", "deepspeed") and (accelerator or _world()[0]) == "gpu":
+        return _gpu_strategy(strategies, strategy_name, user_strategy, pg_timeout_s)
+    if strategy_name == "fsdp":
+        from .sharded import cpu_fsdp_strategy
+
+        return cpu_fsdp_strategy(ns, user_strategy, timeout_s=pg_timeout_s)
+    raise ValueError(f"unknown strategy {strategy_name!r}")
+
+
+def _world() -> tuple[str, int]:
+    """(accelerator, num_nodes) from the running job's rank context; CPU on one node outside a job."""
+    ctx = current_context()
+    return (ctx.accelerator, ctx.num_nodes) if ctx is not None else ("cpu", 1)
+
+
+def build_trainer_kwargs(user: dict, strategy: Any, world_size: int, root: str, *,
+                         accelerator: str | None = None, num_nodes: int | None = None) -> dict:
+    """Merge the user's Trainer kwargs with what a conformance world needs (its accelerator,
+    devices per node and nodes; bounded epochs and batches, no loggers, no progress bars).
+
+    ``accelerator`` and ``num_nodes`` default to the running job's rank context: CPU on one node
+    for local CPU worlds, 'gpu' for the GPU tier, the launcher's nodes when attached."""
+    default_accelerator, default_nodes = _world()
+    accelerator = accelerator or default_accelerator
+    num_nodes = num_nodes or default_nodes
+    kwargs = dict(user)
+    epochs = kwargs.get("max_epochs")
+    kwargs["max_epochs"] = DEFAULT_EPOCHS if epochs in (None, -1) else max(1, min(int(epochs), MAX_EPOCHS))
+    kwargs.pop("max_time", None)
+    if kwargs.get("max_steps", -1) not in (-1, None):
+        kwargs["max_steps"] = min(int(kwargs["max_steps"]), MAX_EPOCHS * LIMIT_BATCHES)
+    for stage in ("train", "val", "test", "predict"):
+        key = f"limit_{stage}_batches"
+        value = kwargs.get(key)
+        too_many = (isinstance(value, float) and value >= 1.0) or (isinstance(value, int) and value > LIMIT_BATCHES)
+        if value is None or too_many:
+            kwargs[key] = LIMIT_BATCHES
+    kwargs.setdefault("enable_checkpointing", False)
+    kwargs.setdefault("num_sanity_val_steps", 2)
+    kwargs.update(accelerator=accelerator, devices=max(1, world_size // num_nodes), num_nodes=num_nodes, logger=False,
+                  enable_progress_bar=False, enable_model_summary=False, strategy=strategy,
+                  default_root_dir=root)
+    return kwargs
+
+
+class RankRun:
+    """One run on this rank as its probes see it: ``ctx`` (the job's rank context), ``targets``,
+    ``objects`` (the user's objects, loaded on first use), ``recorder`` (None in an untraced run),
+    ``probes`` (contract id -> Probe) and ``trainer`` once built."""
+
+    def __init__(self, ctx, targets, pg_timeout_s: float, probes: dict[str, Probe], recorder: Recorder | None):
+        self.ctx = ctx
+        self.targets = targets
+        self.pg_timeout_s = pg_timeout_s
+        self.probes = probes
+        self.recorder = recorder
+        self.trainer = None
+
+    @functools.cached_property
+    def objects(self) -> UserObjects:
+        return UserObjects(self.targets)
+
+    def strategy(self, name: str, user_strategy: Any = None) -> Any:
+        """The strategy object for ``name`` (see :func:`adapt_strategy`), adapting ``user_strategy``."""
+        return adapt_strategy(self.objects.ns, name, user_strategy, self.pg_timeout_s)
+
+    def trainer_kwargs(self, strategy: Any, user: dict | None = None, world_size: int | None = None) -> dict:
+        """The bounded Trainer kwargs of this run: ``user`` (default: the user's own) merged by
+        :func:`build_trainer_kwargs` for ``world_size`` ranks (default: this world's)."""
+        user = self.objects.user_kwargs if user is None else user
+        world_size = self.ctx.world_size if world_size is None else world_size
+        return build_trainer_kwargs(user, strategy, world_size, self.ctx.job_dir)
+
+    def build_trainer(self, kwargs: dict, callbacks: tuple = ()) -> Any:
+        """The Trainer for ``kwargs`` plus ``callbacks``, with the recorder's profiler and the
+        probes' ``before_trainer``/``before_fit`` hooks; traced calls are bound to it."""
+        kwargs["callbacks"] = list(kwargs.get("callbacks") or []) + list(callbacks)
+        recorder = self.recorder
+        if recorder is not None and kwargs.get("profiler") is None:
+            kwargs["profiler"] = _make_profiler(self.objects.ns, recorder)
+        for probe in self.probes.values():
+            probe.before_trainer(self.objects, kwargs, recorder)
+        trainer = self.objects.ns.Trainer(**kwargs)
+        if recorder is not None:
+            recorder.attach(trainer)
+        for probe in self.probes.values():
+            probe.before_fit(self.objects, trainer, recorder)
+        self.trainer = trainer
+        return trainer
+
+    def emit(self, event: dict) -> None:
+        """Write a trace event (nothing in an untraced run)."""
+        if self.recorder is not None:
+            self.recorder.emit(event)
+
+    def after_fit(self) -> None:
+        for probe in self.probes.values():
+            probe.after_fit(self.objects, self.trainer, self.recorder)
+
+    def collected(self) -> dict:
+        """``{contract_id: probe.collect(...)}`` for every probe of the run."""
+        return {cid: probe.collect(self.objects, self.trainer, self.recorder) for cid, probe in self.probes.items()}
+
+
+@contextlib.contextmanager
+def rank_run(ctx, targets, probes: list, pg_timeout_s: float, traced: bool = True):
+    """The :class:`RankRun` of one job on this rank. ``probes``: ``[(contract_id, "module:Class")]``
+    or ``[(contract_id, Probe)]``. A traced run installs the recorder first (so that names the
+    user's module imports are the recording ones), then each probe's ``install``; the recorder is
+    removed on exit."""
+    recorder = None
+    if traced:
+        recorder = Recorder(ctx.trace_path, ctx.rank)
+        namespaces = [targets.namespace] + [ns for ns in target_mod.NAMESPACES
+                                            if ns != targets.namespace and ns in sys.modules]
+        recorder.install(tuple(namespaces))
+    try:
+        loaded = {cid: resolve(p)() if isinstance(p, str) else p for cid, p in probes}
+        if recorder is not None:
+            for probe in loaded.values():
+                probe.install(recorder)
+        yield RankRun(ctx, targets, pg_timeout_s, loaded, recorder)
+    finally:
+        if recorder is not None:
+            recorder.uninstall()
+
+
+def traced_fit(ctx, targets: target_mod.Targets, strategy_name: str, probes: list, pg_timeout_s: float) -> dict:
+    """Run ``trainer.fit`` on this rank with the trace installed; the run every fit-based
+    contract is judged on. Returns ``{"probes": {contract_id: observations}}``."""
+    from .sharded import ddp_note
+
+    with rank_run(ctx, targets, probes, pg_timeout_s) as run:
+        objects = run.objects
+        user_strategy = objects.user_kwargs.get("strategy")
+        strategy = run.strategy(strategy_name, user_strategy)
+        # What ran in place of the user's strategy (their FSDP/DeepSpeed config as CPU FSDP, or as DDP).
+        note = getattr(strategy, "ltconform_note", None) or ddp_note(strategy_name, user_strategy)
+        if note:
+            run.emit({"ev": "note", "text": note})
+        trainer = run.build_trainer(run.trainer_kwargs(strategy))
+        run.emit({"ev": "stage", "name": "fit"})
+        trainer.fit(objects.model, datamodule=objects.datamodule)
+        run.after_fit()
+        return {"probes": run.collected()}
+
+
+def inspect(ctx, targets: target_mod.Targets, strategy_name: str, probes: list, pg_timeout_s: float) -> dict:
+    """An untraced run that trains nothing: each probe's :meth:`Probe.inspect`. Returns
+    ``{"probes": {contract_id: observations}}``."""
+    with rank_run(ctx, targets, probes, pg_timeout_s, traced=False) as run:
+        return {"probes": {cid: probe.inspect(run) for cid, probe in run.probes.items()}}
+
+
+def _leaves(obj, out: list) -> None:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        out.append(obj)
+    elif isinstance(obj, dict):
+        for key in sorted(obj, key=str):
+            _leaves(obj[key], out)
+    elif isinstance(obj, (list, tuple)):
+        for item in obj:
+            _leaves(item, out)
+
+
+def batch_size(batch) -> int | None:
+    """The most common leading dimension of a batch's tensors (None without tensors)."""
+    import torch
+
+    leaves: list = []
+    _leaves(batch, leaves)
+    dims = [t.shape[0] for t in leaves if isinstance(t, torch.Tensor) and t.dim() > 0]
+    if not dims:
+        return None
+    return max(set(dims), key=dims.count)
