@@ -35,7 +35,8 @@ def test_spawn_safety_pickling_is_advisory_without_spawn(spawn_config, outcome, 
     item = {"path": "Model.loss_fn", "what": "a lambda", "error": "PicklingError", "site": None}
     facts = {"pickling": [item], "fresh": {"tripped": None, "trainers": [], "error": None, "seconds": 1.0},
              "spawn_config": spawn_config, "tripped_here": [], "module": "m"}
-    verdict = get_contract("spawn-safety").judge(fake_runs.run(values=[{"spawn": facts}, {"spawn": None}]))
+    verdict = get_contract("spawn-safety").judge(fake_runs.run(values=[{"probes": {"spawn-safety": facts}},
+                                                                               {"probes": {"spawn-safety": None}}]))
     assert verdict.outcome == outcome and "Model.loss_fn does not pickle" in verdict.summary
 
 

@@ -23,8 +23,8 @@ def test_strategy_config_deepspeed_findings(tmp_path, fake_runs):
     assert kinds == {"ds_auto", "ds_non_numeric", "ds_accumulation", "ds_precision", "ds_offload_path"}
     auto = next(f for f in facts if f["kind"] == "ds_auto")
     assert auto["site"]["line"] == 1
-    run = fake_runs.run(values=[{"config": {"strategy": "DeepSpeedStrategy", "precision": "32-true",
-                                            "accumulate": 1, "findings": facts}}])
+    facts_seen = {"strategy": "DeepSpeedStrategy", "precision": "32-true", "accumulate": 1, "findings": facts}
+    run = fake_runs.run(values=[{"probes": {"strategy-config": facts_seen}}])
     verdict = get_contract("strategy-config").judge(run)
     assert verdict.outcome == "failed" and '"auto" at train_micro_batch_size_per_gpu' in verdict.summary
 
