@@ -24,15 +24,19 @@ from ..sites import fmt_site
 
 
 class Blame(enum.IntEnum):
-    """Why a world stopped early, strongest claim first: of the contracts that claim an
-    unfinished run (:meth:`Contract.blames`), the lowest value is named as the cause, and every
-    other contract's verdict on that run says so instead of repeating the tracebacks. New kinds of
-    claim (a rank that raised on its own, decisions that differ) get their place in this order."""
+    """Why a world stopped early, first cause first (issue 11, DESIGN "Blame"): of the contracts
+    that claim an unfinished run (:meth:`Contract.blames`), the lowest value is named as the
+    cause, and every other contract's verdict on that run says so in one line instead of
+    repeating the tracebacks. A rank that raised on its own, outside any claimed call, is named
+    by the session itself when no contract claims the run; data claims come last, since uneven
+    batches are usually a symptom of a rank that stopped."""
 
-    HOOKS = 10   # the ranks entered different hooks first (data-sharding: unequal batch counts)
-    CALL = 20    # a user collective-bearing call made on some ranks only (all-rank-save)
-    LOG = 30     # a synced self.log made on some ranks only (sync-dist)
-    RAISED = 40  # every failed rank raised inside a recorded call whose event names its owner
+    CALL = 10      # a collective-bearing call made on some ranks only (all-rank-save), including the
+    #                collectives a library makes for a user call (Metric.compute, a DDP forward)
+    DECISION = 20  # a decision all ranks must share differs (sync-dist: should_stop, best checkpoint)
+    LOG = 30       # a synced self.log made on some ranks only (sync-dist)
+    RAISED = 40    # every failed rank raised inside a recorded call whose event names its owner
+    DATA = 50      # the ranks' own dataloaders give them different numbers of batches (data-sharding)
 
 
 @dataclasses.dataclass

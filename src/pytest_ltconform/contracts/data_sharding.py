@@ -416,7 +416,7 @@ class DataSharding(Contract):
 
     def blames(self, run: Run) -> int | None:
         """The ranks ran different hooks first (unequal batch counts stop the world)."""
-        return Blame.HOOKS if run.divergence_kind() == "hooks" else super().blames(run)
+        return Blame.DATA if run.divergence_kind() == "hooks" else super().blames(run)
 
     def judge(self, run: Run) -> Verdict:
         recreate = self._recreate_failure(run)
