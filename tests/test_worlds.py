@@ -109,9 +109,10 @@ def leak(ctx):
 
 def observe(ctx):
     import torch
+    from pytest_ltconform.world.rank import current_context
     return {"pid": os.getpid(), "env": os.environ.get("LTC_LEAK"), "counter": helper_state.COUNTER,
             "rand": float(torch.rand(1)), "py": random.random(), "path": "/nonexistent/leak" in sys.path,
-            "cwd_is_job_dir": os.getcwd().endswith(f"rank{ctx.rank}")}
+            "cwd_is_job_dir": os.getcwd().endswith(f"rank{ctx.rank}"), "current": current_context() is ctx}
 
 def sum_ranks(ctx, offset):
     import torch, torch.distributed as dist
@@ -131,6 +132,7 @@ def test_jobs_share_ranks_but_not_state(ltconform_world):
     after = world.run(observe)
     assert [o["pid"] for o in after] == pids == [o["pid"] for o in clean]   # same processes: no cold start
     assert after == clean, (clean, after)                                   # and nothing leaked
+    assert all(o["current"] for o in clean)  # the job functions see the runner's context
     assert world.run(sum_ranks, 10) == [21, 21]
 
 def test_failed_rank_is_reported_with_its_traceback(ltconform_world):
@@ -171,7 +173,7 @@ def test_ltconform_world_fixture_reuses_ranks_and_isolates_jobs(pytester, no_lef
     result.stdout.fnmatch_lines([
         "*ltconform_world.run(test_user_dist:stuck_in_user_code) failed on 2 ranks*",
         "*rank(s) 1 were still running after * s and were killed (SIGKILL)*",
-        "*rank 1 (hung): stack: stuck_in_user_code() in test_user_dist.py:47*",
+        "*rank 1 (hung): stack: stuck_in_user_code() in test_user_dist.py:49*",
     ])
     # A rank that dies: named with its exit code, the other rank's error alongside.
     result.stdout.fnmatch_lines([

@@ -15,7 +15,8 @@ import pytest
 
 from . import settings as settings_mod
 
-SESSION_KEY = pytest.StashKey["object"]()
+TARGETS_KEY = pytest.StashKey["object"]()  # target.Targets, once --ltconform is validated
+SESSION_KEY = pytest.StashKey["object"]()  # session.LtconformSession, created on first use
 SETTINGS_KEY = pytest.StashKey["settings_mod.Settings"]()
 POOL_KEY = pytest.StashKey["object"]()
 ATTACHED_KEY = pytest.StashKey["object"]()
@@ -50,7 +51,7 @@ def pytest_configure(config: pytest.Config) -> None:
         targets = target_mod.validate(settings.target, settings.datamodule, settings.trainer)
     except target_mod.TargetError as exc:
         raise pytest.UsageError(str(exc)) from None
-    config.stash[SESSION_KEY] = targets
+    config.stash[TARGETS_KEY] = targets
     _attach(config, settings)
     # `pytest --ltconform X` with no test paths runs the contracts alone; with paths given, or
     # with the target in the ini file, the contract items join the normal test run.
@@ -103,16 +104,15 @@ def _availability(config: pytest.Config):
 
 def _session(config: pytest.Config):
     """The LtconformSession, created on first use (so --collect-only starts nothing)."""
-    obj = config.stash.get(SESSION_KEY, None)
-    if obj is None:
-        return None
-    from .session import LtconformSession
+    session = config.stash.get(SESSION_KEY, None)
+    targets = config.stash.get(TARGETS_KEY, None)
+    if session is None and targets is not None:
+        from .session import LtconformSession
 
-    if not isinstance(obj, LtconformSession):
-        obj = LtconformSession(config.stash[SETTINGS_KEY], obj, pool=_pool(config))
-        obj.attached = _attached(config)
-        config.stash[SESSION_KEY] = obj
-    return obj
+        session = LtconformSession(config.stash[SETTINGS_KEY], targets, pool=_pool(config))
+        session.attached = _attached(config)
+        config.stash[SESSION_KEY] = session
+    return session
 
 
 def _pool(config: pytest.Config):
@@ -249,8 +249,7 @@ class LtconformItem(pytest.Item):
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
     # tryfirst: our items must exist before -k / -m deselection runs.
-    targets = config.stash.get(SESSION_KEY, None)
-    if targets is None:
+    if config.stash.get(TARGETS_KEY, None) is None:
         return
     from . import contracts, tiers
     from .vocabulary import CPU_STRATEGIES
@@ -390,7 +389,7 @@ def ltconform_world(request):
 
     def make(world_size: int | None = None, timeout_s: float | None = None) -> WorldHandle:
         timeout = timeout_s or settings.timeout_s
-        pg_timeout = max(5.0, min(timeout / 4.0, 60.0))
+        pg_timeout = settings_mod.pg_timeout_for(timeout)
         if attached is not None:  # inside torchrun/SLURM: the launched world is the world
             if world_size not in (None, attached.world_size):
                 pytest.skip(f"needs a world of {world_size} ranks; pytest is {attached.info.describe()}")
@@ -403,7 +402,7 @@ def ltconform_world(request):
 @pytest.fixture
 def ltconform_target(request):
     """The validated targets of this session (skips when no --ltconform target is set)."""
-    targets = request.config.stash.get(SESSION_KEY, None)
+    targets = request.config.stash.get(TARGETS_KEY, None)
     if targets is None:
         pytest.skip("no --ltconform target given")
-    return getattr(targets, "targets", targets)
+    return targets

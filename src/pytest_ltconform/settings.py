@@ -54,7 +54,13 @@ class Settings:
 
     @property
     def pg_timeout_s(self) -> float:
-        return max(5.0, min(self.timeout_s / 4.0, 60.0))
+        return pg_timeout_for(self.timeout_s)
+
+
+def pg_timeout_for(timeout_s: float) -> float:
+    """The process-group (collective) timeout, in seconds, for runs limited to ``timeout_s``: a
+    quarter of it, between 5 and 60 s."""
+    return max(5.0, min(timeout_s / 4.0, 60.0))
 
 
 def add_options(parser: pytest.Parser) -> None:

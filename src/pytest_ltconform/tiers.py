@@ -28,6 +28,7 @@ import os
 import warnings
 
 from .vocabulary import DEFAULT_CONTRACT_TIERS, GPU_STRATEGIES, SHARDED_STRATEGIES, backend_for
+from .world.devices import cuda_device_count
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,18 +135,6 @@ def detect_attached(environ=None) -> Attached | None:
 
 
 # -- availability ---------------------------------------------------------------------------------
-
-def cuda_device_count() -> int:
-    """CUDA devices visible to this process (0 where torch has no CUDA build)."""
-    try:
-        import torch
-    except ImportError:
-        return 0
-    try:
-        return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
-    except Exception:
-        return 0
-
 
 def _deepspeed_missing() -> str | None:
     if importlib.util.find_spec("deepspeed") is None:

@@ -10,7 +10,8 @@ import atexit
 import os
 import shutil
 
-from .local import JobResult, LocalWorld, RankOutcome, WorldStartError
+from .local import LocalWorld, WorldStartError
+from .outcome import JobResult, RankOutcome
 
 __all__ = ["JobResult", "LocalWorld", "RankOutcome", "WorldStartError", "WorldPool"]
 

@@ -22,8 +22,11 @@ import sys
 import tempfile
 import time
 
-from . import diagnose
-from .local import _SEVERITY, JobResult, RankOutcome, WorldStartError, read_trace
+from .devices import cuda_device_count
+from .job import Job
+from .local import WorldStartError
+from .outcome import JobResult, RankOutcome, read_trace
+from .rank import keep_library_roots, result_payload, run_job
 
 PREFIX = "ltconform/"
 
@@ -50,7 +53,6 @@ class AttachedWorld:
         self.backend = backend
         self.accelerator = accelerator
         self.num_nodes: int | None = None
-        self.layout: list[dict] = []
         self._root: str | None = None
         self._next_job = 0
         self._store = None
@@ -129,7 +131,6 @@ class AttachedWorld:
                     f"Every rank must run the same pytest command line (same -m, -k, paths, options and "
                     f"files), or the contract runs would pair collectives of different items and hang."
                 )
-        self.layout = [{k: v for k, v in p.items() if k != "items"} for p in every]
         self.num_nodes = len({p["node_rank"] for p in every})
         per_node = {}
         for p in every:
@@ -142,27 +143,25 @@ class AttachedWorld:
     # -- jobs ---------------------------------------------------------------------------------------
     def run(self, fn_ref: str, *args, timeout_s: float = 120.0, kwargs: dict | None = None,
             seed: int = 0) -> JobResult:
-        from . import rank as rank_mod
-
         if self.closed:
             raise WorldStartError("this attached world was closed")
-        _keep_library_modules(rank_mod)
+        keep_library_roots()  # as a spawned rank does: the job runner must spare the stdlib and us
         store = self.store
         n = self._next_job
         self._next_job += 1
         job_dir = os.path.join(self.root, f"job{n:04d}")
         os.makedirs(job_dir, exist_ok=True)
-        job = {"n": n, "fn": fn_ref, "args": args, "kwargs": kwargs or {}, "dir": job_dir,
-               "pg_timeout_s": self.pg_timeout_s, "backend": self.backend, "seed": seed,
-               "accelerator": self.accelerator, "num_nodes": self.num_nodes or 1, "world_kind": "attached"}
+        job = Job(fn=fn_ref, dir=job_dir, n=n, args=args, kwargs=kwargs or {}, seed=seed, backend=self.backend,
+                  pg_timeout_s=self.pg_timeout_s, accelerator=self.accelerator, num_nodes=self.num_nodes or 1,
+                  world_kind="attached")
         started = time.monotonic()
         # Last resort for a job stuck outside any collective: dump every thread and exit, so the
         # launcher tears the world down instead of everyone waiting forever.
         faulthandler.dump_traceback_later(timeout_s + self.pg_timeout_s + 60.0, exit=True, file=sys.stderr)
         try:
-            outcome = rank_mod._run_job(job, self.rank, self.world_size, self.info.local_rank, store, 0)
+            outcome = run_job(job, self.rank, self.world_size, self.info.local_rank, store, 0)
             outcome["trace"] = read_trace(os.path.join(job_dir, f"rank{self.rank}.trace.jsonl"))
-            store.set(f"result/{n}/{self.rank}", _dumps(outcome, self.rank))
+            store.set(f"result/{n}/{self.rank}", result_payload(outcome))
             if self.rank == 0:
                 result = self._assemble(n, started, timeout_s, job_dir)
                 store.set(f"final/{n}", pickle.dumps(result))
@@ -180,23 +179,12 @@ class AttachedWorld:
         while len(outcomes) < self.world_size and time.monotonic() < deadline:
             for r, key in keys.items():
                 if r not in outcomes and store.check([key]):
-                    raw = pickle.loads(store.get(key))
-                    outcomes[r] = RankOutcome(
-                        rank=r, status=raw.get("status", "error"), value=raw.get("value"),
-                        exc_type=raw.get("exc_type"), message=raw.get("message"),
-                        traceback=raw.get("traceback"), duration_s=raw.get("duration_s"),
-                        trace=raw.get("trace") or [])
+                    outcomes[r] = RankOutcome.from_wire(pickle.loads(store.get(key)))
             time.sleep(0.02)
         for r in range(self.world_size):
             outcomes.setdefault(r, RankOutcome(rank=r, status="hung"))
         ranks = [outcomes[r] for r in range(self.world_size)]
-        status = max((r.status for r in ranks), key=_SEVERITY.__getitem__)
-        result = JobResult(status=status, ranks=ranks, duration_s=round(time.monotonic() - started, 3),
-                           world_size=self.world_size, timeout_s=timeout_s, job_dir=job_dir)
-        if status in ("hung", "died", "error"):
-            result.divergence = diagnose.first_divergence([r.trace for r in ranks])
-            result.diagnosis = diagnose.describe(result)
-        return result
+        return JobResult.of(ranks, time.monotonic() - started, timeout_s=timeout_s, job_dir=job_dir)
 
     def _await_final(self, n: int, timeout_s: float) -> JobResult:
         store = self.store
@@ -230,29 +218,6 @@ class AttachedWorld:
             shutil.rmtree(self._root, ignore_errors=True)
 
 
-def _dumps(outcome: dict, rank: int) -> bytes:
-    try:
-        return pickle.dumps(outcome)
-    except Exception as exc:
-        return pickle.dumps({"rank": rank, "status": "error", "exc_type": "PicklingError",
-                             "message": f"the job's result could not be pickled: {exc}", "traceback": "",
-                             "trace": outcome.get("trace") or []})
-
-
-def _keep_library_modules(rank_mod) -> None:
-    """The job runner unloads modules a job imported unless they live under these roots; in the
-    pytest process that must spare the stdlib and this package, as a spawned rank's main() does."""
-    if rank_mod._KEEP_ROOTS:
-        return
-    import sysconfig
-
-    import pytest_ltconform
-
-    paths = sysconfig.get_paths()
-    rank_mod._KEEP_ROOTS = tuple(os.path.realpath(p) for p in {
-        paths["stdlib"], paths["platstdlib"], os.path.dirname(os.path.realpath(pytest_ltconform.__file__))})
-
-
 def _collection_difference(ref: dict, other: dict, rank: int) -> str | None:
     """How rank ``rank``'s collection differs from rank 0's, or None."""
     a, b = ref["items"], other["items"]
@@ -271,6 +236,4 @@ def _collection_difference(ref: dict, other: dict, rank: int) -> str | None:
 
 def host_facts(node_rank: int) -> dict:
     """What a rank tells the others at collection time."""
-    from ..tiers import cuda_device_count
-
     return {"node_rank": node_rank, "cuda": cuda_device_count(), "host": socket.gethostname()}

@@ -9,9 +9,7 @@ the world down and the next job starts a new generation of ranks.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
-import json
 import os
 import pickle
 import shutil
@@ -20,9 +18,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any
 
 from . import diagnose
+from .job import Job
+from .outcome import JobResult, RankOutcome, read_trace
 
 # Environment that would make Lightning think it runs under a cluster launcher.
 _FOREIGN_ENV_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "TORCHELASTIC_", "GROUP_", "ROLE_", "LSB_",
@@ -32,72 +31,6 @@ _FOREIGN_ENV = ("LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID", "NODE_RANK", "GROUP_W
 
 class WorldStartError(RuntimeError):
     """The ranks of a world could not be started; the message has every rank's log tail."""
-
-
-@dataclasses.dataclass
-class RankOutcome:
-    """What one rank did in one job.
-
-    ``status`` is 'ok', 'error' (raised), 'skip', 'hung' (killed at the timeout) or 'died'
-    (exited without a result: crash, segfault, ``os._exit``). ``trace`` is the list of events the
-    rank recorded (see ``trace.py``); ``stack`` the faulthandler dump taken before a kill.
-    """
-
-    rank: int
-    status: str
-    value: Any = None
-    exc_type: str | None = None
-    message: str | None = None
-    traceback: str | None = None
-    exit_code: int | None = None
-    stack: str | None = None
-    log_tail: str | None = None
-    trace: list = dataclasses.field(default_factory=list)
-    duration_s: float | None = None
-
-
-@dataclasses.dataclass
-class JobResult:
-    """One job on every rank. ``status``: 'ok' when every rank returned, else the worst rank
-    status ('hung' > 'died' > 'error' > 'skip'). ``diagnosis`` is the readable block naming every
-    rank's position and the first point where their collective sequences diverged."""
-
-    status: str
-    ranks: list[RankOutcome]
-    duration_s: float
-    world_size: int
-    diagnosis: str | None = None
-    divergence: dict | None = None
-    timeout_s: float | None = None
-    job_dir: str | None = None
-    early_stop: str | None = None
-
-    @property
-    def values(self) -> list:
-        return [r.value for r in self.ranks]
-
-    def failure_text(self) -> str:
-        """Every failed rank's traceback, rank-tagged, then the diagnosis."""
-        parts = []
-        for r in self.ranks:
-            if r.status == "ok":
-                continue
-            head = f"--- rank {r.rank}: {r.status}"
-            if r.exc_type:
-                head += f" ({r.exc_type}: {r.message})"
-            if r.exit_code is not None and r.status == "died":
-                head += f" (exit code {r.exit_code})"
-            parts.append(head)
-            if r.traceback:
-                parts.append("\n".join(f"[rank{r.rank}] {line}" for line in r.traceback.rstrip().splitlines()))
-            elif r.log_tail:
-                parts.append("\n".join(f"[rank{r.rank}] {line}" for line in r.log_tail.rstrip().splitlines()))
-        if self.diagnosis:
-            parts.append(self.diagnosis)
-        return "\n".join(parts)
-
-
-_SEVERITY = {"ok": 0, "skip": 1, "error": 2, "died": 3, "hung": 4}
 
 
 class LocalWorld:
@@ -247,88 +180,41 @@ class LocalWorld:
             if self._procs:
                 self.kill()
             self.start()
-        store = self._store
-        gen, n = self.generation, self._next_job
+        job = self._submit(fn_ref, args, kwargs or {}, seed)
+        watch = _JobWatch(self, job, timeout_s)
+        hung, early = watch.wait()
+        return self._assemble(job, watch, hung, early, timeout_s)
+
+    def _submit(self, fn_ref: str, args: tuple, kwargs: dict, seed: int) -> Job:
+        """Post the next job of this generation to the store, in a new job folder."""
+        n = self._next_job
         self._next_job += 1
         self._jobs_total += 1
         job_dir = os.path.join(self.root, f"job{self._jobs_total:04d}")
         os.makedirs(job_dir, exist_ok=True)
-        job = {"n": n, "fn": fn_ref, "args": args, "kwargs": kwargs or {}, "dir": job_dir,
-               "pg_timeout_s": self.pg_timeout_s, "backend": self.backend, "seed": seed}
-        started = time.monotonic()
-        store.set(f"g{gen}/job/{n}", pickle.dumps(job))
-        keys = {r: f"g{gen}/result/{n}/{r}" for r in range(self.world_size)}
-        outcomes: dict[int, RankOutcome] = {}
-        first_error_at = first_done_at = first_dead_at = None
-        # Ranks that finished wait for the others for at most this long: a rank stuck in a
-        # collective gets the process group's own timeout plus slack before we call it hung.
-        straggler_s = self.pg_timeout_s + 10.0
-        deadline = started + timeout_s
-        hung: list[int] = []
-        early: str | None = None
-        trace_paths = {r: os.path.join(job_dir, f"rank{r}.trace.jsonl") for r in range(self.world_size)}
-        sizes = {r: (-1, started) for r in range(self.world_size)}  # (trace size, when it last grew)
-        next_look = started + 1.0
-        while True:
-            now = time.monotonic()
-            for r, key in keys.items():
-                if r not in outcomes and store.check([key]):
-                    raw = pickle.loads(store.get(key))
-                    outcomes[r] = RankOutcome(
-                        rank=r, status=raw.get("status", "error"), value=raw.get("value"),
-                        exc_type=raw.get("exc_type"), message=raw.get("message"),
-                        traceback=raw.get("traceback"), duration_s=raw.get("duration_s"))
-                    first_done_at = first_done_at or now
-                    if outcomes[r].status != "ok":
-                        first_error_at = first_error_at or now
-            for r, p in enumerate(self._procs):
-                if r not in outcomes and p.poll() is not None and not store.check([keys[r]]):
-                    outcomes[r] = RankOutcome(rank=r, status="died", exit_code=p.returncode)
-                    first_dead_at = first_dead_at or now
-            if len(outcomes) == self.world_size:
-                break
-            waiting = [r for r in range(self.world_size) if r not in outcomes]
-            if now >= next_look:
-                next_look = now + 0.5
-                for r in waiting:
-                    size = _size(trace_paths[r])
-                    if size != sizes[r][0]:
-                        sizes[r] = (size, now)
-                idle = min(now - sizes[r][1] for r in waiting)
-                # Ranks whose traces stopped growing after their collective calls diverged will
-                # only leave the mismatched collective at the process-group timeout: stop now.
-                if idle >= self.EARLY_IDLE_S and diagnose.first_divergence(
-                        [read_trace(trace_paths[r]) for r in range(self.world_size)]) is not None:
-                    hung = waiting
-                    early = f"stuck for {idle:.0f} s after their collective calls diverged"
-                    break
-            if (now > deadline
-                    or (first_dead_at and now - first_dead_at > min(straggler_s, 5.0))
-                    or (first_error_at and now - first_error_at > straggler_s)
-                    or (first_done_at and now - first_done_at > straggler_s)):
-                hung = waiting
-                break
-            time.sleep(0.02)
+        job = Job(fn=fn_ref, dir=job_dir, n=n, args=args, kwargs=kwargs, seed=seed, backend=self.backend,
+                  pg_timeout_s=self.pg_timeout_s)
+        self._store.set(f"g{self.generation}/job/{n}", job.wire())
+        return job
+
+    def _assemble(self, job: Job, watch: _JobWatch, hung: list[int], early: str | None,
+                  timeout_s: float) -> JobResult:
+        """The job's result once every rank reported or was declared hung: hung and dead ranks
+        get their stacks and log tails, every rank its trace; a failed world is killed."""
+        gen, outcomes = self.generation, watch.outcomes
         stacks = self._collect_stacks(hung + [r for r, o in outcomes.items() if o.status == "died"])
         for r in hung:
             outcomes[r] = RankOutcome(rank=r, status="hung")
-        duration = time.monotonic() - started
+        duration = time.monotonic() - watch.started
         ranks = [outcomes[r] for r in range(self.world_size)]
         for r in ranks:
             r.stack = stacks.get(r.rank)
-            r.trace = read_trace(os.path.join(job_dir, f"rank{r.rank}.trace.jsonl"))
+            r.trace = read_trace(os.path.join(job.dir, f"rank{r.rank}.trace.jsonl"))
             if r.status in ("died", "hung", "error"):
                 r.log_tail = self._log_tail(r.rank, gen)
-        status = max((r.status for r in ranks), key=_SEVERITY.__getitem__)
-        if status == "skip" and all(r.status == "skip" for r in ranks):
-            pass
-        elif status != "ok":
+        result = JobResult.of(ranks, duration, timeout_s=timeout_s, job_dir=job.dir, early_stop=early)
+        if result.status != "ok" and not all(r.status == "skip" for r in ranks):
             self.kill()
-        result = JobResult(status=status, ranks=ranks, duration_s=round(duration, 3),
-                           world_size=self.world_size, timeout_s=timeout_s, job_dir=job_dir, early_stop=early)
-        if status in ("hung", "died", "error"):
-            result.divergence = diagnose.first_divergence([r.trace for r in ranks])
-            result.diagnosis = diagnose.describe(result)
         return result
 
     def _collect_stacks(self, ranks: list[int]) -> dict[int, str]:
@@ -364,23 +250,94 @@ class LocalWorld:
         return stacks
 
 
+class _JobWatch:
+    """The supervisor's wait for one job: collects the ranks' results as they arrive and decides
+    when the ranks still running are hung (the heuristics below, checked every poll)."""
+
+    POLL_S = 0.02
+    LOOK_EVERY_S = 0.5  # how often trace growth is measured
+
+    def __init__(self, world: LocalWorld, job: Job, timeout_s: float):
+        self.world = world
+        self.started = time.monotonic()
+        self.keys = {r: f"g{world.generation}/result/{job.n}/{r}" for r in range(world.world_size)}
+        self.outcomes: dict[int, RankOutcome] = {}
+        self.first_error_at = self.first_done_at = self.first_dead_at = None
+        # Ranks that finished wait for the others for at most this long: a rank stuck in a
+        # collective gets the process group's own timeout plus slack before we call it hung.
+        self.straggler_s = world.pg_timeout_s + 10.0
+        self.deadline = self.started + timeout_s
+        self.trace_paths = {r: os.path.join(job.dir, f"rank{r}.trace.jsonl") for r in range(world.world_size)}
+        self.sizes = {r: (-1, self.started) for r in range(world.world_size)}  # (trace size, when it last grew)
+        self.next_look = self.started + 1.0
+
+    def wait(self) -> tuple[list[int], str | None]:
+        """Poll until every rank reported or the rest are hung: (hung ranks, early-stop reason)."""
+        while True:
+            now = time.monotonic()
+            self._collect_results(now)
+            self._collect_deaths(now)
+            waiting = [r for r in range(self.world.world_size) if r not in self.outcomes]
+            if not waiting:
+                return [], None
+            if now >= self.next_look:
+                self.next_look = now + self.LOOK_EVERY_S
+                early = self._stuck_after_divergence(now, waiting)
+                if early:
+                    return waiting, early
+            if (self._past_deadline(now) or self._dead_peer_waited_out(now)
+                    or self._failed_peer_waited_out(now) or self._finished_peer_waited_out(now)):
+                return waiting, None
+            time.sleep(self.POLL_S)
+
+    def _collect_results(self, now: float) -> None:
+        store = self.world._store
+        for r, key in self.keys.items():
+            if r not in self.outcomes and store.check([key]):
+                self.outcomes[r] = RankOutcome.from_wire(pickle.loads(store.get(key)))
+                self.first_done_at = self.first_done_at or now
+                if self.outcomes[r].status != "ok":
+                    self.first_error_at = self.first_error_at or now
+
+    def _collect_deaths(self, now: float) -> None:
+        store = self.world._store
+        for r, p in enumerate(self.world._procs):
+            if r not in self.outcomes and p.poll() is not None and not store.check([self.keys[r]]):
+                self.outcomes[r] = RankOutcome(rank=r, status="died", exit_code=p.returncode)
+                self.first_dead_at = self.first_dead_at or now
+
+    def _stuck_after_divergence(self, now: float, waiting: list[int]) -> str | None:
+        """Ranks whose traces stopped growing after their collective calls diverged will only
+        leave the mismatched collective at the process-group timeout: stop them now."""
+        for r in waiting:
+            size = _size(self.trace_paths[r])
+            if size != self.sizes[r][0]:
+                self.sizes[r] = (size, now)
+        idle = min(now - self.sizes[r][1] for r in waiting)
+        if idle >= self.world.EARLY_IDLE_S and diagnose.first_divergence(
+                [read_trace(self.trace_paths[r]) for r in range(self.world.world_size)]) is not None:
+            return f"stuck for {idle:.0f} s after their collective calls diverged"
+        return None
+
+    def _past_deadline(self, now: float) -> bool:
+        """The job's own wall-clock limit."""
+        return now > self.deadline
+
+    def _dead_peer_waited_out(self, now: float) -> bool:
+        """A dead rank never joins another collective: its peers get a few seconds to report."""
+        return bool(self.first_dead_at) and now - self.first_dead_at > min(self.straggler_s, 5.0)
+
+    def _failed_peer_waited_out(self, now: float) -> bool:
+        """A rank that raised left its peers waiting in a collective until the group times out."""
+        return bool(self.first_error_at) and now - self.first_error_at > self.straggler_s
+
+    def _finished_peer_waited_out(self, now: float) -> bool:
+        """A rank that returned cannot match a collective its peers are still waiting in."""
+        return bool(self.first_done_at) and now - self.first_done_at > self.straggler_s
+
+
 def _size(path: str) -> int:
     try:
         return os.path.getsize(path)
     except OSError:
         return 0
-
-
-def read_trace(path: str) -> list[dict]:
-    """Events of one rank's trace file; a torn last line (a killed rank) is dropped."""
-    events = []
-    try:
-        with open(path, encoding="utf-8") as fh:
-            for line in fh:
-                try:
-                    events.append(json.loads(line))
-                except ValueError:
-                    break
-    except OSError:
-        pass
-    return events

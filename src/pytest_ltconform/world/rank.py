@@ -25,6 +25,8 @@ import threading
 import time
 import traceback
 
+from .job import Job
+
 PR_SET_PDEATHSIG = 1
 
 
@@ -82,6 +84,22 @@ def _resolve(ref: str):
     return obj
 
 
+_KEEP_ROOTS: tuple[str, ...] = ()
+
+
+def keep_library_roots() -> None:
+    """Keep modules under the stdlib and this package loaded between jobs (besides installed
+    packages); every process that runs jobs calls this once before the first one."""
+    global _KEEP_ROOTS
+    import sysconfig
+
+    import pytest_ltconform
+
+    paths = sysconfig.get_paths()
+    package_root = os.path.dirname(os.path.realpath(pytest_ltconform.__file__))
+    _KEEP_ROOTS = tuple(os.path.realpath(p) for p in {paths["stdlib"], paths["platstdlib"], package_root})
+
+
 def _library_module(mod) -> bool:
     """Modules that stay loaded between jobs: installed packages and the stdlib."""
     path = getattr(mod, "__file__", None)
@@ -89,9 +107,6 @@ def _library_module(mod) -> bool:
         return True
     path = os.path.realpath(path)
     return path.startswith(_KEEP_ROOTS) or "site-packages" in path or "dist-packages" in path
-
-
-_KEEP_ROOTS: tuple[str, ...] = ()
 
 
 @contextlib.contextmanager
@@ -125,36 +140,44 @@ def _seed(seed: int = 0) -> None:
     torch.set_grad_enabled(True)
 
 
-def _run_job(job: dict, rank: int, world_size: int, local_rank: int, store, gen: int) -> dict:
+def _context(job: Job, rank: int, world_size: int, local_rank: int, store) -> RankContext:
+    """Rank ``rank``'s context: its folder, its trace file and the world's parameters (the only
+    thing that differs between the CPU, GPU and multi-node tiers on the rank side)."""
+    return RankContext(rank, world_size, local_rank, os.path.join(job.dir, f"rank{rank}"),
+                       os.path.join(job.dir, f"rank{rank}.trace.jsonl"), store,
+                       accelerator=job.accelerator or ("gpu" if job.backend == "nccl" else "cpu"),
+                       num_nodes=int(job.num_nodes), world_kind=job.world_kind)
+
+
+def run_job(job: Job, rank: int, world_size: int, local_rank: int, store, gen: int) -> dict:
+    """Run ``job`` as rank ``rank`` in this process, in a fresh default process group built on
+    ``store`` (keys under ``g<gen>/pg/<n>``), isolated from the jobs before and after it.
+
+    Returns the rank's result dict (what :meth:`~.outcome.RankOutcome.from_wire` reads):
+    ``rank``, ``status`` ('ok', 'error' or 'skip'), ``value`` (what ``fn`` returned),
+    ``exc_type``, ``message`` and ``traceback`` when it raised, ``duration_s``. Never raises for
+    what the job does; SystemExit from user code is reported like any exception.
+    """
     import torch
     import torch.distributed as dist
 
-    job_dir = os.path.join(job["dir"], f"rank{rank}")
-    os.makedirs(job_dir, exist_ok=True)
-    trace_path = os.path.join(job["dir"], f"rank{rank}.trace.jsonl")
-    backend = job.get("backend", "gloo")
-    # The world's parameters: the only thing that differs between the CPU, GPU and multi-node
-    # tiers on the rank side.
-    ctx = RankContext(rank, world_size, local_rank, job_dir, trace_path, store,
-                      accelerator=job.get("accelerator") or ("gpu" if backend == "nccl" else "cpu"),
-                      num_nodes=int(job.get("num_nodes", 1)), world_kind=job.get("world_kind", "local"))
+    global _CURRENT
+    ctx = _context(job, rank, world_size, local_rank, store)
+    os.makedirs(ctx.job_dir, exist_ok=True)
     result: dict = {"rank": rank, "status": "ok"}
     started = time.monotonic()
-    with _isolated(job_dir):
-        _seed(job.get("seed", 0))
-        if backend == "nccl":
+    with _isolated(ctx.job_dir):
+        _seed(job.seed)
+        if job.backend == "nccl":
             torch.cuda.set_device(local_rank)
         default_dtype = torch.get_default_dtype()
-        pg_store = dist.PrefixStore(f"g{gen}/pg/{job['n']}", store)
         dist.init_process_group(
-            job.get("backend", "gloo"), store=pg_store, rank=rank, world_size=world_size,
-            timeout=datetime.timedelta(seconds=job["pg_timeout_s"]),
+            job.backend, store=dist.PrefixStore(f"g{gen}/pg/{job.n}", store), rank=rank, world_size=world_size,
+            timeout=datetime.timedelta(seconds=job.pg_timeout_s),
         )
-        global _CURRENT
         _CURRENT = ctx
         try:
-            fn = _resolve(job["fn"])
-            result["value"] = fn(ctx, *job.get("args", ()), **job.get("kwargs", {}))
+            result["value"] = _resolve(job.fn)(ctx, *job.args, **job.kwargs)
         except BaseException as exc:  # report everything, including SystemExit from user code
             skip = type(exc).__name__ in ("Skipped", "SkipTest")
             result.update(status="skip" if skip else "error", exc_type=type(exc).__name__,
@@ -169,27 +192,19 @@ def _run_job(job: dict, rank: int, world_size: int, local_rank: int, store, gen:
     return result
 
 
-def main() -> int:
-    global _KEEP_ROOTS
-    rank = int(os.environ["RANK"])
-    world_size = int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    gen = int(os.environ["LTCONFORM_GENERATION"])
-    workdir = os.environ["LTCONFORM_WORLD_DIR"]
-    _die_with_parent(int(os.environ["LTCONFORM_SUPERVISOR_PID"]))
+def result_payload(result: dict) -> bytes:
+    """``result`` pickled for the store; a value that cannot be pickled becomes an error."""
+    try:
+        return pickle.dumps(result)
+    except Exception as exc:
+        return pickle.dumps({"rank": result["rank"], "status": "error", "exc_type": "PicklingError",
+                             "message": f"the job's result could not be pickled: {exc}", "traceback": "",
+                             "trace": result.get("trace") or []})
 
-    stack_file = open(os.path.join(workdir, f"g{gen}-rank{rank}.stack"), "w")
-    faulthandler.enable(file=stack_file, all_threads=True)
-    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True, chain=False)
 
-    import sysconfig
-
-    import pytest_ltconform
-
-    package_root = os.path.dirname(os.path.realpath(pytest_ltconform.__file__))
-    _KEEP_ROOTS = tuple(os.path.realpath(p) for p in
-                        {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"], package_root})
-
+def _connect(gen: int, rank: int):
+    """The supervisor's store, once this rank has paid the cold start (the imports) and said
+    it is ready."""
     import torch.distributed as dist
 
     store = dist.TCPStore(
@@ -202,25 +217,37 @@ def main() -> int:
             with contextlib.suppress(ImportError):
                 importlib.import_module(name)
     store.set(f"g{gen}/ready/{rank}", str(os.getpid()))
+    return store
 
+
+def main() -> int:
+    rank = int(os.environ["RANK"])
+    world_size = int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    gen = int(os.environ["LTCONFORM_GENERATION"])
+    workdir = os.environ["LTCONFORM_WORLD_DIR"]
+    _die_with_parent(int(os.environ["LTCONFORM_SUPERVISOR_PID"]))
+
+    stack_file = open(os.path.join(workdir, f"g{gen}-rank{rank}.stack"), "w")
+    faulthandler.enable(file=stack_file, all_threads=True)
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True, chain=False)
+    keep_library_roots()
+    store = _connect(gen, rank)
     n = 0
     while True:
-        raw = store.get(f"g{gen}/job/{n}")
-        job = pickle.loads(raw)
+        job = Job.from_wire(store.get(f"g{gen}/job/{n}"))
         if job is None:
             return 0
-        result = _run_job(job, rank, world_size, local_rank, store, gen)
+        result = run_job(job, rank, world_size, local_rank, store, gen)
         sys.stdout.flush()
         sys.stderr.flush()
-        try:
-            payload = pickle.dumps(result)
-        except Exception as exc:
-            payload = pickle.dumps({"rank": rank, "status": "error", "exc_type": "PicklingError",
-                                    "message": f"the job's result could not be pickled: {exc}",
-                                    "traceback": ""})
-        store.set(f"g{gen}/result/{n}/{rank}", payload)
+        store.set(f"g{gen}/result/{n}/{rank}", result_payload(result))
         n += 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run the importable copy of this module, not __main__: current_context() and the job
+    # classes must be the ones the job functions import.
+    from pytest_ltconform.world import rank as _rank
+
+    sys.exit(_rank.main())

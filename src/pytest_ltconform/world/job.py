@@ -1,0 +1,40 @@
+"""A job: what a world runs on every rank, and how it travels to them. Pure data, no torch."""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+
+
+@dataclasses.dataclass
+class Job:
+    """One job: run ``fn(ctx, *args, **kwargs)`` on every rank of a world.
+
+    ``fn`` is an importable ``"pkg.mod:func"``; ``dir`` the job's folder (rank r works in
+    ``dir/rank<r>`` and records ``dir/rank<r>.trace.jsonl``); ``n`` the job's index in its
+    generation of ranks (it names the process group's store prefix); ``pg_timeout_s`` the
+    collective timeout in seconds; ``accelerator`` None means 'gpu' under NCCL, else 'cpu'.
+    """
+
+    fn: str
+    dir: str
+    n: int
+    args: tuple = ()
+    kwargs: dict = dataclasses.field(default_factory=dict)
+    seed: int = 0
+    backend: str = "gloo"
+    pg_timeout_s: float = 30.0
+    accelerator: str | None = None
+    num_nodes: int = 1
+    world_kind: str = "local"
+
+    def wire(self) -> bytes:
+        """What travels to the ranks through the store: the fields as a pickled dict (shallow,
+        so the arguments keep their own types); :meth:`from_wire` rebuilds the job."""
+        return pickle.dumps({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+
+    @classmethod
+    def from_wire(cls, raw: bytes) -> Job | None:
+        """The job :meth:`wire` sent, or None for the supervisor's "stop" message."""
+        fields = pickle.loads(raw)
+        return None if fields is None else cls(**fields)

@@ -1,0 +1,113 @@
+"""What a job did: one :class:`RankOutcome` per rank and the :class:`JobResult` that sums them up,
+the same for local and attached worlds. Pure Python, no torch."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from . import diagnose
+
+# A job's status is its worst rank's.
+SEVERITY = {"ok": 0, "skip": 1, "error": 2, "died": 3, "hung": 4}
+
+
+@dataclasses.dataclass
+class RankOutcome:
+    """What one rank did in one job.
+
+    ``status`` is 'ok', 'error' (raised), 'skip', 'hung' (killed at the timeout) or 'died'
+    (exited without a result: crash, segfault, ``os._exit``). ``trace`` is the list of events the
+    rank recorded (see ``trace.py``); ``stack`` the faulthandler dump taken before a kill.
+    """
+
+    rank: int
+    status: str
+    value: Any = None
+    exc_type: str | None = None
+    message: str | None = None
+    traceback: str | None = None
+    exit_code: int | None = None
+    stack: str | None = None
+    log_tail: str | None = None
+    trace: list = dataclasses.field(default_factory=list)
+    duration_s: float | None = None
+
+    @classmethod
+    def from_wire(cls, wire: dict) -> RankOutcome:
+        """The outcome of the result dict a rank posted (see ``rank.run_job``); ``trace`` is
+        there only when the rank sent its events along (attached worlds)."""
+        return cls(rank=wire["rank"], status=wire.get("status", "error"), value=wire.get("value"),
+                   exc_type=wire.get("exc_type"), message=wire.get("message"),
+                   traceback=wire.get("traceback"), duration_s=wire.get("duration_s"),
+                   trace=wire.get("trace") or [])
+
+
+@dataclasses.dataclass
+class JobResult:
+    """One job on every rank. ``status``: 'ok' when every rank returned, else the worst rank
+    status ('hung' > 'died' > 'error' > 'skip'). ``diagnosis`` is the readable block naming every
+    rank's position and the first point where their collective sequences diverged."""
+
+    status: str
+    ranks: list[RankOutcome]
+    duration_s: float
+    world_size: int
+    diagnosis: str | None = None
+    divergence: dict | None = None
+    timeout_s: float | None = None
+    job_dir: str | None = None
+    early_stop: str | None = None
+
+    @classmethod
+    def of(cls, ranks: list[RankOutcome], duration_s: float, *, timeout_s: float | None = None,
+           job_dir: str | None = None, early_stop: str | None = None) -> JobResult:
+        """The result of ``ranks`` (in rank order), diagnosed when any rank hung, died or raised."""
+        status = max((r.status for r in ranks), key=SEVERITY.__getitem__)
+        result = cls(status=status, ranks=ranks, duration_s=round(duration_s, 3), world_size=len(ranks),
+                     timeout_s=timeout_s, job_dir=job_dir, early_stop=early_stop)
+        if status in ("hung", "died", "error"):
+            result.divergence = diagnose.first_divergence([r.trace for r in ranks])
+            result.diagnosis = diagnose.describe(result)
+        return result
+
+    @property
+    def values(self) -> list:
+        return [r.value for r in self.ranks]
+
+    def failure_text(self) -> str:
+        """Every failed rank's traceback, rank-tagged, then the diagnosis."""
+        parts = []
+        for r in self.ranks:
+            if r.status == "ok":
+                continue
+            head = f"--- rank {r.rank}: {r.status}"
+            if r.exc_type:
+                head += f" ({r.exc_type}: {r.message})"
+            if r.exit_code is not None and r.status == "died":
+                head += f" (exit code {r.exit_code})"
+            parts.append(head)
+            if r.traceback:
+                parts.append("\n".join(f"[rank{r.rank}] {line}" for line in r.traceback.rstrip().splitlines()))
+            elif r.log_tail:
+                parts.append("\n".join(f"[rank{r.rank}] {line}" for line in r.log_tail.rstrip().splitlines()))
+        if self.diagnosis:
+            parts.append(self.diagnosis)
+        return "\n".join(parts)
+
+
+
+def read_trace(path: str) -> list[dict]:
+    """Events of one rank's trace file; a torn last line (a killed rank) is dropped."""
+    events = []
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                try:
+                    events.append(json.loads(line))
+                except ValueError:
+                    break
+    except OSError:
+        pass
+    return events
