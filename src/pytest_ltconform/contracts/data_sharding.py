@@ -10,10 +10,11 @@ Checked from the traced fit: every train and validation batch is fingerprinted p
 epoch (a hash per sample row and per batch, recorded into the trace so that a hung world keeps
 them). It fails when ranks draw identical batches, when one rank sees the same samples several
 times in an epoch (DataLoader workers replaying a stream), when a user-owned shuffling sampler
-gives the same order every epoch, when ranks run different numbers of batches per epoch (the
-next collective pairs the wrong steps or hangs), and when Lightning could not re-create the
-DataLoader with its DistributedSampler (the cause and the DataLoader's file:line, not a raw
-traceback).
+gives the same order every epoch, when ranks' DataLoaders differ in length (the next collective
+pairs the wrong steps or hangs; a rank that stopped early or hangs is not the data's fault), when
+random inputs drawn in training_step are the same on every rank, and when Lightning could not
+re-create the DataLoader with its DistributedSampler (the cause and the DataLoader's file:line, not
+a raw traceback). Samplers that draw with replacement may repeat samples.
 """
 
 from __future__ import annotations
@@ -866,14 +867,13 @@ class DataSharding(Contract):
     def _uneven(self, run, loaders, epoch: int, counts: dict, how: str) -> Verdict:
         loader = loaders.get("train") or {}
         text = ", ".join(f"rank {r}: {_n_batches(c)}" for r, c in counts.items())
-        measured = {"ran": f"ranks ran different numbers of train batches in epoch {epoch}",
-                    "len": f"the train DataLoader has a different length on each rank in epoch {epoch} "
-                           f"(len(DataLoader))",
-                    "stream": "the train stream yields a different number of batches on each rank (items "
-                              "counted per rank / batch size)"}[how]
+        measured = {"ran": f"ranks ran different numbers of train batches in epoch {epoch} ({text})",
+                    "len": f"len(train DataLoader) differs across ranks in epoch {epoch} ({text})",
+                    "stream": f"the train IterableDataset yields a different number of batches on each rank "
+                              f"({text}: the items each rank's stream yields, divided by the batch size)"}[how]
         capped = (" The conformance run caps an epoch at 4 batches, which hides the difference in the run "
                   "itself; production runs every batch." if how != "ran" and min(counts.values()) >= 4 else "")
-        summary = (f"{measured} ({text}); each training step all-reduces gradients, so the extra step pairs "
+        summary = (f"{measured}; each training step all-reduces gradients, so the extra step pairs "
                    f"with another rank's next collective or waits forever. {self._what(loader)} gives the "
                    f"ranks unequal shares.{capped}")
         site = self._dataset_site(loader)
