@@ -234,7 +234,7 @@ def test_identical_batches_evidence_with_missing_fingerprints_and_epochs(fake_ru
 
 
 def test_first_sentence_never_cuts_a_sentence():
-    from pytest_ltconform.contracts.data_sharding import first_sentence
+    from pytest_ltconform.sites import first_sentence
 
     assert first_sentence("Bad value 1.5 for x. Try again.\nmore") == "Bad value 1.5 for x"
     assert first_sentence("") == ""

@@ -23,7 +23,7 @@ import math
 import re
 from collections import defaultdict
 
-from ..sites import fmt_site
+from ..sites import first_sentence, fmt_site
 from .base import Blame, Contract, Evidence, Probe, Run, Verdict, class_site, user_class
 
 ROWS_PER_BATCH = 64        # sample rows hashed per batch
@@ -495,18 +495,6 @@ def _user_frames(tb_text: str) -> list[dict]:
     return frames
 
 
-def first_sentence(text: str | None, limit: int = 400) -> str:
-    """The first sentence of an exception message, whole; past ``limit`` characters it ends at a
-    word boundary with an ellipsis (never mid-word). '' for an empty message."""
-    lines = (text or "").strip().splitlines()
-    if not lines:
-        return ""
-    first = re.split(r"(?<=[a-z0-9)`'\]])\.\s", lines[0], maxsplit=1)[0].rstrip(".")
-    if len(first) > limit:
-        first = first[:limit].rsplit(" ", 1)[0] + " ..."
-    return first
-
-
 def _n_batches(n: int) -> str:
     return f"{n} batch{'' if n == 1 else 'es'}"
 
@@ -630,8 +618,11 @@ class DataSharding(Contract):
         return DataShardingProbe()
 
     def blames(self, run: Run) -> int | None:
-        """The ranks ran different hooks first (unequal batch counts stop the world)."""
-        return Blame.DATA if run.divergence_kind() == "hooks" else super().blames(run)
+        """The ranks ran different hooks first because their own dataloaders give them different
+        numbers of batches; hooks that differ because a rank stopped or hangs are not claimed."""
+        if run.divergence_kind() == "hooks" and self._uneven_counts(run, self._batches(run), self._loaders(run)):
+            return Blame.DATA
+        return super().blames(run)
 
     def judge(self, run: Run) -> Verdict:
         recreate = self._recreate_failure(run)
