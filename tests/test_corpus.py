@@ -49,7 +49,7 @@ def test_case_gets_its_expected_verdict(corpus_rows, case, contract):
     rows = corpus_rows.get((case.name, contract))
     assert rows, f"no verdict for {case.name} / {contract}"
     for row in rows:
-        assert row["got"] == case.expected[contract], f"[{row['strategy']}] {row['message']}"
+        assert row["matched"], f"[{row['strategy']}] expected {row['expected']}, got {row['got']}: {row['message']}"
     row = rows[0]
     if case.expected[contract] == "fail":
         message = row["message"]
@@ -62,7 +62,7 @@ def test_case_gets_its_expected_verdict(corpus_rows, case, contract):
 def test_detection_rate_is_complete(corpus_rows):
     rows = [r for group in corpus_rows.values() for r in group]
     positives = [r for r in rows if r["expected"] == "fail"]
-    negatives = [r for r in rows if r["expected"] == "pass"]
+    negatives = [r for r in rows if r["expected"] != "fail"]
     assert positives and negatives
     assert all(r["got"] == "fail" for r in positives)
-    assert all(r["got"] == "pass" for r in negatives)
+    assert all(r["matched"] for r in negatives)

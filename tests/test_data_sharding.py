@@ -48,3 +48,195 @@ def test_fingerprint_rows_and_ids():
     fp = fingerprint((torch.arange(6.0).reshape(3, 2), torch.tensor([5, 6, 7])))
     assert fp["n"] == 3 and len(fp["rows"]) == 3 and fp["ids"] == [5, 6, 7]
     assert fingerprint((torch.arange(6.0).reshape(3, 2), torch.tensor([5, 6, 7])))["fp"] == fp["fp"]
+
+
+# -- issue 11: uneven counts only from the data -----------------------------------------------------
+
+def _loader(epoch: int, length, **info) -> dict:
+    return {"ev": "ds_loader", "stage": "train", "epoch": epoch, "length": length, "batch_size": 4,
+            "dataset": "Images", "iterable": False, "use_distributed_sampler": True, **info}
+
+
+def _epochs(fake_runs, rows_per_epoch: list[list[list[str]]]) -> list[dict]:
+    return [e for ep, rows in enumerate(rows_per_epoch) for e in fake_runs.batches(rows, epoch=ep)]
+
+
+def test_hung_world_with_even_loaders_is_not_a_data_fault(fake_runs):
+    """A world stuck in a collective: rank 1 moved into epoch 1, rank 0 is stuck at epoch 0's end."""
+    contract = get_contract("data-sharding")
+    r0 = [_loader(0, 4)] + _epochs(fake_runs, [[["a"], ["b"], ["c"], ["d"]]])
+    r1 = [_loader(0, 4)] + _epochs(fake_runs, [[["e"], ["f"], ["g"], ["h"]], [["i"]]]) + [_loader(1, 4)]
+    ranks = [fake_runs.rank(0, r0, status="hung"), fake_runs.rank(1, r1, status="hung")]
+    verdict = contract.judge(fake_runs.of(ranks, status="hung"))
+    assert verdict.outcome == "passed", verdict.render()
+    # even when both ranks completed an epoch with different counts, equal len() clears the data
+    r0 = [_loader(0, 4)] + _epochs(fake_runs, [[["a"], ["b"]], [["x"]]])
+    ranks = [fake_runs.rank(0, r0, status="hung"), fake_runs.rank(1, r1, status="hung")]
+    assert contract.judge(fake_runs.of(ranks, status="hung")).outcome == "passed"
+
+
+def test_hung_world_counts_only_epochs_every_rank_completed(fake_runs):
+    contract = get_contract("data-sharding")
+    r0 = _epochs(fake_runs, [[["a"], ["b"], ["c"]], [["x"]]])      # epoch 0 complete: 3 batches
+    r1 = _epochs(fake_runs, [[["e"], ["f"]], [["y"], ["z"]]])       # epoch 0 complete: 2 batches
+    ranks = [fake_runs.rank(0, r0, status="hung"), fake_runs.rank(1, r1, status="hung")]
+    verdict = contract.judge(fake_runs.of(ranks, status="hung"))
+    assert verdict.outcome == "failed"
+    assert "epoch 0 (rank 0: 3 batches, rank 1: 2 batches)" in verdict.summary
+    # the last epoch (1: 1 vs 2 batches) is not complete on any rank and is not the evidence
+    assert "epoch 1" not in verdict.summary
+
+
+def test_loader_lengths_differ_under_the_batch_cap(fake_runs):
+    contract = get_contract("data-sharding")
+    rows = [[["a"], ["b"], ["c"], ["d"]], [["c"], ["a"], ["d"], ["b"]]]
+    other = [[["e"], ["f"], ["g"], ["h"]], [["h"], ["g"], ["f"], ["e"]]]
+    r0 = [_loader(0, 5), _loader(1, 5)] + _epochs(fake_runs, rows)
+    r1 = [_loader(0, 4), _loader(1, 4)] + _epochs(fake_runs, other)
+    verdict = contract.judge(fake_runs.run([r0, r1]))
+    assert verdict.outcome == "failed" and verdict.category == "deadlock"
+    assert verdict.summary.startswith("len(train DataLoader) differs across ranks in epoch 0 (rank 0: 5 batches, "
+                                      "rank 1: 4 batches); ")
+    assert "caps an epoch at 4 batches" in verdict.summary
+
+
+def test_stream_item_counts_decide_for_iterables(fake_runs):
+    contract = get_contract("data-sharding")
+    it = {"iterable": True, "dataset": "Blocks"}
+    r0 = [_loader(0, None, **it), {"ev": "ds_stream", "stage": "train", "n": 12, "epoch": 0}] \
+        + fake_runs.batches([["a"], ["b"]])
+    r1 = [_loader(0, None, **it), {"ev": "ds_stream", "stage": "train", "n": 8, "epoch": 0}] \
+        + fake_runs.batches([["c"], ["d"]])
+    verdict = contract.judge(fake_runs.of([fake_runs.rank(0, r0, status="hung"), fake_runs.rank(1, r1, status="hung")],
+                                          status="hung"))
+    assert verdict.outcome == "failed" and "(rank 0: 3 batches, rank 1: 2 batches: the items" in verdict.summary
+    # equal item counts: a rank that stopped early is not the data's fault
+    r1[1] = {"ev": "ds_stream", "stage": "train", "n": 12, "epoch": 0}
+    r0 += fake_runs.batches([["e"]], epoch=1)
+    r1b = r1[:2] + fake_runs.batches([["c"]]) + fake_runs.batches([["f"]], epoch=1)
+    verdict = contract.judge(fake_runs.of([fake_runs.rank(0, r0, status="hung"),
+                                           fake_runs.rank(1, r1b, status="hung")], status="hung"))
+    assert verdict.outcome == "passed", verdict.render()
+
+
+# -- sampling with replacement ----------------------------------------------------------------------
+
+def test_replacement_sampler_repeats_are_not_a_fault(fake_runs):
+    contract = get_contract("data-sharding")
+    r0 = [_loader(0, 2, replacement=True)] + fake_runs.batches([["a", "b"], ["a", "c"], ["b", "a"]])
+    r1 = [_loader(0, 2, replacement=True)] + fake_runs.batches([["c", "d"], ["d", "d"], ["a", "c"]])
+    assert contract.judge(fake_runs.run([r0, r1])).outcome == "passed"
+    r0[0] = _loader(0, 2, replacement=False)
+    verdict = contract.judge(fake_runs.run([r0, r1]))
+    assert verdict.outcome == "failed" and "rank 0 saw 3 of its 6 fingerprinted train samples" in verdict.summary
+
+
+# -- random inputs identical on every rank ----------------------------------------------------------
+
+def _draws(hashes: list[str], line: int = 42) -> list[dict]:
+    return [{"ev": "ds_draw", "fn": "torch.randn", "key": [0, i], "hash": h, "shape": [8, 3], "epoch": 0,
+             "site": {"file": "/u/gan.py", "line": line, "func": "Model.training_step"}}
+            for i, h in enumerate(hashes)]
+
+
+def test_noise_identical_across_ranks_fails_with_the_draw_site(fake_runs):
+    contract = get_contract("data-sharding")
+    r0 = fake_runs.batches([["a"], ["b"], ["c"]]) + _draws(["h1", "h2", "h3"])
+    r1 = fake_runs.batches([["d"], ["e"], ["f"]]) + _draws(["h1", "h2", "h3"])
+    verdict = contract.judge(fake_runs.run([r0, r1]))
+    assert verdict.outcome == "failed" and verdict.category == "silent"
+    assert verdict.summary.startswith("torch.randn at /u/gan.py:42 (Model.training_step) in training_step draws "
+                                      "the same values on every rank at every recorded step (3 steps compared")
+    assert [e.site for e in verdict.evidence] == ["/u/gan.py:42 (Model.training_step)"] * 2
+    assert "seed + self.global_rank" in verdict.fix
+
+
+def test_noise_that_differs_per_rank_or_is_drawn_once_passes(fake_runs):
+    contract = get_contract("data-sharding")
+    r0 = fake_runs.batches([["a"], ["b"], ["c"]])
+    r1 = fake_runs.batches([["d"], ["e"], ["f"]])
+    per_rank = [r0 + _draws(["h1", "h2", "h3"]), r1 + _draws(["k1", "k2", "k3"])]
+    assert contract.judge(fake_runs.run(per_rank)).outcome == "passed"
+    once = [r0 + _draws(["h1"]), r1 + _draws(["h1"])]  # a fixed sample drawn once, e.g. for previews
+    assert contract.judge(fake_runs.run(once)).outcome == "passed"
+    partly = [r0 + _draws(["h1", "h2", "h3"]), r1 + _draws(["h1", "x2", "h3"])]
+    assert contract.judge(fake_runs.run(partly)).outcome == "passed"
+
+
+# -- order across epochs, wherever the shuffling lives ----------------------------------------------
+
+def test_same_order_every_epoch_from_a_dataset_or_batch_sampler(fake_runs):
+    contract = get_contract("data-sharding")
+    rows0, rows1 = [[["a", "b"], ["c", "d"]]] * 2, [[["e", "f"], ["g", "h"]]] * 2
+    shuffles = {"iterable": True, "dataset": "Shuffled", "dataset_shuffles": True}
+    runs = [[_loader(0, None, **shuffles)] + _epochs(fake_runs, rows0),
+            [_loader(0, None, **shuffles)] + _epochs(fake_runs, rows1)]
+    verdict = contract.judge(fake_runs.run(runs))
+    assert verdict.outcome == "failed"
+    assert verdict.summary.startswith("IterableDataset Shuffled yields every rank the same sample order in epoch 0 "
+                                      "and epoch 1")
+    plain = {"iterable": True, "dataset": "Stream"}  # a stream read in file order is a choice
+    runs = [[_loader(0, None, **plain)] + _epochs(fake_runs, rows0),
+            [_loader(0, None, **plain)] + _epochs(fake_runs, rows1)]
+    assert contract.judge(fake_runs.run(runs)).outcome == "passed"
+    bucket = {"custom_batch_sampler": "Buckets", "batch_sampler_shuffles": True}
+    runs = [[_loader(0, 2, **bucket)] + _epochs(fake_runs, rows0),
+            [_loader(0, 2, **bucket)] + _epochs(fake_runs, rows1)]
+    verdict = contract.judge(fake_runs.run(runs))
+    assert verdict.outcome == "failed" and "the train batch sampler (Buckets)" in verdict.summary
+
+
+def test_fingerprint_of_opaque_batches_has_no_addresses():
+    import dataclasses
+
+    import torch
+
+    from pytest_ltconform.contracts.data_sharding import fingerprint
+
+    @dataclasses.dataclass
+    class Batch:
+        x: torch.Tensor
+        meta: object
+
+    class Meta:
+        def __init__(self, lengths):
+            self.lengths = lengths
+
+    a = fingerprint(Batch(torch.arange(6.0).reshape(3, 2), Meta(torch.tensor([1, 2, 3]))))
+    b = fingerprint(Batch(torch.arange(6.0).reshape(3, 2), Meta(torch.tensor([1, 2, 3]))))
+    assert a["fp"] == b["fp"] and a["n"] == 3 and a["ids"] == [1, 2, 3]
+    assert fingerprint([object(), "text"]) == {"n": None}  # no tensor leaves: not fingerprinted
+
+
+# -- crashes of the verdict found by a fuzzer -------------------------------------------------------
+
+def test_recreate_failure_with_an_empty_message(fake_runs):
+    contract = get_contract("data-sharding")
+    tb = ('Traceback (most recent call last):\n  File "/site-packages/lightning/pytorch/utilities/data.py", '
+          'line 1, in _update_dataloader\n')
+    ranks = [fake_runs.rank(r, [], status="error", exc_type="TypeError", message="", traceback=tb) for r in range(2)]
+    verdict = contract.judge(fake_runs.of(ranks, status="error"))
+    assert verdict.outcome == "failed" and "(TypeError: no message)" in verdict.summary
+
+
+def test_identical_batches_evidence_with_missing_fingerprints_and_epochs(fake_runs):
+    contract = get_contract("data-sharding")
+    same = fake_runs.batches([["a"], ["b"], ["c"]])
+    broken = [dict(e) for e in same]
+    del broken[1]["fp"]  # fingerprinting raised on that batch
+    verdict = contract.judge(fake_runs.run([same, broken]))
+    assert verdict.outcome == "failed" and "batch hashes ['a', 'none', 'c']" in verdict.render()
+    # rank 1 has no batch in rank 0's first epoch
+    r0 = fake_runs.batches([["a"]], epoch=0) + fake_runs.batches([["b"], ["c"]], epoch=1)
+    r1 = fake_runs.batches([["b"], ["c"]], epoch=1)
+    verdict = contract.judge(fake_runs.run([r0, r1]))
+    assert verdict.outcome == "failed" and "train epoch 0: 0 batches of sizes []" in verdict.render()
+
+
+def test_first_sentence_never_cuts_a_sentence():
+    from pytest_ltconform.sites import first_sentence
+
+    assert first_sentence("Bad value 1.5 for x. Try again.\nmore") == "Bad value 1.5 for x"
+    assert first_sentence("") == ""
+    long = "word " * 200
+    assert first_sentence(long, limit=50).endswith("word ...")

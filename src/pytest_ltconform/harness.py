@@ -162,6 +162,22 @@ def _ddp_strategy(strategies: Any, user_strategy: Any, pg_timeout_s: float) -> A
     return strategies.DDPStrategy(find_unused_parameters=find_unused, timeout=datetime.timedelta(seconds=pg_timeout_s))
 
 
+def tolerate_unused_parameters(strategy: Any) -> bool:
+    """Let a DDP run go on past a backward that leaves some parameters without gradient.
+
+    With ``find_unused_parameters=False`` DDP stops the run at the step after such a backward, so
+    no contract could observe the rest of it; unused-parameters judges the user's own flag from
+    their config, so every other run can take the tolerant one. Sets the flag on ``strategy``'s
+    DDP kwargs when it was off (and ``static_graph`` is not used); returns True when it did."""
+    ddp_kwargs = getattr(strategy, "_ddp_kwargs", None)
+    if not isinstance(ddp_kwargs, dict):
+        return False  # not DDP (the sharded tier): the flag does not apply
+    if ddp_kwargs.get("find_unused_parameters", False) or ddp_kwargs.get("static_graph", False):
+        return False
+    ddp_kwargs["find_unused_parameters"] = True
+    return True
+
+
 def adapt_strategy(ns: Any, strategy_name: str, user_strategy: Any, pg_timeout_s: float,
                    accelerator: str | None = None) -> Any:
     """The strategy object a rank of our world runs for ``strategy_name`` ('ddp' or 'fsdp', or

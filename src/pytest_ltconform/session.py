@@ -17,6 +17,7 @@ from .harness import FIT, RunSpec
 from .settings import Settings
 from .vocabulary import backend_for
 from .world import WorldPool, WorldStartError
+from .world.causes import cause_text, first_cause
 
 
 class LtconformSession:
@@ -94,20 +95,25 @@ class LtconformSession:
         return verdict, time.monotonic() - started
 
     def _explained_by_fit(self, contract, strategy: str) -> Verdict | None:
-        """A run of another kind that failed on a module whose traced fit already hung because of
-        a named contract: say so in one line instead of repeating the tracebacks."""
+        """A run of another kind that failed on a module whose traced fit already stopped because
+        of a named contract: say so in one line instead of repeating the tracebacks."""
         fit = self._runs.get((FIT.name, strategy, self.settings.world_size))
         if not isinstance(fit, Run) or fit.finished:
             return None
         owner = contracts.blamed(fit)
         if owner is None or owner == contract.id:
             return None
-        return contract.verdict(
-            "error", f"its own run did not finish either; the module's fit does not finish because "
-                     f"of the {owner}[{strategy}] failure (see that item).")
+        return not_judged(contract, f"its own run did not finish either; the module's fit does not finish "
+                                    f"because of the {owner}[{strategy}] failure (see that item).")
 
     def close(self) -> None:
         self.pool.close()
+
+
+def not_judged(contract, reason: str) -> Verdict:
+    """The verdict of an item that cannot be judged because of another item's failure: skipped,
+    with the reason in one line naming that item, and no traceback of its own."""
+    return contract.verdict("skipped", f"not judged: {reason}", category="consequence")
 
 
 def judge(contract, run: Run) -> Verdict:
@@ -133,43 +139,62 @@ def judge(contract, run: Run) -> Verdict:
         verdict.diagnosis = job.diagnosis
         return verdict
     owner = contracts.blamed(run)
-    if owner is not None and owner != contract.id and verdict.outcome == "passed":
+    if owner is not None and owner != contract.id:
+        return _after_owned_failure(contract, run, verdict, owner)
+    if run.strategy == "fsdp" and tier_note is None and owner is None:
+        skipped = _not_a_sharded_module(contract, run)
+        if skipped is not None:
+            return skipped
+    return _after_own_failure(contract, run)
+
+
+def _after_owned_failure(contract, run: Run, verdict: Verdict, owner: str) -> Verdict:
+    """The run stopped because of ``owner``'s failure: a contract that found nothing on what every
+    rank recorded passes on that part; one that needs the run's end is not judged."""
+    item = f"{owner}[{run.strategy}]"
+    if verdict.outcome == "passed":
         verdict.partial = True
         verdict.notes.append(
-            f"the world stopped early because of the {owner}[{run.strategy}] failure, so this contract was "
+            f"the world stopped early because of the {item} failure, so this contract was "
             f"judged on what every rank recorded up to that point, where it found nothing wrong."
         )
         return verdict
-    if owner is not None and owner != contract.id:
-        # A consequence of another contract's failure: say so in one line, without tracebacks.
-        return contract.verdict(
-            "error", f"the shared {run.kind} run did not finish because of the "
-                     f"{owner}[{run.strategy}] failure (see that item), and this contract needs the run's end.")
-    first_bad = next(r for r in job.ranks if r.status != "ok")
-    if run.strategy == "fsdp" and tier_note is None and owner is None:
-        # The user's config does not ask for sharding; a module that cannot run under FSDP is
-        # information for them, not a verdict on this contract.
-        where = _raise_site(first_bad)
-        return contract.verdict(
-            "skipped", f"the module does not run under FSDP on CPU ({first_bad.exc_type or first_bad.status}"
-                       f"{': ' + where if where else ''}); the Trainer config does not name a sharded strategy, "
-                       f"so the sharded tier does not apply (--ltconform-strategies ddp hides it).")
-    what = {"error": f"rank {first_bad.rank} raised {first_bad.exc_type}: "
-                     f"{(first_bad.message or '').splitlines()[0][:300] if first_bad.message else ''}",
-            "hung": f"rank {first_bad.rank} hung", "died": f"rank {first_bad.rank} died "
-            f"(exit code {first_bad.exit_code})"}.get(first_bad.status, first_bad.status)
-    return contract.verdict("error", f"the run did not finish ({what}).",
-                            diagnosis=job.failure_text())
+    return not_judged(contract, f"the shared {run.kind} run did not finish because of the {item} failure "
+                                f"(see that item), and this contract needs the run's end.")
 
 
-def _raise_site(rank) -> str | None:
-    """The last user frame of a rank's traceback, as ``file:line``."""
-    import re
+def _not_a_sharded_module(contract, run: Run) -> Verdict | None:
+    """The user's config does not ask for sharding; a module that cannot run under FSDP is
+    information for them, not a verdict on this contract."""
+    cause = first_cause(run.job)
+    if cause is None:
+        return None
+    where = f" at {_short_site(cause.site)}" if cause.site else ""
+    what = f"{cause.exc_type or cause.kind}{where}: {cause.message}" if cause.message else \
+        f"{cause.exc_type or cause.kind}{where}"
+    return contract.verdict(
+        "skipped", f"the module does not run under FSDP on CPU ({what}); the Trainer config does not name a "
+                   f"sharded strategy, so the sharded tier does not apply (--ltconform-strategies ddp hides it).")
 
-    from .sites import is_user_file
 
-    frames = re.findall(r'File "([^"]+)", line (\d+)', rank.traceback or "")
-    for path, line in reversed(frames):
-        if is_user_file(path):
-            return f"{path}:{line}"
-    return None
+def _after_own_failure(contract, run: Run) -> Verdict:
+    """No contract's rule explains why the run stopped: a rank failed on its own (the user's
+    code raised, a rank died or hung). The first item judged on the run leads with that rank's
+    own exception at the user's line and shows its traceback once; the peers' transport errors
+    are named in one line as consequences; every later item says in one line where to look."""
+    cause = first_cause(run.job)
+    item = f"{contract.id}[{run.strategy}]"
+    headline = cause.headline() if cause is not None else "the run did not finish"
+    if getattr(run, "cause_item", None) in (None, item):
+        run.cause_item = item
+        parts = [cause_text(cause)] if cause is not None else [run.job.failure_text()]
+        if run.job.diagnosis:
+            parts.append(run.job.diagnosis)
+        return contract.verdict("error", f"the run did not finish: {headline}.", category="crash",
+                                diagnosis="\n".join(p for p in parts if p))
+    return not_judged(contract, f"the shared {run.kind} run did not finish because {headline} "
+                                f"(see {run.cause_item}).")
+
+
+def _short_site(site: dict) -> str:
+    return f"{site['file']}:{site['line']}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import sys
 import sysconfig
 
@@ -111,3 +112,19 @@ def hook_label(name: str | None) -> str:
 def plural(n: int, word: str) -> str:
     """``"1 call"``, ``"3 calls"``: a count with its noun."""
     return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def first_sentence(text: str | None, limit: int = 400) -> str:
+    """The first sentence of an exception message, whole and without terminal colour codes;
+    past ``limit`` characters it ends at a word boundary with ' ...' (never mid-word). '' for
+    an empty message."""
+    lines = _ANSI.sub("", text or "").strip().splitlines()
+    if not lines:
+        return ""
+    first = re.split(r"(?<=[a-z0-9)`'\]])\.\s", lines[0], maxsplit=1)[0].rstrip(".")
+    if len(first) > limit:
+        first = first[:limit].rsplit(" ", 1)[0] + " ..."
+    return first

@@ -85,7 +85,11 @@ class Verdict:
             head += " (on the part of the run before the world stopped)"
         kind = {"deadlock": " (deadlocks the world)", "silent": " (silently wrong values, no error)",
                 "waste": " (not a correctness bug: wasted work)"}.get(self.category or "", "")
+        if self.outcome == "error" and self.category == "crash":
+            head = "NOT JUDGED (the run stopped in your code)"
         lines = [f"[{self.contract}] {head}{kind}: {self.summary}"]
+        if self.outcome == "skipped" and self.summary.startswith("not judged"):
+            lines = [f"[{self.contract}] {self.summary}"]
         if self.evidence:
             lines.append("Evidence:")
             for e in self.evidence:
@@ -96,7 +100,7 @@ class Verdict:
             lines.append(f"Note: {note}")
         if self.fix:
             lines.append(f"Fix: {self.fix}")
-        if self.seed:
+        if self.seed and self.category != "consequence":
             lines.append(f"Rule: docs/contracts/{self.contract}.md (from the '{self.seed}' section of the "
                          f"distributed-training contracts, Lightning 2.6.6)")
         if self.diagnosis and with_diagnosis:

@@ -10,10 +10,11 @@ Checked from the traced fit: every train and validation batch is fingerprinted p
 epoch (a hash per sample row and per batch, recorded into the trace so that a hung world keeps
 them). It fails when ranks draw identical batches, when one rank sees the same samples several
 times in an epoch (DataLoader workers replaying a stream), when a user-owned shuffling sampler
-gives the same order every epoch, when ranks run different numbers of batches per epoch (the
-next collective pairs the wrong steps or hangs), and when Lightning could not re-create the
-DataLoader with its DistributedSampler (the cause and the DataLoader's file:line, not a raw
-traceback).
+gives the same order every epoch, when ranks' DataLoaders differ in length (the next collective
+pairs the wrong steps or hangs; a rank that stopped early or hangs is not the data's fault), when
+random inputs drawn in training_step are the same on every rank, and when Lightning could not
+re-create the DataLoader with its DistributedSampler (the cause and the DataLoader's file:line, not
+a raw traceback). Samplers that draw with replacement may repeat samples.
 """
 
 from __future__ import annotations
@@ -22,29 +23,50 @@ import math
 import re
 from collections import defaultdict
 
-from ..sites import fmt_site
+from ..sites import first_sentence, fmt_site
 from .base import Blame, Contract, Evidence, Probe, Run, Verdict, class_site, user_class
 
 ROWS_PER_BATCH = 64        # sample rows hashed per batch
 BATCHES_PER_EPOCH = 8      # batches fingerprinted per epoch and stage (all are counted)
 STREAM_COUNT_LIMIT = 100_000
+DRAW_STEPS = 8             # training steps whose random draws are fingerprinted
+DRAWS_PER_STEP = 8
+_PLAIN = (bool, int, float, str, bytes, type(None))
 
 
 # -- rank side: fingerprints -------------------------------------------------------------------
 
-def _leaves(obj, out: list) -> None:
+def _leaves(obj, out: list, depth: int = 0) -> None:
+    """Tensor and plain-value leaves of a batch, in a stable order. Opaque objects (dataclasses,
+    custom classes) are walked through their fields, never hashed by repr (it holds addresses)."""
+    import dataclasses
+
     import torch
 
     if isinstance(obj, torch.Tensor):
         out.append(obj)
+    elif isinstance(obj, _PLAIN):
+        out.append(obj)
+    elif depth >= 6:
+        return
     elif isinstance(obj, dict):
         for key in sorted(obj, key=str):
-            _leaves(obj[key], out)
+            _leaves(obj[key], out, depth + 1)
     elif isinstance(obj, (list, tuple)):
         for item in obj:
-            _leaves(item, out)
-    else:
-        out.append(obj)
+            _leaves(item, out, depth + 1)
+    elif type(obj).__module__ == "numpy" and hasattr(obj, "dtype"):
+        try:
+            out.append(torch.as_tensor(obj))
+        except (TypeError, RuntimeError):
+            pass
+    elif dataclasses.is_dataclass(obj):
+        for f in dataclasses.fields(obj):
+            _leaves(getattr(obj, f.name, None), out, depth + 1)
+    elif isinstance(getattr(obj, "__dict__", None), dict):
+        attrs = vars(obj)
+        for key in sorted(attrs, key=str):
+            _leaves(attrs[key], out, depth + 1)
 
 
 def _row_bytes(t) -> bytes:
@@ -69,13 +91,16 @@ def batch_size_of(batch) -> int | None:
 
 
 def fingerprint(batch, rows: int = ROWS_PER_BATCH) -> dict:
-    """``{"n": batch size, "fp": batch hash, "rows": [per-sample hashes]}`` of one batch."""
+    """``{"n": batch size, "fp": batch hash, "rows": [per-sample hashes]}`` of one batch;
+    ``{"n": None}`` for a batch without tensor leaves (not fingerprinted)."""
     import hashlib
 
     import torch
 
     leaves: list = []
     _leaves(batch, leaves)
+    if not any(isinstance(t, torch.Tensor) for t in leaves):
+        return {"n": None}
     n = batch_size_of(batch)
     whole = hashlib.blake2b(digest_size=8)
     row_hashes = []
@@ -135,8 +160,51 @@ def _loader_info(trainer, stage: str, loader) -> dict:
             info["length"] = len(loader)
         except TypeError:
             info["length"] = None
+        info.update(_order_info(loader))
     info["use_distributed_sampler"] = bool(getattr(trainer._accelerator_connector, "use_distributed_sampler", True))
     return info
+
+
+def _samplers(loader) -> list:
+    """The loader's sampler, batch sampler, the batch sampler's sampler and the sampler that
+    Lightning's DistributedSamplerWrapper wraps (whichever exist)."""
+    bs = getattr(loader, "batch_sampler", None)
+    chain = [s for s in (getattr(loader, "sampler", None), bs, getattr(bs, "sampler", None)) if s is not None]
+    for s in list(chain):
+        wrapped = getattr(getattr(s, "dataset", None), "_sampler", None)  # DistributedSamplerWrapper
+        if wrapped is not None:
+            chain.append(wrapped)
+    return chain
+
+
+def _shuffles_in_iter(cls) -> bool:
+    """Whether a user IterableDataset's __iter__ (or what it calls on the class) shuffles."""
+    import inspect
+
+    from ..sites import is_user_file
+
+    try:
+        path = inspect.getsourcefile(cls)
+        source = inspect.getsource(cls)
+    except (TypeError, OSError):
+        return False
+    return bool(path and is_user_file(path) and re.search(r"shuffle|randperm|permutation", source))
+
+
+def _order_info(loader) -> dict:
+    """What decides the sample order of a DataLoader: replacement sampling, a custom batch
+    sampler, a dataset that shuffles itself."""
+    from torch.utils.data import BatchSampler, IterableDataset
+
+    bs = loader.batch_sampler
+    return {
+        "replacement": any(getattr(s, "replacement", False) is True for s in _samplers(loader)),
+        "samplers": [type(s).__name__ for s in _samplers(loader)],
+        "custom_batch_sampler": type(bs).__name__ if bs is not None and type(bs) is not BatchSampler else None,
+        "batch_sampler_shuffles": bool(getattr(bs, "shuffle", False)) or _shuffles_in_iter(type(bs)),
+        "drop_last": bool(getattr(bs, "drop_last", False) or loader.drop_last),
+        "dataset_shuffles": isinstance(loader.dataset, IterableDataset) and _shuffles_in_iter(type(loader.dataset)),
+    }
 
 
 def _first_loader(loaders):
@@ -159,7 +227,7 @@ def count_stream(dataset, limit: int = STREAM_COUNT_LIMIT, seconds: float = 3.0)
         try:
             for _ in dataset:
                 n += 1
-                if n >= limit:
+                if n >= limit or box.get("stop"):
                     return
         except Exception:
             return
@@ -168,6 +236,7 @@ def count_stream(dataset, limit: int = STREAM_COUNT_LIMIT, seconds: float = 3.0)
     worker = threading.Thread(target=count, name="ltconform-stream-count", daemon=True)
     worker.start()
     worker.join(seconds)
+    box["stop"] = True  # past the bound the thread stops at its next item
     return box.get("n")
 
 
@@ -188,15 +257,95 @@ def _creation_site() -> dict | None:
     return None
 
 
+RANDOM_FACTORIES = ("randn", "rand", "randint", "randn_like", "rand_like", "randint_like", "randperm", "normal",
+                    "bernoulli", "multinomial")
+RANDOM_METHODS = ("normal_", "uniform_", "bernoulli_", "random_")
+
+
+class _Draws:
+    """Fingerprints what torch's random factories return to user code inside training_step, for
+    the first DRAW_STEPS steps: one ``ds_draw`` event (the user's file:line, a 64-bit hash of the
+    first 64 values) per draw, at most DRAWS_PER_STEP per step."""
+
+    def __init__(self, recorder):
+        self.recorder = recorder
+        self.module = None
+        self.key = None      # [epoch, batch_idx] while a recorded step runs
+        self.steps = 0
+        self.count = 0
+        self.busy = False
+
+    def install(self) -> None:
+        import torch
+
+        for name in RANDOM_FACTORIES:
+            if hasattr(torch, name):
+                self.recorder._patch(torch, name, lambda original, n=name: self._wrap(original, f"torch.{n}"))
+        for name in RANDOM_METHODS:
+            original = getattr(torch.Tensor, name, None)
+            if original is None or getattr(original, "__ltconform_wrapped__", False):
+                continue
+            wrapper = self._wrap(original, f"Tensor.{name}")
+            wrapper.__ltconform_wrapped__ = True
+            own = torch.Tensor.__dict__.get(name)  # None: inherited, uninstall deletes the wrapper
+            setattr(torch.Tensor, name, wrapper)
+            self.recorder._patches.append((torch.Tensor, name, own))
+
+    def _wrap(self, original, label: str):
+        draws = self
+
+        def wrapper(*args, **kwargs):
+            out = original(*args, **kwargs)
+            if draws.key is not None and not draws.busy:
+                draws.record(label, out)
+            return out
+
+        return wrapper
+
+    def step(self, module, epoch: int, batch_idx: int) -> None:
+        self.module, self.count = module, 0
+        self.key = [epoch, batch_idx] if self.steps < DRAW_STEPS else None
+        self.steps += 1
+
+    def record(self, label: str, out) -> None:
+        import hashlib
+
+        import torch
+
+        from ..sites import user_site
+
+        if (not isinstance(out, torch.Tensor) or self.count >= DRAWS_PER_STEP
+                or getattr(self.module, "_current_fx_name", None) != "training_step"):
+            return
+        self.busy = True
+        try:
+            site, _ = user_site(2)
+            if site is not None:
+                self.count += 1
+                digest = hashlib.blake2b(_row_bytes(out.detach().reshape(-1)[:64]), digest_size=8).hexdigest()
+                self.recorder.emit({"ev": "ds_draw", "fn": label, "site": site, "key": self.key, "hash": digest,
+                                    "shape": list(out.shape)})
+        except Exception:
+            pass  # a fingerprint that cannot be taken is not recorded
+        finally:
+            self.busy = False
+
+
 class DataShardingProbe(Probe):
-    """Records one ``batch`` event per batch and one ``ds_loader`` event per stage and epoch."""
+    """Records one ``batch`` event per batch, one ``ds_loader`` event per stage and epoch, the
+    item count of a train IterableDataset (``ds_stream``) and random draws in training_step."""
 
     def __init__(self):
         self._loaders: dict[str, object] = {}
         self._recorder = None
+        self._draws = None
+        self._streams: set = set()
 
     def before_trainer(self, loaded, trainer_kwargs, recorder) -> None:
         import torch.utils.data as tud
+
+        self._draws = _Draws(recorder)
+        self._draws.install()
 
         def factory(original):
             def __init__(loader, *args, **kwargs):
@@ -293,6 +442,7 @@ class DataShardingProbe(Probe):
 
             def on_train_epoch_start(self, trainer, pl_module):
                 self._loader(trainer, "train", trainer.train_dataloader)
+                probe.count_train_stream(recorder)
 
             def on_validation_epoch_start(self, trainer, pl_module):
                 if not trainer.sanity_checking:
@@ -300,12 +450,28 @@ class DataShardingProbe(Probe):
 
             def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
                 self._batch(trainer, "train", batch, batch_idx)
+                probe._draws.step(pl_module, int(trainer.current_epoch), int(batch_idx))
+
+            def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+                probe._draws.key = None
 
             def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
                 if not trainer.sanity_checking:
                     self._batch(trainer, "val", batch, batch_idx, dataloader_idx)
 
         return Fingerprints()
+
+    def count_train_stream(self, recorder) -> None:
+        """Once, before the first train epoch iterates: how many items the rank's stream yields
+        (a hung world keeps it; uneven shards show even when the run caps the epoch)."""
+        from torch.utils.data import DataLoader, IterableDataset
+
+        loader = self._loaders.get("train")
+        if "train" in self._streams or not isinstance(loader, DataLoader) \
+                or not isinstance(loader.dataset, IterableDataset):
+            return
+        self._streams.add("train")
+        recorder.emit({"ev": "ds_stream", "stage": "train", "n": count_stream(loader.dataset)})
 
     def collect(self, loaded, trainer, recorder):
         from torch.utils.data import DataLoader, IterableDataset
@@ -327,6 +493,10 @@ def _user_frames(tb_text: str) -> list[dict]:
         if is_user_file(m["file"]):
             frames.append({"file": m["file"], "line": int(m["line"]), "func": m["func"]})
     return frames
+
+
+def _n_batches(n: int) -> str:
+    return f"{n} batch{'' if n == 1 else 'es'}"
 
 
 def _ranges(ids: list) -> str:
@@ -405,6 +575,39 @@ def _compare_fingerprints(per_rank: dict, world_size: int) -> tuple[int, int, se
     return same, compared, samples
 
 
+def _completed_epochs(run: Run) -> dict[int, set]:
+    """rank -> the epochs whose train loop that rank finished: every epoch of a rank that finished,
+    else those before the last epoch it recorded and those it reached on_train_epoch_end in."""
+    out = {}
+    for r in range(run.world_size):
+        events = [e for e in run.events(r) if "epoch" in e and not e.get("sanity")]
+        seen = {e["epoch"] for e in events}
+        if run.job.ranks[r].status == "ok":
+            out[r] = seen
+            continue
+        last = max(seen, default=-1)
+        ended = {e["epoch"] for e in events if e.get("ev") == "hook" and str(e.get("name", "")).endswith(
+            "on_train_epoch_end")}
+        out[r] = {ep for ep in seen if ep < last} | ended
+    return out
+
+
+def _draws_by_site(run: Run) -> dict[str, dict[int, dict[tuple, list]]]:
+    """user file:line -> rank -> (epoch, batch_idx) -> value hashes of the draws made there."""
+    out: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    for r in range(run.world_size):
+        for e in run.events(r, "ds_draw"):
+            if e.get("site") and e.get("key"):
+                out[fmt_site(e["site"])][r][tuple(e["key"])].append(e.get("hash"))
+    return out
+
+
+def _batch_fp(train: dict, rank: int, key: tuple) -> str | None:
+    """The fingerprint of ``rank``'s train batch ``key`` = (epoch, batch_idx), if recorded."""
+    epoch, idx = key
+    return next((e.get("fp") for e in train.get(rank, {}).get(epoch, []) if e.get("idx") == idx), None)
+
+
 class DataSharding(Contract):
     id = "data-sharding"
     title = "Each rank trains on its own share of the data, reshuffled every epoch"
@@ -415,8 +618,11 @@ class DataSharding(Contract):
         return DataShardingProbe()
 
     def blames(self, run: Run) -> int | None:
-        """The ranks ran different hooks first (unequal batch counts stop the world)."""
-        return Blame.DATA if run.divergence_kind() == "hooks" else super().blames(run)
+        """The ranks ran different hooks first because their own dataloaders give them different
+        numbers of batches; hooks that differ because a rank stopped or hangs are not claimed."""
+        if run.divergence_kind() == "hooks" and self._uneven_counts(run, self._batches(run), self._loaders(run)):
+            return Blame.DATA
+        return super().blames(run)
 
     def judge(self, run: Run) -> Verdict:
         recreate = self._recreate_failure(run)
@@ -429,6 +635,7 @@ class DataSharding(Contract):
         findings += self._replayed_within_rank(run, batches, loaders)
         findings += self._uneven_counts(run, batches, loaders)
         findings += self._same_order_every_epoch(run, batches, loaders)
+        findings += self._identical_noise(run, batches)
         if findings:
             first = findings[0]
             first.evidence = [e for f in findings for e in f.evidence]
@@ -491,8 +698,7 @@ class DataSharding(Contract):
         if not failed:
             return None
         tb = failed[0].traceback
-        message = (failed[0].message or "").strip().splitlines()[0]
-        message = message.split(". ")[0][:300]
+        message = first_sentence(failed[0].message) or "no message"
         m = re.search(r"(train|val|test|predict)_dataloader", tb)
         stage = m.group(1) if m else "train"
         created = [e for e in self._creation_events(run) if (e.get("hook") or "").endswith(f"{stage}_dataloader")] \
@@ -536,7 +742,7 @@ class DataSharding(Contract):
         """Every rank drew the same batches of ``stage``: which, and why the loader is not sharded."""
         steps = {r: {ep: len(v) for ep, v in per_rank[r].items()} for r in range(run.world_size)}
         first_ep = min(per_rank[0])
-        n0 = [e.get("n") for e in per_rank[0][first_ep]]
+        firsts = {r: per_rank[r].get(first_ep, [])[:4] for r in range(run.world_size)}
         ranks = " and ".join(f"rank {r}" for r in range(run.world_size))
         every = "in every step" if same == compared else f"in {same} of {compared} steps"
         ids = [i for e in per_rank[0][first_ep] for i in e.get("ids", [])]
@@ -544,10 +750,10 @@ class DataSharding(Contract):
         summary = (f"{ranks} drew identical {stage} batches {every} ({compared} fingerprinted batches, "
                    f"{len(samples)} distinct samples{id_text}), so the world trains on one rank's data "
                    f"{run.world_size} times; {self._what(loader)} is not sharded by rank.")
-        evidence = [Evidence(f"{stage} epoch {first_ep}: {steps[r][first_ep]} batches of sizes {n0}, "
-                             f"batch hashes {[e.get('fp')[:8] for e in per_rank[r][first_ep][:4]]}"
-                             + (f", sample ids {[e.get('ids') for e in per_rank[r][first_ep][:4]]}"
-                                if ids else ""), rank=r)
+        evidence = [Evidence(f"{stage} epoch {first_ep}: {_n_batches(steps[r].get(first_ep, 0))} of sizes "
+                             f"{[e.get('n') for e in per_rank[r].get(first_ep, [])]}, batch hashes "
+                             f"{[(e.get('fp') or 'none')[:8] for e in firsts[r]]}"
+                             + (f", sample ids {[e.get('ids') for e in firsts[r]]}" if ids else ""), rank=r)
                     for r in range(run.world_size)]
         evidence += self._loader_evidence(run, stage, loader, steps[0][first_ep])
         return self.verdict("failed", summary, evidence=evidence, fix=self._fix_for(loader), category="silent")
@@ -584,6 +790,8 @@ class DataSharding(Contract):
     # -- 3. the same samples several times on one rank -------------------------------------------
     def _replayed_within_rank(self, run, batches, loaders) -> list[Verdict]:
         out = []
+        if (loaders.get("train") or {}).get("replacement"):
+            return out  # sampling with replacement repeats samples by design
         for stage in ("train",):
             for r, epochs in sorted(batches.get(stage, {}).items()):
                 for epoch, events in sorted(epochs.items()):
@@ -608,41 +816,91 @@ class DataSharding(Contract):
 
     # -- 4. different numbers of batches ---------------------------------------------------------
     def _uneven_counts(self, run, batches, loaders) -> list[Verdict]:
+        """Ranks whose train DataLoaders differ in length (len() per rank, or the counted stream),
+        or, without either, differ in the batches they ran over epochs every rank completed. A
+        rank that stopped early or hangs in a collective is not a data fault."""
+        streams = self._stream_batches(run)
+        if len(set(streams.values())) > 1:
+            return [self._uneven(run, loaders, 0, streams, "stream")]
+        for epoch in sorted({e.get("epoch", 0) for r in range(run.world_size) for e in run.events(r, "ds_loader")}):
+            lengths = self._lengths(run, epoch)
+            if len(set(lengths.values())) > 1:
+                return [self._uneven(run, loaders, epoch, lengths, "len")]
         per_rank = batches.get("train", {})
-        if len(per_rank) < run.world_size:
-            return []
-        last = max(max(per_rank[r], default=0) for r in range(run.world_size))
-        div = run.job.divergence
-        desynced = bool(div and div.get("kind") == "hooks")
+        done = _completed_epochs(run)
         for epoch in sorted({ep for r in per_rank for ep in per_rank[r]}):
-            counts = {r: len(per_rank[r].get(epoch, [])) for r in range(run.world_size)}
-            if len(set(counts.values())) == 1:
-                continue
-            if not run.finished and epoch == last and not desynced:
-                continue  # a rank still running may only be behind
-            loader = loaders.get("train") or {}
-            text = ", ".join(f"rank {r}: {c} batch{'' if c == 1 else 'es'}" for r, c in counts.items())
-            summary = (f"ranks ran different numbers of train batches in epoch {epoch} ({text}); each training "
-                       f"step all-reduces gradients, so the extra step pairs with another rank's next collective "
-                       f"or waits forever. {self._what(loader)} gives the ranks unequal shares.")
-            site = self._dataset_site(loader)
-            evidence = [Evidence(f"epoch {epoch}: {c} batch{'' if c == 1 else 'es'}", rank=r, site=site)
-                        for r, c in counts.items()]
-            fix = ("give every rank the same number of batches: drop or pad the remainder "
-                   "(DistributedSampler(drop_last=True), or stop an IterableDataset on every rank after the "
-                   "smallest rank's item count), or let Lightning inject its sampler.")
-            return [self.verdict("failed", summary, evidence=evidence, fix=fix, category="deadlock")]
+            if not all(epoch in done[r] for r in range(run.world_size)):
+                continue  # a rank still running, stuck or dead in this epoch may only be behind
+            counts = {r: len(per_rank.get(r, {}).get(epoch, [])) for r in range(run.world_size)}
+            if len(set(counts.values())) > 1 and not streams and not self._lengths(run, epoch):
+                return [self._uneven(run, loaders, epoch, counts, "ran")]
         return []
 
-    # -- 5. a user-owned shuffling sampler that is never reseeded --------------------------------
-    def _same_order_every_epoch(self, run, batches, loaders) -> list[Verdict]:
-        loader = loaders.get("train")
-        if not loader or loader.get("use_distributed_sampler", True) or loader.get("iterable"):
-            return []
+    @staticmethod
+    def _stream_batches(run: Run) -> dict[int, int]:
+        """rank -> batches per epoch of a train IterableDataset, from the items counted on each
+        rank before training; {} unless every rank has one."""
+        streams = {}
+        for r in range(run.world_size):
+            n = next((e.get("n") for e in run.events(r, "ds_stream") if e.get("stage") == "train"), None)
+            loader = next(iter(run.events(r, "ds_loader")), {})
+            if n is not None and loader.get("batch_size"):
+                bs = loader["batch_size"]
+                streams[r] = n // bs if loader.get("drop_last") else math.ceil(n / bs)
+        return streams if len(streams) == run.world_size else {}
+
+    @staticmethod
+    def _lengths(run: Run, epoch: int) -> dict[int, int]:
+        """rank -> len(train DataLoader) recorded at the start of ``epoch``; {} unless every rank has one."""
+        out = {}
+        for r in range(run.world_size):
+            for e in run.events(r, "ds_loader"):
+                if e.get("stage") == "train" and e.get("epoch", 0) == epoch and e.get("length") is not None:
+                    out[r] = e["length"]
+        return out if len(out) == run.world_size else {}
+
+    def _uneven(self, run, loaders, epoch: int, counts: dict, how: str) -> Verdict:
+        loader = loaders.get("train") or {}
+        text = ", ".join(f"rank {r}: {_n_batches(c)}" for r, c in counts.items())
+        measured = {"ran": f"ranks ran different numbers of train batches in epoch {epoch} ({text})",
+                    "len": f"len(train DataLoader) differs across ranks in epoch {epoch} ({text})",
+                    "stream": f"the train IterableDataset yields a different number of batches on each rank "
+                              f"({text}: the items each rank's stream yields, divided by the batch size)"}[how]
+        capped = (" The conformance run caps an epoch at 4 batches, which hides the difference in the run "
+                  "itself; production runs every batch." if how != "ran" and min(counts.values()) >= 4 else "")
+        summary = (f"{measured}; each training step all-reduces gradients, so the extra step pairs "
+                   f"with another rank's next collective or waits forever. {self._what(loader)} gives the "
+                   f"ranks unequal shares.{capped}")
+        site = self._dataset_site(loader)
+        evidence = [Evidence(f"epoch {epoch}: {_n_batches(c)}" + (" per epoch" if how != "ran" else ""),
+                             rank=r, site=site) for r, c in counts.items()]
+        fix = ("give every rank the same number of batches: drop or pad the remainder "
+               "(DistributedSampler(drop_last=True), or stop an IterableDataset on every rank after the "
+               "smallest rank's item count), or let Lightning inject its sampler.")
+        return self.verdict("failed", summary, evidence=evidence, fix=fix, category="deadlock")
+
+    # -- 5. a shuffling sampler, batch sampler or dataset that is never reseeded -----------------
+    @staticmethod
+    def _order_source(loader: dict) -> tuple[str, str] | None:
+        """(where the train order is shuffled: 'sampler', 'batch sampler' or 'dataset', its class)
+        when the order is meant to change every epoch and nothing of Lightning's reseeds it."""
+        if loader.get("iterable"):
+            return ("dataset", loader.get("dataset") or "") if loader.get("dataset_shuffles") else None
+        if loader.get("custom_batch_sampler") and loader.get("batch_sampler_shuffles"):
+            return "batch sampler", loader["custom_batch_sampler"]
+        if loader.get("use_distributed_sampler", True):
+            return None  # Lightning's DistributedSampler, reseeded by Lightning every epoch
         sampler = loader.get("inner_sampler") or loader.get("sampler") or ""
         if sampler == "SequentialSampler" or (sampler == "DistributedSampler" and not loader.get("shuffle")):
+            return None
+        return "sampler", sampler
+
+    def _same_order_every_epoch(self, run, batches, loaders) -> list[Verdict]:
+        source = self._order_source(loaders.get("train") or {})
+        if source is None:
             return []
-        orders = self._sampler_orders(run, sampler)
+        kind, name = source
+        orders = self._sampler_orders(run, name)
         per_rank = batches.get("train", {})
         for r in range(run.world_size):
             epochs = sorted(per_rank.get(r, {}))
@@ -654,24 +912,37 @@ class DataSharding(Contract):
             idx = orders.get(r)
             if idx is not None and idx == sorted(idx):
                 return []  # a fixed, unshuffled order is a choice, not a missing reseed
-        summary = (f"with use_distributed_sampler=False the train sampler ({sampler}) gives every rank the same "
-                   f"sample order in epoch {epochs[0]} and epoch {epochs[1]}: it is shuffled once and never "
-                   f"reseeded (no set_epoch), so every epoch repeats the same batches.")
-        evidence = [Evidence(f"epochs {epochs[0]} and {epochs[1]}: identical sequence of "
-                             f"{len([h for e in per_rank[r][epochs[0]] for h in e.get('rows', [])])} sample hashes"
-                             + (f"; sampler order starts {orders[r][:8]}" if orders.get(r) else ""), rank=r)
+        return [self._same_order(run, per_rank, kind, name, epochs[:2], orders)]
+
+    def _same_order(self, run, per_rank, kind: str, name: str, epochs: list, orders: dict) -> Verdict:
+        a, b = epochs
+        if kind == "dataset":
+            summary = (f"IterableDataset {name} yields every rank the same sample order in epoch {a} and epoch {b}: "
+                       f"its __iter__ shuffles with a fixed seed, so every epoch repeats the same batches.")
+            fix = ("shuffle with a seed that changes every epoch: keep an epoch counter on the dataset (incremented "
+                   "in __iter__, or a set_epoch(epoch) called from on_train_epoch_start) and draw from "
+                   "random.Random(seed + epoch) or torch.Generator().manual_seed(seed + epoch).")
+        else:
+            owner = "with use_distributed_sampler=False the train sampler" if kind == "sampler" \
+                else "the train batch sampler"
+            summary = (f"{owner} ({name}) gives every rank the same sample order in epoch {a} and epoch {b}: it is "
+                       f"shuffled once and never reseeded (no set_epoch), so every epoch repeats the same batches.")
+            fix = (f"reseed the permutation every epoch: implement set_epoch(epoch) on the {kind} (Lightning calls "
+                   f"it at every epoch start) and draw from torch.Generator().manual_seed(seed + epoch), or use "
+                   f"DistributedSampler(shuffle=True).")
+        evidence = [Evidence(f"epochs {a} and {b}: identical sequence of "
+                             f"{len([h for e in per_rank[r][a] for h in e.get('rows', [])])} sample hashes"
+                             + (f"; {kind} order starts {orders[r][:8]}" if orders.get(r) else ""), rank=r)
                     for r in range(run.world_size)]
         for which in ("model", "datamodule"):
             cls = user_class(run, which)
-            defined = class_site(cls, sampler) if cls is not None and sampler else None
+            defined = class_site(cls, name) if cls is not None and name else None
             if defined:
-                evidence.append(Evidence(f"{sampler} is defined here: it draws its permutation once and has no "
-                                         f"set_epoch", site=fmt_site(defined)))
+                what = "its __iter__ shuffles with a fixed seed" if kind == "dataset" else \
+                    "it draws its permutation once and has no set_epoch"
+                evidence.append(Evidence(f"{name} is defined here: {what}", site=fmt_site(defined)))
                 break
-        fix = ("reseed the permutation every epoch: implement set_epoch(epoch) on the sampler (Lightning calls it "
-               "at every epoch start) and draw from torch.Generator().manual_seed(seed + epoch), or use "
-               "DistributedSampler(shuffle=True).")
-        return [self.verdict("failed", summary, evidence=evidence, fix=fix, category="silent")]
+        return self.verdict("failed", summary, evidence=evidence, fix=fix, category="silent")
 
     @staticmethod
     def _sampler_orders(run: Run, cls: str) -> dict[int, list]:
@@ -681,6 +952,47 @@ class DataSharding(Contract):
                 if e.get("cls") == cls:
                     out.setdefault(r, e.get("indices"))
         return out
+
+    # -- 6. random inputs drawn identically on every rank -----------------------------------------
+    def _identical_noise(self, run, batches) -> list[Verdict]:
+        """A user line in training_step whose torch random draws are the same on every rank at
+        every recorded step (two or more) while the ranks' batches differ."""
+        ws = run.world_size
+        train = batches.get("train", {})
+        for where, per_rank in _draws_by_site(run).items():
+            if len(per_rank) < ws:
+                continue
+            steps = sorted(set.intersection(*(set(per_rank[r]) for r in range(ws))))
+            if len(steps) < 2 or any(len({tuple(per_rank[r][k]) for r in range(ws)}) > 1 for k in steps):
+                continue
+            batch_fps = [{_batch_fp(train, r, k) for r in range(ws)} for k in steps]
+            if any(len(fps) == 1 and None not in fps for fps in batch_fps) \
+                    or not any(len(fps) == ws and None not in fps for fps in batch_fps):
+                continue  # identical batches are judged as such; unknown batches prove nothing
+            return [self._noise(run, where, steps, train)]
+        return []
+
+    def _noise(self, run, where: str, steps: list, train) -> Verdict:
+        first = {r: next(e for e in run.events(r, "ds_draw") if fmt_site(e["site"]) == where)
+                 for r in range(run.world_size)}
+        fn, shape = first[0]["fn"], first[0]["shape"]
+        summary = (f"{fn} at {where} in training_step draws the same values on every rank at every recorded step "
+                   f"({len(steps)} steps compared, identical {shape} tensors on ranks "
+                   f"{', '.join(str(r) for r in range(run.world_size))}) while the ranks' batches differ: every "
+                   f"rank's global RNG starts from the same seed and is consumed the same way, so the world repeats "
+                   f"one rank's random input {run.world_size} times and more ranks add no new random samples.")
+        evidence = []
+        for r in range(run.world_size):
+            hashes = [e["hash"][:8] for e in run.events(r, "ds_draw") if fmt_site(e["site"]) == where][:4]
+            batch = [(_batch_fp(train, r, k) or "none")[:8] for k in steps[:4]]
+            evidence.append(Evidence(f"{fn} value hashes {hashes} at steps {[tuple(k) for k in steps[:4]]} "
+                                     f"(epoch, batch); batch hashes {batch}", rank=r, site=where))
+        fix = ("draw the noise per rank: create a generator in setup(), e.g. self.noise = torch.Generator("
+               "device=self.device).manual_seed(seed + self.global_rank), and pass generator=self.noise (for "
+               "randn_like/rand_like: torch.randn(x.shape, generator=self.noise, device=x.device, dtype=x.dtype)); "
+               "or reseed once with a rank offset, torch.manual_seed(seed + self.global_rank), in setup() after "
+               "the model is built (DDP broadcasts the initial weights, so they stay identical).")
+        return self.verdict("failed", summary, evidence=evidence, fix=fix, category="silent")
 
     # -- passed ----------------------------------------------------------------------------------
     def _passed(self, run: Run, batches, loaders) -> Verdict:

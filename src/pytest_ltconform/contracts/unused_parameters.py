@@ -23,6 +23,7 @@ import dataclasses
 import re
 from collections import defaultdict
 
+from ..harness import tolerate_unused_parameters
 from ..sites import plural
 from .base import Contract, Evidence, Probe, Run, Verdict, definition_evidence, target_site
 
@@ -149,13 +150,9 @@ class UnusedParametersProbe(Probe):
         # the first incomplete backward, so later backward passes (and every other contract) would go
         # unseen. The run observes with the flag on and the verdict judges the user's own setting.
         strategy = trainer_kwargs.get("strategy")
-        ddp_kwargs = getattr(strategy, "_ddp_kwargs", None)
-        if isinstance(ddp_kwargs, dict):
-            user_flag = bool(ddp_kwargs.get("find_unused_parameters", False))
-            forced = not user_flag and not ddp_kwargs.get("static_graph", False)
-            if forced:
-                ddp_kwargs["find_unused_parameters"] = True
-            recorder.emit({"ev": "grad_config", "user_find_unused": user_flag, "forced": forced})
+        user_flag = bool(strategy._ddp_kwargs.get("find_unused_parameters", False))
+        forced = tolerate_unused_parameters(strategy)
+        recorder.emit({"ev": "grad_config", "user_find_unused": user_flag, "forced": forced})
 
     def before_fit(self, loaded, trainer, recorder) -> None:
         from ..sites import user_site

@@ -25,6 +25,7 @@ from collections import Counter, defaultdict
 from ...harness import RunSpec
 from ...sites import fmt_site
 from ..base import Contract, Evidence, Run, Verdict, method_site, rank_guard, user_class
+from .probe import STAGES as STAGES_ORDER
 from .probe import EvalDuplicationProbe
 
 _STAGE_WORDS = {"validate": "validation", "test": "test", "predict": "prediction"}
@@ -98,14 +99,44 @@ class EvalDuplication(Contract):
         if limited:
             found.notes.append("the user's limit_*_batches makes worlds of different sizes evaluate different "
                                "samples: values were not compared and unevaluated samples are not reported.")
+        judged = []
         for stage in stages:
-            recs = [d["stages"][stage] for d in data]
+            recs = [d["stages"].get(stage) for d in data]
+            if any(r is None or r.get("error") for r in recs):
+                found.notes.append(_stage_error_note(stage, recs, data[0].get("driver", []), stages))
+                break
             ref_rec = (ref or {}).get("stages", {}).get(stage) if ref else None
+            if ref_rec is not None and ref_rec.get("error"):
+                found.notes.append(f"the one-device run's {stage} stage raised {ref_rec['error']['exc_type']}, so "
+                                   f"its values were not compared.")
+                ref_rec = None
             _StageCheck(run, stage, recs, ref_rec, limited, found).check()
+            judged.append(stage)
+        if not judged:
+            return self.verdict("skipped", f"not judged: {found.notes[-1]}", notes=found.notes[:-1])
         if found.failures:
             return self.verdict("failed", " ".join(found.failures), evidence=found.evidence,
                                 fix=" ".join(sorted(found.fixes)), category="silent", notes=found.notes)
         return self.verdict("passed", " ".join(found.good), evidence=found.evidence, notes=found.notes)
+
+
+def _stage_error_note(stage: str, recs: list, driver: list, stages: list) -> str:
+    """One line for an evaluation stage that raised: which ranks, the exception at the user's
+    line, and the stages that therefore did not run; what came before it is still judged."""
+    from ...sites import first_sentence
+    from ...world.causes import user_raise_site
+
+    failed = [(r, rec["error"]) for r, rec in enumerate(recs) if rec and rec.get("error")]
+    if not failed:
+        return f"the {stage} stage did not record on every rank, so it was not judged."
+    rank, err = failed[0]
+    site = user_raise_site(err.get("traceback"))
+    where = f" at {fmt_site(site)}" if site else ""
+    ranks = _ranks([r for r, _ in failed])
+    later = [s for s in driver if s in STAGES_ORDER and STAGES_ORDER.index(s) > STAGES_ORDER.index(stage)]
+    after = f"; {', '.join(later)} did not run" if later else ""
+    return (f"the {stage} stage raised {err['exc_type']}{where} on {ranks} ({first_sentence(err.get('message'))}), "
+            f"so it was not judged{after}.")
 
 
 def _reference(run: Run, notes: list[str]) -> dict | None:

@@ -20,7 +20,7 @@ import os
 import sys
 from typing import Any
 
-from ...harness import Probe, RankRun, UserObjects, rank_run
+from ...harness import Probe, RankRun, UserObjects, rank_run, tolerate_unused_parameters
 from ...sites import user_site
 
 STAGES = ("validate", "test", "predict")
@@ -302,28 +302,58 @@ def _stage_writes() -> list[dict]:
     return writes
 
 
-def _run_stages(run: RankRun, stages: list[str], state: dict) -> dict:
-    results = {}
+def _run_stage(run: RankRun, stage: str, state: dict) -> dict:
+    """One evaluation stage on this rank, recorded; an exception the stage raises is recorded as
+    the stage's ``error`` (type, first line, the user's frame) instead of ending the run."""
+    import traceback
+
     trainer, objects = run.trainer, run.objects
+    record = state["record"] = {"loaders": [], "metric_samples": {}}
+    state["stage"] = stage
+    _ACTIVE.update(stage=stage, writes=[])
+    run.emit({"ev": "eval_stage", "name": stage, "at": "start"})
+    out = None
+    try:
+        out = getattr(trainer, stage)(objects.model, datamodule=objects.datamodule)
+    except Exception as exc:
+        record["error"] = {"exc_type": type(exc).__name__, "message": str(exc)[:2000],
+                           "traceback": traceback.format_exc()[-6000:]}
+    finally:
+        _ACTIVE["stage"] = None
+        state["stage"] = None
+        run.emit({"ev": "eval_stage", "name": stage, "at": "end"})
+    if stage == "predict":
+        batches = _loaders(out) if out is not None else []
+        record["returned_batches"] = len(batches)
+    else:
+        record["returned"] = [_floats(d) for d in (out or [])]
+    record["callback_metrics"] = _floats(trainer.callback_metrics)
+    record["writes"] = _stage_writes()
+    return record
+
+
+def _all_ranks_ok(failed: bool) -> bool:
+    """True when no rank's stage raised: the ranks agree before starting the next stage, so that
+    a rank whose stage raised never leaves the others waiting inside the next one."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return not failed
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    flag = torch.tensor([1.0 if failed else 0.0], device=device)
+    dist.all_reduce(flag)
+    return flag.item() == 0.0
+
+
+def _run_stages(run: RankRun, stages: list[str], state: dict) -> dict:
+    """Every stage in order, recorded; stops after the first stage that raised on any rank,
+    keeping what the stages before it recorded."""
+    results = {}
     for stage in stages:
-        record = state["record"] = {"loaders": [], "metric_samples": {}}
-        state["stage"] = stage
-        _ACTIVE.update(stage=stage, writes=[])
-        run.emit({"ev": "eval_stage", "name": stage, "at": "start"})
-        try:
-            out = getattr(trainer, stage)(objects.model, datamodule=objects.datamodule)
-        finally:
-            _ACTIVE["stage"] = None
-            state["stage"] = None
-            run.emit({"ev": "eval_stage", "name": stage, "at": "end"})
-        if stage == "predict":
-            batches = _loaders(out) if out is not None else []
-            record["returned_batches"] = len(batches)
-        else:
-            record["returned"] = [_floats(d) for d in (out or [])]
-        record["callback_metrics"] = _floats(trainer.callback_metrics)
-        record["writes"] = _stage_writes()
-        results[stage] = record
+        results[stage] = _run_stage(run, stage, state)
+        if not _all_ranks_ok("error" in results[stage]):
+            break
     return results
 
 
@@ -341,6 +371,8 @@ def evaluate(ctx, targets, strategy_name: str, probes: list, pg_timeout_s: float
             objects = run.objects
             before, stages = _driver(objects)
             strategy = run.strategy(strategy_name, objects.user_kwargs.get("strategy"))
+            # Unused parameters are unused-parameters' verdict; the evaluation must still run.
+            tolerate_unused_parameters(strategy)
             kwargs, limits, limited = _eval_kwargs(run, objects.user_kwargs, strategy, ctx.world_size)
             trainer = run.build_trainer(kwargs)
             if "fit" in before:

@@ -1,0 +1,121 @@
+"""Which rank's failure came first, and which failures are only its consequences.
+
+When one rank raises on its own (a ``ValueError`` in the user's step, an out-of-memory error, an
+``os._exit``), its peers fail a moment later inside their next collective with a transport error
+("Connection closed by peer", a recv timeout). Those peer errors are symptoms: the report leads
+with the rank that failed for its own reason, at the user's line, and names the others in one line.
+Pure Python over a :class:`~.local.JobResult`; imports nothing above the world layer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from ..sites import first_sentence, fmt_site, is_user_file
+
+# Exception types and message fragments of a collective that failed because a peer went away or
+# never came (gloo, NCCL and the c10d store); a rank failing this way is a consequence.
+_TRANSPORT_TYPES = ("DistBackendError", "DistNetworkError", "DistStoreError")
+_TRANSPORT_TEXT = (
+    "connection closed by peer", "connection reset by peer", "timed out waiting", "broken pipe",
+    "gloo/transport", "socket timeout", "ncclremoteerror", "nccl communicator was aborted",
+    "watchdog caught collective operation timeout", "recvbytes", "sendbytes",
+)
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>[^\n]+)')
+
+
+def is_transport_failure(outcome) -> bool:
+    """True when ``outcome`` (a RankOutcome) failed inside a collective because a peer stopped:
+    the consequence of another rank's failure, not a cause of its own."""
+    if outcome.status != "error":
+        return False
+    if outcome.exc_type in _TRANSPORT_TYPES:
+        return True
+    text = f"{outcome.message or ''}".lower()
+    return any(fragment in text for fragment in _TRANSPORT_TEXT)
+
+
+def user_raise_site(traceback_text: str | None) -> dict | None:
+    """The innermost user frame of a formatted traceback, as a site dict; None without one."""
+    frames = [m.groupdict() for m in _FRAME.finditer(traceback_text or "")]
+    for frame in reversed(frames):
+        if is_user_file(frame["file"]):
+            return {"file": frame["file"], "line": int(frame["line"]), "func": frame["func"].strip()}
+    return None
+
+
+@dataclasses.dataclass
+class Cause:
+    """The first failure of an unfinished job: ``rank`` and how it stopped (``kind``: 'raised',
+    'died' or 'hung'), the user's frame it raised from (``site``), and one line for each other
+    rank that stopped as a consequence."""
+
+    rank: int
+    kind: str
+    exc_type: str | None
+    message: str
+    site: dict | None
+    traceback: str | None
+    consequences: list[str]
+
+    def headline(self) -> str:
+        """``rank 1 raised ValueError at case.py:42 (Model.training_step): bad value``."""
+        if self.kind == "raised":
+            where = f" at {fmt_site(self.site)}" if self.site else ""
+            text = f"rank {self.rank} raised {self.exc_type}{where}"
+            return f"{text}: {self.message}" if self.message else text
+        if self.kind == "died":
+            return f"rank {self.rank} died: {self.message}"
+        return f"rank {self.rank} hung: {self.message}"
+
+    def consequence_line(self) -> str | None:
+        if not self.consequences:
+            return None
+        return "Consequences, not causes: " + "; ".join(self.consequences) + "."
+
+
+def _describe_other(outcome) -> str:
+    if outcome.status == "error" and is_transport_failure(outcome):
+        what = f"{outcome.exc_type}: {first_sentence(outcome.message, 160)}"
+        return f"rank {outcome.rank} then failed in a collective ({what})"
+    if outcome.status == "error":
+        return f"rank {outcome.rank} raised {outcome.exc_type}: {first_sentence(outcome.message, 160)}"
+    if outcome.status == "hung":
+        return f"rank {outcome.rank} was left waiting and was killed"
+    if outcome.status == "died":
+        return f"rank {outcome.rank} exited (exit code {outcome.exit_code})"
+    return f"rank {outcome.rank}: {outcome.status}"
+
+
+def first_cause(result) -> Cause | None:
+    """The rank whose failure started the end of ``result`` (a JobResult that did not finish):
+    a rank that raised for a reason of its own first, then a rank that died (crash, out of
+    memory, ``os._exit``), then any failed rank; None when every rank finished."""
+    failed = [r for r in result.ranks if r.status not in ("ok", "skip")]
+    if not failed:
+        return None
+    own = [r for r in failed if r.status == "error" and not is_transport_failure(r)]
+    died = [r for r in failed if r.status == "died"]
+    first = (own or died or failed)[0]
+    others = [_describe_other(r) for r in failed if r is not first]
+    if first.status == "died":
+        return Cause(first.rank, "died", None, f"it exited without a result (exit code {first.exit_code})",
+                     None, first.log_tail, others)
+    if first.status == "hung":
+        return Cause(first.rank, "hung", None, "it was still running at the timeout and was killed",
+                     None, None, others)
+    return Cause(first.rank, "raised", first.exc_type, first_sentence(first.message),
+                 user_raise_site(first.traceback), first.traceback, others)
+
+
+def cause_text(cause: Cause) -> str:
+    """The cause's own traceback (rank-tagged) and the consequence line: what one item shows."""
+    lines = []
+    if cause.traceback:
+        lines.append(f"--- rank {cause.rank}: {cause.headline()}")
+        lines.extend(f"[rank{cause.rank}] {line}" for line in cause.traceback.rstrip().splitlines())
+    consequences = cause.consequence_line()
+    if consequences:
+        lines.append(consequences)
+    return "\n".join(lines)

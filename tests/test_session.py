@@ -1,0 +1,67 @@
+"""The session's judgement of a run that stopped: the first cause leads, consequences say so once
+(issue 11, sections 1 and 3; DESIGN "Blame")."""
+
+from __future__ import annotations
+
+from pytest_ltconform import contracts
+from pytest_ltconform.session import judge
+from pytest_ltconform.world.causes import first_cause, is_transport_failure
+
+USER_FILE = __file__
+TRACEBACK = (
+    'Traceback (most recent call last):\n'
+    '  File "/site/lightning/pytorch/loops/fit_loop.py", line 10, in run\n    self.advance()\n'
+    f'  File "{USER_FILE}", line 42, in training_step\n    raise ValueError("bad sample 7")\n'
+    'ValueError: bad sample 7\n'
+)
+PEER = ("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+        "[127.0.0.1]:7361. This is typically caused by a remote worker crashing.")
+
+
+def _crashed_run(fake_runs):
+    ranks = [fake_runs.rank(0, status="error", exc_type="RuntimeError", message=PEER, traceback="..."),
+             fake_runs.rank(1, status="error", exc_type="ValueError", message="bad sample 7", traceback=TRACEBACK)]
+    return fake_runs.of(ranks, status="error")
+
+
+def test_the_rank_that_raised_on_its_own_is_the_cause(fake_runs):
+    run = _crashed_run(fake_runs)
+    assert is_transport_failure(run.job.ranks[0]) and not is_transport_failure(run.job.ranks[1])
+    cause = first_cause(run.job)
+    assert cause.rank == 1 and cause.site["line"] == 42 and cause.site["func"] == "training_step"
+    assert cause.headline().startswith("rank 1 raised ValueError at ")
+    assert "test_session.py:42 (training_step): bad sample 7" in cause.headline()
+    assert "rank 0 then failed in a collective (RuntimeError" in cause.consequence_line()
+
+
+def test_one_item_shows_the_cause_and_the_others_name_it_in_one_line(fake_runs):
+    run = _crashed_run(fake_runs)
+    first = judge(contracts.get_contract("all-rank-save"), run)
+    assert first.outcome == "error" and first.category == "crash"
+    assert first.summary.startswith("the run did not finish: rank 1 raised ValueError at ")
+    assert "bad sample 7" in first.diagnosis and "Consequences, not causes: rank 0" in first.diagnosis
+    assert "Connection closed by peer" not in first.summary
+    later = [judge(contracts.get_contract(cid), run) for cid in ("sync-dist", "data-sharding", "unused-parameters")]
+    for verdict in later:
+        assert verdict.outcome == "skipped" and verdict.diagnosis is None
+        assert verdict.summary.startswith("not judged: the shared fit run did not finish because rank 1 raised "
+                                          "ValueError at ")
+        assert verdict.summary.endswith("(see all-rank-save[ddp]).")
+        assert "\n" not in verdict.render()
+
+
+def test_a_rank_that_died_leads_over_its_peers_transport_errors(fake_runs):
+    ranks = [fake_runs.rank(0, status="error", exc_type="RuntimeError", message="Timed out waiting 10000ms for recv"),
+             fake_runs.rank(1, status="died", exit_code=137)]
+    cause = first_cause(fake_runs.of(ranks, status="died").job)
+    assert cause.rank == 1 and cause.kind == "died" and "exit code 137" in cause.headline()
+
+
+def test_uneven_hooks_of_a_stopped_rank_are_not_claimed_by_data_sharding(fake_runs):
+    # Rank 1 stopped in epoch 1 after raising; the ranks' hooks differ but their data is even.
+    batches = fake_runs.batches([["a"], ["b"]], epoch=0)
+    ranks = [fake_runs.rank(0, trace=batches, status="error", exc_type="RuntimeError", message=PEER),
+             fake_runs.rank(1, trace=fake_runs.batches([["c"], ["d"]], epoch=0), status="error",
+                            exc_type="ValueError", message="bad sample 7", traceback=TRACEBACK)]
+    run = fake_runs.of(ranks, status="error", divergence={"kind": "hooks", "h": 9, "hook": {}, "events": {}})
+    assert contracts.blamed(run) is None
