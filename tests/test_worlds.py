@@ -217,3 +217,21 @@ def test_xdist_gives_the_same_verdicts(pytester, no_leftover_ranks):
     result.stdout.fnmatch_lines(["*FAILED ltconform::all-rank-save[[]ddp[]]*"])
     result.stdout.fnmatch_lines(["*PASSED ltconform::sync-dist[[]ddp[]]*"])
     result.stdout.fnmatch_lines(["*ltconform summary*", "*all-rank-save*failed*"])
+
+
+def test_ranks_never_probe_mpi(pytester, no_leftover_ranks, monkeypatch):
+    # A host with mpi4py installed but no working Open MPI (a GPU box's image, a login node): importing
+    # mpi4py.MPI aborts the process. Lightning probes MPI only when no launcher is recognised, so ranks
+    # started like torchrun must be recognised as torchrun's.
+    fake = pytester.path / "site"
+    (fake / "mpi4py").mkdir(parents=True)
+    (fake / "mpi4py" / "__init__.py").write_text("")
+    (fake / "mpi4py" / "MPI.py").write_text("import os\nos._exit(41)  # what a failing MPI_Init does\n")
+    (fake / "mpi4py-4.0.0.dist-info").mkdir()
+    (fake / "mpi4py-4.0.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: mpi4py\nVersion: 4.0.0\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(fake), os.environ.get("PYTHONPATH")])))
+    result = pytester.runpytest_subprocess("--ltconform", BORING, "--ltconform-strategies", "ddp", "-k", "sync-dist",
+                                           "-p", "no:cacheprovider")
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("passed") == 1 and not outcomes.get("errors") and not outcomes.get("failed"), \
+        result.stdout.str()[-3000:]

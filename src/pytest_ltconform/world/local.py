@@ -82,6 +82,12 @@ class LocalWorld:
         env.update(
             MASTER_ADDR="127.0.0.1", MASTER_PORT=str(self._store.port), WORLD_SIZE=str(self.world_size),
             RANK=str(rank), LOCAL_RANK=str(rank), NODE_RANK="0",
+            # The rest of torchrun's variables: with TORCHELASTIC_RUN_ID set, Lightning picks its
+            # TorchElasticEnvironment first and never probes MPI (importing mpi4py where Open MPI
+            # cannot start kills the rank: seen on a GPU host with mpi4py installed).
+            GROUP_RANK="0", GROUP_WORLD_SIZE="1", LOCAL_WORLD_SIZE=str(self.world_size),
+            ROLE_RANK=str(rank), ROLE_WORLD_SIZE=str(self.world_size), ROLE_NAME="default",
+            TORCHELASTIC_RUN_ID=f"ltconform-{os.getpid()}", TORCHELASTIC_MAX_RESTARTS="0",
             TORCHELASTIC_USE_AGENT_STORE="True", TORCHELASTIC_RESTART_COUNT=str(self.generation),
             LTCONFORM_GENERATION=str(self.generation), LTCONFORM_WORLD_DIR=self.root,
             LTCONFORM_SUPERVISOR_PID=str(os.getpid()), LTCONFORM_PRELOAD=",".join(self.preload),
