@@ -268,7 +268,8 @@ def test_identical_batches_with_a_rank_read_that_only_gates_still_fail(fake_runs
     assert verdict.outcome == "failed" and "identical train batches in every step" in verdict.summary
     text = verdict.render()
     assert "training_step reads self.global_rank as the test of an if" in text
-    assert "it does not split the batch" in text and "tsmixer.py:41" in text
+    assert "(it gates what runs, it selects no data), so it does not split the batch" in text
+    assert "rank 0 at /x/tsmixer.py:41" in text and "inside training_step (e.g. rows[self.global_rank::" in text
     # a selecting read on one rank only, or in another hook, does not explain identical train batches
     for reads in ([[_read("select")], []], [[_read("select", "validation_step")]] * 2):
         verdict = contract.judge(fake_runs.run([same + reads[0], same + reads[1]]))

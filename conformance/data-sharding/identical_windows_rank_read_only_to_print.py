@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 SOURCE = "variant of neuralforecast 3.3.0 common/_base_model.py:1465 (_shard_multivariate_windows) without the shard"
 EXPECTED = {"data-sharding": "fail", "eval-duplication": "fail"}
 EVIDENCE = ("rank 0 and rank 1 drew identical train batches in every step; training_step reads self.global_rank "
-            "as the test of an if: the rank decides what runs there, it does not split the batch")
+            "as the test of an if (it gates what runs, it selects no data), so it does not split the batch")
 N_SERIES, WINDOWS, CTX = 4, 16, 6
 
 

@@ -617,9 +617,12 @@ def _split_note(stage: str, read: dict) -> str:
             f"not the rows each rank then keeps).")
 
 
-def _gate_evidence(read: dict) -> Evidence:
-    return Evidence(f"{describe(read, where=False)}: the rank decides what runs there, it does not split the batch",
-                    site=fmt_site(read.get("site")))
+def _gate_evidence(read: dict, reads: list[list[dict]]) -> Evidence:
+    """A rank read that only decides what runs, on the ranks that made it (None: all)."""
+    ranks = [r for r, events in enumerate(reads)
+             if any(e.get("site") == read.get("site") and e.get("hook") == read.get("hook") for e in events)]
+    return Evidence(f"{describe(read, where=False)}, so it does not split the batch",
+                    rank=ranks[0] if len(ranks) == 1 else None, site=fmt_site(read.get("site")))
 
 
 def _batch_fp(train: dict, rank: int, key: tuple) -> str | None:
@@ -765,7 +768,11 @@ class DataSharding(Contract):
                     split[stage] = selecting[0]
                     continue
                 verdict = self._identical(run, stage, per_rank, loaders.get(stage), same, compared, samples)
-                verdict.evidence += [_gate_evidence(read) for read in gating_reads(reads, _STEP_OF[stage])[:2]]
+                gates = gating_reads(reads, _STEP_OF[stage])[:2]
+                if gates:
+                    verdict.evidence += [_gate_evidence(read, reads) for read in gates]
+                    verdict.fix += (f" If every rank is meant to get the same batches, select this rank's rows "
+                                    f"inside {gates[0].get('hook')} (e.g. rows[self.global_rank::world_size]).")
                 out.append(verdict)
         return out
 
