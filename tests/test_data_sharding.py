@@ -240,3 +240,59 @@ def test_first_sentence_never_cuts_a_sentence():
     assert first_sentence("") == ""
     long = "word " * 200
     assert first_sentence(long, limit=50).endswith("word ...")
+
+
+def _read(use: str, hook: str = "training_step", line: int = 30) -> dict:
+    how = {"select": "a subscript (it picks this rank's rows)",
+           "gate": "the test of an if (it gates what runs, it selects no data)"}[use]
+    return {"ev": "rank_read", "hook": hook, "what": "self.global_rank", "use": use, "how": how,
+            "site": {"file": "/x/tsmixer.py", "line": line, "func": "Model._shard"}}
+
+
+def test_identical_batches_split_by_rank_inside_the_step_pass_with_a_note(fake_runs):
+    contract = get_contract("data-sharding")
+    same = fake_runs.batches([["a", "b"], ["c", "d"]])
+    verdict = contract.judge(fake_runs.run([same + [_read("select")], same + [_read("select")]]))
+    assert verdict.outcome == "passed", verdict.render()
+    assert "train batches are the same on every rank (rank 0: 2, rank 1: 2 batches) and training_step selects" \
+        in verdict.summary
+    note = " ".join(verdict.notes)
+    assert "training_step reads self.global_rank at /x/tsmixer.py:30 (Model._shard) as a subscript" in note
+    assert "the split between ranks happens inside the step, which this check does not see" in note
+
+
+def test_identical_batches_with_a_rank_read_that_only_gates_still_fail(fake_runs):
+    contract = get_contract("data-sharding")
+    same = fake_runs.batches([["a", "b"], ["c", "d"]])
+    verdict = contract.judge(fake_runs.run([same + [_read("gate", line=41)], same]))
+    assert verdict.outcome == "failed" and "identical train batches in every step" in verdict.summary
+    text = verdict.render()
+    assert "training_step reads self.global_rank as the test of an if" in text
+    assert "(it gates what runs, it selects no data), so it does not split the batch" in text
+    assert "rank 0 at /x/tsmixer.py:41" in text and "inside training_step (e.g. rows[self.global_rank::" in text
+    # a selecting read on one rank only, or in another hook, does not explain identical train batches
+    for reads in ([[_read("select")], []], [[_read("select", "validation_step")]] * 2):
+        verdict = contract.judge(fake_runs.run([same + reads[0], same + reads[1]]))
+        assert verdict.outcome == "failed", verdict.render()
+
+
+def test_classify_rank_reads_by_what_the_line_does(tmp_path):
+    from pytest_ltconform.contracts.rank_reads import classify
+
+    src = tmp_path / "m.py"
+    src.write_text(
+        "import torch\n"
+        "class M:\n"
+        "    def step(self, w, x):\n"
+        "        a = w[self.global_rank::2]\n"                          # 4
+        "        if self.global_rank == 0 and x is not None:\n"         # 5
+        "            print(a)\n"
+        "        rank = torch.distributed.get_rank()\n"                 # 7
+        "        b = x.chunk(2)[rank]\n"
+        "        c = torch.narrow(x, 0, self.trainer.local_rank, 1)\n"  # 9
+        "        print(self.global_rank)\n"                             # 10
+        "        return [v for i, v in enumerate(x) if i % 2 == self.global_rank]\n")  # 11
+    uses = {line: classify(str(src), line)[0] for line in (4, 5, 7, 9, 10, 11)}
+    assert uses == {4: "select", 5: "gate", 7: "select", 9: "select", 10: "other", 11: "select"}
+    assert classify(str(src), 9)[1] == "an argument of narrow() (it picks this rank's part)"
+    assert classify(str(tmp_path / "missing.py"), 3)[0] == "other"

@@ -106,3 +106,45 @@ def test_padded_validation_fails_in_a_real_world(pytester, no_leftover_ranks):
     out = result.stdout.str()
     result.assert_outcomes(failed=1)
     assert "index 0 on ranks 0 and 1" in out and "on 1 device with the same weights" in out
+
+
+def _read(use, hook="validation_step"):
+    how = {"select": "a subscript (it picks this rank's rows)",
+           "gate": "the test of an if (it gates what runs, it selects no data)"}[use]
+    return {"ev": "rank_read", "hook": hook, "what": "self.global_rank", "use": use, "how": how,
+            "site": {"file": "/x/tsmixer.py", "line": 30, "func": "Model._shard"}}
+
+
+def _same_indices(reads, returned=({"val_loss": 0.5}, {"val_loss": 0.5})):
+    out = []
+    for r in range(2):
+        stage = _stage([_loader(list(range(8)), 8, sampler="SequentialSampler")], returned[r])
+        stage["rank_reads"] = reads[r]
+        out.append({"validate": stage})
+    return out
+
+
+def test_same_indices_split_by_rank_in_the_step_pass_with_a_note():
+    ref = {"validate": _stage([_loader(list(range(8)), 8, sampler="SequentialSampler")], {"val_loss": 0.5})}
+    v = judge(_run(_same_indices([[_read("select")], [_read("select")]]), ref))
+    assert v.outcome == "passed", v.render()
+    assert "every rank's loader gives it the same 8 indices and validation_step selects each rank's rows" in v.summary
+    note = " ".join(v.notes)
+    assert "validation_step reads self.global_rank at /x/tsmixer.py:30 (Model._shard) as a subscript" in note
+    assert "the split between ranks happens inside the step, which this check does not see" in note
+
+
+def test_same_indices_split_in_the_step_with_an_unsynced_rank_zero_metric_fail():
+    ref = {"validate": _stage([_loader(list(range(8)), 8, sampler="SequentialSampler")], {"val_loss": 0.5})}
+    v = judge(_run(_same_indices([[_read("select")], [_read("select")]], ({"val_loss": 0.4}, {"val_loss": 0.6})), ref))
+    assert v.outcome == "failed"
+    assert ("val_loss published from rank 0 is computed from rank 0's shard alone: rank 0's rows of each batch "
+            "(validation_step selects them by rank at /x/tsmixer.py:30 (Model._shard))") in v.summary
+
+
+def test_same_indices_without_a_selecting_read_stay_duplicates():
+    for reads in ([[], []], [[_read("gate")], [_read("gate")]], [[_read("select")], []],
+                  [[_read("select", "training_step")]] * 2):
+        v = judge(_run(_same_indices(reads)))
+        assert v.outcome == "failed", v.render()
+        assert "8 sample indices evaluated more than once across ranks: 16 evaluations for 8 distinct" in v.summary

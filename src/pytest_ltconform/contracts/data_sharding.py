@@ -25,6 +25,7 @@ from collections import defaultdict
 
 from ..sites import first_sentence, fmt_site
 from .base import Blame, Contract, Evidence, Probe, Run, Verdict, class_site, user_class
+from .rank_reads import describe, gating_reads, selecting_reads
 
 ROWS_PER_BATCH = 64        # sample rows hashed per batch
 BATCHES_PER_EPOCH = 8      # batches fingerprinted per epoch and stage (all are counted)
@@ -333,7 +334,8 @@ class _Draws:
 
 class DataShardingProbe(Probe):
     """Records one ``batch`` event per batch, one ``ds_loader`` event per stage and epoch, the
-    item count of a train IterableDataset (``ds_stream``) and random draws in training_step."""
+    item count of a train IterableDataset (``ds_stream``), random draws in training_step and the
+    rank reads of user code inside step hooks (``rank_read``, see :mod:`.rank_reads`)."""
 
     def __init__(self):
         self._loaders: dict[str, object] = {}
@@ -344,8 +346,11 @@ class DataShardingProbe(Probe):
     def before_trainer(self, loaded, trainer_kwargs, recorder) -> None:
         import torch.utils.data as tud
 
+        from .rank_reads import RankReads, step_hook
+
         self._draws = _Draws(recorder)
         self._draws.install()
+        RankReads(recorder.emit, lambda: step_hook(recorder.trainer)).install(loaded.ns, recorder)
 
         def factory(original):
             def __init__(loader, *args, **kwargs):
@@ -602,6 +607,24 @@ def _draws_by_site(run: Run) -> dict[str, dict[int, dict[tuple, list]]]:
     return out
 
 
+_STEP_OF = {"train": ("training_step",), "val": ("validation_step",)}
+
+
+def _split_note(stage: str, read: dict) -> str:
+    """The note of a stage whose identical batches are split by rank inside the step."""
+    return (f"every rank draws the same {stage} batches by design: {describe(read)}, so the split between ranks "
+            f"happens inside the step, which this check does not see (it fingerprints the DataLoader's batches, "
+            f"not the rows each rank then keeps).")
+
+
+def _gate_evidence(read: dict, reads: list[list[dict]]) -> Evidence:
+    """A rank read that only decides what runs, on the ranks that made it (None: all)."""
+    ranks = [r for r, events in enumerate(reads)
+             if any(e.get("site") == read.get("site") and e.get("hook") == read.get("hook") for e in events)]
+    return Evidence(f"{describe(read, where=False)}, so it does not split the batch",
+                    rank=ranks[0] if len(ranks) == 1 else None, site=fmt_site(read.get("site")))
+
+
 def _batch_fp(train: dict, rank: int, key: tuple) -> str | None:
     """The fingerprint of ``rank``'s train batch ``key`` = (epoch, batch_idx), if recorded."""
     epoch, idx = key
@@ -631,7 +654,8 @@ class DataSharding(Contract):
         batches = self._batches(run)
         loaders = self._loaders(run)
         findings: list[Verdict] = []
-        findings += self._identical_across_ranks(run, batches, loaders)
+        split: dict[str, dict] = {}
+        findings += self._identical_across_ranks(run, batches, loaders, split)
         findings += self._replayed_within_rank(run, batches, loaders)
         findings += self._uneven_counts(run, batches, loaders)
         findings += self._same_order_every_epoch(run, batches, loaders)
@@ -639,12 +663,13 @@ class DataSharding(Contract):
         if findings:
             first = findings[0]
             first.evidence = [e for f in findings for e in f.evidence]
-            first.notes = [f.summary for f in findings[1:]] + first.notes
+            first.notes = [f.summary for f in findings[1:]] + first.notes + \
+                [_split_note(stage, read) for stage, read in split.items()]
             if not run.finished:
                 first.notes.append("the world did not finish; the batches each rank recorded up to then are "
                                    "the evidence (see where each rank was, below).")
             return first
-        return self._passed(run, batches, loaders)
+        return self._passed(run, batches, loaders, split)
 
     # -- data ----------------------------------------------------------------------------------
     @staticmethod
@@ -727,15 +752,28 @@ class DataSharding(Contract):
         return [fmt_site(e["site"]) for e in self._creation_events(run) if e.get("site")]
 
     # -- 2. identical data on every rank ---------------------------------------------------------
-    def _identical_across_ranks(self, run, batches, loaders) -> list[Verdict]:
+    def _identical_across_ranks(self, run, batches, loaders, split: dict) -> list[Verdict]:
+        """Stages whose batches are the same on every rank; a stage whose step selects its rows by
+        rank on every rank (``split``: stage -> rank 0's read) is split inside the step instead."""
         out = []
+        reads = [run.events(r, "rank_read") for r in range(run.world_size)]
         for stage in ("train", "val"):
             per_rank = batches.get(stage, {})
             if len(per_rank) < run.world_size:
                 continue
             same, compared, samples = _compare_fingerprints(per_rank, run.world_size)
             if compared and same == compared:
-                out.append(self._identical(run, stage, per_rank, loaders.get(stage), same, compared, samples))
+                selecting = selecting_reads(reads, _STEP_OF[stage])
+                if selecting:
+                    split[stage] = selecting[0]
+                    continue
+                verdict = self._identical(run, stage, per_rank, loaders.get(stage), same, compared, samples)
+                gates = gating_reads(reads, _STEP_OF[stage])[:2]
+                if gates:
+                    verdict.evidence += [_gate_evidence(read, reads) for read in gates]
+                    verdict.fix += (f" If every rank is meant to get the same batches, select this rank's rows "
+                                    f"inside {gates[0].get('hook')} (e.g. rows[self.global_rank::world_size]).")
+                out.append(verdict)
         return out
 
     def _identical(self, run, stage, per_rank, loader, same, compared, samples) -> Verdict:
@@ -995,19 +1033,23 @@ class DataSharding(Contract):
         return self.verdict("failed", summary, evidence=evidence, fix=fix, category="silent")
 
     # -- passed ----------------------------------------------------------------------------------
-    def _passed(self, run: Run, batches, loaders) -> Verdict:
+    def _passed(self, run: Run, batches, loaders, split: dict) -> Verdict:
         parts = []
         for stage in ("train", "val"):
             per_rank = batches.get(stage, {})
             if not per_rank:
                 continue
             counts = ", ".join(f"rank {r}: {sum(len(v) for v in per_rank[r].values())}" for r in sorted(per_rank))
+            if stage in split:
+                parts.append(f"{stage} batches are the same on every rank ({counts} batches) and "
+                             f"{split[stage].get('hook')} selects each rank's rows by rank")
+                continue
             parts.append(f"{stage} batches differ across ranks ({counts} batches)")
         loader = loaders.get("train")
         what = f" ({self._what(loader)}, sampler {loader.get('sampler')})" if loader else ""
         summary = ("; ".join(parts) or "no batches were recorded") + \
             f"{what}; the same number of train batches per epoch on every rank."
-        return self.verdict("passed", summary)
+        return self.verdict("passed", summary, notes=[_split_note(stage, read) for stage, read in split.items()])
 
 
 CONTRACT = DataSharding()

@@ -25,10 +25,12 @@ from collections import Counter, defaultdict
 from ...harness import RunSpec
 from ...sites import fmt_site
 from ..base import Contract, Evidence, Run, Verdict, method_site, rank_guard, user_class
+from ..rank_reads import describe, selecting_reads
 from .probe import STAGES as STAGES_ORDER
 from .probe import EvalDuplicationProbe
 
 _STAGE_WORDS = {"validate": "validation", "test": "test", "predict": "prediction"}
+_STEP_HOOK = {"validate": ("validation_step",), "test": ("test_step",), "predict": ("predict_step",)}
 _GATHERS = ("all_gather", "gather", "all_gather_object", "gather_object", "all_gather_into_tensor")
 _FIX_DUPLICATES = ("Evaluate each sample once: shard evaluation with a sampler that does not pad (each rank "
                    "takes indices rank, rank + world, ...; use_distributed_sampler=False), or drop duplicates "
@@ -189,7 +191,10 @@ class _StageCheck:
         dups = {k: c for k, c in counts.items() if c > 1}
         sampler = infos[0].get("sampler") or "sampler"
         moved = self._compare(i)
-        if dups:
+        split = self._split_in_step(per_rank) if dups else None
+        if split is not None:
+            self._in_step(tag, per_rank, split, moved)
+        elif dups:
             self._duplicates(tag, infos, per_rank, counts, dups, moved)
         elif n is not None and not self.limited and len(counts) < n:
             missing = sorted(set(range(n)) - set(counts))
@@ -200,6 +205,26 @@ class _StageCheck:
             self._exactly_once(tag, i, per_rank, n, counts)
         if not dups:
             self._shard_metrics(tag, per_rank, n, moved)
+
+    def _split_in_step(self, per_rank) -> dict | None:
+        """Rank 0's read of its rank in this stage's step, when every rank's loader gave it the same
+        indices and every rank's step uses its rank to select data (the split is inside the step)."""
+        if any(sorted(idx) != sorted(per_rank[0]) for idx in per_rank[1:]):
+            return None
+        reads = selecting_reads([rec.get("rank_reads") or [] for rec in self.recs], _STEP_HOOK[self.stage])
+        return reads[0] if reads else None
+
+    def _in_step(self, tag, per_rank, read, moved) -> None:
+        """Every rank evaluates the same indices and its step keeps its own rows: not duplicates."""
+        hook = read.get("hook")
+        self.found.good.append(f"{tag}: every rank's loader gives it the same {len(per_rank[0])} indices and "
+                               f"{hook} selects each rank's rows by rank, so no sample is counted twice by the "
+                               f"loader.")
+        self.found.notes.append(f"{tag}: every rank evaluates the same batches by design: {describe(read)}, so the "
+                                f"split between ranks happens inside the step, which this check does not see (it "
+                                f"reads the sampler's indices, not the rows each rank then keeps).")
+        share = f"rank 0's rows of each batch ({hook} selects them by rank at {fmt_site(read.get('site'))})"
+        self._shard_metrics(tag, per_rank, None, moved, share=share)
 
     def _duplicates(self, tag, infos, per_rank, counts, dups, moved) -> None:
         word, world, n = self.word, self.world, infos[0].get("dataset_len")
@@ -275,8 +300,9 @@ class _StageCheck:
         return [(k, v, ref_vals[k]) for k, v in self._values(i, self.recs[0]).items()
                 if k in ref_vals and _close(v, ref_vals[k])]
 
-    def _shard_metrics(self, tag, per_rank, n, moved) -> None:
-        """An unsynced epoch metric: each rank holds its own shard's value and rank 0's is published."""
+    def _shard_metrics(self, tag, per_rank, n, moved, share: str | None = None) -> None:
+        """An unsynced epoch metric: each rank holds its own shard's value and rank 0's is published
+        (``share``: what rank 0's shard is, when the step splits the batches)."""
         for key, dist, single, values in moved:
             others = [v for v in values[1:] if v is not None]
             if not others or all(_close(v, dist) for v in others):
@@ -289,8 +315,9 @@ class _StageCheck:
                     ", ".join(f"{f}=True" for f in flags) if flags else "no sync") + ")"
             covered = len(per_rank[0])
             total = n if n is not None else len({i for idx in per_rank for i in idx})
+            share_text = share or f"{covered} of {total} {self.word} samples"
             self.found.fail(f"{tag}: {key} published from rank 0 is computed from rank 0's shard alone: "
-                            f"{covered} of {total} {self.word} samples{how}.", _FIX_SHARD_METRIC)
+                            f"{share_text}{how}.", _FIX_SHARD_METRIC)
             self.found.evidence.append(Evidence(
                 f"{key} {_fmt(dist)} on rank 0 (" + ", ".join(f"rank {r}: {_fmt(v)}" for r, v in enumerate(values)
                                                         if r and v is not None)

@@ -157,7 +157,8 @@ def _make_callback(ns: Any, probe: EvalDuplicationProbe):
 
 class EvalDuplicationProbe(Probe):
     """Per evaluation stage: the indices each loader hands this rank, the samples each TorchMetrics
-    object is updated with, and the files user code writes. ``load_from`` (a state dict) loads the
+    object is updated with, the files user code writes and where its step hooks read the rank
+    (``rank_reads``, see :mod:`..rank_reads`). ``load_from`` (a state dict) loads the
     world's weights into the one-rank reference."""
 
     def __init__(self, load_from: dict | None = None):
@@ -168,6 +169,15 @@ class EvalDuplicationProbe(Probe):
         self.root = trainer_kwargs["default_root_dir"]
         trainer_kwargs["callbacks"] = list(trainer_kwargs.get("callbacks") or []) + \
             [_make_callback(objects.ns, self)]
+        if recorder is not None:
+            from ..rank_reads import RankReads, step_hook
+
+            # Only reads inside an evaluation stage's steps count (fit's validation loop is not one).
+            RankReads(self._rank_read, lambda: step_hook(recorder.trainer) if self.state.get("stage") else None) \
+                .install(objects.ns, recorder)
+
+    def _rank_read(self, event: dict) -> None:
+        self.state["record"].setdefault("rank_reads", []).append(event)
 
     def before_fit(self, objects, trainer, recorder) -> None:
         _count_metric_updates(objects.model, self.state)
