@@ -17,3 +17,19 @@ def test_plugin_fails_shared_writes_and_spawn_safety_items(pytester, no_leftover
     out = result.stdout.str()
     result.assert_outcomes(failed=1, passed=2)
     assert "Model.loss_fn does not pickle: it is a lambda" in out and "DataModule.log" in out
+
+
+def test_an_advisory_item_does_not_fail_the_run(pytester, no_leftover_ranks):
+    from conftest import case
+
+    path = case("unused-parameters/find_unused_true_nothing_unused.py").rsplit(":", 1)[0]
+    args = ["-p", "no:cacheprovider", "--ltconform", f"{path}:Model", "-k", "unused-parameters and ddp and not gpu",
+            "-v"]
+    if "def trainer_kwargs" in open(path).read():
+        args += ["--ltconform-trainer", f"{path}:trainer_kwargs"]
+    if "class DataModule" in open(path).read():
+        args += ["--ltconform-datamodule", f"{path}:DataModule"]
+    result = pytester.runpytest_subprocess(*args)
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    assert result.parseoutcomes().get("advisory") == 1
+    result.stdout.fnmatch_lines(["*unused-parameters*ddp*ADVISORY*", "*find_unused_parameters=True*"])
