@@ -12,7 +12,9 @@ the rank hangs or dies. Recorded:
 
 Contracts add their own recording through the public API: :meth:`Recorder.patch` wraps a callable
 for the run (undone by :meth:`Recorder.uninstall`), :meth:`Recorder.add_log_tap` lets a probe
-annotate each ``log`` event before it is written (sync-dist's metric producers), and
+annotate each ``log`` event before it is written (sync-dist's metric producers),
+:meth:`Recorder.call` traces a library call that makes collectives for user code as one
+collective-bearing ``call`` event (all-rank-save's metric syncs and DDP forwards), and
 :meth:`Recorder.emit` writes an event of their own.
 
 Each event carries ``site``, the first frame outside torch, lightning, torchmetrics and this
@@ -151,35 +153,51 @@ class Recorder:
 
     _patch = patch  # the name probes used before it was public
 
+    def call(self, kind: str, op: str, label: str, site: dict | None, direct: bool, **extra):
+        """Context manager: trace the code inside as one collective-bearing ``call`` event (and its
+        ``exit`` event), for a probe that wraps a library call which makes collectives on behalf
+        of user code (a metric sync, a DDP forward). ``site``/``direct`` are where user code made
+        the call and whether it made it itself (``user`` is also False inside another traced
+        call); ``extra`` keys are added to the event. Collectives made inside are nested."""
+        import contextlib
+
+        @contextlib.contextmanager
+        def traced():
+            parent = self._calls[-1] if self._calls else None
+            event = {"ev": "call", "kind": kind, "op": op, "label": label, "site": site,
+                     "user": bool(direct and parent is None), "parent": parent, "hook": self.current_hook()}
+            event.update(extra)
+            seq = self.emit(event)
+            self._calls.append(seq)
+            raised = None
+            try:
+                yield seq
+            except BaseException as exc:
+                raised = type(exc).__name__
+                raise
+            finally:
+                self._calls.pop()
+                exit_event = {"ev": "exit", "of": seq}
+                if raised:
+                    # Where the rank was when the collective failed: the hooks unwind next.
+                    exit_event["raised"] = raised
+                    exit_event["hooks"] = [name for _, name in self._hooks]
+                self.emit(exit_event)
+
+        return traced()
+
     def _call_wrapper(self, kind: str, op: str, label: str):
         recorder = self
 
         def factory(original):
             def wrapper(*args, **kwargs):
                 site, direct = user_site()
-                parent = recorder._calls[-1] if recorder._calls else None
-                event = {"ev": "call", "kind": kind, "op": op, "label": label, "site": site,
-                         "user": bool(direct and parent is None), "parent": parent,
-                         "hook": recorder.current_hook()}
+                extra = {}
                 if kind == "save":  # patched on the Trainer class: args[0] is the trainer
                     path = args[1] if len(args) > 1 else kwargs.get("filepath")
-                    event["path"] = os.fspath(path) if path is not None else None
-                seq = recorder.emit(event)
-                recorder._calls.append(seq)
-                raised = None
-                try:
+                    extra["path"] = os.fspath(path) if path is not None else None
+                with recorder.call(kind, op, label, site, direct, **extra):
                     return original(*args, **kwargs)
-                except BaseException as exc:
-                    raised = type(exc).__name__
-                    raise
-                finally:
-                    recorder._calls.pop()
-                    exit_event = {"ev": "exit", "of": seq}
-                    if raised:
-                        # Where the rank was when the collective failed: the hooks unwind next.
-                        exit_event["raised"] = raised
-                        exit_event["hooks"] = [name for _, name in recorder._hooks]
-                    recorder.emit(exit_event)
 
             return wrapper
 

@@ -6,10 +6,14 @@ Seed section "Sampling, metrics and writes" (and "FSDP" for sharded checkpoints)
 gather), so it belongs on every rank; a rank-zero guard is for plain file writes only.
 
 Checked from the traced fit: every user-level call of ``Trainer.save_checkpoint``, the
-strategy's ``barrier``/``broadcast``/``reduce``/``all_gather``, ``LightningModule.all_gather``
-and raw ``torch.distributed`` collectives, from the module or a user callback, aligned across
-ranks hook by hook. A call made on a subset of ranks fails with its call site, the rank guard
-found in the source and per-rank counts.
+strategy's ``barrier``/``broadcast``/``reduce``/``all_gather``/``reduce_boolean_decision``,
+``LightningModule.all_gather`` and raw ``torch.distributed`` collectives, from the module or a user
+callback, and the library calls that make collectives for user code (a syncing TorchMetrics
+compute, a DDP forward that broadcasts buffers, ModelCheckpoint called by user code; ``taps.py``),
+aligned across ranks hook by hook. The first call made on a subset of ranks (the first cause, not
+a later call where the other ranks waited) fails with its call site, the guard found in the source
+(a rank test or rank-local state) and per-rank counts. Hyperparameters that torch's weights_only
+loading refuses are a note on a passed verdict: a resume problem on one device too.
 
 Under the CPU sharded tier (FSDP on gloo ranks) a probe (``probe.py``) also saves a sharded checkpoint on every
 rank after fit and resumes a short fit from that directory with the matching strategy, and every
@@ -20,6 +24,8 @@ consolidating the directory first).
 
 from __future__ import annotations
 
+import ast
+import linecache
 import re
 from collections import Counter
 
@@ -28,6 +34,7 @@ from ...world.diagnose import first_divergence
 from ..base import Blame, Contract, Evidence, Run, Verdict, rank_guard
 from .probe import ShardedSaveProbe
 
+_REFUSED_CLASS = re.compile(r"refused ([\w.]+?)\.?$")
 # Layouts of a checkpoint path that load_from_checkpoint cannot read.
 SHARDED_LAYOUTS = {"fsdp": "an FSDP sharded checkpoint (torch.distributed.checkpoint: per-rank .distcp files "
                            "and .metadata)",
@@ -53,11 +60,13 @@ class AllRankSave(Contract):
     def blames(self, run: Run) -> int | None:
         """A collective-bearing call some ranks made and the others did not stopped the world;
         a load_from_checkpoint that raised on a sharded directory names this contract too."""
-        return Blame.CALL if "call" in run.divergent_events() else super().blames(run)
+        if "call" in run.divergent_events() and not stopped_first(run, run.job.divergence):
+            return Blame.CALL
+        return super().blames(run)
 
     def judge(self, run: Run) -> Verdict:
         div = first_divergence(run.traces, select=user_call)
-        if div is not None and div["kind"] == "calls":
+        if div is not None and div["kind"] == "calls" and not stopped_first(run, div):
             return self._diverged(run, div)
         loads = [(r, e) for r, t in enumerate(run.traces) for e in t
                  if e.get("ev") == "load" and e.get("layout") in SHARDED_LAYOUTS]
@@ -75,7 +84,8 @@ class AllRankSave(Contract):
             summary = "user code makes no collective-bearing call (saves, barriers, collectives) of its own."
         if round_trip:
             summary = f"{summary} {round_trip}"
-        return self.verdict("passed", summary)
+        note = weights_only_note(run, self.id)
+        return self.verdict("passed", summary, notes=[note] if note else [])
 
     # -- sharded checkpoints ----------------------------------------------------------------------
     def _sharded_load(self, run: Run, loads: list) -> Verdict:
@@ -120,9 +130,16 @@ class AllRankSave(Contract):
         done = [(r, d) for r, d in enumerate(data) if d]
         if not done:
             return None
-        failures = [(r, d) for r, d in done if d.get("error") or not (d.get("restored_ok") or d.get("unchecked"))]
+        refused = [r for r, d in done if d.get("weights_only")]
+        failures = [(r, d) for r, d in done if r not in refused and
+                    (d.get("error") or not (d.get("restored_ok") or d.get("unchecked")))]
         first = done[0][1]
         files = ", ".join(first.get("files") or []) or "nothing"
+        if refused and not failures:
+            # One device refuses the same checkpoint: a resume matter, not a sharded-checkpoint finding.
+            return (f"Under FSDP every rank saved a sharded checkpoint directory ({files}); resuming from it was "
+                    f"refused by torch's weights_only loading of the checkpoint's pickled objects, as it is on "
+                    f"one device, so the sharded resume itself was not checked (see the note).")
         if not failures and first.get("unchecked"):
             return (f"Under FSDP every rank saved a sharded checkpoint directory ({files}). Resuming the fit from "
                     f"it failed in Lightning 2.6.6 ({first.get('limitation')}) because the optimizer keeps no "
@@ -155,61 +172,222 @@ class AllRankSave(Contract):
 
     def _diverged(self, run: Run, div: dict) -> Verdict:
         events = div["events"]
-        # The call some ranks made and the others did not make at this point.
-        present = {r: evs for r, evs in events.items() if evs}
-        first_rank, first_events = next(iter(present.items()))
-        call = first_events[0]
+        # The first call that some ranks made and the others did not: the first cause; the calls
+        # the other ranks made meanwhile (say a barrier after it) are where they waited.
+        first_rank, call, at = first_cause(events)
         label = call.get("label")
         makers = sorted(r for r, evs in events.items() if any(e.get("label") == label for e in evs))
         missing = sorted(set(events) - set(makers))
         counts = _counts(run, label)
-        guard = rank_guard(call.get("site"))
+        guard, rank_based = call_guard(call.get("site"))
         hook = hook_label(div["hook"][first_rank])
         site = fmt_site(call.get("site"))
+        named = label + (f" ({call['effect']})" if call.get("effect") else "")
         count_text = ", ".join(f"rank {r}: {counts[r]}{'+' if not run.finished else ''} "
-                               f"call{'s' if counts[r] != 1 else ''}" for r in sorted(counts))
+                               f"call{'s' if counts[r] != 1 or not run.finished else ''}" for r in sorted(counts))
         who = f"rank {makers[0]} only" if len(makers) == 1 else f"ranks {', '.join(map(str, makers))} only"
         if missing:
-            summary = (f"{label} called on {who} ({count_text}) from {hook}"
-                       + (f" under an `{guard}` guard" if guard else "")
-                       + f", at {site}. The other rank(s) never enter the collective, so the world "
+            summary = (f"{named} called on {who} ({count_text}) from {hook}{_guard_text(guard, rank_based)}, "
+                       f"at {site}. The other rank(s) never enter the collective, so the world "
                        f"hangs or mismatches collectives.")
         else:
             summary = (f"the ranks made different collective-bearing calls in {hook} ({count_text}); "
                        f"collectives must pair up in the same order on every rank.")
         evidence = _call_evidence(div, label, counts)
-        if guard:
+        if guard and rank_based:
             evidence.append(Evidence(f"the call is guarded by `{guard}`", site=site))
-        fix = _FIXES.get(label) or (f"make {label}() on every rank, in the same order; if only one rank needs "
-                                    f"the result, call it everywhere and use it on that rank.")
+        elif guard:
+            evidence.append(Evidence(f"the call is guarded by `{guard}`, a condition on rank-local state: it held "
+                                     f"on {_ranks(makers)} and not on {_ranks(missing)}", site=site))
+        return self.verdict("failed", summary, evidence=evidence, fix=fix_for(call),
+                            category="deadlock", notes=self._notes(run, div, call, makers, at))
+
+    def _notes(self, run: Run, div: dict, call: dict, makers: list[int], at: int) -> list[str]:
+        label = call.get("label")
         notes = []
         if label == "Trainer.save_checkpoint" and run.strategy == "fsdp":
             notes.append("under FSDP the save is itself a gather: building the checkpoint's state dict collects "
                          "every rank's parameter shards, so the one-sided save ran that gather alone and it "
                          "met the other rank's next collectives (a crash, a hang or garbage, depending on timing).")
+        # What a rank without the call made in its place: where it waited, not a cause.
+        waited = [(r, evs[at]) for r, evs in div["events"].items() if r not in makers and len(evs) > at]
+        for r, e in waited:
+            notes.append(f"rank {r} went on to {e.get('label')}() at {fmt_site(e.get('site'))}: that is where it "
+                         f"waited for the others, a consequence of the one-sided call above, not its cause.")
+        if call.get("kind") in ("metric", "ddp") or call.get("effect"):
+            notes.append(f"{label} is collective-bearing because the library makes collectives inside it "
+                         f"({call.get('effect') or 'collectives'}); the call is attributed to the line in "
+                         f"your code that made it.")
         if not run.finished:
             notes.append("the world did not finish: the one-sided call left the other ranks waiting "
                          "(see where each rank was, below).")
-        return self.verdict("failed", summary, evidence=evidence, fix=fix, category="deadlock", notes=notes)
+        return notes
+
+
+def weights_only_note(run: Run, contract_id: str) -> str | None:
+    """One advisory sentence when a checkpoint of this module cannot be loaded with
+    ``torch.load(weights_only=True)`` (Lightning's default on resume): the refused classes per
+    hparams key, or those a resume refused; None when nothing was refused."""
+    data = [d for d in run.probe(contract_id) if d]
+    entries = next((d.get("weights_only") for d in data if d.get("weights_only")), None) or []
+    refused = list(dict.fromkeys(name for entry in entries for name in entry["refused"]))
+    if not refused:
+        resumes = [d.get("sharded") or {} for d in data]
+        errors = [r.get("error") or "" for r in resumes if r.get("weights_only")]
+        refused = list(dict.fromkeys(m.group(1) for m in map(_REFUSED_CLASS.search, errors) if m))
+        if not errors:
+            return None
+    held = "; ".join(f"{'datamodule.' if e['owner'] == 'datamodule' else ''}hparams[{e['key']!r}] holds "
+                     f"{', '.join(e['refused'])}" for e in entries)
+    keys = [e["key"] for e in entries if e["owner"] == "model"]
+    ignore = f"save_hyperparameters(ignore={keys!r})" if keys else "save_hyperparameters(ignore=[...])"
+    return (f"a checkpoint of this module cannot be resumed or loaded with torch.load(weights_only=True), the "
+            f"default in torch 2.6+ that Lightning uses for fit/validate(ckpt_path=...) and load_from_checkpoint, "
+            f"on any strategy and on one device alike: it refuses "
+            f"{', '.join(refused) if refused else 'an object pickled in the checkpoint'}"
+            + (f" ({held})" if held else "") + ". This is not a distributed fault. Fix: "
+            f"{ignore} and store a class by its name (resolve it in configure_optimizers or __init__), or pass "
+            f"weights_only=False when loading a checkpoint you trust.")
+
+
+_AFTER_RAISE = ("on_exception", "teardown")
+_COLLECTIVE_ERRORS = ("gloo", "Connection closed by peer", "Connection reset by peer", "Timed out", "NCCL")
+
+
+def stopped_first(run: Run, div: dict | None) -> bool:
+    """Whether every rank without the divergent call raised on its own inside that hook (outside
+    any traced collective, not a peer's connection error): then the others' call is where they
+    waited for it, a consequence, and the first cause is that rank's own exception."""
+    if not div or div.get("kind") != "calls":
+        return False
+    _, call, _ = first_cause(div["events"])
+    missing = [r for r, evs in div["events"].items() if not any(e.get("label") == call.get("label") for e in evs)]
+    return bool(missing) and all(_raised_on_its_own(run, r, div["h"]) for r in missing)
+
+
+def _raised_on_its_own(run: Run, rank: int, h: int) -> bool:
+    outcome = run.job.ranks[rank]
+    if outcome.status != "error" or any(word in (outcome.message or "") for word in _COLLECTIVE_ERRORS):
+        return False
+    trace = outcome.trace or []
+    calls = {e.get("seq") for e in trace if e.get("ev") == "call"}
+    exits = [e for e in trace if e.get("ev") == "exit"]
+    if calls - {e.get("of") for e in exits} or any(e.get("raised") for e in exits):
+        return False  # it stopped in (or because of) a collective
+    later = [e.get("name") or "" for e in trace if e.get("ev") == "hook" and e.get("i", 0) > h]
+    return all(name.endswith(_AFTER_RAISE) for name in later)
+
+
+def first_cause(events: dict[int, list[dict]]) -> tuple[int, dict, int]:
+    """``(rank, call, position)``: at the first position where the ranks' call sequences differ, the call
+    made by some ranks only. A call that the other ranks make later in the same hook is not
+    one-sided (they made a one-sided call before it); among the rest a call under a guard wins,
+    then the lowest rank."""
+    seqs = {r: [e.get("label") for e in evs] for r, evs in events.items()}
+    i = 0
+    while all(len(s) > i for s in seqs.values()) and len({s[i] for s in seqs.values()}) == 1:
+        i += 1
+    candidates = [(r, evs[i]) for r, evs in sorted(events.items()) if len(evs) > i]
+
+    def one_sided(r: int, e: dict) -> bool:
+        return not all(e.get("label") in seqs[o][i:] for o in seqs if o != r)
+
+    rank, call = min(candidates, key=lambda c: (not one_sided(*c), call_guard(c[1].get("site"))[0] is None, c[0]))
+    return rank, call, i
+
+
+def call_guard(site: dict | None) -> tuple[str | None, bool]:
+    """``(guard, rank_based)``: the rank guard around the call at ``site`` (``rank_based`` True),
+    else the innermost ``if`` around it in its function, or an earlier ``if ...: return``, whose
+    outcome then differed across ranks (rank-local state); ``(None, False)`` without one."""
+    guard = rank_guard(site)
+    if guard:
+        return guard, True
+    tree = _parse_file(site.get("file")) if site else None
+    if tree is None:
+        return None, False
+    line = site.get("line", 0)
+    func, best = None, None
+    for node in ast.walk(tree):
+        end = getattr(node, "end_lineno", None)
+        if end is None or not (node.lineno <= line <= end):
+            continue
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (func is None or node.lineno > func.lineno):
+            func = node
+        elif isinstance(node, ast.If) and (best is None or node.lineno > best.lineno):
+            best = node
+    if func is None:
+        return None, False
+    if best is not None and best.lineno > func.lineno:
+        text = ast.unparse(best.test)
+        in_body = any(s.lineno <= line <= (s.end_lineno or s.lineno) for s in best.body)
+        return (f"if {text}:" if in_body else f"else branch of `if {text}:`"), False
+    for node in ast.walk(func):
+        if isinstance(node, ast.If) and node.lineno < line and any(isinstance(s, ast.Return) for s in node.body):
+            return f"if {ast.unparse(node.test)}: return", False
+    return None, False
+
+
+def _parse_file(path: str | None):
+    source = "".join(linecache.getlines(path)) if path else ""
+    try:
+        return ast.parse(source) if source else None
+    except SyntaxError:
+        return None
+
+
+def _guard_text(guard: str | None, rank_based: bool) -> str:
+    if not guard:
+        return ""
+    if guard.startswith("else branch"):
+        return f" in the {guard}" + ("" if rank_based else " (a condition on rank-local state)")
+    if rank_based:
+        return f" under an `{guard}` guard"
+    return f" under `{guard}`, a condition on rank-local state that differed across ranks"
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
 
 
 _FIXES = {"Trainer.save_checkpoint": ("call trainer.save_checkpoint on every rank (Lightning writes the file from "
                                       "rank 0 only, and sharded strategies need every rank to gather); keep the "
-                                      "rank-zero guard for plain side work such as printing or copying files.")}
+                                      "rank-zero guard for plain side work such as printing or copying files."),
+          "strategy.reduce_boolean_decision": (
+              "call trainer.strategy.reduce_boolean_decision(decision) on every rank, each with its own value: it "
+              "all-reduces the decision, so every rank must enter it; then act on the reduced result everywhere.")}
+
+
+def fix_for(call: dict) -> str:
+    """The fix for a call made on some ranks only, by what the call is."""
+    label = call.get("label") or "the call"
+    method = label.rsplit(".", 1)[-1]
+    if call.get("kind") == "metric":
+        return (f"call {method}() on every rank, whatever the rank's own metric state holds ({label} all-gathers "
+                f"the state; a rank without updates contributes an empty one, so let compute() return a defined "
+                f"value for it); decide what to log from the synced value, never from rank-local state.")
+    if call.get("op") == "ddp_forward":
+        return ("run rank-0-only inference on the unwrapped module (pl_module or trainer.model.module), or run it "
+                "on every rank: a forward through the DistributedDataParallel wrapper broadcasts the module's "
+                "buffers from rank 0, a collective every rank must enter.")
+    if call.get("kind") == "save" and label != "Trainer.save_checkpoint":
+        return (f"call {label}() on every rank, or leave it to Lightning, which calls it on every rank: it reduces "
+                f"its save decision across ranks and saves through trainer.save_checkpoint, which writes the file "
+                f"from rank 0 only; keep a rank-zero guard for plain side work only.")
+    return _FIXES.get(label) or (f"make {label}() on every rank, in the same order; if only one rank needs "
+                                 f"the result, call it everywhere and use it on that rank.")
 
 
 def _call_evidence(div: dict, label: str, counts: dict[int, int]) -> list[Evidence]:
-    """One line per call each rank made at the divergence, or the call it did not make."""
+    """One line per call each rank made at the divergence, and the call a rank did not make."""
     events = div["events"]
     evidence = []
     for r in sorted(events):
-        if events[r]:
-            for e in events[r]:
-                evidence.append(Evidence(f"{e.get('label')}() in {hook_label(div['hook'][r])}",
-                                         rank=r, site=fmt_site(e.get("site"))))
-        else:
-            evidence.append(Evidence(f"no {label}() in {hook_label(div['hook'][r])} "
-                                     f"(total: {plural(counts.get(r, 0), 'call')})", rank=r))
+        hook = hook_label(div["hook"][r])
+        if not any(e.get("label") == label for e in events[r]):
+            evidence.append(Evidence(f"no {label}() in {hook} (total: {plural(counts.get(r, 0), 'call')})", rank=r))
+        for e in events[r]:
+            evidence.append(Evidence(f"{e.get('label')}() in {hook}", rank=r, site=fmt_site(e.get("site"))))
     return evidence
 
 

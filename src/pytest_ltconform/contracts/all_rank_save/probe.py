@@ -6,21 +6,46 @@ probe adds:
 - Every ``LightningModule.load_from_checkpoint`` call is recorded with the layout of the path it
   was given (a file, an FSDP sharded directory, a DeepSpeed directory), and, when it raises on a
   sharded directory, a ``raised`` event naming all-rank-save as the owner of that failure.
+- Library calls that make collectives for user code (TorchMetrics syncs, a DDP forward that
+  broadcasts buffers, ModelCheckpoint called by user code) are traced at the user's call site
+  (``taps.py``).
 - Under the CPU sharded tier, after fit: every rank saves a sharded checkpoint directory, then a
   fresh module and Trainer with the matching strategy resume a short fit from it
   (``ckpt_path=dir``); the restored step and each rank's parameter-shard checksum are compared
   with the saved ones.
+- After fit, on every strategy: which classes in the module's (and datamodule's) hyperparameters
+  torch's ``weights_only`` loading refuses, per hparams key (a checkpoint of this module then
+  cannot be resumed on one device either).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 from ... import sharded
 from ... import target as target_mod
 from ...harness import Probe, build_trainer_kwargs
 from ...sites import user_site
+from . import taps
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+_REFUSED = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
+WEIGHTS_ONLY = "Weights only load failed"
+
+
+def exc_text(exc: BaseException, limit: int = 300) -> str:
+    """``Type: message`` without ANSI escape codes, on one line, cut at a sentence end when longer
+    than ``limit`` characters; a weights_only refusal is shortened to the class it refused."""
+    text = " ".join(_ANSI.sub("", str(exc)).split())
+    refused = _REFUSED.search(text)
+    if WEIGHTS_ONLY in text and refused:
+        text = f"{WEIGHTS_ONLY}: torch.load(weights_only=True) refused {refused.group(1)}."
+    elif len(text) > limit:
+        cut = text.rfind(". ", 0, limit)
+        text = text[:cut + 1] if cut > 0 else text[:limit].rsplit(" ", 1)[0] + " (...)"
+    return f"{type(exc).__name__}: {text}"
 
 
 def checkpoint_layout(path) -> tuple[str | None, list[str]]:
@@ -71,10 +96,80 @@ class _LoadTap:
             except Exception as exc:
                 if layout not in (None, "file"):
                     recorder.emit({"ev": "raised", "in": "load_from_checkpoint", "owner": "all-rank-save",
-                                   "exc": f"{type(exc).__name__}: {str(exc)[:200]}"})
+                                   "exc": exc_text(exc, 200)})
                 raise
 
         return load_from_checkpoint
+
+
+def refused_globals(obj, rounds: int = 6) -> list[str] | None:
+    """The classes and functions in ``obj`` that ``torch.load(weights_only=True)`` refuses, found by
+    allowlisting each refused one (``torch.serialization.safe_globals``) and loading again, at most
+    ``rounds`` times; None when ``obj`` cannot be saved at all."""
+    import io
+    import pickle
+
+    import torch
+
+    buf = io.BytesIO()
+    try:
+        torch.save(obj, buf)
+    except Exception:
+        return None
+    refused: list[str] = []
+    allowed: list = []
+    for _ in range(rounds):
+        buf.seek(0)
+        try:
+            with torch.serialization.safe_globals(allowed):
+                torch.load(buf, weights_only=True)
+            break
+        except pickle.UnpicklingError as exc:
+            found = _REFUSED.search(str(exc))
+            target = _resolve(found.group(1)) if found else None
+            if found is None or found.group(1) in refused:
+                break
+            refused.append(found.group(1))
+            if target is None:
+                break
+            allowed.append(target)
+        except Exception:
+            break
+    return refused
+
+
+def _resolve(dotted: str):
+    """The object a dotted ``module.attr`` path names, or None."""
+    import importlib
+
+    parts = dotted.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        try:
+            for attr in parts[cut:]:
+                obj = getattr(obj, attr)
+            return obj
+        except AttributeError:
+            return None
+    return None
+
+
+def hparams_refusals(model, datamodule) -> list[dict]:
+    """``[{"owner": "model" | "datamodule", "key", "refused": [dotted names]}]``: the hparams
+    entries a checkpoint stores that a weights_only load refuses (Lightning's default on resume)."""
+    found = []
+    for owner, obj in (("model", model), ("datamodule", datamodule)):
+        hparams = getattr(obj, "hparams", None) if obj is not None else None
+        if not hparams:
+            continue
+        for key, value in list(dict(hparams).items())[:50]:
+            refused = refused_globals(value)
+            if refused:
+                found.append({"owner": owner, "key": str(key), "refused": refused})
+    return found
 
 
 def _dcp_exception() -> type:
@@ -99,6 +194,9 @@ class ShardedSaveProbe(Probe):
         self.data: dict = {"sharded": None}
         self.sharded_run = False
 
+    def install(self, recorder):
+        taps.install(recorder)
+
     def before_trainer(self, objects, trainer_kwargs, recorder):
         user_strategy = objects.user_kwargs.get("strategy")
         text = sharded.describe(user_strategy) if sharded.sharded_kind(user_strategy) else None
@@ -111,8 +209,12 @@ class ShardedSaveProbe(Probe):
         self.sharded_run = bool(getattr(trainer_kwargs.get("strategy"), "ltconform_cpu_tier", False))
 
     def after_fit(self, objects, trainer, recorder):
-        if self.sharded_run:
-            with recorder.paused():
+        with recorder.paused():
+            try:
+                self.data["weights_only"] = hparams_refusals(objects.model, objects.datamodule)
+            except Exception:  # an observation, never a reason for the run to fail
+                self.data["weights_only"] = []
+            if self.sharded_run:
                 self.data["sharded"] = _round_trip(objects, trainer)
 
     def collect(self, objects, trainer, recorder):
@@ -138,7 +240,8 @@ def _round_trip(objects, trainer) -> dict:
         out["restored_ok"] = (seen.get("step") == out["saved_step"] and seen.get("checksum") is not None
                               and abs(seen["checksum"] - saved) <= 1e-5 * max(1.0, abs(saved)))
     except (Exception, _dcp_exception()) as exc:  # reported as the round trip's failure, not a broken run
-        out["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        out["error"] = exc_text(exc)
+        out["weights_only"] = WEIGHTS_ONLY in str(exc)
     return out
 
 

@@ -1,0 +1,261 @@
+"""all-rank-save's rules on hand-made runs and its rank-side taps, without starting a world."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import pytest
+
+from pytest_ltconform.contracts.all_rank_save import CONTRACT, call_guard, first_cause, fix_for, probe, taps
+from pytest_ltconform.contracts.base import Blame
+from pytest_ltconform.trace import Recorder
+from pytest_ltconform.world.diagnose import first_divergence
+
+CALLBACK = '''
+class Preview:
+    def on_train_epoch_end(self, trainer, pl_module):
+        if trainer.is_global_zero:
+            logits = trainer.model(x)
+        trainer.strategy.barrier()
+
+    def on_validation_epoch_end(self):
+        metrics = {}
+        if len(self.box_iou.ious) > 0:
+            metrics["iou"] = self.box_iou.compute()
+'''
+
+
+@pytest.fixture
+def user_file(tmp_path):
+    path = tmp_path / "user_case.py"
+    path.write_text(CALLBACK)
+    return str(path)
+
+
+def _site(path, line, func):
+    return {"file": path, "line": line, "func": func}
+
+
+def _call(label, site, h=1, seq=2, **extra):
+    return {"ev": "call", "kind": extra.pop("kind", "strategy"), "op": extra.pop("op", label.rsplit(".", 1)[-1]),
+            "label": label, "site": site, "user": True, "parent": None, "hook": "Preview.on_train_epoch_end",
+            "seq": seq, "h": h, "epoch": 0, "step": 4, **extra}
+
+
+def _hooked(name, calls, finished=True):
+    trace = [{"ev": "hook", "i": 1, "name": f"[Callback]{name}", "h": 1, "seq": 1}] + calls
+    return trace + ([{"ev": "hook_exit", "i": 1, "h": 1}] if finished else [])
+
+
+def _run(fake_runs, traces, finished=True, values=None):
+    div = first_divergence(traces)
+    ranks = [fake_runs.rank(r, traces[r], (values or [None] * len(traces))[r],
+                            status="ok" if finished else "hung") for r in range(len(traces))]
+    return fake_runs.of(ranks, status="ok" if finished else "hung", divergence=div)
+
+
+def _forward(path):
+    return _call("DistributedDataParallel.forward", _site(path, 5, "Preview.on_train_epoch_end"), kind="ddp",
+                 op="ddp_forward", effect="broadcasts buffers")
+
+
+def _barrier(path, seq=3):
+    return _call("strategy.barrier", _site(path, 6, "Preview.on_train_epoch_end"), seq=seq)
+
+
+def test_ddp_forward_blamed_before_the_barrier_that_follows(fake_runs, user_file):
+    """Rank 0's forward through the wrapper is the first cause; rank 1's barrier is where it waited."""
+    traces = [_hooked("Preview.on_train_epoch_end", [_forward(user_file), _barrier(user_file)]),
+              _hooked("Preview.on_train_epoch_end", [_barrier(user_file, seq=2)])]
+    run = _run(fake_runs, traces)
+    verdict = CONTRACT.judge(run)
+    assert verdict.outcome == "failed"
+    assert verdict.summary.startswith("DistributedDataParallel.forward (broadcasts buffers) called on rank 0 only "
+                                      "(rank 0: 1 call, rank 1: 0 calls) from Preview.on_train_epoch_end under an "
+                                      "`if trainer.is_global_zero:` guard, at ")
+    assert "user_case.py:5 (Preview.on_train_epoch_end)" in verdict.summary
+    assert verdict.fix.startswith("run rank-0-only inference on the unwrapped module (pl_module or "
+                                  "trainer.model.module), or run it on every rank")
+    assert "call the barrier" not in verdict.fix
+    assert any("rank 1 went on to strategy.barrier()" in n and "not its cause" in n for n in verdict.notes)
+
+
+def test_ddp_forward_blamed_when_both_ranks_hang(fake_runs, user_file):
+    """Hung: rank 0 never reached its barrier; the guarded forward still wins over rank 1's barrier."""
+    traces = [_hooked("Preview.on_train_epoch_end", [_forward(user_file)], finished=False),
+              _hooked("Preview.on_train_epoch_end", [_barrier(user_file, seq=2)], finished=False)]
+    run = _run(fake_runs, traces, finished=False)
+    assert CONTRACT.blames(run) == Blame.CALL
+    rank, call, at = first_cause(run.job.divergence["events"])
+    assert (rank, call["label"], at) == (0, "DistributedDataParallel.forward", 0)
+    verdict = CONTRACT.judge(run)
+    assert "(rank 0: 1+ calls, rank 1: 0+ calls)" in verdict.summary
+    assert "the world did not finish" in verdict.notes[-1]
+
+
+def test_metric_compute_gated_on_local_state(fake_runs, user_file):
+    site = _site(user_file, 11, "Preview.on_validation_epoch_end")
+    compute = _call("BoxIoU.compute", site, kind="metric", op="metric_sync", effect="all-gathers the metric state",
+                    metric="BoxIoU")
+    traces = [_hooked("Model.on_validation_epoch_end", [compute], finished=False),
+              _hooked("Model.on_validation_epoch_end", [])]
+    run = _run(fake_runs, traces, finished=False)
+    assert CONTRACT.blames(run) == Blame.CALL
+    verdict = CONTRACT.judge(run)
+    assert verdict.summary.startswith("BoxIoU.compute (all-gathers the metric state) called on rank 0 only "
+                                      "(rank 0: 1+ calls, rank 1: 0+ calls) from Model.on_validation_epoch_end under "
+                                      "`if len(self.box_iou.ious) > 0:`, a condition on rank-local state")
+    assert "user_case.py:11" in verdict.summary
+    details = [e.detail for e in verdict.evidence]
+    assert "no BoxIoU.compute() in Model.on_validation_epoch_end (total: 0 calls)" in details
+    assert any("held on rank 0 and not on rank 1" in d for d in details)
+    assert verdict.fix.startswith("call compute() on every rank")
+    assert "decide what to log from the synced value" in verdict.fix
+
+
+def test_guards(user_file):
+    assert call_guard(_site(user_file, 5, "f")) == ("if trainer.is_global_zero:", True)
+    assert call_guard(_site(user_file, 6, "f")) == (None, False)
+    assert call_guard(_site(user_file, 11, "f")) == ("if len(self.box_iou.ious) > 0:", False)
+
+
+def test_fixes_by_kind():
+    assert fix_for({"label": "strategy.reduce_boolean_decision"}).startswith(
+        "call trainer.strategy.reduce_boolean_decision(decision) on every rank")
+    assert fix_for({"label": "ModelCheckpoint.on_validation_end", "kind": "save"}).startswith(
+        "call ModelCheckpoint.on_validation_end() on every rank, or leave it to Lightning")
+    assert fix_for({"label": "Trainer.save_checkpoint", "kind": "save"}).startswith("call trainer.save_checkpoint")
+    assert fix_for({"label": "BoxIoU.sync", "kind": "metric"}).startswith("call sync() on every rank")
+
+
+def test_weights_only_refusal_is_a_note_on_a_passed_verdict(fake_runs):
+    refusals = [{"owner": "model", "key": "loss", "refused": ["torch.nn.modules.loss.SmoothL1Loss"]},
+                {"owner": "model", "key": "optimizer_cls", "refused": ["torch.optim.adam.Adam"]}]
+    resume = {"phase": "resume", "files": [".metadata", "meta.pt"], "weights_only": True,
+              "error": "UnpicklingError: Weights only load failed: torch.load(weights_only=True) refused "
+                       "torch.nn.modules.loss.SmoothL1Loss."}
+    value = {"probes": {"all-rank-save": {"sharded": resume, "weights_only": refusals}}}
+    run = _run(fake_runs, [[], []], values=[value, value])
+    run.strategy = "fsdp"
+    verdict = CONTRACT.judge(run)
+    assert verdict.outcome == "passed"
+    assert "refused by torch's weights_only loading" in verdict.summary
+    assert len(verdict.notes) == 1
+    note = verdict.notes[0]
+    assert "torch.nn.modules.loss.SmoothL1Loss, torch.optim.adam.Adam" in note
+    assert "save_hyperparameters(ignore=['loss', 'optimizer_cls'])" in note and "weights_only=False" in note
+    assert "\x1b" not in json.dumps(verdict.as_dict())
+    # Without hparams data the refused class comes from the resume's own error.
+    value = {"probes": {"all-rank-save": {"sharded": resume, "weights_only": []}}}
+    run = _run(fake_runs, [[], []], values=[value, value])
+    assert "it refuses torch.nn.modules.loss.SmoothL1Loss (" not in CONTRACT.judge(run).notes[0]
+    assert "it refuses torch.nn.modules.loss.SmoothL1Loss." in CONTRACT.judge(run).notes[0]
+
+
+def test_refused_globals_finds_every_class():
+    import torch
+
+    obj = {"loss": torch.nn.SmoothL1Loss(beta=0.5), "opt": torch.optim.Adam, "lr": 0.1}
+    assert probe.refused_globals(obj) == ["torch.nn.modules.loss.SmoothL1Loss", "torch.optim.adam.Adam"]
+    assert probe.refused_globals({"lr": 0.1, "name": "adam"}) == []
+
+
+def test_exc_text_strips_ansi_and_keeps_whole_sentences():
+    exc = pickle.UnpicklingError("Weights only load failed. \x1b[1mdo those steps\x1b[0m. Unsupported global: "
+                                 "GLOBAL torch.nn.modules.loss.SmoothL1Loss was not an allowed global")
+    text = probe.exc_text(exc)
+    assert "\x1b" not in text
+    assert text == ("UnpicklingError: Weights only load failed: torch.load(weights_only=True) refused "
+                    "torch.nn.modules.loss.SmoothL1Loss.")
+    long = probe.exc_text(ValueError("First sentence. " + "word " * 100), limit=60)
+    assert long == "ValueError: First sentence."
+
+
+# -- rank-side taps ------------------------------------------------------------------------------
+
+def _events(recorder):
+    recorder.uninstall()
+    with open(recorder.path, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh]
+
+
+def _library_caller():
+    """A function whose frame looks like Lightning's (file and module name)."""
+    import lightning.pytorch as lp
+
+    namespace = {"__name__": "lightning.pytorch.strategies.fake"}
+    exec(compile("def call(fn, *args):\n    return fn(*args)\n", lp.__file__, "exec"), namespace)
+    return namespace["call"]
+
+
+class _FakeDDP:
+    def _check_sync_bufs_pre_fwd(self):
+        return True
+
+
+def test_ddp_forward_traced_only_when_user_code_calls_the_wrapper(tmp_path):
+    recorder = Recorder(str(tmp_path / "trace.jsonl"), 0)
+    forward = taps.ddp_forward_tap(recorder)(lambda ddp, x: x + 1)
+    assert forward(_FakeDDP(), 1) == 2                  # user code calls the wrapper
+    assert _library_caller()(forward, _FakeDDP(), 1) == 2  # Lightning's own step
+    calls = [e for e in _events(recorder) if e["ev"] == "call"]
+    assert len(calls) == 1
+    call = calls[0]
+    assert (call["label"], call["op"], call["effect"], call["user"]) == (
+        "DistributedDataParallel.forward", "ddp_forward", "broadcasts buffers", True)
+    assert call["site"]["file"] == __file__ and call["parent"] is None
+    assert list(call)[:8] == ["ev", "kind", "op", "label", "site", "user", "parent", "hook"]
+
+
+def test_checkpoint_tap_traces_direct_user_calls(tmp_path):
+    recorder = Recorder(str(tmp_path / "trace.jsonl"), 0)
+    ModelCheckpoint = type("ModelCheckpoint", (), {})
+    method = taps.checkpoint_tap(recorder, "on_validation_end")(lambda cb, trainer, module: "saved")
+    assert method(ModelCheckpoint(), None, None) == "saved"
+    _library_caller()(method, ModelCheckpoint(), None, None)
+    calls = [e for e in _events(recorder) if e["ev"] == "call"]
+    assert [(c["label"], c["user"]) for c in calls] == [("ModelCheckpoint.on_validation_end", True)]
+
+
+def test_metric_compute_without_a_distributed_group_is_not_traced(tmp_path):
+    from torchmetrics import MeanMetric
+
+    recorder = Recorder(str(tmp_path / "trace.jsonl"), 0)
+    import torchmetrics
+
+    recorder.patch(torchmetrics.Metric, "_sync_dist", taps.metric_sync_tap(recorder))
+    metric = MeanMetric()
+    metric.update(1.0)
+    assert float(metric.compute()) == 1.0
+    assert not [e for e in _events(recorder) if e["ev"] == "call"]
+
+
+def test_recorder_call_nests_library_collectives(tmp_path):
+    recorder = Recorder(str(tmp_path / "trace.jsonl"), 0)
+    inner = recorder._call_wrapper("collective", "all_gather", "torch.distributed.all_gather")(lambda: None)
+    with recorder.call("metric", "metric_sync", "BoxIoU.compute", {"file": "x.py", "line": 3, "func": "f"}, True):
+        inner()
+    events = _events(recorder)
+    outer, nested = [e for e in events if e["ev"] == "call"]
+    assert outer["user"] is True and nested["parent"] == outer["seq"] and nested["user"] is False
+    assert [e["of"] for e in events if e["ev"] == "exit"] == [nested["seq"], outer["seq"]]
+
+
+def test_a_rank_that_raised_on_its_own_is_not_a_one_sided_call(fake_runs, user_file):
+    """Rank 0 raised in its own code before the barrier: rank 1's barrier is a consequence."""
+    traces = [_hooked("Preview.on_train_epoch_end", []) +
+              [{"ev": "hook", "i": 2, "name": "[Callback]Preview.on_exception", "h": 2}],
+              _hooked("Preview.on_train_epoch_end", [_barrier(user_file, seq=2)], finished=False)]
+    ranks = [fake_runs.rank(0, traces[0], status="error", exc_type="RuntimeError",
+                            message="mat2 must be a matrix, got 1-D tensor"),
+             fake_runs.rank(1, traces[1], status="hung")]
+    run = fake_runs.of(ranks, status="error", divergence=first_divergence(traces))
+    assert run.divergent_events() == {"call"}
+    assert CONTRACT.blames(run) is None
+    assert CONTRACT.judge(run).outcome == "passed"
+    # A peer's connection error is not "on its own": the barrier stays the finding.
+    ranks[0] = fake_runs.rank(0, traces[0], status="error", exc_type="RuntimeError",
+                              message="[gloo] Connection closed by peer")
+    run = fake_runs.of(ranks, status="error", divergence=first_divergence(traces))
+    assert CONTRACT.blames(run) == Blame.CALL
