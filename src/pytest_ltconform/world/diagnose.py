@@ -14,7 +14,8 @@ import os
 import re
 from collections import Counter, defaultdict
 
-from ..sites import fmt_site, hook_label, is_user_file
+from ..sites import first_sentence, fmt_site, hook_label, is_user_file
+from .causes import is_transport_failure
 
 
 def is_collective_bearing(event: dict) -> bool:
@@ -210,10 +211,15 @@ def describe(result) -> str:
         for r in result.ranks:
             if r.status == "died":
                 lines.append(f"Rank {r.rank} exited without a result (exit code {r.exit_code}).")
+    transport = [r for r in result.ranks if is_transport_failure(r)]
     for r in result.ranks:
-        if r.status == "error":
-            first_line = (r.message or "").splitlines()[0][:300] if r.message else ""
-            lines.append(f"Rank {r.rank} raised {r.exc_type}: {first_line}")
+        if r.status == "error" and r not in transport:
+            lines.append(f"Rank {r.rank} raised {r.exc_type}: {first_sentence(r.message, 300)}")
+    if transport:
+        ranks = ", ".join(str(r.rank) for r in transport)
+        lines.append(f"Rank(s) {ranks} then failed inside a collective whose peer had stopped or gone "
+                     f"({transport[0].exc_type}: {first_sentence(transport[0].message, 120)}): a consequence, "
+                     f"not a cause.")
     div = result.divergence
     if div:
         if div["kind"] == "hooks":

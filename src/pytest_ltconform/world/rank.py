@@ -171,12 +171,15 @@ def run_job(job: Job, rank: int, world_size: int, local_rank: int, store, gen: i
         if job.backend == "nccl":
             torch.cuda.set_device(local_rank)
         default_dtype = torch.get_default_dtype()
-        dist.init_process_group(
-            job.backend, store=dist.PrefixStore(f"g{gen}/pg/{job.n}", store), rank=rank, world_size=world_size,
-            timeout=datetime.timedelta(seconds=job.pg_timeout_s),
-        )
+        # init_process_group wraps sys.excepthook in a "[rankN]:" prefixer each time: a persistent
+        # rank would print its Nth job's crash with N prefixes.
+        excepthook = sys.excepthook
         _CURRENT = ctx
         try:
+            dist.init_process_group(
+                job.backend, store=dist.PrefixStore(f"g{gen}/pg/{job.n}", store), rank=rank, world_size=world_size,
+                timeout=datetime.timedelta(seconds=job.pg_timeout_s),
+            )
             result["value"] = _resolve(job.fn)(ctx, *job.args, **job.kwargs)
         except BaseException as exc:  # report everything, including SystemExit from user code
             skip = type(exc).__name__ in ("Skipped", "SkipTest")
@@ -184,6 +187,7 @@ def run_job(job: Job, rank: int, world_size: int, local_rank: int, store, gen: i
                           message=str(exc)[:2000], traceback=traceback.format_exc()[-12000:])
         finally:
             _CURRENT = None
+            sys.excepthook = excepthook
             torch.set_default_dtype(default_dtype)
             if dist.is_initialized():
                 with contextlib.suppress(Exception):
