@@ -32,3 +32,104 @@ def test_effective_batch_ratio(ratio, passed, fake_runs):
     assert (verdict.outcome == "passed") is passed
     if ratio == 0.5:
         assert "shrinks by the world size" in verdict.summary
+
+
+def _info(**extra):
+    info = {"sizes": [4], "accumulate": 1, "stepped": True, "loader": {}, "loss_lines": [],
+            "grad_sig": [("lin.weight", 1.0), ("lin.bias", 0.5)]}
+    info.update(extra)
+    return info
+
+
+def _judge(fake_runs, infos, ref):
+    run = fake_runs.run(values=[{"ebatch": i} for i in infos])
+    run.reference = fake_runs.run(values=[{"reference": ref}])
+    return get_contract("effective-batch").judge(run)
+
+
+_REF = {"norm": 2.0, "world_norm": 2.0, "cosine": 1.0, "stepped": True, "per_param": [], "repeat_diff": 0.0}
+
+
+def test_ranks_with_different_gradients_are_not_judged(fake_runs):
+    other = _info(grad_sig=[("lin.weight", 1.3), ("lin.bias", 0.5)])
+    verdict = _judge(fake_runs, [_info(), other], {**_REF, "world_norm": 1.0})
+    assert verdict.outcome == "skipped"
+    assert verdict.summary.startswith("not judged: the ranks hold different gradients")
+    assert "parameter lin.weight has gradient norm 1 on rank 0 and 1.3 on rank 1" in verdict.summary
+
+
+def test_random_draws_in_the_step_are_not_judged_and_named(fake_runs):
+    ref = {**_REF, "world_norm": 1.0, "repeat_diff": 0.2,
+           "draws": [{"file": "/x/model.py", "line": 12, "func": "Model.training_step", "what": "torch.randint"}]}
+    verdict = _judge(fake_runs, [_info(), _info()], ref)
+    assert verdict.outcome == "skipped"
+    assert "random draws inside the step (torch.randint at /x/model.py:12 (Model.training_step))" in verdict.summary
+    assert "\n" not in verdict.summary
+
+
+def test_unmergeable_batches_are_not_judged(fake_runs):
+    info = _info(merge_note="the user's collate_fn could not build one batch")
+    verdict = _judge(fake_runs, [info, _info()],
+                     {"not_judged": "tensors of different trailing shapes (padded to each batch's own length)",
+                      "stepped": False})
+    assert verdict.outcome == "skipped"
+    assert "cannot be merged into one batch" in verdict.summary and "trailing shapes" in verdict.summary
+
+
+def _manual(scale, counts=(1, 1), diff=0.0):
+    return _info(sizes=[4, 4], manual=True, backwards=list(counts), scales=[scale] * len(counts),
+                 norm=2.0, sum_norm=2.0, after_backward_diff=diff,
+                 backward_site={"file": "/x/model.py", "line": 40, "func": "Model.training_step"})
+
+
+@pytest.mark.parametrize("scale,outcome", [(1.0, "failed"), (0.5, "passed"), (0.25, "skipped")])
+def test_manual_accumulation_scale(scale, outcome, fake_runs):
+    verdict = _judge(fake_runs, [_manual(scale), _manual(scale)], _REF)
+    assert verdict.outcome == outcome
+    if outcome == "failed":
+        assert verdict.summary.startswith("first optimizer step's gradient is 2x the gradient of the mean loss over "
+                                          "the same 2 micro-batches x 2 ranks (16 samples)")
+        assert "Effective batch 16 = 4 (per rank) x 2 (ranks) x 2 (accumulation)" in verdict.summary
+    if outcome == "skipped":
+        assert "scaled by 0.25, not 1/N" in verdict.summary
+
+
+def test_manual_accumulation_with_hand_rescaled_gradients_is_not_judged(fake_runs):
+    verdict = _judge(fake_runs, [_manual(1.0, diff=0.3), _manual(1.0, diff=0.3)], _REF)
+    assert verdict.outcome == "skipped" and "between the last manual_backward and optimizer.step" in verdict.summary
+
+
+def test_no_step_is_not_judged(fake_runs):
+    verdict = _judge(fake_runs, [_info(stepped=False), _info(stepped=False)], _REF)
+    assert verdict.outcome == "skipped" and verdict.summary.startswith("not judged: no optimizer step")
+
+
+def test_root_scale_and_concatenable():
+    import torch
+
+    from pytest_ltconform.contracts.effective_batch.window import concatenable, root_scale
+
+    w = torch.randn(3, requires_grad=True)
+    loss = (w ** 2).mean()
+    assert root_scale(loss) == 1.0
+    assert root_scale(loss / 2) == 0.5 and root_scale(0.5 * (loss / 4)) == 0.125
+    assert root_scale(loss + 0.1 * w.sum()) == 1.0 and root_scale(torch.tensor(1.0)) is None
+    assert concatenable([torch.zeros(2, 3), torch.zeros(4, 3)]) is None
+    assert "trailing shapes" in concatenable([(torch.zeros(2, 9),), (torch.zeros(2, 7),)])
+    assert "SeqBatch" in concatenable([type("SeqBatch", (), {})()] * 2)
+
+
+def test_merged_by_loader_runs_the_users_collate():
+    import torch
+    from torch.utils.data import DataLoader
+
+    from pytest_ltconform.contracts.effective_batch.window import merged_by_loader
+
+    data = [torch.full((i + 1,), float(i)) for i in range(8)]
+
+    def pad(items):
+        return torch.nn.utils.rnn.pad_sequence(items, batch_first=True)
+
+    loader = DataLoader(data, batch_size=2, collate_fn=pad)
+    batches, why = merged_by_loader(loader, [[[0, 1]], [[6, 7]]], 1)
+    assert why is None and batches[0].shape == (4, 8) and batches[0][:, 0].tolist() == [0.0, 1.0, 6.0, 7.0]

@@ -5,15 +5,20 @@ Seed section "Choose using measured memory": the effective batch is the local ba
 world size times the accumulation, for full accumulation windows; a partial final window, token
 masks and uneven ranks need their own accounting; linear learning-rate scaling is a hypothesis.
 
-Checked in the "effective-batch" run (rank side: ``probe.py``): the world trains one optimizer
-step (one full accumulation window) with each rank's micro-batches, the initial weights and the
-averaged first-step gradient saved; then a one-rank reference run (the run spec's ``reference``)
-loads the same weights and trains one step on the same samples, the ranks' micro-batches
-concatenated (1 rank x batch world*b). With a mean-reduced loss the two gradients agree; a
-sum-reduced loss under DDP's gradient averaging, or a per-rank normalisation by a local count,
-changes them by a factor, which fails with the factor and the loss line. The effective batch, a
-partial final window and an uneven last batch are reported (informational: they pass). Dropout is
-switched off in both runs so that only the reduction is compared.
+Checked in the "effective-batch" run (rank side: ``probe.py``): the world trains up to its first
+optimizer step (one accumulation window; with manual optimization, the training_step calls before
+the first ``optimizer.step``); a one-rank reference run (the run spec's ``reference``) loads the
+same weights and trains one step on the same samples, 1 rank x batch world*b. With a mean-reduced
+loss the two gradients agree; a sum-reduced loss under DDP's gradient averaging, or a per-rank
+normalisation by a local count, changes them by a factor, which fails with the factor and the loss
+line. Manual accumulation fails when the applied step is N times the gradient of the mean loss over
+the window (no 1/N on the loss passed to manual_backward). The comparison is judged only when it is
+fair, else the item is skipped as "not judged" with the premise that does not hold: (a) every rank
+holds the same gradient at the step (DDP averaged it), (b) the reference step is a function of
+weights and samples (two RNG seeds give the same gradient), (c) the merged batch can be built
+(through the user's dataset and collate_fn, else field by field for plain tensors). The effective
+batch, a partial final window and an uneven last batch are reported (informational: they pass).
+Dropout modules are switched off in both runs so that only the reduction is compared.
 """
 
 from __future__ import annotations
@@ -23,14 +28,21 @@ import math
 from ...harness import RunSpec
 from ...sites import fmt_site
 from ..base import Contract, Evidence, Run, Verdict
-from .probe import EffectiveBatchProbe, _concat  # noqa: F401  (_concat: tests build batches with it)
+from .probe import EffectiveBatchProbe
+from .window import concat as _concat  # noqa: F401  (tests build batches with it)
 
 TOLERANCE = 0.10  # relative gap between the two gradient norms that fails
+SAME_GRAD = 1e-4  # relative gap between ranks' gradient norms that says DDP did not average them
+REPEAT = 1e-5     # relative gap between two reference steps (two RNG seeds) that says the step draws
+SCALE = 1e-6      # relative tolerance on a manual loss's constant factor (1 or 1/N)
 
 
 _FIX = ("use a mean-reduced loss (reduction='mean'), or normalise by the global count (all-reduce the "
         "token/sample count and divide by it, times the world size to undo DDP's averaging); if the scale is "
         "intended, scale the learning rate on purpose and report the effective batch next to it.")
+_MANUAL_FIX = ("divide each micro-batch's loss by the number of micro-batches in the window before "
+               "manual_backward (self.manual_backward(loss / N), with the actual count for a partial last window), "
+               "and report the effective batch as local batch x world size x N.")
 
 
 def _close(value: float, reference: float) -> bool:
@@ -49,6 +61,35 @@ def _factor(ratio: float, world: int) -> str:
             f"by its own count (tokens, valid samples), so ranks are weighted unequally")
 
 
+def unaveraged(infos: list) -> str | None:
+    """Premise (a): what shows that the ranks stepped on different gradients (so DDP did not
+    average them), from each rank's ``grad_sig`` ([(parameter, gradient norm), ...]); None when
+    every rank holds the same gradient or a rank recorded none."""
+    sigs = [(info or {}).get("grad_sig") for info in infos]
+    if len(sigs) < 2 or any(s is None for s in sigs):
+        return None
+    base = dict(sigs[0])
+    for rank, sig in enumerate(sigs[1:], 1):
+        other = dict(sig)
+        if set(other) != set(base):
+            names = sorted(set(base) ^ set(other))
+            return (f"rank 0 and rank {rank} hold gradients for different parameters "
+                    f"({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})")
+        for name, norm in base.items():
+            if not math.isclose(norm, other[name], rel_tol=SAME_GRAD, abs_tol=1e-9):
+                return f"parameter {name} has gradient norm {norm:.6g} on rank 0 and {other[name]:.6g} on rank {rank}"
+    return None
+
+
+def drawn_at(ref: dict) -> str:
+    """Where the reference step drew random numbers in user code, for a one-line reason."""
+    draws = ref.get("draws") or []
+    if not draws:
+        return ""
+    shown = "; ".join(f"{d['what']} at {fmt_site(d)}" for d in draws[:2])
+    return f" ({shown})"
+
+
 class EffectiveBatch(Contract):
     id = "effective-batch"
     title = "The effective batch is reported and the gradient does not depend on the world size"
@@ -60,39 +101,69 @@ class EffectiveBatch(Contract):
     tiers = ("cpu",)  # the one-rank reference run exists on the local CPU tier only
 
     def judge(self, run: Run) -> Verdict:
-        values = [(v or {}).get("ebatch") for v in run.values()]
-        info = values[0]
+        infos = [(v or {}).get("ebatch") for v in run.values()]
+        info = infos[0]
         if not info:
             return self.verdict("error", "the one-step run returned nothing", diagnosis=run.job.failure_text())
         world = run.world_size
         local = info["sizes"][0] if info["sizes"] else None
-        acc = info["accumulate"]
-        report, notes = self._report(values, local, world, acc)
+        window = len(info["sizes"]) if info.get("manual") else info["accumulate"]
+        report, notes = self._report(infos, local, world, window)
+        if not info.get("stepped"):
+            return self.verdict("skipped", f"not judged: no optimizer step was taken in the first "
+                                f"{len(info['sizes'])} training batches, so there is no step to compare. {report}",
+                                notes=notes)
         ref_run = getattr(run, "reference", None)
         ref = (ref_run.value(0) or {}).get("reference") if ref_run is not None and ref_run.finished else None
-        if not info.get("stepped"):
-            return self.verdict("passed", report + " No optimizer step was taken in the first window, so the "
-                                "gradients were not compared.", notes=notes)
+        premise = self._premise(infos, ref)
+        if premise:
+            return self.verdict("skipped", f"not judged: {premise}. {report}", notes=notes)
         if not ref or not ref.get("stepped") or ref.get("norm") is None:
             why = "no reference run" if ref_run is None else (
                 ref_run.job.failure_text().splitlines()[0] if ref_run.job.failure_text() else "it did not step")
             return self.verdict("error", report + f" The one-rank reference step could not be made ({why}), so "
                                 "world-size invariance was not judged.",
                                 diagnosis=ref_run.job.failure_text() if ref_run is not None else None)
+        if ref.get("merged_by") == "concat" and info.get("merge_note"):
+            notes.append(f"the ranks' batches were concatenated field by field for the 1-rank step: "
+                         f"{info['merge_note']}.")
+        if info.get("dropout_off"):
+            notes.append(f"{info['dropout_off']} dropout module(s) were switched off in both runs for the comparison.")
+        return self._world_size(info, infos, ref, world, local, report, notes)
+
+    @staticmethod
+    def _premise(infos: list, ref: dict | None) -> str | None:
+        """The premise of a fair comparison that does not hold, in one line; None when all hold."""
+        spread = unaveraged(infos)
+        if spread:
+            return (f"the ranks hold different gradients at the first optimizer step ({spread}), so DDP did not "
+                    f"average them and the step is not one step of the whole world")
+        if ref and ref.get("not_judged"):
+            note = (infos[0] or {}).get("merge_note")
+            return (f"the ranks' first-window samples cannot be merged into one batch for the 1-rank step: "
+                    f"{note + '; field by field: ' if note else ''}{ref['not_judged']}")
+        repeat = (ref or {}).get("repeat_diff")
+        if repeat is not None and repeat > REPEAT:
+            return (f"the gradient depends on random draws inside the step{drawn_at(ref)}: the same weights and "
+                    f"samples gave gradients {repeat:.2g} apart (relative) under two seeds, so a 1-rank step cannot "
+                    f"reproduce the ranks' own gradients")
+        return None
+
+    def _world_size(self, info: dict, infos: list, ref: dict, world: int, local, report: str,
+                    notes: list) -> Verdict:
         n_world, n_ref = ref["world_norm"], ref["norm"]
         ratio = n_world / n_ref if n_ref else float("inf")
         cos = ref.get("cosine")
-        samples = sum(sum(s or 0 for s in (v or {}).get("sizes", [])) for v in values)
+        samples = sum(sum(s or 0 for s in (v or {}).get("sizes", [])) for v in infos)
         measured = (f"first-step gradient norm {n_world:.4g} on {world} ranks x batch {local} vs {n_ref:.4g} on 1 rank "
                     f"x batch {world * (local or 0)}, same {samples} samples and weights (ratio {ratio:.3g}"
                     + (f", cosine {cos:.4f}" if cos is not None else "") + ")")
         if cos is not None and cos < 0.99:
             notes.append(f"the gradient direction differs too (cosine {cos:.3f}): batch statistics (BatchNorm without "
                          f"SyncBatchNorm) or per-rank weighting make the step depend on how samples are split.")
-        if info.get("dropout_off"):
-            notes.append(f"{info['dropout_off']} dropout module(s) were switched off in both runs for the comparison.")
         if abs(ratio - 1.0) <= TOLERANCE:
-            return self.verdict("passed", f"{report} The {measured}: world-size invariant.", notes=notes)
+            manual = self._manual_window(info, world, samples, report, notes)
+            return manual or self.verdict("passed", f"{report} The {measured}: world-size invariant.", notes=notes)
         lines = info.get("loss_lines") or []
         line_text = "; ".join(f"{ln['what']} at {fmt_site(ln)}" for ln in lines)
         summary = f"{measured}: {_factor(ratio, world)}" + (f" ({line_text})" if line_text else "") + f". {report}"
@@ -105,6 +176,51 @@ class EffectiveBatch(Contract):
         for name, r in (ref.get("per_param") or [])[:3]:
             evidence.append(Evidence(f"parameter {name}: gradient ratio {r:.3g}"))
         return self.verdict("failed", summary, evidence=evidence, fix=_FIX, category="silent", notes=notes)
+
+    def _manual_window(self, info: dict, world: int, samples: int, report: str, notes: list) -> Verdict | None:
+        """Manual optimization over N >= 2 micro-batches: the applied step against the gradient of
+        the mean loss over the window. Each micro-batch's gradient is what its manual_backward
+        added; the loss passed in is the micro-batch's loss times the constant factors at the root
+        of its graph (1/N when divided by N). None when the window passes."""
+        n = len(info["sizes"])
+        if not info.get("manual") or n < 2:
+            return None
+        counts, scales = info.get("backwards") or [], info.get("scales") or []
+        site = info.get("backward_site")
+        where = f" at {fmt_site(site)}" if site else ""
+        if len(counts) != n or any(c != 1 for c in counts):
+            return self.verdict("skipped", f"not judged: manual optimization over {n} micro-batches called "
+                                f"manual_backward {counts} times per training_step, so the step cannot be split into "
+                                f"one loss per micro-batch. {report}", notes=notes)
+        diff = info.get("after_backward_diff")
+        if diff is None or diff > SAME_GRAD:
+            return self.verdict("skipped", "not judged: the gradients changed between the last manual_backward and "
+                                "optimizer.step (clipped or rescaled by hand), so the applied step is not the sum of "
+                                f"the micro-batch gradients. {report}", notes=notes)
+        if any(c is None or not math.isclose(c, scales[0], rel_tol=SCALE) for c in scales):
+            return self.verdict("skipped", f"not judged: the losses passed to manual_backward{where} carry "
+                                f"different constant factors ({scales}). {report}", notes=notes)
+        scale = scales[0]
+        if math.isclose(scale * n, 1.0, rel_tol=SCALE):
+            notes.append(f"manual accumulation over N={n} micro-batches divides each loss by N{where}.")
+            return None
+        if not math.isclose(scale, 1.0, rel_tol=SCALE):
+            return self.verdict("skipped", f"not judged: manual accumulation over N={n} micro-batches, and the loss "
+                                f"passed to manual_backward{where} is scaled by {scale:.4g}, not 1/N: a divisor for "
+                                f"the window cannot be told from a loss weight. {report}", notes=notes)
+        applied, mean_grad = info["norm"], (info.get("sum_norm") or 0.0) / n
+        ratio = applied / mean_grad if mean_grad else float("inf")
+        summary = (f"first optimizer step's gradient is {ratio:.3g}x the gradient of the mean loss over the same {n} "
+                   f"micro-batches x {world} ranks ({samples} samples): manual accumulation over N={n} without "
+                   f"dividing the loss by N (the loss passed to manual_backward{where} carries no 1/N factor). "
+                   f"{report}")
+        evidence = [Evidence(f"gradient norm {applied:.4g} at the first optimizer.step: the sum of {n} micro-batch "
+                             f"gradients, each averaged over {world} ranks"),
+                    Evidence(f"gradient norm {mean_grad:.4g} of the mean loss over the window (the mean of the {n} "
+                             f"micro-batch gradients)"),
+                    Evidence(f"manual_backward(loss) on each of the {n} micro-batches, loss not divided by {n}",
+                             site=fmt_site(site) if site else None)]
+        return self.verdict("failed", summary, evidence=evidence, fix=_MANUAL_FIX, category="silent", notes=notes)
 
     @staticmethod
     def _report(values: list, local, world: int, acc: int) -> tuple[str, list[str]]:

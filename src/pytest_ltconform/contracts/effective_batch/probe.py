@@ -1,9 +1,15 @@
 """Rank side of effective-batch: one optimizer step of the world, and its one-rank reference.
 
-``one_step`` (every rank) trains one full accumulation window, saves the initial weights and the
-averaged first-step gradient (rank 0) and each rank's micro-batches; ``reference`` (one rank) loads
-the same weights and trains one step on the ranks' micro-batches concatenated, then compares the
-two gradients. Both build their Trainer through the harness, untraced. Imported only in ranks.
+``one_step`` (every rank) trains up to the first optimizer step (one accumulation window; with
+manual optimization, the training_step calls before the first ``optimizer.step``). Every rank
+records its gradient's signature (is it the same on every rank, i.e. did DDP average it?), the
+sample indices its sampler yielded for the window, its micro-batches, and what each
+``manual_backward`` passed in; rank 0 saves the initial weights, the averaged gradient, and the
+window's samples merged through the user's own dataset and collate_fn. ``reference`` (one rank)
+loads the same weights and trains one step on the merged samples twice, under two RNG seeds, and
+compares the gradients. Both build their Trainer through the harness, untraced, with DDP kept
+going the way the shared fit does (find_unused_parameters forced on unless static_graph).
+Imported only in ranks.
 """
 
 from __future__ import annotations
@@ -13,41 +19,11 @@ import os
 import re
 
 from ...harness import Probe, RankRun, batch_size, rank_run
+from ...sites import user_site
 from ...target import defines
+from . import window
 
-
-def _to_cpu(batch):
-    import torch
-
-    if isinstance(batch, torch.Tensor):
-        return batch.detach().cpu().clone()
-    if isinstance(batch, dict):
-        return {k: _to_cpu(v) for k, v in batch.items()}
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
-        return type(batch)(*[_to_cpu(v) for v in batch])
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_to_cpu(v) for v in batch)
-    return batch
-
-
-def _concat(items: list):
-    """One batch from the ranks' batches: tensors concatenated along dim 0, containers per field."""
-    import torch
-
-    first = items[0]
-    if isinstance(first, torch.Tensor):
-        return torch.cat(items) if first.dim() > 0 else torch.stack(items)
-    if isinstance(first, dict):
-        return {k: _concat([it[k] for it in items]) for k in first}
-    if isinstance(first, tuple) and hasattr(first, "_fields"):
-        return type(first)(*[_concat(list(parts)) for parts in zip(*items)])
-    if isinstance(first, tuple):
-        return tuple(_concat(list(parts)) for parts in zip(*items))
-    if isinstance(first, list):
-        if all(isinstance(x, (str, int, float)) for it in items for x in it):
-            return [x for it in items for x in it]
-        return [_concat(list(parts)) for parts in zip(*items)]
-    return first
+MANUAL_LIMIT = 8  # training batches a manually optimized world may take to reach its first step
 
 
 class _Replay:
@@ -101,14 +77,18 @@ def _loss_lines(model) -> list[dict]:
     return found[:3]
 
 
-def _loader_facts(trainer) -> dict:
-    from torch.utils.data import DataLoader
-
+def _train_loader(trainer):
     loader = trainer.train_dataloader
     if isinstance(loader, (list, tuple)):
         loader = loader[0] if loader else None
     if isinstance(loader, dict):
         loader = next(iter(loader.values()), None)
+    return loader
+
+
+def _loader_facts(loader) -> dict:
+    from torch.utils.data import DataLoader
+
     facts: dict = {"batches": None, "samples": None, "batch_size": None, "drop_last": None}
     if isinstance(loader, DataLoader):
         facts["batch_size"] = loader.batch_size
@@ -125,6 +105,17 @@ def _loader_facts(trainer) -> dict:
     return facts
 
 
+def _norm(grads: dict) -> float:
+    return math.sqrt(sum(float((g.double() ** 2).sum()) for g in grads.values()))
+
+
+def _rel_diff(grads: dict, other: dict) -> float:
+    """``|grads - other| / |other|`` over the parameters both hold (inf when the sets differ)."""
+    if set(grads) != set(other):
+        return float("inf")
+    diff = math.sqrt(sum(float(((grads[n].double() - other[n].double()) ** 2).sum()) for n in grads))
+    base = _norm(other)
+    return diff / base if base else (0.0 if diff == 0 else float("inf"))
 
 
 def _grad_comparison(grads: dict, other: dict) -> dict:
@@ -143,21 +134,65 @@ def _grad_comparison(grads: dict, other: dict) -> dict:
             "per_param": per[:8]}
 
 
-class EffectiveBatchProbe(Probe):
-    """Captures the first optimizer step: the micro-batches and their sizes, the gradient norm,
-    the train loader's facts. In the world (``reference_grads`` None) rank 0 saves the initial
-    weights and the gradient; in the reference the world's weights are loaded first and the
-    gradient is compared with the world's (``reference_grads``: its file)."""
+def _grads(pl_module) -> dict:
+    return {n: p.grad.detach().cpu().clone() for n, p in pl_module.named_parameters() if p.grad is not None}
 
-    def __init__(self, folder: str = "", reference_grads: str | None = None):
+
+class EffectiveBatchProbe(Probe):
+    """Captures the first optimizer step: the window's micro-batches, sizes and sample indices,
+    what each backward received, the gradient at the step. In the world rank 0 saves the initial
+    weights, the gradient and the merged samples; in the reference (``seed`` set) the saved weights
+    are loaded and every micro-batch starts from a known RNG seed."""
+
+    def __init__(self, folder: str = "", seed: int | None = None):
         self.folder = folder
-        self.reference_grads = reference_grads
+        self.seed = seed
         self.rank = 0
-        self.state: dict = {"batches": [], "sizes": []}
+        self.state: dict = {"batches": [], "sizes": [], "backwards": [], "scales": []}
+        self.grads: dict = {}
+        self.loader = None
+        self.indices = None
+        self.recorders: dict = {}
+        self.after_backward: dict | None = None
 
     def before_trainer(self, objects, trainer_kwargs, recorder) -> None:
         trainer_kwargs["callbacks"] = list(trainer_kwargs.get("callbacks") or []) + \
             [_make_callback(objects.ns, self)]
+
+    def setup(self, trainer) -> None:
+        strategy = trainer.strategy
+        original = strategy.backward
+        process = strategy.process_dataloader
+        recorders = self.recorders = {}
+
+        def process_dataloader(dataloader):
+            # Lightning creates the train iterator before on_train_start: record indices from here.
+            out = process(dataloader)
+            if self.seed is None:
+                recorder = window.record_indices(out)
+                if recorder is not None:
+                    recorders[id(out)] = recorder
+            return out
+
+        strategy.process_dataloader = process_dataloader
+
+        def backward(loss, *args, **kwargs):
+            scale = None if self.state.get("stepped") else window.root_scale(loss)  # before the graph is freed
+            out = original(loss, *args, **kwargs)
+            self.backward_done(trainer, scale)
+            return out
+
+        strategy.backward = backward
+
+    def backward_done(self, trainer, scale: float | None) -> None:
+        state = self.state
+        if state.get("stepped") or not state["backwards"]:
+            return
+        state["backwards"][-1] += 1
+        state["scales"].append(scale)
+        if "backward_site" not in state:
+            state["backward_site"] = user_site(1)[0]
+        self.after_backward = _grads(trainer.lightning_module)
 
     def train_start(self, pl_module, trainer) -> None:
         import torch
@@ -165,45 +200,81 @@ class EffectiveBatchProbe(Probe):
         state = self.state
         state["dropout_off"] = _no_dropout(pl_module)
         weights = os.path.join(self.folder, "ebatch_weights.pt")
-        if self.reference_grads is None:
+        if self.seed is None:
             if self.rank == 0:
                 torch.save(pl_module.state_dict(), weights)
+            self.loader = _train_loader(trainer)
+            self.indices = self.recorders.get(id(self.loader))
         else:
             pl_module.load_state_dict(torch.load(weights, map_location="cpu", weights_only=False))
+            window.seed_all(self.seed)
         try:
-            state["loader"] = _loader_facts(trainer)
+            state["loader"] = _loader_facts(self.loader)
         except Exception as exc:
             state["loader"] = {"error": repr(exc)}
 
-    def batch_start(self, trainer, batch) -> None:
-        if trainer.global_step == 0 and not self.state.get("stepped"):
-            self.state["batches"].append(_to_cpu(batch))
-            self.state["sizes"].append(batch_size(batch))
+    def batch_start(self, trainer, batch, batch_idx: int) -> None:
+        state = self.state
+        if state.get("stepped"):
+            return
+        state["batches"].append(window.to_cpu(batch))
+        state["sizes"].append(batch_size(batch) or window.leading_size(batch))
+        state["backwards"].append(0)
+        if self.seed is not None:
+            window.seed_all(self.seed * 1000 + batch_idx)
 
     def before_step(self, pl_module) -> None:
-        import torch
-
         state = self.state
         if state.get("stepped"):
             return
         state["stepped"] = True
-        grads = {n: p.grad.detach().cpu().clone() for n, p in pl_module.named_parameters() if p.grad is not None}
-        state["norm"] = float(torch.sqrt(sum((g.double() ** 2).sum() for g in grads.values()))) if grads else 0.0
-        if self.reference_grads is None:
-            if self.rank == 0:
-                torch.save(grads, os.path.join(self.folder, "ebatch_grads.pt"))
-        else:
-            other = torch.load(self.reference_grads, map_location="cpu", weights_only=False)
-            state.update(_grad_comparison(grads, other))
+        self.grads = grads = _grads(pl_module)
+        state["norm"] = _norm(grads)
+        state["grad_sig"] = [(n, float(g.double().norm())) for n, g in grads.items()]
+        if self.after_backward is not None:
+            state["sum_norm"] = _norm(self.after_backward)
+            state["after_backward_diff"] = _rel_diff(grads, self.after_backward)
+        if self.seed is None:
+            self._share_window()
+
+    def _share_window(self) -> None:
+        """World: rank 0 saves the averaged gradient and the window's samples merged through the
+        user's dataset and collate_fn (every rank's index lists gathered first)."""
+        import torch
+        import torch.distributed as dist
+
+        n = len(self.state["sizes"])
+        mine = self.indices.lists[:n] if self.indices is not None and len(self.indices.lists) >= n else None
+        gathered = [mine]
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            gathered = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, mine)
+        if self.rank != 0:
+            return
+        torch.save(self.grads, os.path.join(self.folder, "ebatch_grads.pt"))
+        if any(g is None for g in gathered):
+            self.state["merge_note"] = "the sampler's indices were not recorded (an iterable or unbatched loader)"
+            return
+        merged, why = window.merged_by_loader(self.loader, gathered, n)
+        if merged is not None:
+            try:
+                torch.save(merged, os.path.join(self.folder, "ebatch_merged.pt"))
+            except Exception as exc:  # a batch object pickle cannot store
+                merged, why = None, f"the merged batch could not be saved ({exc!r:.120})"
+        self.state["merge_note"] = why
 
 
 def _make_callback(ns, probe: EffectiveBatchProbe):
     class Capture(ns.Callback):
+        def setup(self, trainer, pl_module, stage):
+            if stage == "fit":
+                probe.setup(trainer)
+
         def on_train_start(self, trainer, pl_module):
             probe.train_start(pl_module, trainer)
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-            probe.batch_start(trainer, batch)
+            probe.batch_start(trainer, batch, batch_idx)
 
         def on_before_optimizer_step(self, trainer, pl_module, optimizer):
             probe.before_step(pl_module)
@@ -211,18 +282,37 @@ def _make_callback(ns, probe: EffectiveBatchProbe):
     return Capture()
 
 
+def _keep_ddp_going(strategy) -> None:
+    """A parameter without gradient under find_unused_parameters=False leaves its bucket
+    unreduced, so ranks would step on different gradients: force the flag on (unless
+    static_graph), as the shared fit does; the verdict is about loss scaling, not the flag."""
+    ddp_kwargs = getattr(strategy, "_ddp_kwargs", None)
+    if isinstance(ddp_kwargs, dict) and not ddp_kwargs.get("static_graph", False):
+        ddp_kwargs["find_unused_parameters"] = True
+
+
 def _one_step_kwargs(run: RankRun, user: dict, strategy, world_size: int, micro_batches: int) -> dict:
     kwargs = run.trainer_kwargs(strategy, {k: v for k, v in user.items() if k != "strategy"}, world_size)
-    # One epoch of exactly one accumulation window: one optimizer step, and the epoch's usual
-    # hooks (validation, on_fit_end) still run as the user's code expects.
+    # One epoch up to the first optimizer step: the epoch's usual hooks (validation, on_fit_end)
+    # still run as the user's code expects.
     kwargs.update(max_steps=-1, max_epochs=1, limit_train_batches=micro_batches)
     kwargs.pop("val_check_interval", None)
     return kwargs
 
 
+def _world_value(state: dict, accumulate: int, manual: bool, model, rank: int) -> dict:
+    return {"sizes": state["sizes"], "accumulate": accumulate, "norm": state.get("norm"),
+            "stepped": bool(state.get("stepped")), "loader": state.get("loader"),
+            "dropout_off": state.get("dropout_off", 0), "manual": manual,
+            "grad_sig": state.get("grad_sig"), "backwards": state["backwards"], "scales": state["scales"],
+            "backward_site": state.get("backward_site"), "sum_norm": state.get("sum_norm"),
+            "after_backward_diff": state.get("after_backward_diff"), "merge_note": state.get("merge_note"),
+            "loss_lines": _loss_lines(model) if rank == 0 else []}
+
+
 def one_step(ctx, targets, strategy_name: str, probes: list, pg_timeout_s: float) -> dict:
-    """Every rank: one optimizer step of the world, saved for the one-rank reference. Returns
-    ``{"ebatch": {...}, "reference_args": [folder, world, accumulation] (rank 0, after a step)}``."""
+    """Every rank: the world's first optimizer step, saved for the one-rank reference. Returns
+    ``{"ebatch": {...}, "reference_args": [folder, world, window] (rank 0, after a step)}``."""
     import torch
 
     folder = os.path.dirname(ctx.job_dir)
@@ -233,42 +323,77 @@ def one_step(ctx, targets, strategy_name: str, probes: list, pg_timeout_s: float
         user = dict(objects.user_kwargs)
         accumulate = user.get("accumulate_grad_batches", 1)
         accumulate = accumulate if isinstance(accumulate, int) and accumulate > 0 else 1
+        manual = not objects.model.automatic_optimization
         strategy = run.strategy(strategy_name, user.get("strategy"))
-        trainer = run.build_trainer(_one_step_kwargs(run, user, strategy, ctx.world_size, accumulate))
+        _keep_ddp_going(strategy)
+        limit = max(accumulate, MANUAL_LIMIT) if manual else accumulate
+        trainer = run.build_trainer(_one_step_kwargs(run, user, strategy, ctx.world_size, limit))
         trainer.fit(objects.model, datamodule=objects.datamodule)
         state = probe.state
         torch.save(state["batches"], os.path.join(folder, f"ebatch_batches_rank{ctx.rank}.pt"))
-        out = {"ebatch": {"sizes": state["sizes"], "accumulate": accumulate, "norm": state.get("norm"),
-                          "stepped": bool(state.get("stepped")), "loader": state.get("loader"),
-                          "dropout_off": state.get("dropout_off", 0),
-                          "manual": not objects.model.automatic_optimization,
-                          "loss_lines": _loss_lines(objects.model) if ctx.rank == 0 else []}}
+        out = {"ebatch": _world_value(state, accumulate, manual, objects.model, ctx.rank)}
     if ctx.rank == 0 and state.get("stepped"):
-        out["reference_args"] = [folder, ctx.world_size, accumulate]
+        out["reference_args"] = [folder, ctx.world_size, len(state["sizes"])]
     return out
 
 
-def reference(ctx, targets, folder: str, world: int, accumulate: int, pg_timeout_s: float) -> dict:
-    """One rank, the same weights, one step on the world's micro-batches concatenated."""
+def _reference_batches(folder: str, world: int, micro: int) -> tuple[list | None, str, str | None]:
+    """``(batches, how, reason)``: the merged micro-batches rank 0 built through the user's
+    collate_fn ('collate'), else the ranks' batches concatenated field by field ('concat') when
+    they are plain tensors of equal trailing shapes; else ``(None, '', reason)``."""
     import torch
 
-    probe = EffectiveBatchProbe(folder, reference_grads=os.path.join(folder, "ebatch_grads.pt"))
-    with rank_run(ctx, targets, [("reference", probe)], pg_timeout_s, traced=False) as run:
-        objects = run.objects
-        per_rank = [torch.load(os.path.join(folder, f"ebatch_batches_rank{r}.pt"), map_location="cpu",
-                               weights_only=False) for r in range(world)]
-        micro = min(len(b) for b in per_rank)
-        combined = [_concat([per_rank[r][j] for r in range(world)]) for j in range(micro)]
-        strategy = run.strategy("ddp", None)
-        trainer = run.build_trainer(_one_step_kwargs(run, dict(objects.user_kwargs), strategy, 1, micro))
-        # The same samples come from wherever the user's train_dataloader lives; the rest of the
-        # datamodule (validation, setup) stays the user's.
-        replay = _Replay(combined)
-        dm = objects.datamodule
-        holder = dm if dm is not None and defines(dm, "train_dataloader", targets.namespace) else objects.model
-        object.__setattr__(holder, "train_dataloader", lambda: replay)
-        trainer.fit(objects.model, datamodule=dm)
-    state = probe.state
-    return {"reference": {"norm": state.get("norm"), "world_norm": state.get("world_norm"),
-                          "cosine": state.get("cosine"), "per_param": state.get("per_param"),
-                          "sizes": state["sizes"], "stepped": bool(state.get("stepped"))}}
+    merged = os.path.join(folder, "ebatch_merged.pt")
+    if os.path.exists(merged):
+        return torch.load(merged, map_location="cpu", weights_only=False), "collate", None
+    per_rank = [torch.load(os.path.join(folder, f"ebatch_batches_rank{r}.pt"), map_location="cpu",
+                           weights_only=False) for r in range(world)]
+    if min(len(b) for b in per_rank) < micro:
+        return None, "", "a rank recorded fewer micro-batches than the window"
+    for j in range(micro):
+        why = window.concatenable([per_rank[r][j] for r in range(world)])
+        if why:
+            return None, "", why
+    return [window.concat([per_rank[r][j] for r in range(world)]) for j in range(micro)], "concat", None
+
+
+def _fit_reference(run: RankRun, model, batches: list, folder: str, seed: int) -> EffectiveBatchProbe:
+    """One rank, the saved weights, one step on ``batches``, every micro-batch seeded from ``seed``."""
+    objects = run.objects
+    probe = EffectiveBatchProbe(folder, seed=seed)
+    strategy = run.strategy("ddp", None)
+    _keep_ddp_going(strategy)
+    kwargs = _one_step_kwargs(run, dict(objects.user_kwargs), strategy, 1, len(batches))
+    trainer = run.build_trainer(kwargs, callbacks=(_make_callback(objects.ns, probe),))
+    # The same samples come from wherever the user's train_dataloader lives; the rest of the
+    # datamodule (validation, setup) stays the user's.
+    replay = _Replay(batches)
+    dm = objects.datamodule
+    holder = dm if dm is not None and defines(dm, "train_dataloader", run.targets.namespace) else model
+    object.__setattr__(holder, "train_dataloader", lambda: replay)
+    trainer.fit(model, datamodule=dm)
+    return probe
+
+
+def reference(ctx, targets, folder: str, world: int, micro: int, pg_timeout_s: float) -> dict:
+    """One rank, the same weights, one step on the world's window merged, made twice under two
+    RNG seeds. Returns ``{"reference": {...}}`` (``not_judged`` set when no fair batch exists)."""
+    import torch
+
+    with rank_run(ctx, targets, [], pg_timeout_s, traced=False) as run:
+        batches, how, why = _reference_batches(folder, world, micro)
+        if batches is None:
+            return {"reference": {"not_judged": why, "stepped": False}}
+        draws: list = []
+        run.objects  # noqa: B018  (built before the watch: draws in __init__ are not the step's)
+        with window.watch_draws(draws):
+            first = _fit_reference(run, run.objects.model, batches, folder, seed=1)
+        second = _fit_reference(run, run.objects.new_model(), batches, folder, seed=2)
+    state = first.state
+    out = {"norm": state.get("norm"), "sizes": state["sizes"], "stepped": bool(state.get("stepped")),
+           "merged_by": how, "draws": draws,
+           "repeat_diff": _rel_diff(second.grads, first.grads) if second.grads and first.grads else None}
+    if first.grads:
+        world_grads = torch.load(os.path.join(folder, "ebatch_grads.pt"), map_location="cpu", weights_only=False)
+        out.update(_grad_comparison(first.grads, world_grads))
+    return {"reference": out}
