@@ -292,3 +292,36 @@ def test_constant_wrong_count_changes_nothing_and_passes(fake_runs):
     rows = [dict(batch, value=v) for v in (0.2, 0.4)]
     values = [_value(_final({"val_loss": 0.3}), weights={"val_loss": _weights(rows)}) for _ in range(2)]
     assert get_contract("sync-dist").judge(fake_runs.run(values=values)).outcome == "passed"
+
+
+def test_should_stop_watcher_emits_the_assignment_and_is_removed():
+    from pytest_ltconform.contracts.sync_dist.probe import SyncDistProbe
+
+    class Recorder:
+        trainer = None
+        closed = False
+
+        def __init__(self):
+            self.events = []
+
+        def emit(self, event):
+            self.events.append(event)
+
+        def current_hook(self):
+            return "[LightningModule]Model.on_train_batch_end"
+
+    class Trainer:
+        def __init__(self):
+            self.should_stop = False
+
+    probe = SyncDistProbe()
+    probe.recorder = Recorder()
+    probe._watch_should_stop(Trainer)
+    trainer = Trainer()
+    trainer.should_stop = True  # this file is user code for the probe
+    trainer.should_stop = True
+    assert trainer.should_stop is True
+    [event] = probe.recorder.events
+    assert event["ev"] == "decision" and event["value"] is True and event["site"]["file"] == __file__
+    probe._unwatch()
+    assert "should_stop" not in vars(Trainer) and trainer.should_stop is True

@@ -439,7 +439,8 @@ def _combination_texts(key: str, record: dict, found: dict, logged: float) -> tu
     bad = [p for p in found["parts"] if p["nonlinear"]]
     bad_text = " and ".join(p["label"] for p in bad)
     verb = "is" if len(bad) == 1 else "are"
-    summary = (f"{key!r} logged via {record['via']} in {record['hook']} is the {found['mode']} of "
+    via = "log_dict" if record["via"] == "log_dict" else "self.log"
+    summary = (f"{key!r} logged with {via} in {record['hook']} is the {found['mode']} of "
                f"{', '.join(labels[:-1])} and {labels[-1]} of each batch, mean-reduced over batches and ranks: "
                f"{bad_text} {verb} nonlinear, so the logged epoch value {logged:.4f} is not the {found['mode']} of "
                f"the same metrics over the epoch's {found['samples']} samples of all ranks ({found['truth']:.4f}).")
