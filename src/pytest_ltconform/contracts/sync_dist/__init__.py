@@ -12,11 +12,19 @@ Checked from the traced fit (rank side: ``probe.py``):
    ReduceLROnPlateau scheduler must be logged on every rank without ``rank_zero_only`` (in
    Lightning 2.6.6 it disables ``sync_dist``) and have the same value on every rank after every
    validation;
-3. decisions every rank needs (``should_stop``, best checkpoint path and score, EarlyStopping's
-   stopped epoch) must agree across ranks;
+3. decisions every rank needs must agree: ``trainer.should_stop`` is watched as it is set, so a
+   flag one rank sets (in ``on_train_batch_end``, say) fails at the global step and hook where
+   the ranks first differ, with the assignment's file:line, even when the world then hangs
+   (:attr:`Blame.DECISION`); the learning rates of every optimizer's param groups, best
+   checkpoint path and score (a path that differs while the monitored score agrees names the
+   unsynced metric interpolated in ModelCheckpoint's filename) and EarlyStopping's stopped epoch;
 4. per-batch values of a nonlinear metric (a TorchMetrics function's or ``Metric.forward``'s
-   return value) mean-reduced over batches and ranks are recomputed over the epoch's samples
-   of all ranks; a logged value that differs fails.
+   return value, or the sum or mean of a few of one step's such values) mean-reduced over
+   batches and ranks are recomputed part by part over the epoch's samples of all ranks; a logged
+   value that differs fails when a part is nonlinear (linear parts such as accuracy never do);
+5. an epoch-mean log without ``batch_size`` on batches whose first tensor is not one row per
+   sample (graph node features, a collated graph) fails when Lightning's inferred weights change
+   the epoch value.
 """
 
 from __future__ import annotations
@@ -28,6 +36,8 @@ from collections import defaultdict
 from ...sites import fmt_site, hook_label
 from ...world.diagnose import first_divergence
 from ..base import Blame, Contract, Evidence, Run, Verdict, rank_guard
+from . import nonlinear
+from .decisions import STOP_FIX, lr_divergence, lr_texts, stop_divergence, stop_texts, unsynced_filename_metric
 from .probe import SyncDistProbe
 
 
@@ -55,17 +65,24 @@ class SyncDist(Contract):
     probe_class = SyncDistProbe
 
     def blames(self, run: Run) -> int | None:
-        """A synced log call some ranks made and the others did not stopped the world."""
+        """A decision every rank needs (``should_stop``) taken differently on some ranks, or a
+        synced log call some ranks made and the others did not, stopped the world."""
+        if stop_divergence(run) is not None:
+            return Blame.DECISION
         return Blame.LOG if "log" in run.divergent_events() else super().blames(run)
 
     def judge(self, run: Run) -> Verdict:
+        stop = stop_divergence(run)
         div = first_divergence(run.traces, select=synced_log)
-        if div is not None and div["kind"] == "calls":
+        if div is not None and div["kind"] == "calls" and stop is None:
             return self._sequence_failure(run, div)
-        failures = []
+        failures = [self._stop_failure(run, stop)] if stop is not None else []
+        if div is not None and div["kind"] == "calls":
+            failures.append(self._sequence_failure(run, div))
         failures += self._monitor_failures(run)
-        failures += self._decision_failures(run)
+        failures += self._decision_failures(run, stop_seen=stop is not None)
         failures += self._nonlinear_failures(run)
+        failures += self._weight_failures(run)
         if failures:
             first = failures[0]
             evidence = [e for f in failures for e in f.evidence]
@@ -173,36 +190,27 @@ class SyncDist(Contract):
         return failures
 
     # -- 3. decisions ---------------------------------------------------------------------------
-    def _decision_failures(self, run: Run) -> list[Verdict]:
+    def _stop_failure(self, run: Run, div: dict) -> Verdict:
+        summary, evidence = stop_texts(run, div)
+        notes = [] if run.finished else ["the world did not finish; see where each rank was, below."]
+        return self.verdict("failed", summary, evidence=evidence, category="deadlock", notes=notes,
+                            fix=f"at {fmt_site(div['event'].get('site'))}: {STOP_FIX}")
+
+    def _decision_failures(self, run: Run, stop_seen: bool = False) -> list[Verdict]:
         values = run.probe(self.id)
         if not run.finished or any(v is None for v in values):
             return []
         finals = [v["final"] for v in values]
-        failures = []
-        for i, ckpt in enumerate(finals[0]["checkpoints"]):
-            paths = [f["checkpoints"][i]["best_model_path"] for f in finals]
-            scores = [f["checkpoints"][i]["best_model_score"] for f in finals]
-            if len(set(paths)) > 1 or _differs(scores):
-                evidence = [Evidence(f"best_model_path {p!r}, best_model_score {_fmt(s)}", rank=r)
-                            for r, (p, s) in enumerate(zip(paths, scores))]
-                failures.append(self.verdict(
-                    "failed",
-                    f"ModelCheckpoint(monitor={ckpt['monitor']!r}) ends with a different best checkpoint on "
-                    f"each rank: the ranks disagree about which checkpoint is best.",
-                    evidence=evidence, category="silent",
-                    fix="make the monitored value identical on every rank (sync_dist=True or a TorchMetrics "
-                        "object); decisions must be taken from reduced values."))
+        failures = [f for i in range(len(finals[0]["checkpoints"])) if (f := self._checkpoint_failure(run, finals, i))]
         stops = [f["should_stop"] for f in finals]
         epochs = [f["current_epoch"] for f in finals]
-        if len(set(stops)) > 1 or len(set(epochs)) > 1:
+        if not stop_seen and (len(set(stops)) > 1 or len(set(epochs)) > 1):
             failures.append(self.verdict(
                 "failed", "trainer.should_stop / the final epoch differ across ranks: one rank decided to stop "
                           "and the others did not.",
                 evidence=[Evidence(f"should_stop={s}, current_epoch={e}", rank=r)
                           for r, (s, e) in enumerate(zip(stops, epochs))],
-                category="deadlock",
-                fix="set trainer.should_stop from a value every rank shares (reduce it with "
-                    "trainer.strategy.reduce_boolean_decision) or use EarlyStopping on a synced metric."))
+                category="deadlock", fix=STOP_FIX))
         for i, es in enumerate(finals[0]["early_stopping"]):
             stopped = [f["early_stopping"][i]["stopped_epoch"] for f in finals]
             if len(set(stopped)) > 1:
@@ -210,7 +218,47 @@ class SyncDist(Contract):
                     "failed", f"EarlyStopping(monitor={es['monitor']!r}) stopped at different epochs per rank.",
                     evidence=[Evidence(f"stopped_epoch={s}", rank=r) for r, s in enumerate(stopped)],
                     category="silent", fix="monitor a metric logged with sync_dist=True."))
+        found = lr_divergence([v.get("lr_changes") or [] for v in values])
+        if found is not None:
+            summary, evidence = lr_texts(*found)
+            failures.append(self.verdict(
+                "failed", summary, evidence=evidence, category="silent",
+                fix="step every scheduler on every rank from a value all ranks share: monitor a metric logged "
+                    "with sync_dist=True (or a TorchMetrics object), and never step a scheduler under a rank "
+                    "condition."))
         return failures
+
+    def _checkpoint_failure(self, run: Run, finals: list[dict], i: int) -> Verdict | None:
+        ckpt = finals[0]["checkpoints"][i]
+        paths = [f["checkpoints"][i]["best_model_path"] for f in finals]
+        scores = [f["checkpoints"][i]["best_model_score"] for f in finals]
+        if len(set(paths)) <= 1 and not _differs(scores):
+            return None
+        evidence = [Evidence(f"best_model_path {p!r}, best_model_score {_fmt(s)}", rank=r)
+                    for r, (p, s) in enumerate(zip(paths, scores))]
+        culprit = None if _differs(scores) else unsynced_filename_metric(run, ckpt.get("filename"))
+        if culprit is None:
+            return self.verdict(
+                "failed",
+                f"ModelCheckpoint(monitor={ckpt['monitor']!r}) ends with a different best checkpoint on "
+                f"each rank: the ranks disagree about which checkpoint is best.",
+                evidence=evidence, category="silent",
+                fix="make the monitored value identical on every rank (sync_dist=True or a TorchMetrics "
+                    "object); decisions must be taken from reduced values.")
+        name, site = culprit["name"], fmt_site(culprit.get("site"))
+        evidence += [Evidence(f"{name!r} after validation at epoch {meta['epoch']}: "
+                              + " vs ".join(f"rank {r} {_fmt(v)}" for r, v in enumerate(vals)))
+                     for meta, vals in self._snapshot_values(run, name) if _differs(vals)][:4]
+        monitored = (f"although the monitored {ckpt['monitor']!r} agrees" if ckpt["monitor"]
+                     else "(it monitors nothing, so the last checkpoint is the best)")
+        summary = (f"ModelCheckpoint(monitor={ckpt['monitor']!r}, filename={ckpt['filename']!r}) ends with a "
+                   f"different best_model_path on each rank {monitored}: the filename interpolates {name!r}, "
+                   f"logged without sync_dist in {hook_label(culprit.get('hook'))} at {site}, so each rank "
+                   f"formats the path with the value of its own shard. Lightning writes rank 0's file only; "
+                   f"the other ranks' best_model_path names a file that does not exist.")
+        fix = (f"log {name!r} with sync_dist=True at {site} (or log a TorchMetrics object), or keep it out of "
+               f"the ModelCheckpoint filename: every rank must build the same checkpoint path.")
+        return self.verdict("failed", summary, evidence=evidence, category="silent", fix=fix)
 
     # -- 4. nonlinear per-batch metrics ---------------------------------------------------------
     def _nonlinear_failures(self, run: Run) -> list[Verdict]:
@@ -220,39 +268,71 @@ class SyncDist(Contract):
         failures = []
         for key, record in (values[0].get("per_batch") or {}).items():
             records = [(v.get("per_batch") or {}).get(key) for v in values]
-            if any(r is None or r["run"] != record["run"] for r in records):
+            if any(r is None or r["run"] != record["run"] or not r["batches"] for r in records):
                 continue
             metrics = values[0]["final"]["callback_metrics"]
             logged = metrics.get(key, metrics.get(f"{key}_epoch"))
-            if logged is None:
+            found = nonlinear.analyse(records) if logged is not None else None
+            if found is None or not any(p["nonlinear"] for p in found["parts"]):
+                continue  # linear parts (accuracy, MSE) average correctly over batches
+            if not nonlinear.differs(logged, found["truth"]):
                 continue
-            try:
-                truth, n_samples = _recompute(records)
-            except Exception:  # inputs that do not concatenate: no epoch value to compare, so no finding
-                continue
-            if truth is None or abs(logged - truth) <= max(1e-4, 1e-3 * abs(truth)):
-                continue
-            producer = record["producer"]
-            if record["kind"] == "functional":
-                fn_name = record["fn"].rsplit(".", 1)[-1]
-                cls = _metric_class_for(fn_name)
-                fix = (f"keep a torchmetrics {cls or 'Metric'} object on the module, update it every step and "
-                       f"log the object itself (self.log({key!r}, self.metric)); Lightning then computes it "
-                       f"over the whole epoch and all ranks.")
-                what = f"from {producer} on each batch"
+            evidence = [Evidence(f"{len(r['batches'])} per-batch values logged in the last epoch", rank=i,
+                                 site=fmt_site(r.get("site"))) for i, r in enumerate(records)]
+            if found["mode"] == "single":
+                summary, fix = _single_texts(key, record, found, logged)
             else:
-                fix = (f"log the Metric object itself, self.log({key!r}, self.<metric>), or log "
-                       f"self.<metric>.compute() at epoch end; its per-batch return value is the metric "
-                       f"of that batch only.")
-                what = f"via {record['via']} from {producer}"
-            summary = (f"{key!r} logged {what} in {record['hook']} and mean-reduced over batches and ranks "
-                       f"(nonlinear metric): the logged epoch value is {logged:.4f}, the same metric over "
-                       f"the epoch's {n_samples} samples of all ranks is {truth:.4f}.")
-            failures.append(self.verdict(
-                "failed", summary, category="silent", fix=fix,
-                evidence=[Evidence(f"{len(r['calls'])} per-batch values logged in the last epoch", rank=i,
-                                   site=fmt_site(r.get("site"))) for i, r in enumerate(records)]))
+                summary, fix = _combination_texts(key, record, found, logged)
+                evidence += [Evidence(f"{p['label']}: mean of its per-batch values {_fmt4(p['batch_mean'])}, over "
+                                      f"the epoch's {found['samples']} samples of all ranks {p['truth']:.4f}"
+                                      + ("" if p["nonlinear"] else " (linear: the same either way)"))
+                             for p in found["parts"]]
+            failures.append(self.verdict("failed", summary, category="silent", fix=fix, evidence=evidence))
         return failures
+
+    # -- 5. Lightning's batch-size inference ----------------------------------------------------
+    def _weight_failures(self, run: Run) -> list[Verdict]:
+        values = run.probe(self.id)
+        if not run.finished or any(v is None for v in values):
+            return []
+        failures = []
+        for key, record in (values[0].get("weights") or {}).items():
+            records = [(v.get("weights") or {}).get(key) for v in values]
+            if record["sync_dist"]:
+                if any(r is None or r["run"] != record["run"] for r in records):
+                    continue
+            else:
+                records = [record]
+            batches = [b for r in records for b in r["batches"]]
+            wrong = [b for b in batches if b["inferred"] != b["samples"]]
+            if not wrong:
+                continue
+            by_inferred = _weighted(batches, "inferred")
+            by_samples = _weighted(batches, "samples")
+            metrics = values[0]["final"]["callback_metrics"]
+            logged = metrics.get(f"{key}_epoch", metrics.get(key))
+            if by_inferred is None or by_samples is None or not _apart(by_inferred, by_samples):
+                continue  # the wrong count changes no epoch value here
+            if logged is not None and _apart(logged, by_inferred):
+                continue  # Lightning's value is not the one this explains
+            failures.append(self._weight_failure(key, record, wrong[0], (by_inferred, by_samples, len(wrong),
+                                                                         len(batches))))
+        return failures
+
+    def _weight_failure(self, key: str, record: dict, example: dict, numbers: tuple) -> Verdict:
+        by_inferred, by_samples, n_wrong, n_batches = numbers
+        site = fmt_site(record.get("site"))
+        first, shape = example["first"]
+        summary = (f"{key!r} is logged with on_epoch=True and without batch_size in {record['hook']} at {site}: "
+                   f"Lightning weights each batch of the epoch mean by the first dimension of the first tensor "
+                   f"in the batch, {first} (shape {shape}: {example['inferred']}), but the batch holds "
+                   f"{example['samples']} samples ({example['sample_path']}). The epoch value is "
+                   f"{by_inferred:.4f} instead of the per-sample mean {by_samples:.4f} "
+                   f"({n_wrong} of {n_batches} batches weighted by the wrong count).")
+        count = "batch.num_graphs" if example["sample_path"] == "batch.num_graphs" else f"len({example['sample_path']})"
+        fix = (f"pass the number of samples to the log call at {site}: self.log({key!r}, ..., batch_size={count}); "
+               f"Lightning cannot tell samples from rows of the first tensor it finds.")
+        return self.verdict("failed", summary, category="silent", fix=fix)
 
     def _passed(self, run: Run) -> Verdict:
         synced = sorted({e.get("name") for e in run.events(0, "log") if synced_log(e)})
@@ -319,35 +399,59 @@ def _sequence_fix(one_sided: bool, name_text: str, where: tuple) -> str:
             f"use a TorchMetrics per-class metric.")
 
 
-def _concat(values: list):
-    import torch
-
-    if isinstance(values[0], torch.Tensor):
-        return torch.cat([v.reshape(-1, *v.shape[1:]) if v.dim() else v.reshape(1) for v in values])
-    return values[0]
+def _fmt4(value) -> str:
+    return "unknown" if value is None else f"{value:.4f}"
 
 
-def _recompute(records: list[dict]) -> tuple[float | None, int]:
-    """The epoch-level value of a per-batch logged metric over every rank's inputs."""
-    calls = [c for r in records for c in r["calls"]]
-    if not calls:
-        return None, 0
-    n_args = len(calls[0]["args"])
-    args = [_concat([c["args"][i] for c in calls]) for i in range(n_args)]
-    kwargs = calls[0]["kwargs"]
-    n = int(args[0].shape[0]) if n_args and hasattr(args[0], "shape") and args[0].dim() else len(calls)
-    record = records[0]
-    if record["kind"] == "functional":
-        module_name, _, fn_name = record["fn"].rpartition(".")
-        fn = getattr(importlib.import_module(module_name), fn_name)
-        fn = getattr(fn, "__wrapped__", fn)
-        value = fn(*args, **kwargs)
+def _apart(a: float, b: float) -> bool:
+    """Different beyond float32 accumulation (the same values, weighted two ways)."""
+    return abs(a - b) > 1e-5 * max(1.0, abs(a), abs(b))
+
+
+def _weighted(batches: list[dict], weight: str) -> float | None:
+    total = sum(b[weight] for b in batches)
+    return sum(b["value"] * b[weight] for b in batches) / total if total else None
+
+
+def _single_texts(key: str, record: dict, found: dict, logged: float) -> tuple[str, str]:
+    """(summary, fix) for one nonlinear metric output logged per batch."""
+    part = found["parts"][0]
+    if part["kind"] == "functional":
+        cls = _metric_class_for(part["fn"].rsplit(".", 1)[-1])
+        fix = (f"keep a torchmetrics {cls or 'Metric'} object on the module, update it every step and "
+               f"log the object itself (self.log({key!r}, self.metric)); Lightning then computes it "
+               f"over the whole epoch and all ranks.")
+        what = f"from {part['label']} on each batch"
     else:
-        metric = record["metric"]
-        metric.reset()
-        metric.update(*args, **kwargs)
-        value = metric.compute()
-    return float(value), n
+        fix = (f"log the Metric object itself, self.log({key!r}, self.<metric>), or log "
+               f"self.<metric>.compute() at epoch end; its per-batch return value is the metric "
+               f"of that batch only.")
+        what = f"via {record['via']} from {part['label']}"
+    summary = (f"{key!r} logged {what} in {record['hook']} and mean-reduced over batches and ranks "
+               f"(nonlinear metric): the logged epoch value is {logged:.4f}, the same metric over "
+               f"the epoch's {found['samples']} samples of all ranks is {found['truth']:.4f}.")
+    return summary, fix
+
+
+def _combination_texts(key: str, record: dict, found: dict, logged: float) -> tuple[str, str]:
+    """(summary, fix) for a value computed from several metric outputs of each batch."""
+    labels = [p["label"] for p in found["parts"]]
+    bad = [p for p in found["parts"] if p["nonlinear"]]
+    bad_text = " and ".join(p["label"] for p in bad)
+    verb = "is" if len(bad) == 1 else "are"
+    via = "log_dict" if record["via"] == "log_dict" else "self.log"
+    summary = (f"{key!r} logged with {via} in {record['hook']} is the {found['mode']} of "
+               f"{', '.join(labels[:-1])} and {labels[-1]} of each batch, mean-reduced over batches and ranks: "
+               f"{bad_text} {verb} nonlinear, so the logged epoch value {logged:.4f} is not the {found['mode']} of "
+               f"the same metrics over the epoch's {found['samples']} samples of all ranks ({found['truth']:.4f}).")
+    classes = []
+    for p in bad:
+        name = p["name"] if p["kind"] == "metric" else _metric_class_for(p["fn"].rsplit(".", 1)[-1])
+        classes.append(name or "Metric")
+    fix = (f"keep a torchmetrics object per nonlinear part ({', '.join(dict.fromkeys(classes))}) on the module, "
+           f"update it every step, and log the objects separately, or log the {found['mode']} of their "
+           f".compute() values at epoch end; a value derived from per-batch metrics is still a per-batch metric.")
+    return summary, fix
 
 
 def _metric_class_for(fn_name: str) -> str | None:

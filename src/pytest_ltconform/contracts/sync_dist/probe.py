@@ -2,11 +2,16 @@
 
 - An observer callback snapshots what every rank decides after every validation and epoch
   (monitored values, ``should_stop``); after fit, the final metrics, decisions and monitors.
-- Values returned by TorchMetrics functions and ``Metric.forward`` are tapped; when one is then
-  logged, its ``log`` event names the producer and, for a mean-reduced epoch metric, the inputs of
-  every batch are kept so that the pytest side can recompute the epoch-level value.
+- Values returned by TorchMetrics functions and ``Metric.forward`` are tapped; when one, or a sum
+  or mean of a few of one step's outputs, is logged as a mean-reduced epoch metric, the inputs of
+  every part on every batch are kept so that the pytest side can recompute the epoch-level value.
+- ``Trainer.should_stop`` is watched while it is set (a ``decision`` trace event, with the user's
+  call site, survives a hang); each optimizer's learning rates are noted when they change.
+- Epoch-mean logs without ``batch_size``: the count Lightning infers from the batch next to the
+  batch's number of samples, with the logged value.
 
-Observations: ``{"final": ..., "snapshots": [...], "per_batch": {key: record}}``.
+Observations: ``{"final": ..., "snapshots": [...], "per_batch": {key: record},
+"weights": {key: record}, "lr_changes": [...]}``.
 """
 
 from __future__ import annotations
@@ -18,9 +23,41 @@ import weakref
 from typing import Any
 
 from ...harness import Probe
+from ...sites import user_site
+from .batches import count_samples, loader_batch_size
+from .combos import find_combinations
 
 _FUNCTIONAL_MODULES = ("torchmetrics.functional", "torchmetrics.functional.classification",
                        "torchmetrics.functional.regression")
+_STEP_HOOKS = ("training_step", "validation_step", "test_step")
+_MAX_PARTS_POOL = 8  # the last tapped outputs of a step a logged value may be made of
+
+
+class _WatchedProperty(property):
+    __ltconform__ = True
+
+
+def _part_keys(taps: list[dict]) -> list[str]:
+    """A key per tapped output that is the same on every rank: producer name and occurrence."""
+    seen: dict[str, int] = {}
+    keys = []
+    for tap in taps:
+        name = tap["info"]["name"]
+        keys.append(f"{name}#{seen.get(name, 0)}")
+        seen[name] = seen.get(name, 0) + 1
+    return keys
+
+
+def _part(info: dict, key: str, value: float | None = None) -> dict:
+    """One component of a logged value: its producer and this batch's inputs (plain data, and
+    the Metric object itself, which the record turns into a reset template)."""
+    part = {"key": key, "label": info["label"], "kind": info["kind"], "name": info["name"],
+            "args": info["args"], "kwargs": info["kwargs"], "value": value}
+    if info["kind"] == "metric":
+        part["metric"] = info["metric"]
+    else:
+        part["fn"] = info["fn"]
+    return part
 
 
 def _float_or_none(value) -> float | None:
@@ -38,9 +75,11 @@ def _detach(obj):
     return obj
 
 
-def _make_observer(ns: Any, state: dict):
+def _make_observer(ns: Any, probe: SyncDistProbe):
+    state = probe.state
+
     class Observer(ns.Callback):
-        """Snapshots what every rank decides: monitored values, should_stop, best checkpoints."""
+        """Snapshots what every rank decides: monitored values, should_stop, best checkpoints, LRs."""
 
         def _snapshot(self, trainer, event: str) -> None:
             metrics = {}
@@ -61,8 +100,23 @@ def _make_observer(ns: Any, state: dict):
             if not trainer.sanity_checking:
                 self._snapshot(trainer, "validation_end")
 
+        def on_train_epoch_start(self, trainer, pl_module):
+            probe.note_lrs(trainer, "on_train_epoch_start")
+
         def on_train_epoch_end(self, trainer, pl_module):
             self._snapshot(trainer, "train_epoch_end")
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            probe.batch_started(trainer, batch, "train", 0)
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            probe.note_lrs(trainer, "on_train_batch_end")
+
+        def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+            probe.batch_started(trainer, batch, "val", dataloader_idx)
+
+        def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+            probe.batch_started(trainer, batch, "test", dataloader_idx)
 
     return Observer()
 
@@ -78,6 +132,7 @@ def _callback_facts(trainer, ns: Any) -> tuple[list, list, list]:
                 "best_model_path": os.path.basename(cb.best_model_path or ""),
                 "best_model_score": _float_or_none(cb.best_model_score),
                 "best_k": sorted(os.path.basename(p) for p in cb.best_k_models),
+                "filename": cb.filename if isinstance(cb.filename, str) else None,
             })
             if cb.monitor:
                 monitors.append({"key": cb.monitor, "owner": "ModelCheckpoint"})
@@ -107,11 +162,17 @@ def collect_final(trainer, ns: Any) -> dict:
 
 class SyncDistProbe(Probe):
     def __init__(self):
-        self.state: dict = {"snapshots": [], "validation_runs": 0}
+        self.state: dict = {"snapshots": [], "validation_runs": 0, "lr_changes": []}
         # id(tensor) -> (weakref, producer info); for the nonlinear-metric check.
         self.produced: dict[int, tuple[Any, dict]] = {}
+        self.step_taps: list[dict] = []  # this batch's tapped outputs, for values derived from them
         self.per_batch: dict[str, dict] = {}
+        self.weights: dict[str, dict] = {}  # epoch-mean logs without batch_size: inferred vs samples
         self.recorder = None
+        self._batch: tuple | None = None  # (trainer, batch, stage, dataloader_idx)
+        self._sample_path: dict[tuple, tuple] = {}  # (stage, idx) -> leaf holding one row per sample
+        self._last_lrs = None
+        self._patched_trainer = None
 
     # -- taps, installed before the user's module imports TorchMetrics names -----------------------
     def install(self, recorder) -> None:
@@ -140,7 +201,8 @@ class SyncDistProbe(Probe):
             out = original(metric, *args, **kwargs)
             try:
                 probe._tap(out, {"label": f"the per-batch return value of {type(metric).__name__}",
-                                 "kind": "metric", "metric": metric, "args": [_detach(a) for a in args],
+                                 "kind": "metric", "name": type(metric).__name__, "metric": metric,
+                                 "args": [_detach(a) for a in args],
                                  "kwargs": {k: _detach(v) for k, v in kwargs.items()}})
             except Exception:
                 pass
@@ -155,7 +217,7 @@ class SyncDistProbe(Probe):
             out = original(*args, **kwargs)
             try:
                 probe._tap(out, {"label": f"functional {original.__name__}", "kind": "functional",
-                                 "fn": qualname, "args": [_detach(a) for a in args],
+                                 "fn": qualname, "name": original.__name__, "args": [_detach(a) for a in args],
                                  "kwargs": {k: _detach(v) for k, v in kwargs.items()}})
             except Exception:
                 pass
@@ -170,6 +232,17 @@ class SyncDistProbe(Probe):
             if len(self.produced) > 4096:
                 self.produced = {k: v for k, v in self.produced.items() if v[0]() is not None}
             self.produced[id(out)] = (weakref.ref(out), info)
+            if len(self.step_taps) >= 32:
+                del self.step_taps[0]
+            self.step_taps.append({"hook": self._fx_name(), "id": id(out), "value": float(out), "info": info})
+
+    def _fx_name(self) -> str | None:
+        """The hook running now, as ``self.log`` events name it."""
+        try:
+            name = self.recorder.trainer.lightning_module._current_fx_name
+        except Exception:
+            name = None
+        return name or (self.recorder.current_hook() if self.recorder is not None else None)
 
     def _producer_of(self, value) -> dict | None:
         entry = self.produced.get(id(value))
@@ -179,38 +252,135 @@ class SyncDistProbe(Probe):
 
     def _on_log(self, event: dict, value) -> None:
         produced = self._producer_of(value) if event["vtype"] == "tensor" else None
-        if produced is None:
+        if produced is not None:
+            event["producer"] = produced["label"]
+        if not (event["on_epoch"] and event["reduce_fx"] in ("mean", "avg")):
             return
-        event["producer"] = produced["label"]
-        if event["on_epoch"] and event["reduce_fx"] in ("mean", "avg"):
-            self._remember_per_batch(event["name"], event, produced)
+        combos = self._combos(event, value, produced)
+        if combos:
+            self._remember_per_batch(event, combos)
+        if not event["batch_size"] and event.get("value") is not None and event["hook"] in _STEP_HOOKS:
+            self._remember_weight(event)
 
-    def _remember_per_batch(self, name: str, event: dict, produced: dict) -> None:
+    def _combos(self, event: dict, value, produced: dict | None) -> dict:
+        """{signature: {"mode", "parts"}}: the ways the logged value is made of this step's tapped
+        outputs (the output itself, or the sum or mean of a few of them)."""
+        taps = [t for t in self.step_taps if t["hook"] == event["hook"]][-_MAX_PARTS_POOL:]
+        keys = _part_keys(taps)
+        if produced is not None:
+            index = next((i for i, t in enumerate(taps) if t["id"] == id(value)), None)
+            key = keys[index] if index is not None else f"{produced['name']}#0"
+            return {f"single|{key}": {"mode": "single", "parts": [_part(produced, key, event.get("value"))]}}
+        if event.get("value") is None or not taps:
+            return {}
+        found = {}
+        for mode, indices in find_combinations(event["value"], [t["value"] for t in taps]):
+            sig = f"{mode}|" + ",".join(keys[i] for i in indices)
+            found[sig] = {"mode": mode, "parts": [_part(taps[i]["info"], keys[i], taps[i]["value"])
+                                                  for i in indices]}
+        return found
+
+    def _run_key(self) -> list | None:
         trainer = self.recorder.trainer
-        run_key = None
-        if trainer is not None:
-            run_key = [str(trainer.state.stage), int(trainer.current_epoch), bool(trainer.sanity_checking),
-                       self.state["validation_runs"]]
+        if trainer is None:
+            return None
+        return [str(trainer.state.stage), int(trainer.current_epoch), bool(trainer.sanity_checking),
+                self.state["validation_runs"]]
+
+    def _remember_per_batch(self, event: dict, combos: dict) -> None:
+        name, run_key = event["name"], self._run_key()
         record = self.per_batch.get(name)
         if record is None or record["run"] != run_key:
             record = {"run": run_key, "hook": event["hook"], "site": event["site"], "via": event["via"],
-                      "sync_dist": event["sync_dist"], "producer": produced["label"],
-                      "kind": produced["kind"], "calls": []}
-            if produced["kind"] == "metric":
-                template = copy.deepcopy(produced["metric"])
-                template.reset()
-                record["metric"] = template
-            else:
-                record["fn"] = produced["fn"]
+                      "sync_dist": event["sync_dist"], "batches": [], "templates": {}}
             self.per_batch[name] = record
-        record["calls"].append({"args": produced["args"], "kwargs": produced["kwargs"],
-                                "logged": event.get("value")})
+        for combo in combos.values():
+            for part in combo["parts"]:
+                metric = part.pop("metric", None)
+                if metric is not None and part["key"] not in record["templates"]:
+                    template = copy.deepcopy(metric)
+                    template.reset()
+                    record["templates"][part["key"]] = template
+        record["batches"].append({"logged": event.get("value"), "combos": combos})
+
+    # -- Lightning's batch-size inference for epoch means -----------------------------------------
+    def batch_started(self, trainer, batch, stage: str, dataloader_idx: int) -> None:
+        self.step_taps.clear()
+        self._batch = (trainer, batch, stage, int(dataloader_idx or 0))
+
+    def _remember_weight(self, event: dict) -> None:
+        if self._batch is None:
+            return
+        trainer, batch, stage, idx = self._batch
+        counted = count_samples(batch, loader_batch_size(trainer, stage, idx), self._sample_path, (stage, idx))
+        if counted is None:
+            return
+        name, run_key = event["name"], self._run_key()
+        record = self.weights.get(name)
+        if record is None or record["run"] != run_key:
+            record = {"run": run_key, "hook": event["hook"], "site": event["site"],
+                      "sync_dist": event["sync_dist"], "batches": []}
+            self.weights[name] = record
+        record["batches"].append({"value": event["value"], **counted})
+
+    # -- decisions: should_stop as it is set, learning rates as schedulers move them ----------------
+    def note_lrs(self, trainer, hook: str) -> None:
+        try:
+            lrs = [[float(g["lr"]) for g in opt.param_groups] for opt in trainer.optimizers]
+        except Exception:
+            return
+        if lrs != self._last_lrs:
+            self._last_lrs = lrs
+            self.state["lr_changes"].append({"epoch": int(trainer.current_epoch), "step": int(trainer.global_step),
+                                             "hook": hook, "lrs": lrs})
+
+    def _watch_should_stop(self, trainer_cls) -> None:
+        """Make ``Trainer.should_stop`` a property that emits a ``decision`` event at every change,
+        with the user's call site, so a decision one rank took is seen where it was taken."""
+        current = vars(trainer_cls).get("should_stop")
+        if current is not None and not getattr(current, "__ltconform__", False):
+            return
+        probe = self
+
+        def get(trainer):
+            return trainer.__dict__.get("should_stop", False)
+
+        def set_(trainer, value):
+            old = trainer.__dict__.get("should_stop", False)
+            trainer.__dict__["should_stop"] = value
+            if bool(old) != bool(value):
+                try:
+                    site, direct = user_site()
+                    probe._decided("should_stop", bool(value), site, direct)
+                except Exception:  # recording must never break the user's run
+                    pass
+
+        prop = _WatchedProperty(get, set_)
+        trainer_cls.should_stop = prop
+        self._patched_trainer = trainer_cls
+
+    def _decided(self, name: str, value, site, direct: bool) -> None:
+        recorder = self.recorder
+        if recorder is None or recorder.closed:
+            return
+        recorder.emit({"ev": "decision", "name": name, "value": value, "site": site, "user": direct,
+                       "hook": self._fx_name(), "action": recorder.current_hook()})
+
+    def _unwatch(self) -> None:
+        if self._patched_trainer is not None:
+            try:
+                delattr(self._patched_trainer, "should_stop")
+            except AttributeError:
+                pass
+            self._patched_trainer = None
 
     # -- the run ----------------------------------------------------------------------------------
     def before_trainer(self, objects, trainer_kwargs, recorder) -> None:
+        self._watch_should_stop(objects.ns.Trainer)
         trainer_kwargs["callbacks"] = list(trainer_kwargs.get("callbacks") or []) + \
-            [_make_observer(objects.ns, self.state)]
+            [_make_observer(objects.ns, self)]
 
     def collect(self, objects, trainer, recorder) -> dict:
+        self._unwatch()
         return {"final": collect_final(trainer, objects.ns), "snapshots": self.state["snapshots"],
-                "per_batch": self.per_batch}
+                "per_batch": self.per_batch, "weights": self.weights, "lr_changes": self.state["lr_changes"]}

@@ -1,0 +1,327 @@
+"""sync-dist: verdicts on hand-made runs (values derived from per-batch metrics, decisions that
+differ, checkpoint filenames, Lightning's batch-size inference) and the rank-side helpers."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_ltconform.contracts import get_contract
+from pytest_ltconform.contracts.base import Blame
+from pytest_ltconform.contracts.sync_dist import decisions
+from pytest_ltconform.contracts.sync_dist.batches import count_samples
+from pytest_ltconform.contracts.sync_dist.combos import find_combinations
+
+SITE = {"file": "/user/model.py", "line": 42, "func": "Model.validation_step"}
+RUN = ["validate", 1, False, 2]
+
+
+def _final(metrics=None, **over):
+    final = {"callback_metrics": metrics or {}, "should_stop": False, "current_epoch": 2, "global_step": 8,
+             "checkpoints": [], "early_stopping": [], "monitors": []}
+    final.update(over)
+    return final
+
+
+def _value(final, **probe):
+    return {"probes": {"sync-dist": {"final": final, "snapshots": probe.pop("snapshots", []), **probe}}}
+
+
+# -- 1. values derived from per-batch functional metrics --------------------------------------------
+
+def test_find_combinations_smallest_first():
+    assert find_combinations(0.5, [0.5, 0.25]) == [("single", (0,))]
+    assert find_combinations(0.75, [0.5, 0.25, 0.9]) == [("sum", (0, 1))]
+    assert find_combinations(0.375, [0.5, 0.25, 0.9]) == [("mean", (0, 1))]
+    assert find_combinations(3.0, [0.5, 0.25]) == []
+    # an AUROC and an accuracy both 1.0 on one batch: their mean is kept next to each part alone
+    assert find_combinations(1.0, [1.0, 1.0]) == [("single", (0,)), ("single", (1,)), ("mean", (0, 1))]
+
+
+def test_common_signature_is_the_one_every_batch_shares():
+    from pytest_ltconform.contracts.sync_dist.nonlinear import common_signature
+
+    both = {"single|auroc#0": {}, "single|accuracy#0": {}, "mean|auroc#0,accuracy#0": {}}
+    records = [{"batches": [{"combos": both}, {"combos": {"mean|auroc#0,accuracy#0": {}}}]}]
+    assert common_signature(records) == "mean|auroc#0,accuracy#0"
+    records[0]["batches"].append({"combos": {"single|auroc#0": {}}})
+    assert common_signature(records) is None
+
+
+def _part(key, fn, label, args, value):
+    return {"key": key, "label": label, "kind": "functional", "name": fn.rsplit(".", 1)[-1], "fn": fn,
+            "args": args, "kwargs": {"task": "binary"} if "auroc" in fn or "accuracy" in fn else {}, "value": value}
+
+
+def _records(parts_of, batches_per_rank, mode="sum"):
+    """Per-rank per_batch records of a key logged as the ``mode`` of ``parts_of(preds, target)``."""
+    records = []
+    for batches in batches_per_rank:
+        rows = []
+        for preds, target in batches:
+            parts = parts_of(preds, target)
+            sig = f"{mode}|" + ",".join(p["key"] for p in parts)
+            total = sum(p["value"] for p in parts)
+            rows.append({"logged": total / len(parts) if mode == "mean" else total,
+                         "combos": {sig: {"mode": mode, "parts": parts}}})
+        records.append({"run": RUN, "hook": "validation_step", "site": SITE, "via": "log", "sync_dist": True,
+                        "batches": rows, "templates": {}})
+    return records
+
+
+def _blocks():
+    """Two ranks, two batches each: every batch separable, the pooled ranking is not."""
+    import torch
+
+    def batch(offset):
+        target = torch.tensor([0, 1, 0, 1])
+        return torch.tensor([0.1, 0.3, 0.2, 0.4]) + offset, target
+
+    return [[batch(0.0), batch(0.5)], [batch(0.25), batch(0.1)]]
+
+
+def _auroc_acc(preds, target):
+    from torchmetrics.functional import accuracy, auroc
+
+    return [_part("auroc#0", "torchmetrics.functional.classification.auroc.auroc", "functional auroc",
+                  [preds, target], float(auroc(preds, target, task="binary"))),
+            _part("accuracy#0", "torchmetrics.functional.classification.accuracy.accuracy", "functional accuracy",
+                  [preds, target], float(accuracy(preds, target, task="binary")))]
+
+
+def _acc_mse(preds, target):
+    from torchmetrics.functional import accuracy, mean_squared_error
+
+    return [_part("accuracy#0", "torchmetrics.functional.classification.accuracy.accuracy", "functional accuracy",
+                  [preds, target], float(accuracy(preds, target, task="binary"))),
+            _part("mean_squared_error#0", "torchmetrics.functional.regression.mse.mean_squared_error",
+                  "functional mean_squared_error", [preds, target.float()],
+                  float(mean_squared_error(preds, target.float())))]
+
+
+def _epoch_value(records):
+    rows = [b for r in records for b in r["batches"]]
+    return sum(b["logged"] for b in rows) / len(rows)  # equal batch sizes: Lightning's weighted mean
+
+
+def test_sum_of_per_batch_auroc_and_accuracy_fails_naming_auroc(fake_runs):
+    import torch
+    from torchmetrics.functional import accuracy, auroc
+
+    records = _records(_auroc_acc, _blocks())
+    logged = _epoch_value(records)
+    preds = torch.cat([p for rank in _blocks() for p, _ in rank])
+    target = torch.cat([t for rank in _blocks() for _, t in rank])
+    truth = float(auroc(preds, target, task="binary")) + float(accuracy(preds, target, task="binary"))
+    values = [_value(_final({"val_score": logged}), per_batch={"val_score": r}) for r in records]
+    verdict = get_contract("sync-dist").judge(fake_runs.run(values=values))
+    assert verdict.outcome == "failed" and verdict.category == "silent"
+    assert "is the sum of functional auroc and functional accuracy of each batch" in verdict.summary
+    assert "functional auroc is nonlinear" in verdict.summary
+    assert f"logged epoch value {logged:.4f}" in verdict.summary and f"({truth:.4f})" in verdict.summary
+    assert "over the epoch's 16 samples" in verdict.summary
+    details = [e.detail for e in verdict.evidence]
+    assert any(d.startswith("functional auroc: mean of its per-batch values 1.0000") for d in details)
+    assert any("functional accuracy" in d and "(linear: the same either way)" in d for d in details)
+    assert "AUROC" in verdict.fix
+
+
+def test_sum_of_linear_per_batch_metrics_passes(fake_runs):
+    records = _records(_acc_mse, _blocks())
+    values = [_value(_final({"val_score": _epoch_value(records)}), per_batch={"val_score": r}) for r in records]
+    verdict = get_contract("sync-dist").judge(fake_runs.run(values=values))
+    assert verdict.outcome == "passed", verdict.render()
+
+
+def test_mean_of_per_batch_auroc_and_accuracy_fails(fake_runs):
+    records = _records(_auroc_acc, _blocks(), mode="mean")
+    values = [_value(_final({"val_q": _epoch_value(records)}), per_batch={"val_q": r}) for r in records]
+    verdict = get_contract("sync-dist").judge(fake_runs.run(values=values))
+    assert verdict.outcome == "failed"
+    assert "is the mean of functional auroc and functional accuracy" in verdict.summary
+
+
+def test_probe_records_a_value_computed_from_tapped_outputs():
+    import torch
+    import torchmetrics
+
+    from pytest_ltconform.contracts.sync_dist.probe import SyncDistProbe
+
+    class Recorder:
+        trainer = None
+
+        def current_hook(self):
+            return "validation_step"
+
+    probe = SyncDistProbe()
+    probe.recorder = Recorder()
+    preds, target = torch.tensor([0.2, 0.7, 0.4, 0.9]), torch.tensor([0, 1, 1, 1])
+    auroc = probe._functional(torchmetrics.functional.auroc, "torchmetrics.functional.auroc")(preds, target,
+                                                                                               task="binary")
+    acc = probe._functional(torchmetrics.functional.accuracy, "torchmetrics.functional.accuracy")(preds, target,
+                                                                                                  task="binary")
+    value = torch.stack([auroc, acc]).sum()
+    event = {"name": "val_score", "hook": "validation_step", "site": SITE, "via": "log", "sync_dist": True,
+             "on_epoch": True, "reduce_fx": "mean", "vtype": "tensor", "batch_size": True, "value": float(value)}
+    probe._on_log(event, value)
+    record = probe.per_batch["val_score"]
+    assert list(record["batches"][0]["combos"]) == ["sum|auroc#0,accuracy#0"]
+    parts = record["batches"][0]["combos"]["sum|auroc#0,accuracy#0"]["parts"]
+    assert [p["label"] for p in parts] == ["functional auroc", "functional accuracy"]
+    assert parts[0]["value"] == pytest.approx(float(auroc))
+
+
+# -- 2. checkpoint filename interpolating an unsynced metric ----------------------------------------
+
+def test_filename_metrics_parsed():
+    assert decisions.filename_metrics("{epoch}-{val_acc:.3f}") == ["val_acc"]
+    assert decisions.filename_metrics("best-{step}-{val/loss:.2f}-{val_f1}") == ["val/loss", "val_f1"]
+    assert decisions.filename_metrics(None) == []
+
+
+def test_checkpoint_paths_differ_by_unsynced_filename_metric(fake_runs):
+    ckpt = lambda path: {"monitor": "val_loss", "best_model_path": path, "best_model_score": 0.74,  # noqa: E731
+                         "best_k": [path], "filename": "{epoch}-{val_acc:.3f}"}
+    snaps = lambda acc: [{"event": "validation_end", "epoch": 0, "step": 4, "metrics": {"val_acc": acc},  # noqa: E731
+                          "should_stop": False}]
+    values = [_value(_final(checkpoints=[ckpt("epoch=0-val_acc=0.875.ckpt")]), snapshots=snaps(0.875)),
+              _value(_final(checkpoints=[ckpt("epoch=0-val_acc=0.250.ckpt")]), snapshots=snaps(0.25))]
+    log = {"ev": "log", "name": "val_acc", "hook": "validation_step", "site": SITE, "sync_dist": False,
+           "vtype": "tensor"}
+    verdict = get_contract("sync-dist").judge(fake_runs.run(traces=[[log], [log]], values=values))
+    assert verdict.outcome == "failed"
+    assert "although the monitored 'val_loss' agrees" in verdict.summary
+    assert "interpolates 'val_acc', logged without sync_dist in validation_step at /user/model.py:42" in \
+        verdict.summary
+    assert verdict.fix.startswith("log 'val_acc' with sync_dist=True at /user/model.py:42")
+    assert any("rank 0 0.875 vs rank 1 0.25" in e.detail for e in verdict.evidence)
+
+
+# -- 3. decisions that differ, where they first differ ----------------------------------------------
+
+def _stop(step, rank_site=SITE):
+    return {"ev": "decision", "name": "should_stop", "value": True, "site": rank_site, "user": True,
+            "hook": "on_train_batch_end", "epoch": 0, "step": step}
+
+
+def test_should_stop_on_one_rank_fails_at_the_step_and_claims_the_hang(fake_runs):
+    rank0 = [{"ev": "hook", "i": 1, "name": "[LightningModule]Model.training_step", "epoch": 0, "step": 2},
+             _stop(3)]
+    rank1 = [{"ev": "hook", "i": 1, "name": "[LightningModule]Model.training_step", "epoch": 0, "step": 3}]
+    run = fake_runs.of([fake_runs.rank(0, rank0, status="hung"), fake_runs.rank(1, rank1, status="hung")],
+                       status="hung")
+    contract = get_contract("sync-dist")
+    assert contract.blames(run) == Blame.DECISION
+    verdict = contract.judge(run)
+    assert verdict.outcome == "failed" and verdict.category == "deadlock"
+    assert verdict.summary.startswith("trainer.should_stop differs across ranks from global step 3 (epoch 0): "
+                                      "rank 0 set it to True in on_train_batch_end at /user/model.py:42")
+    assert "rank 1 did not (still False at that step)" in verdict.summary
+    assert [e.rank for e in verdict.evidence] == [0, 1]
+    assert "reduce_boolean_decision" in verdict.fix
+
+
+def test_should_stop_at_the_same_step_on_every_rank_passes(fake_runs):
+    values = [_value(_final()), _value(_final())]
+    run = fake_runs.run(traces=[[_stop(3)], [_stop(3)]], values=values)
+    assert decisions.stop_divergence(run) is None
+    assert get_contract("sync-dist").judge(run).outcome == "passed"
+
+
+def test_rank_that_never_reached_the_step_is_no_divergence(fake_runs):
+    run = fake_runs.run(traces=[[_stop(3)], [{"ev": "hook", "i": 1, "name": "x", "step": 1}]])
+    assert decisions.stop_divergence(run) is None
+
+
+def test_learning_rates_that_part_ways_fail(fake_runs):
+    start = {"epoch": 0, "step": 0, "hook": "on_train_epoch_start", "lrs": [[0.1]]}
+    cut = {"epoch": 1, "step": 4, "hook": "on_train_epoch_start", "lrs": [[0.01]]}
+    values = [_value(_final(), lr_changes=[start, cut]), _value(_final(), lr_changes=[start])]
+    verdict = get_contract("sync-dist").judge(fake_runs.run(values=values))
+    assert verdict.outcome == "failed"
+    assert verdict.summary.startswith("the optimizers' learning rates differ across ranks from global step 4")
+    assert [e.detail.rsplit(": ", 1)[1] for e in verdict.evidence] == ["[0.01]", "[0.1]"]
+    same = [_value(_final(), lr_changes=[start, cut]), _value(_final(), lr_changes=[start, cut])]
+    assert get_contract("sync-dist").judge(fake_runs.run(values=same)).outcome == "passed"
+
+
+# -- 4. Lightning's batch-size inference ------------------------------------------------------------
+
+def test_count_samples_learns_the_sample_tensor():
+    import torch
+
+    learned = {}
+    full = {"x": torch.zeros(15, 4), "graph": torch.zeros(15), "y": torch.zeros(4)}
+    assert count_samples(full, 4, learned, ("val", 0)) == {
+        "inferred": 15, "samples": 4, "first": ["batch['x']", [15, 4]], "sample_path": "batch['y']"}
+    last = {"x": torch.zeros(5, 4), "graph": torch.zeros(5), "y": torch.zeros(2)}
+    assert count_samples(last, 4, learned, ("val", 0))["samples"] == 2
+    assert count_samples((torch.zeros(4, 3), torch.zeros(4)), 4, {}, ("val", 0))["inferred"] == 4
+
+    class Graphs:
+        num_graphs = 3
+        x = None
+
+        def __iter__(self):
+            return iter([("x", torch.zeros(11, 2))])
+
+    assert count_samples(Graphs(), None, {}, ("train", 0))["samples"] == 3
+
+
+def _weights(batches, sync=True):
+    return {"run": RUN, "hook": "validation_step", "site": SITE, "sync_dist": sync, "batches": batches}
+
+
+def test_epoch_mean_weighted_by_nodes_fails_with_both_values(fake_runs):
+    def b(value, nodes):
+        return {"value": value, "inferred": nodes, "samples": 4, "first": ["batch['x']", [nodes, 4]],
+                "sample_path": "batch['y']"}
+
+    rank0, rank1 = [b(0.2, 8), b(0.6, 48)], [b(0.3, 8), b(0.7, 48)]
+    by_nodes = (0.2 * 8 + 0.6 * 48 + 0.3 * 8 + 0.7 * 48) / 112
+    values = [_value(_final({"val_loss": by_nodes}), weights={"val_loss": _weights(r)}) for r in (rank0, rank1)]
+    verdict = get_contract("sync-dist").judge(fake_runs.run(values=values))
+    assert verdict.outcome == "failed"
+    assert "batch['x'] (shape [8, 4]: 8), but the batch holds 4 samples (batch['y'])" in verdict.summary
+    assert f"The epoch value is {by_nodes:.4f} instead of the per-sample mean 0.4500" in verdict.summary
+    assert "(4 of 4 batches weighted by the wrong count)" in verdict.summary
+    assert "batch_size=len(batch['y'])" in verdict.fix
+
+
+def test_constant_wrong_count_changes_nothing_and_passes(fake_runs):
+    batch = {"value": 0.5, "inferred": 12, "samples": 4, "first": ["batch['x']", [12, 4]], "sample_path": "batch['y']"}
+    rows = [dict(batch, value=v) for v in (0.2, 0.4)]
+    values = [_value(_final({"val_loss": 0.3}), weights={"val_loss": _weights(rows)}) for _ in range(2)]
+    assert get_contract("sync-dist").judge(fake_runs.run(values=values)).outcome == "passed"
+
+
+def test_should_stop_watcher_emits_the_assignment_and_is_removed():
+    from pytest_ltconform.contracts.sync_dist.probe import SyncDistProbe
+
+    class Recorder:
+        trainer = None
+        closed = False
+
+        def __init__(self):
+            self.events = []
+
+        def emit(self, event):
+            self.events.append(event)
+
+        def current_hook(self):
+            return "[LightningModule]Model.on_train_batch_end"
+
+    class Trainer:
+        def __init__(self):
+            self.should_stop = False
+
+    probe = SyncDistProbe()
+    probe.recorder = Recorder()
+    probe._watch_should_stop(Trainer)
+    trainer = Trainer()
+    trainer.should_stop = True  # this file is user code for the probe
+    trainer.should_stop = True
+    assert trainer.should_stop is True
+    [event] = probe.recorder.events
+    assert event["ev"] == "decision" and event["value"] is True and event["site"]["file"] == __file__
+    probe._unwatch()
+    assert "should_stop" not in vars(Trainer) and trainer.should_stop is True
