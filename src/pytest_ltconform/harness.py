@@ -344,17 +344,40 @@ def inspect(ctx, targets: target_mod.Targets, strategy_name: str, probes: list, 
         return {"probes": {cid: probe.inspect(run) for cid, probe in run.probes.items()}}
 
 
-def _leaves(obj, out: list) -> None:
+_PLAIN = (bool, int, float, str, bytes, type(None))
+
+
+def batch_leaves(obj, out: list, depth: int = 0) -> None:
+    """Tensor and plain-value leaves of a batch, in a stable order. Opaque objects (dataclasses,
+    custom classes) are walked through their fields, never hashed by repr (it holds addresses)."""
+    import dataclasses
+
     import torch
 
     if isinstance(obj, torch.Tensor):
         out.append(obj)
+    elif isinstance(obj, _PLAIN):
+        out.append(obj)
+    elif depth >= 6:
+        return
     elif isinstance(obj, dict):
         for key in sorted(obj, key=str):
-            _leaves(obj[key], out)
+            batch_leaves(obj[key], out, depth + 1)
     elif isinstance(obj, (list, tuple)):
         for item in obj:
-            _leaves(item, out)
+            batch_leaves(item, out, depth + 1)
+    elif type(obj).__module__ == "numpy" and hasattr(obj, "dtype"):
+        try:
+            out.append(torch.as_tensor(obj))
+        except (TypeError, RuntimeError):
+            pass
+    elif dataclasses.is_dataclass(obj):
+        for f in dataclasses.fields(obj):
+            batch_leaves(getattr(obj, f.name, None), out, depth + 1)
+    elif isinstance(getattr(obj, "__dict__", None), dict):
+        attrs = vars(obj)
+        for key in sorted(attrs, key=str):
+            batch_leaves(attrs[key], out, depth + 1)
 
 
 def batch_size(batch) -> int | None:
@@ -362,7 +385,7 @@ def batch_size(batch) -> int | None:
     import torch
 
     leaves: list = []
-    _leaves(batch, leaves)
+    batch_leaves(batch, leaves)
     dims = [t.shape[0] for t in leaves if isinstance(t, torch.Tensor) and t.dim() > 0]
     if not dims:
         return None

@@ -23,6 +23,7 @@ import math
 import re
 from collections import defaultdict
 
+from ..harness import batch_leaves, batch_size
 from ..sites import first_sentence, fmt_site
 from .base import Blame, Contract, Evidence, Probe, Run, Verdict, class_site, user_class
 from .rank_reads import describe, gating_reads, selecting_reads
@@ -32,43 +33,9 @@ BATCHES_PER_EPOCH = 8      # batches fingerprinted per epoch and stage (all are 
 STREAM_COUNT_LIMIT = 100_000
 DRAW_STEPS = 8             # training steps whose random draws are fingerprinted
 DRAWS_PER_STEP = 8
-_PLAIN = (bool, int, float, str, bytes, type(None))
 
 
 # -- rank side: fingerprints -------------------------------------------------------------------
-
-def _leaves(obj, out: list, depth: int = 0) -> None:
-    """Tensor and plain-value leaves of a batch, in a stable order. Opaque objects (dataclasses,
-    custom classes) are walked through their fields, never hashed by repr (it holds addresses)."""
-    import dataclasses
-
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        out.append(obj)
-    elif isinstance(obj, _PLAIN):
-        out.append(obj)
-    elif depth >= 6:
-        return
-    elif isinstance(obj, dict):
-        for key in sorted(obj, key=str):
-            _leaves(obj[key], out, depth + 1)
-    elif isinstance(obj, (list, tuple)):
-        for item in obj:
-            _leaves(item, out, depth + 1)
-    elif type(obj).__module__ == "numpy" and hasattr(obj, "dtype"):
-        try:
-            out.append(torch.as_tensor(obj))
-        except (TypeError, RuntimeError):
-            pass
-    elif dataclasses.is_dataclass(obj):
-        for f in dataclasses.fields(obj):
-            _leaves(getattr(obj, f.name, None), out, depth + 1)
-    elif isinstance(getattr(obj, "__dict__", None), dict):
-        attrs = vars(obj)
-        for key in sorted(attrs, key=str):
-            _leaves(attrs[key], out, depth + 1)
-
 
 def _row_bytes(t) -> bytes:
     import torch
@@ -79,18 +46,6 @@ def _row_bytes(t) -> bytes:
     return t.numpy().tobytes()
 
 
-def batch_size_of(batch) -> int | None:
-    """The most common leading dimension of the batch's tensors (None without tensors)."""
-    import torch
-
-    leaves: list = []
-    _leaves(batch, leaves)
-    dims = [t.shape[0] for t in leaves if isinstance(t, torch.Tensor) and t.dim() > 0]
-    if not dims:
-        return None
-    return max(set(dims), key=dims.count)
-
-
 def fingerprint(batch, rows: int = ROWS_PER_BATCH) -> dict:
     """``{"n": batch size, "fp": batch hash, "rows": [per-sample hashes]}`` of one batch;
     ``{"n": None}`` for a batch without tensor leaves (not fingerprinted)."""
@@ -99,10 +54,10 @@ def fingerprint(batch, rows: int = ROWS_PER_BATCH) -> dict:
     import torch
 
     leaves: list = []
-    _leaves(batch, leaves)
+    batch_leaves(batch, leaves)
     if not any(isinstance(t, torch.Tensor) for t in leaves):
         return {"n": None}
-    n = batch_size_of(batch)
+    n = batch_size(batch)
     whole = hashlib.blake2b(digest_size=8)
     row_hashes = []
     if n:
@@ -440,7 +395,7 @@ class DataShardingProbe(Probe):
                     if self.seen[key] <= BATCHES_PER_EPOCH:
                         event.update(fingerprint(batch))
                     else:
-                        event["n"] = batch_size_of(batch)
+                        event["n"] = batch_size(batch)
                 except Exception as exc:
                     event["error"] = repr(exc)
                 recorder.emit(event)

@@ -381,11 +381,13 @@ def reference(ctx, targets, folder: str, world: int, micro: int, pg_timeout_s: f
     import torch
 
     with rank_run(ctx, targets, [], pg_timeout_s, traced=False) as run:
+        # Built first: the user's module must be imported before batches of its own classes are
+        # unpickled, and draws made in __init__ are not the step's.
+        run.objects  # noqa: B018
         batches, how, why = _reference_batches(folder, world, micro)
         if batches is None:
             return {"reference": {"not_judged": why, "stepped": False}}
         draws: list = []
-        run.objects  # noqa: B018  (built before the watch: draws in __init__ are not the step's)
         with window.watch_draws(draws):
             first = _fit_reference(run, run.objects.model, batches, folder, seed=1)
         second = _fit_reference(run, run.objects.new_model(), batches, folder, seed=2)
