@@ -25,7 +25,8 @@ def record(contract: str, strategy: str, world_size: int, verdict_dict: dict, du
             "outcome": verdict_dict["outcome"], "message": verdict_dict["message"],
             "block": verdict_dict.get("block"), "partial": verdict_dict.get("partial", False),
             "summary": verdict_dict.get("summary"), "category": verdict_dict.get("category"),
-            "fix": verdict_dict.get("fix"), "seed": verdict_dict.get("seed"),
+            "fix": verdict_dict.get("fix"), "rule_section": verdict_dict.get("rule_section"),
+            "seed": verdict_dict.get("rule_section"),
             "evidence": verdict_dict.get("evidence", []), "duration_s": round(duration_s, 3)}
 
 

@@ -66,7 +66,7 @@ class Verdict:
     summary: str
     evidence: list[Evidence] = dataclasses.field(default_factory=list)
     fix: str | None = None
-    seed: str | None = None
+    rule_section: str | None = None
     category: str | None = None
     notes: list[str] = dataclasses.field(default_factory=list)
     diagnosis: str | None = None
@@ -100,8 +100,8 @@ class Verdict:
             lines.append(f"Note: {note}")
         if self.fix:
             lines.append(f"Fix: {self.fix}")
-        if self.seed and self.category != "consequence":
-            lines.append(f"Rule: docs/contracts/{self.contract}.md (from the '{self.seed}' section of the "
+        if self.rule_section and self.category != "consequence":
+            lines.append(f"Rule: docs/contracts/{self.contract}.md (from the '{self.rule_section}' section of the "
                          f"distributed-training contracts, Lightning 2.6.6)")
         if self.diagnosis and with_diagnosis:
             lines.append(self.diagnosis)
@@ -110,7 +110,8 @@ class Verdict:
     def as_dict(self) -> dict:
         return {"outcome": self.outcome, "message": self.render(), "summary": self.summary, "partial": self.partial,
                 "block": self.render(with_diagnosis=False),
-                "category": self.category, "fix": self.fix, "seed": self.seed,
+                "category": self.category, "fix": self.fix, "rule_section": self.rule_section,
+                "seed": self.rule_section,  # the name before 0.2, kept for report readers
                 "evidence": [e.as_dict() for e in self.evidence], "notes": list(self.notes)}
 
 
@@ -178,13 +179,14 @@ class Run:
 
 
 class Contract:
-    """Base class. Subclasses set ``id``, ``title``, ``seed`` (the seed section enforced), the run
-    they need (``run_spec``, default the traced fit) and their rank-side ``probe_class`` if any,
-    and implement :meth:`judge`; one that owns a kind of early stop overrides :meth:`blames`."""
+    """Base class. Subclasses set ``id``, ``title``, ``rule_section`` (the section of the
+    distributed-training rules it enforces), the run they need (``run_spec``, default the traced
+    fit) and their rank-side ``probe_class`` if any, and implement :meth:`judge`; one that owns a
+    kind of early stop overrides :meth:`blames`."""
 
     id: str = ""
     title: str = ""
-    seed: str = ""
+    rule_section: str = ""
     run_spec: RunSpec = FIT
     probe_class: type[Probe] | None = None
     strategies: tuple[str, ...] = ("ddp",)  # a contract that also holds under CPU FSDP adds "fsdp"
@@ -211,7 +213,7 @@ class Contract:
         raise NotImplementedError
 
     def verdict(self, outcome: str, summary: str, **kwargs) -> Verdict:
-        return Verdict(contract=self.id, outcome=outcome, summary=summary, seed=self.seed, **kwargs)
+        return Verdict(contract=self.id, outcome=outcome, summary=summary, rule_section=self.rule_section, **kwargs)
 
 
 # -- source helpers for evidence -----------------------------------------------------------------

@@ -213,7 +213,7 @@ class ConfigureModelProbe(Probe):
 class ConfigureModel(Contract):
     id = "configure-model"
     title = "configure_model is idempotent and builds the model in the strategy's context"
-    seed = "FSDP"
+    rule_section = "FSDP"
     strategies = ("ddp", "fsdp")
 
     def probe(self) -> Probe:

@@ -589,7 +589,7 @@ def _batch_fp(train: dict, rank: int, key: tuple) -> str | None:
 class DataSharding(Contract):
     id = "data-sharding"
     title = "Each rank trains on its own share of the data, reshuffled every epoch"
-    seed = "Sampling, metrics and writes"
+    rule_section = "Sampling, metrics and writes"
     strategies = ("ddp", "fsdp")
 
     def probe(self) -> Probe:

@@ -468,7 +468,7 @@ _FIX = {
 class LaunchEnv(Contract):
     id = "launch-env"
     title = "The launched world matches the Trainer's num_nodes x devices, and every rank agrees"
-    seed = "Multi-node launch"
+    rule_section = "Multi-node launch"
     run_spec = inspection("launch")
     probe_class = LaunchEnvProbe
     strategies = ("ddp",)

@@ -187,7 +187,7 @@ def _mode_words(modes: set[str]) -> str:
 class SharedWrites(Contract):
     id = "shared-writes"
     title = "Plain shared-file writes happen on one rank (rank-zero guard), checkpoints on all"
-    seed = "Sampling, metrics and writes"
+    rule_section = "Sampling, metrics and writes"
     strategies = ("ddp", "fsdp")
 
     def probe(self) -> Probe:

@@ -189,7 +189,7 @@ def _observe_rank0(run) -> dict:
 class SpawnSafety(Contract):
     id = "spawn-safety"
     title = "Objects pickle and the module imports without training (ddp_spawn, spawn workers)"
-    seed = "Choose using measured memory"
+    rule_section = "Choose using measured memory"
     run_spec = inspection("spawn")
     probe_class = SpawnSafetyProbe
     strategies = ("ddp",)

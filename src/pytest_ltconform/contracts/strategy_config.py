@@ -361,7 +361,7 @@ def _site(f: dict) -> str | None:
 class StrategyConfig(Contract):
     id = "strategy-config"
     title = "Strategy arguments (FSDP, DeepSpeed, DDP timeout) mean what the config intends"
-    seed = "FSDP"
+    rule_section = "FSDP"
     run_spec = inspection("config")
     probe_class = StrategyConfigProbe
     strategies = ("ddp",)
@@ -380,22 +380,22 @@ class StrategyConfig(Contract):
             return self.verdict("passed", f"the Trainer config's strategy {facts['strategy']}{extra} with precision "
                                           f"{facts['precision']} and accumulate_grad_batches={facts['accumulate']}: "
                                           f"its policies, precision, DeepSpeed values and timeout are consistent.")
-        summary, seed, fix = rendered[0][0], rendered[0][2], rendered[0][3]
+        summary, section, fix = rendered[0][0], rendered[0][2], rendered[0][3]
         evidence = [Evidence(text, site=site) for _, (text, site), _, _ in rendered]
         notes = [r[0] for r in rendered[1:]]
         fixes = [fix] + [r[3] for r in rendered[1:] if r[3] != fix]
         verdict = self.verdict("failed", summary, evidence=evidence, fix=" Also: ".join(fixes), notes=notes)
-        verdict.seed = seed
+        verdict.rule_section = section
         return verdict
 
     def _render(self, f: dict, facts: dict):
-        """(summary, (evidence text, site), seed section, fix) for one finding; None for a finding
+        """(summary, (evidence text, site), rule section, fix) for one finding; None for a finding
         that needs no verdict."""
         render = _RENDERERS.get(f["kind"])
         return render(f, _site(f)) if render is not None else None
 
 
-# -- one renderer per finding kind: (summary, (evidence text, site), seed section, fix) ----------
+# -- one renderer per finding kind: (summary, (evidence text, site), rule section, fix) ----------
 
 def _render_policy_absent(f: dict, site: str | None):
     args = " and ".join(f["args"])

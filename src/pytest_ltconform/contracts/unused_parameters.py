@@ -203,7 +203,7 @@ def _group(names: list[str]) -> str:
 class UnusedParameters(Contract):
     id = "unused-parameters"
     title = "Every trainable parameter gets a gradient on every backward, or DDP is told otherwise"
-    seed = "Choose using measured memory"
+    rule_section = "Choose using measured memory"
     strategies = ("ddp",)
 
     def probe(self) -> Probe:

@@ -53,7 +53,7 @@ def _counts(run: Run, label: str) -> dict[int, int]:
 class AllRankSave(Contract):
     id = "all-rank-save"
     title = "Checkpoint saves and other collectives are called on every rank"
-    seed = "Sampling, metrics and writes"
+    rule_section = "Sampling, metrics and writes"
     strategies = ("ddp", "fsdp")
     probe_class = ShardedSaveProbe
 

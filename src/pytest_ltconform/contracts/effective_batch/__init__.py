@@ -93,7 +93,7 @@ def drawn_at(ref: dict) -> str:
 class EffectiveBatch(Contract):
     id = "effective-batch"
     title = "The effective batch is reported and the gradient does not depend on the world size"
-    seed = "Choose using measured memory"
+    rule_section = "Choose using measured memory"
     run_spec = RunSpec("effective-batch", "pytest_ltconform.contracts.effective_batch.probe:one_step",
                        reference="pytest_ltconform.contracts.effective_batch.probe:reference")
     probe_class = EffectiveBatchProbe

@@ -82,7 +82,7 @@ class Findings:
 class EvalDuplication(Contract):
     id = "eval-duplication"
     title = "Evaluation counts every sample exactly once and publishes the whole set"
-    seed = "Sampling, metrics and writes"
+    rule_section = "Sampling, metrics and writes"
     run_spec = RunSpec("eval", "pytest_ltconform.contracts.eval_duplication.probe:evaluate",
                        reference="pytest_ltconform.contracts.eval_duplication.probe:reference")
     probe_class = EvalDuplicationProbe

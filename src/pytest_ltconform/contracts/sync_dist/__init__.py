@@ -60,7 +60,7 @@ def _differs(values: list, rel: float = 1e-5) -> bool:
 class SyncDist(Contract):
     id = "sync-dist"
     title = "Synced logging, monitored metrics and shared decisions agree across ranks"
-    seed = "Sampling, metrics and writes"
+    rule_section = "Sampling, metrics and writes"
     strategies = ("ddp", "fsdp")
     probe_class = SyncDistProbe
 
