@@ -48,3 +48,17 @@ def test_fmt_site_and_plural():
     assert sites.fmt_site(None) == "<no user frame>"
     assert sites.fmt_site({"file": "/x/y.py", "line": 3, "func": "f"}) == "/x/y.py:3 (f)"
     assert (sites.plural(1, "call"), sites.plural(2, "call")) == ("1 call", "2 calls")
+
+
+def log():  # a library's base class redefining self.log and forwarding the call
+    return sites.user_site(depth=1, wrappers=("log",))
+
+
+def validation_step():
+    return log()  # the line the evidence must name
+
+
+def test_an_override_of_the_traced_api_names_its_caller():
+    site, direct = validation_step()
+    assert site["func"] == "validation_step" and direct
+    assert site["line"] == validation_step.__code__.co_firstlineno + 1

@@ -73,16 +73,23 @@ def _qualname(code) -> str:
     return getattr(code, "co_qualname", code.co_name)
 
 
-def user_site(depth: int = 2) -> tuple[dict | None, bool]:
+def user_site(depth: int = 2, wrappers: tuple[str, ...] = ()) -> tuple[dict | None, bool]:
     """The first user frame above the caller's caller, and whether it is the immediate caller.
 
-    Returns ``({"file", "line", "func"}, direct)``; ``(None, False)`` when no frame is user code.
+    ``wrappers``: names of the traced API itself (e.g. ``log``); a user-code function of that name
+    is an override that forwards the call (a library's base class redefining ``self.log``), so the
+    frame that called it is the one named. Returns ``({"file", "line", "func"}, direct)``;
+    ``(None, False)`` when no frame is user code.
     """
     frame = sys._getframe(depth)
     direct = True
     while frame is not None:
         code = frame.f_code
         if is_user_file(code.co_filename):
+            caller = frame.f_back
+            if code.co_name in wrappers and caller is not None and is_user_file(caller.f_code.co_filename):
+                frame = caller
+                continue
             return {"file": code.co_filename, "line": frame.f_lineno, "func": _qualname(code)}, direct
         direct = False
         frame = frame.f_back

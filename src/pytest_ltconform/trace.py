@@ -43,6 +43,10 @@ COLLECTIVES = (
 STRATEGY_CALLS = ("barrier", "broadcast", "reduce", "all_gather", "reduce_boolean_decision")
 HOOK_PREFIXES = ("[LightningModule]", "[Callback]", "[LightningDataModule]", "[Strategy]")
 
+# A library's own self.log/log_dict override forwards the call: name the line that called it.
+_LOG_NAMES = ("log", "log_dict")
+
+
 class Recorder:
     """Records one job's events on one rank into ``path`` (JSON lines).
 
@@ -256,7 +260,7 @@ class Recorder:
         recorder = self
 
         def log_dict(module, dictionary, *args, **kwargs):
-            site, direct = user_site()
+            site, direct = user_site(wrappers=_LOG_NAMES)
             keys = [str(k) for k in dict(dictionary).keys()] if hasattr(dictionary, "keys") else []
             recorder.emit({"ev": "log_dict", "keys": keys, "site": site, "user": direct,
                            "hook": getattr(module, "_current_fx_name", None) or recorder.current_hook(),
@@ -279,7 +283,7 @@ class Recorder:
         def log(module, *args, **kwargs):
             bound = dict(zip(params, args))
             bound.update(kwargs)
-            site, direct = user_site()
+            site, direct = user_site(wrappers=_LOG_NAMES)
             try:
                 recorder._record_log(module, bound, site, direct)
             except Exception as exc:  # recording must never break the user's run

@@ -213,9 +213,11 @@ def _creation_site() -> dict | None:
     return None
 
 
-RANDOM_FACTORIES = ("randn", "rand", "randint", "randn_like", "rand_like", "randint_like", "randperm", "normal",
-                    "bernoulli", "multinomial")
-RANDOM_METHODS = ("normal_", "uniform_", "bernoulli_", "random_")
+# Random values a step feeds to the model (noise, latents). Index draws (randint, randperm,
+# multinomial) are left out: identical on every rank they still pick different samples from each
+# rank's own batch (seen in neuralforecast's window sampling), so they prove nothing.
+RANDOM_FACTORIES = ("randn", "rand", "randn_like", "rand_like", "normal")
+RANDOM_METHODS = ("normal_", "uniform_")
 
 
 class _Draws:
@@ -712,7 +714,10 @@ class DataSharding(Contract):
         rank on every rank (``split``: stage -> rank 0's read) is split inside the step instead."""
         out = []
         reads = [run.events(r, "rank_read") for r in range(run.world_size)]
-        for stage in ("train", "val"):
+        # Training only: validation batches repeated on every rank are duplicated evaluation,
+        # judged by eval-duplication against the single-device values (often harmless: a set
+        # smaller than the world is evaluated whole on every rank on purpose).
+        for stage in ("train",):
             per_rank = batches.get(stage, {})
             if len(per_rank) < run.world_size:
                 continue

@@ -119,11 +119,10 @@ class EffectiveBatch(Contract):
         if premise:
             return self.verdict("skipped", f"not judged: {premise}. {report}", notes=notes)
         if not ref or not ref.get("stepped") or ref.get("norm") is None:
-            why = "no reference run" if ref_run is None else (
-                ref_run.job.failure_text().splitlines()[0] if ref_run.job.failure_text() else "it did not step")
-            return self.verdict("error", report + f" The one-rank reference step could not be made ({why}), so "
-                                "world-size invariance was not judged.",
-                                diagnosis=ref_run.job.failure_text() if ref_run is not None else None)
+            # A premise too: the merged batch must be one the module accepts (a model built for a
+            # fixed number of series or a fixed width refuses a batch of world x local samples).
+            return self.verdict("skipped", f"not judged: the one-rank reference step on the merged batch could "
+                                           f"not be made ({_reference_failure(ref_run)}). {report}", notes=notes)
         if ref.get("merged_by") == "concat" and info.get("merge_note"):
             notes.append(f"the ranks' batches were concatenated field by field for the 1-rank step: "
                          f"{info['merge_note']}.")
@@ -248,3 +247,13 @@ class EffectiveBatch(Contract):
 
 
 CONTRACT = EffectiveBatch()
+
+
+def _reference_failure(ref_run) -> str:
+    """Why the one-rank reference did not step, in one line: its exception at the user's line."""
+    from ...world.causes import first_cause
+
+    if ref_run is None:
+        return "no reference run: the world did not save its step"
+    cause = first_cause(ref_run.job)
+    return cause.headline() if cause is not None else "it took no optimizer step"

@@ -194,6 +194,8 @@ class _StageCheck:
         split = self._split_in_step(per_rank) if dups else None
         if split is not None:
             self._in_step(tag, per_rank, split, moved)
+        elif dups and self._whole_set_unchanged(tag, i, per_rank, n, moved):
+            pass
         elif dups:
             self._duplicates(tag, infos, per_rank, counts, dups, moved)
         elif n is not None and not self.limited and len(counts) < n:
@@ -205,6 +207,23 @@ class _StageCheck:
             self._exactly_once(tag, i, per_rank, n, counts)
         if not dups:
             self._shard_metrics(tag, per_rank, n, moved)
+
+    def _whole_set_unchanged(self, tag, i, per_rank, n, moved) -> bool:
+        """Every rank evaluates the whole set (the same indices, all of them), and every value the
+        stage publishes equals the single-device value: each sample weighs the same on every rank,
+        so nothing published is wrong; only the work is repeated. Records a pass and a note."""
+        full = sorted(per_rank[0])
+        if moved or any(sorted(idx) != full for idx in per_rank[1:]) or (n is not None and len(set(full)) != n):
+            return False
+        same = self._same(i)
+        if not same:
+            return False  # nothing compared: duplicates are judged as such
+        values = ", ".join(f"{k} {_fmt(v)} on {self.world} ranks = {_fmt(ref)} on 1 device" for k, v, ref in same[:4])
+        self.found.good.append(f"{tag}: every rank evaluates all {len(full)} samples and the published values "
+                               f"equal the single-device ones ({values}).")
+        self.found.notes.append(f"{tag}: the loader is not sharded, so each of the {self.world} ranks repeats the "
+                                f"whole evaluation: wasted work, but no sample weighs more than another.")
+        return True
 
     def _split_in_step(self, per_rank) -> dict | None:
         """Rank 0's read of its rank in this stage's step, when every rank's loader gave it the same
