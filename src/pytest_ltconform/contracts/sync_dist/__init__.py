@@ -51,7 +51,7 @@ class SyncDist(Contract):
     id = "sync-dist"
     title = "Synced logging, monitored metrics and shared decisions agree across ranks"
     seed = "Sampling, metrics and writes"
-    strategies = ("ddp", "fsdp")
+    strategies = ("ddp", "fsdp", "deepspeed")
     probe_class = SyncDistProbe
 
     def blames(self, run: Run) -> int | None:
