@@ -207,7 +207,8 @@ def ddp_note(strategy_name: str, user_strategy: Any) -> str | None:
             f"ranks, and the [fsdp] items run your sharded settings (the CPU sharded tier).")
 
 
-def _deepspeed_installed() -> bool:
+def deepspeed_installed() -> bool:
+    """Whether the deepspeed package is installed (found, not imported)."""
     return importlib.util.find_spec("deepspeed") is not None
 
 
@@ -220,7 +221,7 @@ def deepspeed_stand_in():
     Such an object is for reading only: a Trainer cannot run it (nothing could: DeepSpeed is
     absent); the worlds replace it with the CPU sharded tier.
     """
-    if _deepspeed_installed():
+    if deepspeed_installed():
         yield
         return
     patched = []

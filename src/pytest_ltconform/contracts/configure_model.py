@@ -45,8 +45,12 @@ def _params(model) -> dict[str, tuple[int, float, int, int, str]]:
     with torch.no_grad():
         for name, p in model.named_parameters():
             meta = p.device.type == "meta"
-            checksum = 0.0 if meta or p.numel() == 0 else float(p.detach().double().sum())
-            out[name] = (id(p), checksum, int(p.numel()), int(p.numel() * p.element_size()), p.device.type)
+            # A ZeRO-3 parameter is empty outside a gather: count its full size, sum this rank's partition.
+            held = getattr(p, "ds_tensor", None) if hasattr(p, "ds_numel") else None
+            held = p if held is None else held
+            numel = int(getattr(p, "ds_numel", p.numel()))
+            checksum = 0.0 if meta or held.numel() == 0 else float(held.detach().double().sum())
+            out[name] = (id(p), checksum, numel, numel * p.element_size(), p.device.type)
     return out
 
 
