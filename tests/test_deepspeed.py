@@ -76,3 +76,12 @@ def test_rank_zero_save_under_zero3_deadlocks_and_fails_with_the_users_line(pyte
     assert "deepspeed_zero3_save_on_rank_zero.py:31 (RankZeroSnapshot.on_train_epoch_end)" in out
     assert "under DeepSpeed the save is itself a collective" in out
     assert "The world did not finish" in out
+
+
+def test_half_precision_runs_fp32_under_the_cpu_deepspeed_tier_and_says_so():
+    class Strategy:
+        ltconform_fp32 = True
+
+    assert sharded.precision_note(Strategy(), "16-mixed") == (
+        "Trainer(precision='16-mixed') ran as precision='32-true' (DeepSpeed half precision needs a GPU).")
+    assert sharded.precision_note(Strategy(), "32-true") is None and sharded.precision_note(object(), "bf16") is None
