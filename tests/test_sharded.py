@@ -32,7 +32,7 @@ def test_contract_strategies_opt_in():
     assert "fsdp" in CPU_STRATEGIES
     assert Contract.strategies == ("ddp",)
     for cid in ("all-rank-save", "sync-dist", "configure-model"):
-        assert contracts.get_contract(cid).strategies == ("ddp", "fsdp")
+        assert contracts.get_contract(cid).strategies == ("ddp", "fsdp", "deepspeed")
 
 
 def test_sharded_kind_and_describe_without_torch():

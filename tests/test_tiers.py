@@ -43,10 +43,13 @@ def test_markers_select_tiers_under_strict_markers(pytester):
     not_gpu = _ids(pytester.runpytest(*base, "-m", "ltconform and not ltconform_gpu"))
     assert "ltconform::all-rank-save[ddp]" in cpu and "ltconform::all-rank-save[ddp-gpu]" in gpu
     assert "ltconform::all-rank-save[ddp-multinode]" in multi and "ltconform::launch-env[ddp-multinode]" in multi
-    assert all(i.endswith(("[ddp]", "[fsdp]")) for i in cpu)
+    assert all(i.endswith(("[ddp]", "[fsdp]", "[deepspeed]")) for i in cpu)
     assert all(i.endswith(("-gpu]",)) for i in gpu)
     assert all(i.endswith("-multinode]") for i in multi)
-    assert ds and all(i.endswith("[deepspeed-gpu]") for i in ds) and set(ds) <= set(gpu)
+    # The deepspeed marker selects real DeepSpeed on both tiers: CPU gloo ranks and the GPU runner.
+    assert ds and all(i.endswith(("[deepspeed]", "[deepspeed-gpu]")) for i in ds)
+    assert "ltconform::all-rank-save[deepspeed]" in cpu and "ltconform::all-rank-save[deepspeed-gpu]" in gpu
+    assert not [i for i in multi if "deepspeed" in i]
     assert sorted(every) == sorted(cpu + gpu + multi)
     assert sorted(not_gpu) == sorted(cpu + multi)
     # launch-env judges a launched world: it has no local items.
@@ -76,13 +79,14 @@ def test_gpu_tier_skips_naming_missing_devices_and_require_turns_it_into_a_failu
 
 
 def _deepspeed_items(pytester) -> int:
-    return len(_ids(pytester.runpytest("--ltconform", BORING, "-m", "ltconform_deepspeed", "--collect-only", "-q")))
+    return len(_ids(pytester.runpytest("--ltconform", BORING, "-m", "ltconform_deepspeed and ltconform_gpu",
+                                       "--collect-only", "-q")))
 
 
 @pytest.mark.skipif(tiers._deepspeed_missing() is None, reason="deepspeed is importable here")
 def test_deepspeed_tier_skips_when_deepspeed_is_missing(pytester):
     result = pytester.runpytest("--ltconform", BORING, "-m", "ltconform_deepspeed", "-rs")
-    result.stdout.fnmatch_lines(["SKIPPED * deepspeed not importable*"])
+    result.stdout.fnmatch_lines(["SKIPPED * deepspeed not importable*pip install 'pytest-ltconform[deepspeed]'*"])
     # Requiring the gpu tier does not make a missing optional package fail the GPU runner.
     assert "failed" not in result.parseoutcomes()
     required = pytester.runpytest("--ltconform", BORING, "-m", "ltconform_deepspeed", "--ltconform-require",
@@ -108,6 +112,16 @@ class _Contract:
         self.strategies = strategies
         if tiers_:
             self.tiers = tiers_
+
+
+def test_cpu_deepspeed_variant_needs_the_package_not_a_gpu():
+    found = tiers.variants(_Contract(("ddp", "fsdp", "deepspeed")), ("deepspeed",), vocabulary.CPU_STRATEGIES)
+    cpu = [v for v in found if v.tier == "cpu"]
+    assert [(v.label, v.needs, v.markers) for v in cpu] == \
+        [("deepspeed", ("cpu", "deepspeed"), ("ltconform_cpu", "ltconform_deepspeed"))]
+    missing = tiers.Availability(2, deepspeed_missing=lambda: "deepspeed not importable (x; pip install y)")
+    assert missing.first_missing(cpu[0]) == ("deepspeed", "deepspeed not importable (x; pip install y)")
+    assert [v.label for v in found if v.tier != "cpu"] == ["deepspeed-gpu"]
 
 
 def test_variants_per_contract():

@@ -86,7 +86,7 @@ def judge_case(case: Case, pool, settings: Settings, only: str | None = None,
     skipped = [] if skipped is None else skipped
     from . import target as target_mod
     from .session import LtconformSession
-    from .vocabulary import CPU_STRATEGIES
+    from .vocabulary import CPU_CORE_STRATEGIES
 
     rows = []
     # Registry order, as pytest orders the items: the first item judged on a run that stopped in
@@ -110,8 +110,9 @@ def judge_case(case: Case, pool, settings: Settings, only: str | None = None,
     for cid in wanted:
         contract = contracts.get_contract(cid)
         if conforming:
-            # A conforming case must pass under every strategy the contract runs under.
-            strategies = [s for s in contract.strategies if s in CPU_STRATEGIES]
+            # A conforming case must pass under every strategy the contract runs under; DeepSpeed
+            # only where the case's config names it (a DeepSpeed world costs more than the others).
+            strategies = [s for s in contract.strategies if s in CPU_CORE_STRATEGIES or s == case.strategy]
         elif case.expected[cid] == "fail" and case.strategy in contract.strategies:
             # The fault shows where the case's own config runs it (e.g. a sharded checkpoint).
             strategies = [case.strategy]
@@ -127,10 +128,10 @@ def judge_case(case: Case, pool, settings: Settings, only: str | None = None,
 
 
 def _configured_strategy(targets) -> str:
-    """The strategy a case's own Trainer config names, as an item strategy: a sharded config
-    (FSDP, or DeepSpeed, which runs as the CPU sharded tier) is judged under 'fsdp'."""
+    """The strategy a case's own Trainer config names, as an item strategy: 'fsdp' for FSDP;
+    'deepspeed' for DeepSpeed where deepspeed is importable (else 'fsdp', the CPU sharded tier)."""
     from . import target as target_mod
-    from .sharded import deepspeed_stand_in, sharded_kind
+    from .sharded import deepspeed_installed, deepspeed_stand_in, sharded_kind
 
     if targets.trainer is None:
         return "ddp"
@@ -139,7 +140,10 @@ def _configured_strategy(targets) -> str:
             kwargs = target_mod.trainer_kwargs(targets.trainer)
     except Exception:
         return "ddp"
-    return "fsdp" if sharded_kind(kwargs.get("strategy")) else "ddp"
+    kind = sharded_kind(kwargs.get("strategy"))
+    if kind == "deepspeed" and deepspeed_installed():
+        return "deepspeed"
+    return "fsdp" if kind else "ddp"
 
 
 # What a verdict counts as against a case's EXPECTED value (shared/cases/README.md): "pass" needs

@@ -180,8 +180,8 @@ def tolerate_unused_parameters(strategy: Any) -> bool:
 
 def adapt_strategy(ns: Any, strategy_name: str, user_strategy: Any, pg_timeout_s: float,
                    accelerator: str | None = None) -> Any:
-    """The strategy object a rank of our world runs for ``strategy_name`` ('ddp' or 'fsdp', or
-    'deepspeed' on GPU); raises ValueError for another name.
+    """The strategy object a rank of our world runs for ``strategy_name`` ('ddp', 'fsdp' or
+    'deepspeed'); raises ValueError for another name.
 
     'ddp': the user's DDPStrategy instance when they gave one (so find_unused_parameters and
     friends are theirs), else a DDPStrategy that keeps a string's find_unused flag; ddp_spawn
@@ -196,6 +196,10 @@ def adapt_strategy(ns: Any, strategy_name: str, user_strategy: Any, pg_timeout_s
         from .sharded import cpu_fsdp_strategy
 
         return cpu_fsdp_strategy(ns, user_strategy, timeout_s=pg_timeout_s)
+    if strategy_name == "deepspeed":
+        from .sharded import cpu_deepspeed_strategy
+
+        return cpu_deepspeed_strategy(ns, user_strategy, timeout_s=pg_timeout_s)
     raise ValueError(f"unknown strategy {strategy_name!r}")
 
 
@@ -227,6 +231,8 @@ def build_trainer_kwargs(user: dict, strategy: Any, world_size: int, root: str, 
         too_many = (isinstance(value, float) and value >= 1.0) or (isinstance(value, int) and value > LIMIT_BATCHES)
         if value is None or too_many:
             kwargs[key] = LIMIT_BATCHES
+    if getattr(strategy, "ltconform_fp32", False):
+        kwargs["precision"] = "32-true"  # half precision under DeepSpeed needs a GPU (see precision_note)
     kwargs.setdefault("enable_checkpointing", False)
     kwargs.setdefault("num_sanity_val_steps", 2)
     kwargs.update(accelerator=accelerator, devices=max(1, world_size // num_nodes), num_nodes=num_nodes, logger=False,
@@ -320,17 +326,21 @@ def rank_run(ctx, targets, probes: list, pg_timeout_s: float, traced: bool = Tru
 def traced_fit(ctx, targets: target_mod.Targets, strategy_name: str, probes: list, pg_timeout_s: float) -> dict:
     """Run ``trainer.fit`` on this rank with the trace installed; the run every fit-based
     contract is judged on. Returns ``{"probes": {contract_id: observations}}``."""
-    from .sharded import ddp_note
+    from .sharded import configured_for, ddp_note, precision_note
 
     with rank_run(ctx, targets, probes, pg_timeout_s) as run:
         objects = run.objects
         user_strategy = objects.user_kwargs.get("strategy")
         strategy = run.strategy(strategy_name, user_strategy)
+        kwargs = run.trainer_kwargs(strategy)
         # What ran in place of the user's strategy (their FSDP/DeepSpeed config as CPU FSDP, or as DDP).
         note = getattr(strategy, "ltconform_note", None) or ddp_note(strategy_name, user_strategy)
+        fp32 = precision_note(strategy, objects.user_kwargs.get("precision"))
+        note = " ".join(n for n in (note, fp32) if n)
         if note:
             run.emit({"ev": "note", "text": note})
-        trainer = run.build_trainer(run.trainer_kwargs(strategy))
+        run.emit({"ev": "strategy", "configured": configured_for(strategy_name, user_strategy)})
+        trainer = run.build_trainer(kwargs)
         run.emit({"ev": "stage", "name": "fit"})
         trainer.fit(objects.model, datamodule=objects.datamodule)
         run.after_fit()

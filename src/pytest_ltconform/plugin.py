@@ -28,7 +28,8 @@ MARKERS = {
     "ltconform_cpu": "runs on CPU gloo ranks (every machine)",
     "ltconform_gpu": "needs at least 2 CUDA devices and NCCL",
     "ltconform_multinode": "needs an existing world that spans several nodes (torchrun, SLURM)",
-    "ltconform_deepspeed": "needs deepspeed importable and CUDA",
+    "ltconform_deepspeed": "runs real DeepSpeed ZeRO (CPU gloo ranks, or CUDA on the GPU tier); needs deepspeed "
+                           "importable (pip install 'pytest-ltconform[deepspeed]')",
 }
 
 

@@ -15,7 +15,7 @@ from . import contracts
 from .contracts.base import Run, Verdict
 from .harness import FIT, RunSpec
 from .settings import Settings
-from .vocabulary import backend_for
+from .vocabulary import SHARDED_STRATEGIES, STRATEGY_NAMES, backend_for, rank_env_for
 from .world import WorldPool, WorldStartError
 from .world.causes import cause_text, first_cause
 
@@ -60,7 +60,7 @@ class LtconformSession:
         else:
             job = self.pool.run(settings.world_size, spec.fn, self.targets, strategy, probes, settings.pg_timeout_s,
                                 timeout_s=settings.timeout_s, pg_timeout_s=settings.pg_timeout_s,
-                                backend=backend_for(tier))
+                                backend=backend_for(tier), env=rank_env_for(tier))
         run = Run(job, strategy, spec.name, self.targets)
         if spec.reference and tier != "multinode":
             run.reference = self._reference(spec, job, strategy)
@@ -75,7 +75,8 @@ class LtconformSession:
             return None
         try:
             ref = self.pool.run(1, spec.reference, self.targets, *args, self.settings.pg_timeout_s,
-                                timeout_s=self.settings.timeout_s, pg_timeout_s=self.settings.pg_timeout_s)
+                                timeout_s=self.settings.timeout_s, pg_timeout_s=self.settings.pg_timeout_s,
+                                env=rank_env_for("cpu"))
         except WorldStartError:
             return None
         return Run(ref, strategy, f"{spec.name}-reference", self.targets)
@@ -141,7 +142,9 @@ def judge(contract, run: Run) -> Verdict:
     owner = contracts.blamed(run)
     if owner is not None and owner != contract.id:
         return _after_owned_failure(contract, run, verdict, owner)
-    if run.strategy == "fsdp" and tier_note is None and owner is None:
+    # Whether the user's config asks for what this item ran (traced runs say; others never do).
+    configured = any(e.get("configured") for e in run.events(0, "strategy"))
+    if run.strategy in SHARDED_STRATEGIES and not configured and owner is None:
         skipped = _not_a_sharded_module(contract, run)
         if skipped is not None:
             return skipped
@@ -164,17 +167,23 @@ def _after_owned_failure(contract, run: Run, verdict: Verdict, owner: str) -> Ve
 
 
 def _not_a_sharded_module(contract, run: Run) -> Verdict | None:
-    """The user's config does not ask for sharding; a module that cannot run under FSDP is
-    information for them, not a verdict on this contract."""
+    """The user's config does not ask for this sharded strategy; a module that cannot run under it
+    is information for them, not a verdict on this contract."""
     cause = first_cause(run.job)
     if cause is None:
         return None
     where = f" at {_short_site(cause.site)}" if cause.site else ""
     what = f"{cause.exc_type or cause.kind}{where}: {cause.message}" if cause.message else \
         f"{cause.exc_type or cause.kind}{where}"
+    if run.strategy == "fsdp":
+        return contract.verdict(
+            "skipped", f"the module does not run under FSDP on CPU ({what}); the Trainer config does not name a "
+                       f"sharded strategy, so the sharded tier does not apply (--ltconform-strategies ddp hides it).")
+    name = STRATEGY_NAMES.get(run.strategy, run.strategy)
     return contract.verdict(
-        "skipped", f"the module does not run under FSDP on CPU ({what}); the Trainer config does not name a "
-                   f"sharded strategy, so the sharded tier does not apply (--ltconform-strategies ddp hides it).")
+        "skipped", f"the module does not run under {name} on CPU ({what}); the Trainer config does not name "
+                   f"{name}, so the {run.strategy} tier does not apply (--ltconform-strategies without "
+                   f"{run.strategy} hides it).")
 
 
 def _after_own_failure(contract, run: Run) -> Verdict:

@@ -207,7 +207,8 @@ def ddp_note(strategy_name: str, user_strategy: Any) -> str | None:
             f"ranks, and the [fsdp] items run your sharded settings (the CPU sharded tier).")
 
 
-def _deepspeed_installed() -> bool:
+def deepspeed_installed() -> bool:
+    """Whether the deepspeed package is installed (found, not imported)."""
     return importlib.util.find_spec("deepspeed") is not None
 
 
@@ -220,7 +221,7 @@ def deepspeed_stand_in():
     Such an object is for reading only: a Trainer cannot run it (nothing could: DeepSpeed is
     absent); the worlds replace it with the CPU sharded tier.
     """
-    if _deepspeed_installed():
+    if deepspeed_installed():
         yield
         return
     patched = []
@@ -267,3 +268,185 @@ def _recording_init(cls: type, original):
         self.config = config
 
     return __init__
+
+
+# -- DeepSpeed on CPU gloo ranks ------------------------------------------------------------------
+# Lightning 2.6.6 refuses DeepSpeed without CUDA, but DeepSpeed ZeRO 2 and 3 train on CPU gloo
+# ranks with four overrides (docs: shared recipe "deepspeed-on-cpu-gloo"): no CUDA check, no
+# device-index validation, a root device with an index, and the gloo backend. The rank's
+# environment carries DS_ACCELERATOR=cpu (vocabulary.RANK_ENV), set before deepspeed is imported.
+
+# Optimizer types DeepSpeed builds from its config; on CPU only its torch path runs.
+_DS_ADAM_TYPES = {"adam": "Adam", "adamw": "AdamW"}
+_DS_OFFLOAD_KEYS = ("offload_optimizer", "offload_param", "cpu_offload", "cpu_offload_params")
+_DS_HALF_KEYS = ("fp16", "bf16", "amp")
+
+
+def _enabled(section: Any) -> bool:
+    return isinstance(section, dict) and section.get("enabled", True) not in (False, "false")
+
+
+def cpu_deepspeed_config(config: Any) -> tuple[dict, list[str]]:
+    """A copy of a DeepSpeed config dict that CPU gloo ranks can run, and what was substituted.
+
+    The substitutions keep the same collectives: DeepSpeed's fused or CPU-Adam optimizers become
+    its ``torch_adam`` path (torch's Adam/AdamW, same hyper-parameters), other config optimizers
+    become torch AdamW with their learning rate, CPU/NVMe offload is dropped (the partitioned
+    state stays in rank memory) and fp16/bf16 sections are dropped (fp32). Returns
+    ``(config, ["what -> what instead", ...])``; a non-dict config is returned unchanged.
+    """
+    import copy
+
+    if not isinstance(config, dict):
+        return config, []
+    config = copy.deepcopy(config)
+    done: list[str] = []
+    opt = config.get("optimizer")
+    if isinstance(opt, dict):
+        kind = str(opt.get("type", ""))
+        params = dict(opt.get("params") or {})
+        if kind.lower() in _DS_ADAM_TYPES:
+            if not params.get("torch_adam"):
+                params["torch_adam"] = True
+                done.append(f"the config's {kind} optimizer runs as torch.optim.{_DS_ADAM_TYPES[kind.lower()]} "
+                            f"(DeepSpeed's FusedAdam/CPUAdam need compiled ops)")
+            opt["params"] = params
+        else:
+            kept = {k: params[k] for k in ("lr", "weight_decay", "betas", "eps") if k in params}
+            config["optimizer"] = {"type": "AdamW", "params": {**kept, "torch_adam": True}}
+            done.append(f"the config's {kind or 'untyped'} optimizer runs as torch.optim.AdamW with its "
+                        f"learning rate (DeepSpeed's own optimizers need compiled ops)")
+    zero = config.get("zero_optimization")
+    if isinstance(zero, dict):
+        dropped = [k for k in _DS_OFFLOAD_KEYS if k in zero and (not isinstance(zero[k], dict)
+                                                                  or zero[k].get("device", "cpu") != "none")]
+        for key in _DS_OFFLOAD_KEYS:
+            zero.pop(key, None)
+        if dropped:
+            done.append(f"{' and '.join(dropped)} dropped (no offload: the partitioned state stays in rank memory)")
+    half = [k for k in _DS_HALF_KEYS if _enabled(config.get(k))]
+    for key in _DS_HALF_KEYS:
+        config.pop(key, None)
+    if half:
+        done.append(f"{'/'.join(half)} dropped (fp32)")
+    return config, done
+
+
+def _reset_deepspeed_globals() -> None:
+    """Forget the process groups DeepSpeed cached in an earlier job of this rank process: each
+    job has a fresh default process group, and a cached group of the last one is destroyed."""
+    ds_comm = importlib.import_module("deepspeed.comm.comm")
+    groups = importlib.import_module("deepspeed.utils.groups")
+
+    ds_comm.cdb = None
+    for name, value in list(vars(groups).items()):
+        if name in ("mpu", "mesh_device") or (name.startswith("_") and name.isupper() and not isinstance(value, str)):
+            setattr(groups, name, {} if isinstance(value, dict) else None)
+
+
+def _cpu_deepspeed_subclass(base: type) -> type:
+    import torch
+    from lightning.fabric.utilities.seed import reset_seed
+
+    class CPUDeepSpeedStrategy(base):
+        """DeepSpeedStrategy on CPU gloo ranks (the four overrides of the recipe)."""
+
+        ltconform_deepspeed_cpu = True  # not ltconform_cpu_tier: that one marks the CPU FSDP tier
+
+        @property
+        def root_device(self):
+            # DeepSpeed reads the device rank from root_device.index (None for plain "cpu").
+            return torch.device("cpu", self.local_rank)
+
+        def setup_environment(self):
+            # DeepSpeedStrategy's own raises for a non-CUDA accelerator; DDP's sets up the ranks.
+            super(base, self).setup_environment()
+
+        def setup_distributed(self):
+            # As DeepSpeedStrategy's, minus the CUDA device-index validation.
+            reset_seed()
+            self.set_world_ranks()
+            self._init_deepspeed_distributed()
+
+        def _init_deepspeed_distributed(self):
+            ds_torch = importlib.import_module("deepspeed.comm.torch")  # deepspeed.comm.torch is torch itself
+
+            _reset_deepspeed_globals()
+            # The shared-memory all-reduce kernel would be compiled with the host's compiler on
+            # every fresh rank (tens of seconds); the gloo collectives are what the contracts watch.
+            build = ds_torch.build_shm_op
+            ds_torch.build_shm_op = lambda: None
+            try:
+                super()._init_deepspeed_distributed()
+            finally:
+                ds_torch.build_shm_op = build
+
+        def _get_process_group_backend(self):
+            return "gloo"
+
+    CPUDeepSpeedStrategy.__qualname__ = f"CPU{base.__qualname__}"
+    return CPUDeepSpeedStrategy
+
+
+def cpu_deepspeed_strategy(ns: Any, user_strategy: Any = None, timeout_s: float | None = None) -> Any:
+    """A real DeepSpeedStrategy of namespace ``ns`` that trains on CPU gloo ranks.
+
+    Keeps the user's settings when ``user_strategy`` is a DeepSpeedStrategy (their ZeRO stage and
+    config dict, their subclass' overrides); a registered name ('deepspeed_stage_3_offload') gets
+    its registered settings; anything else Lightning's default (``strategy="deepspeed"``: ZeRO
+    stage 2). What CPU cannot run is substituted (:func:`cpu_deepspeed_config`). Needs the
+    deepspeed package. ``timeout_s`` bounds every collective (seconds). The returned object
+    carries ``ltconform_note`` (one sentence, or None when the config names no DeepSpeed and
+    nothing was substituted) and ``ltconform_fp32`` (the Trainer must run fp32).
+    """
+    import datetime
+
+    strategies = importlib.import_module(f"{ns.__name__}.strategies")
+    base = strategies.DeepSpeedStrategy
+    kind = sharded_kind(user_strategy)
+    if kind == "deepspeed" and isinstance(user_strategy, base):
+        cls = _cpu_deepspeed_subclass(type(user_strategy))
+        strategy = cls.__new__(cls)
+        strategy.__dict__.update(user_strategy.__dict__)
+    else:
+        init: dict = {}
+        if kind == "deepspeed" and isinstance(user_strategy, str):
+            registry = strategies.StrategyRegistry
+            init = dict((registry[user_strategy] if user_strategy in registry else {}).get("init_params") or {})
+        strategy = _cpu_deepspeed_subclass(base)(**init)
+    strategy.config, substituted = cpu_deepspeed_config(strategy.config)
+    if timeout_s is not None:
+        strategy._timeout = datetime.timedelta(seconds=timeout_s)
+    strategy.ltconform_fp32 = True
+    strategy.ltconform_note = _deepspeed_note(user_strategy, kind, strategy, substituted)
+    return strategy
+
+
+def _deepspeed_note(user_strategy: Any, kind: str | None, strategy: Any, substituted: list[str]) -> str | None:
+    stage = (strategy.config.get("zero_optimization") or {}).get("stage") if isinstance(strategy.config, dict) else None
+    swapped = f"; substituted on CPU: {'; '.join(substituted)}" if substituted else ""
+    if kind == "deepspeed":
+        return (f"the Trainer config names {describe(user_strategy)}; this item ran real DeepSpeed ZeRO stage "
+                f"{stage} on CPU gloo ranks (the CPU deepspeed tier) with your config{swapped}.")
+    return f"this item ran Lightning's default DeepSpeed (ZeRO stage {stage}) on CPU gloo ranks{swapped}." \
+        if substituted else None
+
+
+def precision_note(strategy: Any, precision: Any) -> str | None:
+    """For a strategy that must run fp32 on CPU (``ltconform_fp32``) and a Trainer ``precision``
+    that is not fp32: the sentence saying so, else None."""
+    if not getattr(strategy, "ltconform_fp32", False) or precision in (None, 32, "32", "32-true"):
+        return None
+    return f"Trainer(precision={precision!r}) ran as precision='32-true' (DeepSpeed half precision needs a GPU)."
+
+
+def configured_for(strategy_name: str, user_strategy: Any) -> bool:
+    """Whether the user's Trainer config asks for what an item of ``strategy_name`` runs: any
+    sharded strategy for an 'fsdp' item (it runs DeepSpeed configs too), DeepSpeed for a
+    'deepspeed' item; always for 'ddp'."""
+    kind = sharded_kind(user_strategy)
+    if strategy_name == "fsdp":
+        return kind is not None
+    if strategy_name == "deepspeed":
+        return kind == "deepspeed"
+    return True

@@ -7,8 +7,9 @@ world parameters; the rank-side code path is the same for all of them, only the 
 ========== ====================== ============================ =========================================
 tier       item parameter         world                        needs
 ========== ====================== ============================ =========================================
-cpu        ``ddp``, ``fsdp``       local ranks, gloo, CPU       nothing (skipped only inside a launched
-                                                               world, where the plugin spawns nothing)
+cpu        ``ddp``, ``fsdp``,      local ranks, gloo, CPU       nothing (skipped only inside a launched
+           ``deepspeed``                                       world, where the plugin spawns nothing);
+                                                               ``deepspeed`` needs deepspeed importable
 gpu        ``ddp-gpu``,           local ranks, NCCL,           ``world_size`` CUDA devices
            ``fsdp-gpu``           ``accelerator="gpu"``
 deepspeed  ``deepspeed-gpu``      as gpu, real DeepSpeedStrategy deepspeed importable, and the gpu tier
@@ -27,7 +28,7 @@ import importlib.util
 import os
 import warnings
 
-from .vocabulary import DEFAULT_CONTRACT_TIERS, GPU_STRATEGIES, SHARDED_STRATEGIES, backend_for
+from .vocabulary import CPU_CORE_STRATEGIES, DEFAULT_CONTRACT_TIERS, GPU_STRATEGIES, SHARDED_STRATEGIES, backend_for
 from .world.devices import cuda_device_count
 
 
@@ -66,8 +67,7 @@ def variants(contract, selected: tuple[str, ...], local_supported: tuple[str, ..
     own = tuple(contract.strategies)
     out: list[Variant] = []
     if "cpu" in tiers:
-        out += [Variant("cpu", s, s, ("ltconform_cpu",), ("cpu",))
-                for s in own if s in selected and s in local_supported]
+        out += [_cpu_variant(s) for s in own if s in selected and s in local_supported]
     if "gpu" in tiers:
         gpu = [s for s in own if s in GPU_STRATEGIES and s != "deepspeed"]
         out += [Variant("gpu", s, f"{s}-gpu", ("ltconform_gpu",), ("gpu",)) for s in gpu if s in selected]
@@ -76,8 +76,14 @@ def variants(contract, selected: tuple[str, ...], local_supported: tuple[str, ..
                                ("deepspeed", "gpu")))
     if "multinode" in tiers:
         out += [Variant("multinode", s, f"{s}-multinode", ("ltconform_multinode",), ("multinode",))
-                for s in own if s in selected and s in local_supported]
+                for s in own if s in selected and s in local_supported and s in CPU_CORE_STRATEGIES]
     return out
+
+
+def _cpu_variant(strategy: str) -> Variant:
+    if strategy == "deepspeed":  # real DeepSpeed on gloo ranks: needs the package, not a GPU
+        return Variant("cpu", strategy, strategy, ("ltconform_cpu", "ltconform_deepspeed"), ("cpu", "deepspeed"))
+    return Variant("cpu", strategy, strategy, ("ltconform_cpu",), ("cpu",))
 
 
 # -- attached worlds -----------------------------------------------------------------------------

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 # Strategies a user can select (--ltconform-strategies).
 STRATEGIES = ("ddp", "fsdp", "deepspeed")
-# Strategies the CPU tier runs today (gloo ranks on this machine).
-CPU_STRATEGIES = ("ddp", "fsdp")
+# Strategies the CPU tier runs today (gloo ranks on this machine); deepspeed when importable.
+CPU_STRATEGIES = ("ddp", "fsdp", "deepspeed")
+# Strategies the CPU tier runs whatever is installed (the corpus judges every case on these).
+CPU_CORE_STRATEGIES = ("ddp", "fsdp")
+# How items and messages name a strategy.
+STRATEGY_NAMES = {"ddp": "DDP", "fsdp": "FSDP", "deepspeed": "DeepSpeed"}
 # Strategies the GPU tier runs (NCCL ranks); deepspeed has its own tier there.
 GPU_STRATEGIES = ("ddp", "fsdp", "deepspeed")
 # A contract judged under one of these is also judged under the others on the GPU tier.
@@ -21,6 +25,16 @@ TIERS = ("cpu", "gpu", "multinode", "deepspeed")
 DEFAULT_CONTRACT_TIERS = ("cpu", "gpu", "multinode")
 # Tiers whose ranks sit on CUDA devices.
 CUDA_TIERS = ("gpu", "deepspeed")
+
+
+# Environment of every rank of a tier's local worlds. DeepSpeed picks its accelerator once, at
+# import: on CPU ranks it must be the CPU one, also on a host with GPUs.
+RANK_ENV = {"cpu": {"DS_ACCELERATOR": "cpu"}}
+
+
+def rank_env_for(tier: str) -> dict:
+    """Variables set in each rank of ``tier``'s local world (a new dict; empty for most tiers)."""
+    return dict(RANK_ENV.get(tier, {}))
 
 
 def backend_for(tier: str) -> str:

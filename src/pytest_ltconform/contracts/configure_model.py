@@ -45,8 +45,12 @@ def _params(model) -> dict[str, tuple[int, float, int, int, str]]:
     with torch.no_grad():
         for name, p in model.named_parameters():
             meta = p.device.type == "meta"
-            checksum = 0.0 if meta or p.numel() == 0 else float(p.detach().double().sum())
-            out[name] = (id(p), checksum, int(p.numel()), int(p.numel() * p.element_size()), p.device.type)
+            # A ZeRO-3 parameter is empty outside a gather: count its full size, sum this rank's partition.
+            held = getattr(p, "ds_tensor", None) if hasattr(p, "ds_numel") else None
+            held = p if held is None else held
+            numel = int(getattr(p, "ds_numel", p.numel()))
+            checksum = 0.0 if meta or held.numel() == 0 else float(held.detach().double().sum())
+            out[name] = (id(p), checksum, numel, numel * p.element_size(), p.device.type)
     return out
 
 
@@ -139,7 +143,8 @@ class ConfigureModelProbe(Probe):
         model = loaded.model
         user_strategy = loaded.user_kwargs.get("strategy")
         run_strategy = trainer_kwargs.get("strategy")
-        fsdp_cls = importlib.import_module(f"{ns.__name__}.strategies").FSDPStrategy
+        strategies = importlib.import_module(f"{ns.__name__}.strategies")
+        fsdp_cls, deepspeed_cls = strategies.FSDPStrategy, strategies.DeepSpeedStrategy
         init = _params(model)
         self.data.update(
             class_name=type(model).__qualname__,
@@ -148,6 +153,7 @@ class ConfigureModelProbe(Probe):
             zero_stage=sharded.zero_stage(user_strategy) if sharded.sharded_kind(user_strategy) == "deepspeed"
             else None,
             run_sharded=isinstance(run_strategy, fsdp_cls),
+            run_deepspeed=isinstance(run_strategy, deepspeed_cls),
             init_numel=sum(v[2] for v in init.values()),
             init_bytes=sum(v[3] for v in init.values()),
             init_meta_numel=sum(v[2] for v in init.values() if v[4] == "meta"),
@@ -214,7 +220,7 @@ class ConfigureModel(Contract):
     id = "configure-model"
     title = "configure_model is idempotent and builds the model in the strategy's context"
     rule_section = "FSDP"
-    strategies = ("ddp", "fsdp")
+    strategies = ("ddp", "fsdp", "deepspeed")
 
     def probe(self) -> Probe:
         return ConfigureModelProbe()
@@ -311,7 +317,8 @@ class ConfigureModel(Contract):
         built = calls[0]["created_bytes"] if calls else 0
         built_numel = calls[0]["created_numel"] if calls else 0
         init_bytes, init_numel = first.get("init_bytes", 0), first.get("init_numel", 0)
-        sharded = first.get("user_sharded") or ("fsdp" if first.get("run_sharded") else None)
+        run_kind = "fsdp" if first.get("run_sharded") else "deepspeed" if first.get("run_deepspeed") else None
+        sharded = first.get("user_sharded") or run_kind
         cm = ("none in configure_model (not overridden)" if not first.get("overrides_configure_model")
               else f"{built_numel:,} ({_fmt_bytes(built)}) in configure_model"
               + (" (what this rank holds after sharding)" if first.get("run_sharded") else ""))
@@ -329,7 +336,8 @@ class ConfigureModel(Contract):
             return self.verdict("passed", f"no sharded strategy in use; {measured}{repeat}.")
         if not first.get("user_sharded"):
             # Only the conformance tier shards: building in __init__ is what DDP does anyway.
-            return self.verdict("passed", f"measured under the CPU FSDP tier: {measured}{repeat}. Your Trainer "
+            tier = "CPU FSDP tier" if run_kind == "fsdp" else "CPU DeepSpeed tier"
+            return self.verdict("passed", f"measured under the {tier}: {measured}{repeat}. Your Trainer "
                                 f"config names no sharded strategy, so layers built in __init__ are fine; with "
                                 f"FSDP or DeepSpeed, build the large ones in an idempotent configure_model.")
         where = first.get("user_strategy")

@@ -592,7 +592,7 @@ class DataSharding(Contract):
     id = "data-sharding"
     title = "Each rank trains on its own share of the data, reshuffled every epoch"
     rule_section = "Sampling, metrics and writes"
-    strategies = ("ddp", "fsdp")
+    strategies = ("ddp", "fsdp", "deepspeed")
 
     def probe(self) -> Probe:
         return DataShardingProbe()

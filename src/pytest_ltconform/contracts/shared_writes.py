@@ -188,7 +188,7 @@ class SharedWrites(Contract):
     id = "shared-writes"
     title = "Plain shared-file writes happen on one rank (rank-zero guard), checkpoints on all"
     rule_section = "Sampling, metrics and writes"
-    strategies = ("ddp", "fsdp")
+    strategies = ("ddp", "fsdp", "deepspeed")
 
     def probe(self) -> Probe:
         return SharedWritesProbe()

@@ -17,7 +17,7 @@ __all__ = ["JobResult", "LocalWorld", "RankOutcome", "WorldStartError", "WorldPo
 
 
 class WorldPool:
-    """Persistent worlds keyed by (world size, backend, collective timeout)."""
+    """Persistent worlds keyed by (world size, backend, collective timeout, rank environment)."""
 
     def __init__(self, fresh_per_job: bool | None = None):
         self._worlds: dict[tuple, LocalWorld] = {}
@@ -28,16 +28,18 @@ class WorldPool:
         self._kept: list[str] = []
         atexit.register(self.close)
 
-    def get(self, world_size: int, backend: str = "gloo", pg_timeout_s: float = 30.0) -> LocalWorld:
-        key = (world_size, backend, pg_timeout_s)
+    def get(self, world_size: int, backend: str = "gloo", pg_timeout_s: float = 30.0,
+            env: dict | None = None) -> LocalWorld:
+        """The world for these parameters; ``env`` ({name: value}) is set in each rank's environment."""
+        key = (world_size, backend, pg_timeout_s, tuple(sorted((env or {}).items())))
         world = self._worlds.get(key)
         if world is None or world.closed:
-            world = self._worlds[key] = LocalWorld(world_size, backend=backend, pg_timeout_s=pg_timeout_s)
+            world = self._worlds[key] = LocalWorld(world_size, backend=backend, pg_timeout_s=pg_timeout_s, env=env)
         return world
 
     def run(self, world_size: int, fn_ref: str, *args, timeout_s: float, backend: str = "gloo",
-            pg_timeout_s: float = 30.0, **kwargs) -> JobResult:
-        world = self.get(world_size, backend, pg_timeout_s)
+            pg_timeout_s: float = 30.0, env: dict | None = None, **kwargs) -> JobResult:
+        world = self.get(world_size, backend, pg_timeout_s, env)
         try:
             return world.run(fn_ref, *args, timeout_s=timeout_s, kwargs=kwargs)
         finally:

@@ -46,8 +46,9 @@ class LocalWorld:
 
     def __init__(self, world_size: int = 2, *, backend: str = "gloo", pg_timeout_s: float = 30.0,
                  preload: tuple[str, ...] = ("lightning.pytorch",), start_timeout_s: float = 300.0,
-                 root: str | None = None):
+                 root: str | None = None, env: dict | None = None):
         self.world_size = world_size
+        self.env = dict(env or {})  # set in each rank's environment, over the inherited one
         self.backend = backend
         self.pg_timeout_s = pg_timeout_s
         self.preload = preload
@@ -93,6 +94,7 @@ class LocalWorld:
             LTCONFORM_SUPERVISOR_PID=str(os.getpid()), LTCONFORM_PRELOAD=",".join(self.preload),
             PYTHONUNBUFFERED="1",
         )
+        env.update(self.env)
         # Two ranks on a small machine: one intra-op thread each avoids oversubscription.
         env.setdefault("OMP_NUM_THREADS", "1")
         src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

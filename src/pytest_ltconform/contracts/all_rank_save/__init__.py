@@ -54,7 +54,7 @@ class AllRankSave(Contract):
     id = "all-rank-save"
     title = "Checkpoint saves and other collectives are called on every rank"
     rule_section = "Sampling, metrics and writes"
-    strategies = ("ddp", "fsdp")
+    strategies = ("ddp", "fsdp", "deepspeed")
     probe_class = ShardedSaveProbe
 
     def blames(self, run: Run) -> int | None:
@@ -209,6 +209,10 @@ class AllRankSave(Contract):
             notes.append("under FSDP the save is itself a gather: building the checkpoint's state dict collects "
                          "every rank's parameter shards, so the one-sided save ran that gather alone and it "
                          "met the other rank's next collectives (a crash, a hang or garbage, depending on timing).")
+        elif label == "Trainer.save_checkpoint" and run.strategy == "deepspeed":
+            notes.append("under DeepSpeed the save is itself a collective: the engine's save_checkpoint gathers "
+                         "state across ranks (every ZeRO-3 parameter, and a barrier), so the one-sided save "
+                         "waited in that gather for a rank that never joined it.")
         # What a rank without the call made in its place: where it waited, not a cause.
         waited = [(r, evs[at]) for r, evs in div["events"].items() if r not in makers and len(evs) > at]
         for r, e in waited:

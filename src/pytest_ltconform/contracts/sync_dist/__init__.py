@@ -61,7 +61,7 @@ class SyncDist(Contract):
     id = "sync-dist"
     title = "Synced logging, monitored metrics and shared decisions agree across ranks"
     rule_section = "Sampling, metrics and writes"
-    strategies = ("ddp", "fsdp")
+    strategies = ("ddp", "fsdp", "deepspeed")
     probe_class = SyncDistProbe
 
     def blames(self, run: Run) -> int | None:
