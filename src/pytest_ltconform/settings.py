@@ -92,12 +92,13 @@ def add_options(parser: pytest.Parser) -> None:
     )
     group.addoption(
         "--ltconform-world-size", dest=OPT_WORLD_SIZE, metavar="N", default=None,
-        help=f"ranks per local world (default {DEFAULT_WORLD_SIZE}; ini: ltconform_world_size).",
+        help=f"ranks per local world (default {DEFAULT_WORLD_SIZE}; ini: ltconform_world_size); more than the "
+             f"CPUs, or than the available memory holds, is refused unless --ltconform-oversubscribe.",
     )
     group.addoption(
         "--ltconform-timeout", dest=OPT_TIMEOUT, metavar="SECONDS", default=None,
         help=f"wall-clock limit of one contract run; a world still running then is diagnosed and "
-             f"killed (default {DEFAULT_TIMEOUT_S:g}; ini: ltconform_timeout).",
+             f"killed (default {DEFAULT_TIMEOUT_S:g}, at least {MIN_TIMEOUT_S:g}; ini: ltconform_timeout).",
     )
     group.addoption(
         "--ltconform-report", dest=OPT_REPORT, metavar="PATH", default=None,
