@@ -68,9 +68,10 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     from . import tiers
 
-    if tiers.detect_attached() is None and not hasattr(config, "workerinput"):
-        settings_mod.check_capacity(settings)  # before anything heavy is imported or started
-    _stop_on_sigterm(config)
+    if tiers.detect_attached() is None:  # a launched world is the launcher's to size and to stop
+        if not hasattr(config, "workerinput"):
+            settings_mod.check_capacity(settings)  # before anything heavy is imported or started
+        _stop_on_sigterm(config)
     from . import target as target_mod
 
     try:
