@@ -55,8 +55,8 @@ def test_ini_values_apply_and_command_line_wins(pytester):
     pytester.makepyfile(SETTINGS_TEST)
     result = pytester.runpytest("-s")
     result.stdout.fnmatch_lines(["*SETTINGS 3 45.0 ('ddp',)"])
-    result = pytester.runpytest("-s", "--ltconform-world-size", "4", "--ltconform-timeout", "9")
-    result.stdout.fnmatch_lines(["*SETTINGS 4 9.0 ('ddp',)"])
+    result = pytester.runpytest("-s", "--ltconform-world-size", "4", "--ltconform-timeout", "30")
+    result.stdout.fnmatch_lines(["*SETTINGS 4 30.0 ('ddp',)"])
 
 
 @pytest.mark.parametrize(

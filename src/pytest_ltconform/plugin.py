@@ -8,7 +8,7 @@ run in a repository that has this plugin installed costs what it cost before.
 from __future__ import annotations
 
 import json
-import os
+import signal
 import sys
 
 import pytest
@@ -22,6 +22,7 @@ POOL_KEY = pytest.StashKey["object"]()
 ATTACHED_KEY = pytest.StashKey["object"]()
 AVAILABILITY_KEY = pytest.StashKey["object"]()
 ONLY_CONTRACTS_KEY = pytest.StashKey[bool]()
+SIGTERM_KEY = pytest.StashKey["SigtermAsInterrupt"]()
 
 MARKERS = {
     "ltconform": "a generated pytest-ltconform contract item",
@@ -37,6 +38,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     settings_mod.add_options(parser)
 
 
+def pytest_cmdline_main(config: pytest.Config) -> int | None:
+    """``--ltconform-explain CONTRACT``: print the contract's rule page and exit, like ``--markers``
+    (no target needed, nothing heavy imported)."""
+    cid = config.getoption(settings_mod.OPT_EXPLAIN)
+    if cid is None:
+        return None
+    from . import report as report_mod
+
+    page = report_mod.contract_page(cid.strip())
+    if page is None:
+        sys.stderr.write(f"ERROR: --ltconform-explain: no contract {cid!r}; choose from "
+                         f"{', '.join(report_mod.contract_pages())}.\n")
+        return pytest.ExitCode.USAGE_ERROR
+    sys.stdout.write(page if page.endswith("\n") else page + "\n")
+    return pytest.ExitCode.OK
+
+
 @pytest.hookimpl(trylast=True)  # after the terminal reporter exists, so quiet ranks can drop it
 def pytest_configure(config: pytest.Config) -> None:
     for name, text in MARKERS.items():
@@ -44,8 +62,17 @@ def pytest_configure(config: pytest.Config) -> None:
     settings = settings_mod.resolve(config)
     config.stash[SETTINGS_KEY] = settings
     config.pluginmanager.register(ResultsCollector(config), "ltconform-results")
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and config.get_verbosity() >= 1:
+        config.pluginmanager.register(PassedReasons(reporter), "ltconform-passed-reasons")
     if not settings.enabled:
         return
+    from . import tiers
+
+    if tiers.detect_attached() is None:  # a launched world is the launcher's to size and to stop
+        if not hasattr(config, "workerinput"):
+            settings_mod.check_capacity(settings)  # before anything heavy is imported or started
+        _stop_on_sigterm(config)
     from . import target as target_mod
 
     try:
@@ -121,9 +148,54 @@ def _pool(config: pytest.Config):
     if pool is None:
         from .world import WorldPool
 
-        pool = WorldPool()
+        pool = WorldPool(timeout_name="--ltconform-timeout")
         config.stash[POOL_KEY] = pool
+        _stop_on_sigterm(config)
     return pool
+
+
+class SigtermAsInterrupt:
+    """SIGTERM (what CI runners send on cancel) ends the session as Ctrl-C does: the running item
+    stops, the report and summary are written for what finished, worlds are closed. Installed only
+    while this process owns worlds, and only over the default handler; a second SIGTERM, or one
+    that arrives once the session is finishing, gets the handler that was there before."""
+
+    def __init__(self):
+        self.previous = signal.getsignal(signal.SIGTERM)
+        self.finishing = False
+        signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        signal.signal(signal.SIGTERM, self.previous)
+        if self.finishing:
+            return  # the summary and clean-up are under way: let them end
+        pytest.exit("pytest-ltconform: SIGTERM received; stopped the ranks, reporting what finished",
+                    returncode=pytest.ExitCode.INTERRUPTED)
+
+    def uninstall(self) -> None:
+        if signal.getsignal(signal.SIGTERM) == self._handle:
+            signal.signal(signal.SIGTERM, self.previous)
+
+
+def _stop_on_sigterm(config: pytest.Config) -> None:
+    if SIGTERM_KEY in config.stash or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+    try:
+        config.stash[SIGTERM_KEY] = SigtermAsInterrupt()
+    except ValueError:  # not the main thread: signals cannot be handled here
+        pass
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
+    guard = session.config.stash.get(SIGTERM_KEY, None)
+    if guard is not None:
+        guard.finishing = True
+    attached = _attached(session.config)
+    if attached is not None and attached.rank != 0 and exitstatus not in (0, pytest.ExitCode.NO_TESTS_COLLECTED):
+        # A quiet rank still says, in one line, that it did not succeed.
+        sys.stderr.write(f"pytest-ltconform: {attached.info.describe()} finished with exit status "
+                         f"{int(exitstatus)}; rank 0 prints the report for every rank.\n")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -133,14 +205,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     attached = _attached(config)
     if attached is not None:
         attached.close()
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
-    attached = _attached(session.config)
-    if attached is not None and attached.rank != 0 and exitstatus not in (0, pytest.ExitCode.NO_TESTS_COLLECTED):
-        # A quiet rank still says, in one line, that it did not succeed.
-        sys.stderr.write(f"pytest-ltconform: {attached.info.describe()} finished with exit status "
-                         f"{int(exitstatus)}; rank 0 prints the report for every rank.\n")
+    guard = config.stash.get(SIGTERM_KEY, None)
+    if guard is not None:
+        guard.uninstall()
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
@@ -282,7 +349,15 @@ def pytest_runtest_makereport(item, call):
             isinstance(call.excinfo.value, (ContractFailed, NotJudged)):
         # Setup errors would otherwise render a traceback of our own code.
         report.longrepr = call.excinfo.value.verdict["message"]
+    elif isinstance(item, LtconformItem) and report.when == "call" and report.passed and item.verdict_dict:
+        # What the item checked, in one line: -rA prints it after "PASSED <id> - " as it prints a
+        # failure's message, and -rP / the JSON report carry the same words.
+        report.longrepr = _one_line(item.verdict_dict.get("summary") or "")
     return report
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 def pytest_report_teststatus(report, config):
@@ -295,6 +370,29 @@ def pytest_report_teststatus(report, config):
     return None
 
 
+class PassedReasons:
+    """Under ``-v``: below each passed contract item's line, what it checked (the verdict's summary)."""
+
+    def __init__(self, terminalreporter):
+        self.tr = terminalreporter
+
+    @pytest.hookimpl(trylast=True)  # after the terminal reporter wrote the item's "PASSED" line
+    def pytest_runtest_logreport(self, report) -> None:
+        if report.when != "call" or not report.passed or not isinstance(report.longrepr, str):
+            return
+        from . import report as report_mod
+
+        rec = report_mod.from_report(report)
+        if rec is None or rec["outcome"] != "passed" or not report.longrepr:
+            return
+        line = f"    {report.longrepr}"
+        width = self.tr._tw.fullwidth - 1
+        if self.tr.config.get_verbosity() < 2 and len(line) > width:  # as pytest trims skip reasons
+            line = line[:width - 3] + "..."
+        self.tr.ensure_newline()
+        self.tr.write(line, light=True)
+
+
 class ResultsCollector:
     """Collects every ltconform record from the reports (also those xdist workers send back),
     prints the summary table and writes the JSON report."""
@@ -302,6 +400,8 @@ class ResultsCollector:
     def __init__(self, config: pytest.Config):
         self.config = config
         self.results: list[dict] = []
+
+        self.report_error: str | None = None
 
     def pytest_runtest_logreport(self, report) -> None:
         from . import report as report_mod
@@ -312,16 +412,17 @@ class ResultsCollector:
             self.results.append(rec)
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
-        if not self.results:
-            return
-        from . import report as report_mod
+        if self.results:
+            from . import report as report_mod
 
-        tw = terminalreporter._tw
-        width = min(getattr(tw, "fullwidth", 100), 100)
-        terminalreporter.write_sep("=", "ltconform summary", bold=True)
-        text = report_mod.summary_text(self.results, width=width, color=tw.hasmarkup)
-        for line in text.splitlines():
-            terminalreporter.write_line(line)
+            tw = terminalreporter._tw
+            width = min(getattr(tw, "fullwidth", 100), 100)
+            terminalreporter.write_sep("=", "ltconform summary", bold=True)
+            text = report_mod.summary_text(self.results, width=width, color=tw.hasmarkup)
+            for line in text.splitlines():
+                terminalreporter.write_line(line)
+        if self.report_error:
+            terminalreporter.write_line(self.report_error, red=True, bold=True)
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         settings = self.config.stash.get(SETTINGS_KEY, None)
@@ -332,8 +433,14 @@ class ResultsCollector:
             return  # rank 0 writes the report for every rank
         from . import report as report_mod
 
-        os.makedirs(os.path.dirname(settings.report) or ".", exist_ok=True)
-        report_mod.write_json(settings.report, settings.target, settings.world_size, list(self.results))
+        try:
+            report_mod.write_json(settings.report, settings.target, settings.world_size, list(self.results))
+        except OSError as exc:
+            # Checked at start-up, yet the disk can fill or the folder go: the summary still prints.
+            self.report_error = (f"pytest-ltconform: could not write the JSON report to {settings.report}: "
+                                 f"{exc.strerror or exc}; the verdicts are in the summary above.")
+            if self.config.pluginmanager.get_plugin("terminalreporter") is None:
+                sys.stderr.write(self.report_error + "\n")
 
 
 # -- fixtures ------------------------------------------------------------------------------------
@@ -341,11 +448,13 @@ class ResultsCollector:
 class WorldHandle:
     """What ``ltconform_world(...)`` returns: ``run(fn, *args)`` on every rank."""
 
-    def __init__(self, pool, world_size: int, timeout_s: float, pg_timeout_s: float):
+    def __init__(self, pool, world_size: int, timeout_s: float, pg_timeout_s: float,
+                 timeout_name: str = "--ltconform-timeout"):
         self._pool = pool
         self.world_size = world_size
         self.timeout_s = timeout_s
         self.pg_timeout_s = pg_timeout_s
+        self.timeout_name = timeout_name  # named when a run is killed at the limit
 
     def run(self, fn, *args, timeout_s: float | None = None) -> list:
         """Run ``fn(ctx, *args)`` on every rank; ``fn`` must be importable (module level).
@@ -357,8 +466,9 @@ class WorldHandle:
         if not isinstance(fn, str) and "<locals>" in fn.__qualname__:
             raise pytest.UsageError(f"ltconform_world.run: {fn.__qualname__} is a local function; ranks import "
                                     f"the function by name, so define it at module level.")
-        result = self._pool.run(self.world_size, ref, *args, timeout_s=timeout_s or self.timeout_s,
-                                pg_timeout_s=self.pg_timeout_s)
+        limit, name = (timeout_s, "timeout_s") if timeout_s else (self.timeout_s, self.timeout_name)
+        result = self._pool.run(self.world_size, ref, *args, timeout_s=limit, pg_timeout_s=self.pg_timeout_s,
+                                timeout_name=name)
         if result.status == "skip":
             pytest.skip(result.ranks[0].message or "skipped inside the ranks")
         if result.status != "ok":
@@ -373,7 +483,8 @@ class _AttachedPool:
     def __init__(self, world):
         self._world = world
 
-    def run(self, world_size: int, fn_ref: str, *args, timeout_s: float, pg_timeout_s: float, **kwargs):
+    def run(self, world_size: int, fn_ref: str, *args, timeout_s: float, pg_timeout_s: float,
+            timeout_name: str | None = None, **kwargs):
         return self._world.run(fn_ref, *args, timeout_s=timeout_s, kwargs=kwargs)
 
 
@@ -392,11 +503,12 @@ def ltconform_world(request):
     def make(world_size: int | None = None, timeout_s: float | None = None) -> WorldHandle:
         timeout = timeout_s or settings.timeout_s
         pg_timeout = settings_mod.pg_timeout_for(timeout)
+        name = "timeout_s" if timeout_s else "--ltconform-timeout"
         if attached is not None:  # inside torchrun/SLURM: the launched world is the world
             if world_size not in (None, attached.world_size):
                 pytest.skip(f"needs a world of {world_size} ranks; pytest is {attached.info.describe()}")
-            return WorldHandle(_AttachedPool(attached), attached.world_size, timeout, pg_timeout)
-        return WorldHandle(_pool(config), world_size or settings.world_size, timeout, pg_timeout)
+            return WorldHandle(_AttachedPool(attached), attached.world_size, timeout, pg_timeout, name)
+        return WorldHandle(_pool(config), world_size or settings.world_size, timeout, pg_timeout, name)
 
     return make
 

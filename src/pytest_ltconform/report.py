@@ -12,10 +12,13 @@ The JSON keys are a stable interface for CI jobs and dashboards::
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import os
 import platform
-from importlib import metadata
+import tempfile
+from importlib import metadata, resources
 
 PROPERTY = "ltconform"
 
@@ -49,10 +52,35 @@ def versions() -> dict:
 
 
 def write_json(path: str, target: str | None, world_size: int, results: list[dict]) -> None:
+    """Write the report to ``path`` (creating its folder) through a temporary file beside it, so
+    that a failed write leaves the previous report, not half of a new one. Raises ``OSError``."""
     doc = {"target": target, "world_size": world_size, "versions": versions(), "results": results}
-    with open(path, "w", encoding="utf-8") as fh:
-        json.dump(doc, fh, indent=2)
-        fh.write("\n")
+    folder = os.path.dirname(path) or "."
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".ltconform-report-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh, indent=2)
+            fh.write("\n")
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide the report from a CI job's other users
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def contract_pages() -> list[str]:
+    """Ids of the contracts whose rule pages ship in the package (``contract_docs/<id>.md``)."""
+    folder = resources.files(__package__) / "contract_docs"
+    return sorted(p.name[:-3] for p in folder.iterdir() if p.name.endswith(".md"))
+
+
+def contract_page(contract: str) -> str | None:
+    """The rule page of ``contract`` (markdown, as the docs site shows it); None for an unknown id."""
+    if contract not in contract_pages():
+        return None
+    return (resources.files(__package__) / "contract_docs" / f"{contract}.md").read_text(encoding="utf-8")
 
 
 _STYLE = {"passed": "green", "failed": "red", "advisory": "yellow", "error": "magenta", "skipped": "yellow"}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import tempfile
 
 import pytest
 
@@ -22,12 +23,19 @@ OPT_TIMEOUT = "ltconform_timeout"
 OPT_REPORT = "ltconform_report"
 OPT_REQUIRE = "ltconform_require"
 OPT_STRATEGIES = "ltconform_strategies"
+OPT_OVERSUBSCRIBE = "ltconform_oversubscribe"
+OPT_EXPLAIN = "ltconform_explain"
 
 INI_TARGET = "ltconform_target"
 
 
 DEFAULT_WORLD_SIZE = 2
 DEFAULT_TIMEOUT_S = 120.0
+# The shortest run limit accepted: a traced fit in a started world takes several seconds on a small
+# machine, and the ranks' collective timeout is at least 5 s (see pg_timeout_for).
+MIN_TIMEOUT_S = 10.0
+# What one rank holds once torch and Lightning are imported (MB): the memory check's estimate.
+RANK_MEMORY_MB = 600
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +55,8 @@ class Settings:
     report: str | None = None
     require: tuple[str, ...] = ()
     strategies: tuple[str, ...] = STRATEGIES
+    oversubscribe: bool = False
+    world_size_from: str | None = None  # where world_size came from; None: the default
 
     @property
     def enabled(self) -> bool:
@@ -82,12 +92,13 @@ def add_options(parser: pytest.Parser) -> None:
     )
     group.addoption(
         "--ltconform-world-size", dest=OPT_WORLD_SIZE, metavar="N", default=None,
-        help=f"ranks per local world (default {DEFAULT_WORLD_SIZE}; ini: ltconform_world_size).",
+        help=f"ranks per local world (default {DEFAULT_WORLD_SIZE}; ini: ltconform_world_size); more than the "
+             f"CPUs, or than the available memory holds, is refused unless --ltconform-oversubscribe.",
     )
     group.addoption(
         "--ltconform-timeout", dest=OPT_TIMEOUT, metavar="SECONDS", default=None,
         help=f"wall-clock limit of one contract run; a world still running then is diagnosed and "
-             f"killed (default {DEFAULT_TIMEOUT_S:g}; ini: ltconform_timeout).",
+             f"killed (default {DEFAULT_TIMEOUT_S:g}, at least {MIN_TIMEOUT_S:g}; ini: ltconform_timeout).",
     )
     group.addoption(
         "--ltconform-report", dest=OPT_REPORT, metavar="PATH", default=None,
@@ -103,6 +114,15 @@ def add_options(parser: pytest.Parser) -> None:
         help=f"comma-separated strategies to check ({', '.join(STRATEGIES)}; default all; "
              f"ini: ltconform_strategies).",
     )
+    group.addoption(
+        "--ltconform-oversubscribe", dest=OPT_OVERSUBSCRIBE, action="store_true", default=None,
+        help="start worlds with more ranks than this machine has CPUs, or than its available memory "
+             "holds (ini: ltconform_oversubscribe).",
+    )
+    group.addoption(
+        "--ltconform-explain", dest=OPT_EXPLAIN, metavar="CONTRACT", default=None,
+        help="print the rule page of CONTRACT (e.g. sync-dist) and exit.",
+    )
     parser.addini(INI_TARGET, "LightningModule to check (as --ltconform)", default=None)
     parser.addini(OPT_DATAMODULE, "LightningDataModule (as --ltconform-datamodule)", default=None)
     parser.addini(OPT_TRAINER, "Trainer kwargs target (as --ltconform-trainer)", default=None)
@@ -111,6 +131,8 @@ def add_options(parser: pytest.Parser) -> None:
     parser.addini(OPT_REPORT, "JSON report path (as --ltconform-report)", default=None)
     parser.addini(OPT_REQUIRE, "tiers that must not skip (as --ltconform-require)", default=None)
     parser.addini(OPT_STRATEGIES, "strategies to check (as --ltconform-strategies)", default=None)
+    parser.addini(OPT_OVERSUBSCRIBE, "allow more ranks than CPUs or memory (as --ltconform-oversubscribe)",
+                  type="bool", default=False)
 
 
 def _lookup(config: pytest.Config, dest: str, ini: str | None = None) -> tuple[str | None, str]:
@@ -143,6 +165,10 @@ def _validate_seconds(raw: str, where: str) -> float:
         raise pytest.UsageError(f"{where}: expected a number of seconds, got {raw!r}.") from None
     if value <= 0:
         raise pytest.UsageError(f"{where}: the timeout must be positive, got {raw!r}.")
+    if value < MIN_TIMEOUT_S:
+        raise pytest.UsageError(
+            f"{where}: {value:g} s is shorter than a contract run can take; the minimum is {MIN_TIMEOUT_S:g} s "
+            f"(a traced fit takes several seconds and the ranks' collective timeout is at least 5 s).")
     return value
 
 
@@ -154,6 +180,71 @@ def _validate_choices(raw: str, where: str, choices: tuple[str, ...]) -> tuple[s
             f"{where}: unknown value(s) {', '.join(map(repr, unknown))}; choose from {', '.join(choices)}."
         )
     return values
+
+
+def _validate_report_path(raw: str, where: str) -> str:
+    """The report's absolute path, once it is known that the file can be written there: missing
+    parent folders are created (the report would create them at the end anyway) and a probe file
+    is made and removed, which also catches read-only file systems and root-owned folders."""
+    path = os.path.abspath(raw)
+    if os.path.isdir(path):
+        raise pytest.UsageError(f"{where}: cannot write the JSON report to {path}: it is a directory; "
+                                f"name a file, e.g. {os.path.join(raw, 'ltconform.json')}.")
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        if os.path.exists(path):
+            open(path, "a").close()  # appends nothing: the file is untouched until the end
+        else:
+            fd, probe = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".ltconform-probe-")
+            os.close(fd)
+            os.unlink(probe)
+    except OSError as exc:
+        raise pytest.UsageError(f"{where}: cannot write the JSON report to {path}: {exc.strerror or exc} "
+                                f"({exc.filename or path}); choose a path in a folder you can write to.") from None
+    return path
+
+
+def cpu_count() -> int:
+    """CPUs this process may run on (its affinity mask, which CI containers narrow)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def available_memory_mb() -> int | None:
+    """MemAvailable of /proc/meminfo in MB; None where there is no /proc (not Linux)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) // 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_capacity(settings: Settings, cpus: int | None = None, memory_mb: int | None = None) -> None:
+    """Refuse a world that this machine cannot hold: more ranks than CPUs, or more than the
+    available memory at :data:`RANK_MEMORY_MB` per rank. ``cpus`` and ``memory_mb`` default to the
+    machine's. No-op under ``oversubscribe``. Raises ``pytest.UsageError`` (one line)."""
+    if settings.oversubscribe:
+        return
+    n = settings.world_size
+    where = settings.world_size_from or f"--ltconform-world-size (default {DEFAULT_WORLD_SIZE})"
+    cpus = cpu_count() if cpus is None else cpus
+    if n > cpus:
+        raise pytest.UsageError(
+            f"{where}: a world of {n} ranks needs {n} CPUs, but this machine gives pytest {cpus}; ranks that share "
+            f"CPUs make healthy collectives time out. Use --ltconform-world-size {cpus} or fewer, or add "
+            f"--ltconform-oversubscribe to start them anyway.")
+    memory_mb = available_memory_mb() if memory_mb is None else memory_mb
+    need = n * RANK_MEMORY_MB
+    if memory_mb is not None and need > memory_mb:
+        raise pytest.UsageError(
+            f"{where}: a world of {n} ranks needs about {need / 1024:.1f} GB ({RANK_MEMORY_MB} MB per rank for "
+            f"torch and Lightning), but {memory_mb / 1024:.1f} GB is available (MemAvailable in /proc/meminfo). "
+            f"Use fewer ranks, or add --ltconform-oversubscribe to start them anyway.")
 
 
 def resolve(config: pytest.Config) -> Settings:
@@ -168,16 +259,18 @@ def resolve(config: pytest.Config) -> Settings:
     raw, where = _lookup(config, OPT_WORLD_SIZE)
     if raw is not None:
         kwargs["world_size"] = _validate_positive_int(raw, where)
+        kwargs["world_size_from"] = where
     raw, where = _lookup(config, OPT_TIMEOUT)
     if raw is not None:
         kwargs["timeout_s"] = _validate_seconds(raw, where)
     raw, where = _lookup(config, OPT_REPORT)
     if raw is not None:
-        kwargs["report"] = os.path.abspath(raw)
+        kwargs["report"] = _validate_report_path(raw, where)
     raw, where = _lookup(config, OPT_REQUIRE)
     if raw is not None:
         kwargs["require"] = _validate_choices(raw, where, TIERS)
     raw, where = _lookup(config, OPT_STRATEGIES)
     if raw is not None:
         kwargs["strategies"] = _validate_choices(raw, where, STRATEGIES)
+    kwargs["oversubscribe"] = bool(config.getoption(OPT_OVERSUBSCRIBE) or config.getini(OPT_OVERSUBSCRIBE))
     return Settings(target=target, datamodule=datamodule, trainer=trainer, **kwargs)

@@ -101,8 +101,9 @@ class Verdict:
         if self.fix:
             lines.append(f"Fix: {self.fix}")
         if self.rule_section and self.category != "consequence":
-            lines.append(f"Rule: docs/contracts/{self.contract}.md (from the '{self.rule_section}' section of the "
-                         f"distributed-training contracts, Lightning 2.6.6)")
+            lines.append(f"Rule: pytest --ltconform-explain {self.contract} (docs/contracts/{self.contract}.md; "
+                         f"from the '{self.rule_section}' section of the distributed-training contracts, "
+                         f"Lightning 2.6.6)")
         if self.diagnosis and with_diagnosis:
             lines.append(self.diagnosis)
         return "\n".join(lines)

@@ -103,8 +103,9 @@ def first_cause(result) -> Cause | None:
         return Cause(first.rank, "died", None, f"it exited without a result (exit code {first.exit_code})",
                      None, first.log_tail, others)
     if first.status == "hung":
-        return Cause(first.rank, "hung", None, "it was still running at the timeout and was killed",
-                     None, None, others)
+        limit = getattr(result, "timed_out_by", None)
+        return Cause(first.rank, "hung", None, f"it was still running at the timeout{f' ({limit})' if limit else ''} "
+                     f"and was killed", None, None, others)
     return Cause(first.rank, "raised", first.exc_type, first_sentence(first.message),
                  user_raise_site(first.traceback), first.traceback, others)
 

@@ -205,8 +205,10 @@ def describe(result) -> str:
             lines.append(f"The world did not finish: rank(s) {ranks} were {result.early_stop}, and were killed "
                          f"(SIGKILL) after {result.duration_s:.1f} s.")
         else:
+            limit = getattr(result, "timed_out_by", None)
+            limit = f" at the time limit ({limit}; raise it if the run is only slow)" if limit else ""
             lines.append(f"The world did not finish: rank(s) {ranks} were still running after "
-                         f"{result.duration_s:.1f} s and were killed (SIGKILL).")
+                         f"{result.duration_s:.1f} s and were killed (SIGKILL){limit}.")
     if statuses.get("died"):
         for r in result.ranks:
             if r.status == "died":

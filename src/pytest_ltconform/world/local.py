@@ -29,6 +29,12 @@ _FOREIGN_ENV_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "TORCHELASTIC_", "G
 _FOREIGN_ENV = ("LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID", "NODE_RANK", "GROUP_WORLD_SIZE")
 
 
+# Each world folder names the process that owns it, so that a later session can remove the folders
+# of a session that was killed (SIGKILL runs no clean-up) without touching a live one's.
+WORLD_PREFIX = "ltconform-world-"
+OWNER_FILE = "owner"
+
+
 class WorldStartError(RuntimeError):
     """The ranks of a world could not be started; the message has every rank's log tail."""
 
@@ -46,7 +52,7 @@ class LocalWorld:
 
     def __init__(self, world_size: int = 2, *, backend: str = "gloo", pg_timeout_s: float = 30.0,
                  preload: tuple[str, ...] = ("lightning.pytorch",), start_timeout_s: float = 300.0,
-                 root: str | None = None, env: dict | None = None):
+                 root: str | None = None, env: dict | None = None, timeout_name: str = "timeout_s"):
         self.world_size = world_size
         self.env = dict(env or {})  # set in each rank's environment, over the inherited one
         self.backend = backend
@@ -54,7 +60,10 @@ class LocalWorld:
         self.preload = preload
         self.start_timeout_s = start_timeout_s
         self._own_root = root is None
-        self.root = root or tempfile.mkdtemp(prefix="ltconform-world-")
+        self.timeout_name = timeout_name  # what a job killed at its time limit names (an option)
+        self.root = root or tempfile.mkdtemp(prefix=WORLD_PREFIX)
+        if self._own_root:
+            _write_owner(self.root)
         self._store = None
         self._procs: list[subprocess.Popen] = []
         self._logs: list = []
@@ -183,7 +192,9 @@ class LocalWorld:
 
     # -- jobs -----------------------------------------------------------------------------------
     def run(self, fn_ref: str, *args, timeout_s: float = 120.0, kwargs: dict | None = None,
-            seed: int = 0) -> JobResult:
+            seed: int = 0, timeout_name: str | None = None) -> JobResult:
+        """Run ``fn_ref`` on every rank, stopped after ``timeout_s`` seconds; a world killed at that
+        limit names it as ``timeout_name=<value>`` (default: the world's ``timeout_name``)."""
         if not self.alive:
             if self._procs:
                 self.kill()
@@ -191,7 +202,8 @@ class LocalWorld:
         job = self._submit(fn_ref, args, kwargs or {}, seed)
         watch = _JobWatch(self, job, timeout_s)
         hung, early = watch.wait()
-        return self._assemble(job, watch, hung, early, timeout_s)
+        limit = f"{timeout_name or self.timeout_name}={timeout_s:g}" if watch.at_deadline else None
+        return self._assemble(job, watch, hung, early, timeout_s, limit)
 
     def _submit(self, fn_ref: str, args: tuple, kwargs: dict, seed: int) -> Job:
         """Post the next job of this generation to the store, in a new job folder."""
@@ -206,7 +218,7 @@ class LocalWorld:
         return job
 
     def _assemble(self, job: Job, watch: _JobWatch, hung: list[int], early: str | None,
-                  timeout_s: float) -> JobResult:
+                  timeout_s: float, limit: str | None = None) -> JobResult:
         """The job's result once every rank reported or was declared hung: hung and dead ranks
         get their stacks and log tails, every rank its trace; a failed world is killed."""
         gen, outcomes = self.generation, watch.outcomes
@@ -220,7 +232,8 @@ class LocalWorld:
             r.trace = read_trace(os.path.join(job.dir, f"rank{r.rank}.trace.jsonl"))
             if r.status in ("died", "hung", "error"):
                 r.log_tail = self._log_tail(r.rank, gen)
-        result = JobResult.of(ranks, duration, timeout_s=timeout_s, job_dir=job.dir, early_stop=early)
+        result = JobResult.of(ranks, duration, timeout_s=timeout_s, job_dir=job.dir, early_stop=early,
+                              timed_out_by=limit)
         if result.status != "ok" and not all(r.status == "skip" for r in ranks):
             self.kill()
         return result
@@ -278,6 +291,7 @@ class _JobWatch:
         self.trace_paths = {r: os.path.join(job.dir, f"rank{r}.trace.jsonl") for r in range(world.world_size)}
         self.sizes = {r: (-1, self.started) for r in range(world.world_size)}  # (trace size, when it last grew)
         self.next_look = self.started + 1.0
+        self.at_deadline = False  # the job's own time limit stopped it (not a heuristic below)
 
     def wait(self) -> tuple[list[int], str | None]:
         """Poll until every rank reported or the rest are hung: (hung ranks, early-stop reason)."""
@@ -329,7 +343,8 @@ class _JobWatch:
 
     def _past_deadline(self, now: float) -> bool:
         """The job's own wall-clock limit."""
-        return now > self.deadline
+        self.at_deadline = now > self.deadline
+        return self.at_deadline
 
     def _dead_peer_waited_out(self, now: float) -> bool:
         """A dead rank never joins another collective: its peers get a few seconds to report."""
@@ -342,6 +357,70 @@ class _JobWatch:
     def _finished_peer_waited_out(self, now: float) -> bool:
         """A rank that returned cannot match a collective its peers are still waiting in."""
         return bool(self.first_done_at) and now - self.first_done_at > self.straggler_s
+
+
+def _process_identity(pid: int) -> tuple[str, str] | None:
+    """(state, start time in clock ticks) of a live process from /proc; None when there is none."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+        return fields[0].decode(), fields[19].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def _write_owner(root: str) -> None:
+    identity = _process_identity(os.getpid())
+    with open(os.path.join(root, OWNER_FILE), "w", encoding="ascii") as fh:
+        fh.write(f"{os.getpid()} {identity[1] if identity else '-'}\n")
+
+
+def _owner_alive(root: str) -> bool:
+    """Whether the process that made the world folder ``root`` still runs; True when unsure (no
+    owner file yet, unreadable, another user's process) so that a live world is never removed. A
+    recorded start time tells a reused pid apart from the owner."""
+    try:
+        with open(os.path.join(root, OWNER_FILE), encoding="ascii") as fh:
+            pid_text, started = fh.read().split()
+        pid = int(pid_text)
+    except (OSError, ValueError):
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    identity = _process_identity(pid)
+    if identity is None:
+        return not os.path.isdir("/proc")  # no /proc: the pid's existence is all we know
+    state, start = identity
+    return state != "Z" and (started == "-" or start == started)
+
+
+def remove_stale_worlds(base: str | None = None) -> list[str]:
+    """Remove the world folders under ``base`` (default: the temp dir) whose owner process is
+    gone, e.g. a pytest killed with SIGKILL; returns the removed paths. Folders of live owners,
+    of other users, and without an owner file are left alone."""
+    base = base or tempfile.gettempdir()
+    removed = []
+    try:
+        entries = os.listdir(base)
+    except OSError:
+        return removed
+    for name in entries:
+        root = os.path.join(base, name)
+        if not name.startswith(WORLD_PREFIX) or os.path.islink(root) or not os.path.isdir(root):
+            continue
+        try:
+            if os.stat(root).st_uid != os.getuid() or not os.path.exists(os.path.join(root, OWNER_FILE)):
+                continue
+        except OSError:
+            continue
+        if not _owner_alive(root):
+            shutil.rmtree(root, ignore_errors=True)
+            removed.append(root)
+    return removed
 
 
 def _size(path: str) -> int:
