@@ -13,6 +13,8 @@ def test_data_sharding_identical_batches_fail_and_disjoint_pass(fake_runs):
     assert verdict.outcome == "failed" and "identical train batches in every step" in verdict.summary
     other = fake_runs.batches([["e", "f"], ["g", "h"]])
     assert contract.judge(fake_runs.run([same, other])).outcome == "passed"
+    # A world of one rank (the GPU tier on a one-GPU runner) repeats nobody's data.
+    assert contract.judge(fake_runs.run([same])).outcome == "passed"
 
 
 def test_data_sharding_uneven_counts_and_replay_within_rank(fake_runs):

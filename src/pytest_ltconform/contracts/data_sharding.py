@@ -524,6 +524,8 @@ def _compare_fingerprints(per_rank: dict, world_size: int) -> tuple[int, int, se
     step by step over rank 0's epochs."""
     same = compared = 0
     samples = set()
+    if world_size < 2:
+        return 0, 0, samples  # one rank has nobody to repeat
     for epoch in sorted(per_rank[0]):
         lists = [per_rank[r].get(epoch, []) for r in range(world_size)]
         for k in range(min(len(x) for x in lists)):
