@@ -5,8 +5,8 @@ reporting callback reads `pl_module.val_acc.compute()` under `if trainer.is_glob
 the metric state from every rank, so rank 0 enters a collective that rank 1 skips: the world hangs or the
 collectives mismatch. Fix: call compute() on every rank and print on rank 0 only.
 """
-import torch
 import lightning.pytorch as L
+import torch
 from torch.utils.data import DataLoader, TensorDataset
 from torchmetrics import MeanMetric
 

@@ -7,8 +7,8 @@ only rank 0 makes, so rank 0's broadcast pairs with whatever collective rank 1 m
 buffer broadcast), and from there on the ranks' collectives are shifted by one. Fix: forward through `self`
 (the unwrapped module) on rank 0, or run the check on every rank.
 """
-import torch
 import lightning.pytorch as L
+import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 SOURCE = "seed"

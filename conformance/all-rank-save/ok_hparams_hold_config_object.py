@@ -8,8 +8,8 @@ the refused class and the fix (store plain values in hparams, or weights_only=Fa
 """
 import dataclasses
 
-import torch
 import lightning.pytorch as L
+import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 SOURCE = "conforming"
@@ -30,7 +30,7 @@ def _split(n, seed):
 
 
 class Model(L.LightningModule):
-    def __init__(self, config: Config = Config()):
+    def __init__(self, config: Config = Config()):  # noqa: B008  (as the user wrote it)
         super().__init__()
         self.save_hyperparameters()
         self.net = torch.nn.Sequential(torch.nn.Linear(4, config.hidden), torch.nn.Tanh(),

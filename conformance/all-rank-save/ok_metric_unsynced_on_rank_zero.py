@@ -4,8 +4,8 @@ The callback prints rank 0's own running accuracy, and says so: the metric is bu
 sync_on_compute=False, so compute() reads the local state and makes no collective. A compute that does not
 sync is not collective-bearing, so the rank-zero guard around it is fine.
 """
-import torch
 import lightning.pytorch as L
+import torch
 from torch.utils.data import DataLoader, TensorDataset
 from torchmetrics import MeanMetric
 

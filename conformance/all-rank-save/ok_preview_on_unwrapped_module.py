@@ -13,8 +13,8 @@ barrier. The ranks' collective sequences no longer match and the world hangs or 
 validation on rank 0 only plus barrier() hangs; the answer was to use model.module for the rank-0 forward).
 Fix: run rank-0-only inference on the unwrapped module (pl_module, or trainer.model.module) or run it on every rank.
 """
-import torch
 import lightning.pytorch as L
+import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 SOURCE = "conforming"

@@ -3,8 +3,8 @@
 Every rank calls `trainer.strategy.reduce_boolean_decision` with its own flag, so the all_reduce pairs up;
 only the printing stays on rank 0.
 """
-import torch
 import lightning.pytorch as L
+import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 SOURCE = "conforming"

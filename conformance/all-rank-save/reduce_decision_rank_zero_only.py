@@ -6,8 +6,8 @@ takes the same decision. The user only wants rank 0 to "own" the decision and pu
 hangs or mismatches collectives. Fix: call reduce_boolean_decision on every rank, each with its own
 value, and act on the reduced result everywhere.
 """
-import torch
 import lightning.pytorch as L
+import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 SOURCE = "seed"

@@ -7,8 +7,8 @@ A rank that gates a side effect selects no data, so both ranks train on the same
 and the world trains on one rank's data twice. data-sharding must still fail ("identical train batches"),
 and its evidence should name the read and say it does not split the batch.
 """
-import torch
 import lightning.pytorch as L
+import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 SOURCE = "variant of neuralforecast 3.3.0 common/_base_model.py:1465 (_shard_multivariate_windows) without the shard"

@@ -4,8 +4,8 @@ The noise mask comes from the global RNG, which starts from the same state on ev
 way, so at every step both ranks corrupt their (different) batches with the same mask: the world sees one rank's
 noise world_size times. Fix: a per-rank torch.Generator seeded with seed + global_rank in setup().
 """
-import torch
 import lightning.pytorch as L
+import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 SOURCE = "issue 11"

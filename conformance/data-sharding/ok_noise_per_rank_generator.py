@@ -3,8 +3,8 @@
 Same generator/MMD setup as latent_noise_identical_across_ranks, but setup() creates a torch.Generator seeded with
 seed + global_rank and training_step passes it to torch.randn, so the ranks' latent batches differ at every step.
 """
-import torch
 import lightning.pytorch as L
+import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 SOURCE = "issue 11"

@@ -4,8 +4,8 @@ The user bootstraps: each epoch draws len(dataset) indices with replacement. Lig
 DistributedSamplerWrapper, so each rank takes a disjoint slice of one draw, re-drawn every epoch. The same index can
 appear twice on one rank or on both ranks by design; counts are equal (4 batches per rank).
 """
-import torch
 import lightning.pytorch as L
+import torch
 from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 
 SOURCE = "issue 11"

@@ -7,8 +7,8 @@ dataset), so every rank trains on different samples; nothing is repeated across 
 "random inputs identical on every rank" rule is about random values used as inputs (latent noise), not about
 indices into rank-local data.
 """
-import torch
 import lightning.pytorch as L
+import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 SOURCE = "neuralforecast 3.3.0 common/_base_model.py:1019 (reseed) and :2371 (randperm window draw)"

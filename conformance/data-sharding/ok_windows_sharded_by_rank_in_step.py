@@ -11,13 +11,14 @@ data-sharding and eval-duplication must see that the step itself selects rows by
 Model._shard, reached from training_step and validation_step) and pass with a note naming that line, not fail on
 "identical batches" / "indices evaluated more than once" (the sampler fix they would propose breaks the model).
 """
-import torch
 import lightning.pytorch as L
+import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 SOURCE = "neuralforecast 3.3.0 common/_base_model.py:1465 (_shard_multivariate_windows)"
 EXPECTED = {"data-sharding": "pass", "effective-batch": "nofail", "sync-dist": "pass", "eval-duplication": "pass"}
-EVIDENCE = "passes: identical batches on every rank, but training_step/validation_step keep rows global_rank::world_size"
+EVIDENCE = ("passes: identical batches on every rank, but training_step/validation_step keep rows "
+            "global_rank::world_size")
 N_SERIES, WINDOWS, CTX = 4, 16, 6
 
 

@@ -5,8 +5,8 @@ With use_distributed_sampler=False the user shards by contiguous blocks sized by
 rank 0's fifth step all-reduces with rank 1's first step of the next epoch and the world hangs at the end.
 Fix: equal shards (DistributedSampler(drop_last=True)) or stop all ranks after the smallest shard.
 """
-import torch
 import lightning.pytorch as L
+import torch
 from torch.utils.data import DataLoader, Sampler, TensorDataset
 
 SOURCE = "issue 11"

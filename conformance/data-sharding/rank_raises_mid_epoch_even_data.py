@@ -5,8 +5,8 @@ batch of epoch 1 (a bad value in its own code path), so rank 0 runs on into a co
 world stops. The recorded batch counts of epoch 1 differ (rank 1 stopped early), yet the DataLoaders have the same
 length on both ranks: a checker must blame the raising rank's own line, never data-sharding.
 """
-import torch
 import lightning.pytorch as L
+import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 SOURCE = "issue 11"

@@ -8,7 +8,6 @@ import lightning.pytorch as L
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-
 SOURCE = "variant"
 EXPECTED = {"effective-batch": "pass"}
 EVIDENCE = "passes: the 1-rank batch is built through the user's collate_fn"

@@ -7,8 +7,8 @@ axis doubles and the time layer refuses it). The merged batch is not
 a batch of this model, so the comparison's premise does not hold: not judged, in one line, never an error with a
 traceback (issue 11, kind 2c).
 """
-import torch
 import lightning.pytorch as L
+import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 SOURCE = "neuralforecast 3.3.0 models/tsmixer.py (n_series-sized mixing)"

@@ -7,8 +7,8 @@ DistributedSampler, and leaves validation unsharded; the validation loss is a me
 every rank, logged with sync_dist=True. Every sample is evaluated world-size times, but each weighs the same on
 every rank, so the logged value is exactly the single-device value: repeated work, not a wrong number.
 """
-import torch
 import lightning.pytorch as L
+import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 SOURCE = "neuralforecast 3.3.0 common/_base_model.py:1479"

@@ -7,13 +7,14 @@ the epoch metric is logged without sync_dist (pytorch-forecasting models/base/_b
 callback_metrics on rank 0 hold rank 0's half of the validation set. An error in the predict stage must not
 throw away the validation evidence (issue 11, kind 3).
 """
-import torch
 import lightning.pytorch as L
+import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 SOURCE = "pytorch-forecasting 1.8.0 models/base/_base_model.py:960; neuralforecast 3.3.0 _base_model.py:1368"
 EXPECTED = {"eval-duplication": "fail", "sync-dist": "pass", "data-sharding": "pass"}
-EVIDENCE = "val_mae logged without sync_dist: rank 0 publishes its own shard; predict_step's AttributeError is a side note"
+EVIDENCE = ("val_mae logged without sync_dist: rank 0 publishes its own shard; predict_step's AttributeError is a "
+            "side note")
 
 
 def _data(seed, n):
