@@ -121,7 +121,8 @@ class AllRankSave(Contract):
                ".fit/validate/test(model, ckpt_path=dir) on every rank; for a single weights file, consolidate "
                "the directory first (FSDP: `python -m lightning.pytorch.utilities.consolidate_checkpoint DIR`; "
                "DeepSpeed: zero_to_fp32.py in the directory), or save with state_dict_type='full'.")
-        return Verdict(contract=self.id, outcome="failed", summary=summary, evidence=evidence, fix=fix, seed="FSDP")
+        return Verdict(contract=self.id, outcome="failed", summary=summary, evidence=evidence, fix=fix,
+                       rule_section="FSDP")
 
     def _round_trip(self, run: Run):
         """The CPU sharded tier's save-and-resume: a sentence for a passing verdict, a failed
@@ -168,7 +169,8 @@ class AllRankSave(Contract):
                    f"matching strategy (Trainer(ckpt_path=dir), FSDP state_dict_type='sharded').")
         fix = ("keep the sharded directory's files together and resume with the strategy that wrote it; make "
                "sure every rank builds the same modules (same names and shapes) before the checkpoint loads.")
-        return Verdict(contract=self.id, outcome="failed", summary=summary, evidence=evidence, fix=fix, seed="FSDP")
+        return Verdict(contract=self.id, outcome="failed", summary=summary, evidence=evidence, fix=fix,
+                       rule_section="FSDP")
 
     def _diverged(self, run: Run, div: dict) -> Verdict:
         events = div["events"]
