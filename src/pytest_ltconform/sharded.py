@@ -1,15 +1,17 @@
-"""The sharded tier on CPU: Lightning's FSDPStrategy on gloo ranks, and reading DeepSpeed configs
-where DeepSpeed cannot run.
+"""The sharded tiers on CPU: Lightning's FSDPStrategy and DeepSpeedStrategy on gloo ranks, and
+reading DeepSpeed configs where the deepspeed package is not installed.
 
 Lightning 2.6.6 refuses FSDP without a GPU by an exact type check on the strategy, and torch FSDP
 only accepts CPU modules when it is given ``device_id=torch.device("cpu")``. A subclass of the
 namespace's FSDPStrategy passes the first and supplies the second, so sharded saves, sharded
 resume and ``configure_model`` inside the sharded context all run for real on CPU ranks.
 
-A user whose production config names DeepSpeed gets this tier too when no GPU is present:
-DeepSpeed under Lightning needs CUDA. Where the deepspeed package is not installed at all,
-:func:`deepspeed_stand_in` lets the user's ``DeepSpeedStrategy(...)`` be constructed so its
-settings (stage, config dict) can still be read and mapped.
+Lightning also refuses DeepSpeed without CUDA; a DeepSpeedStrategy subclass skips that check,
+keeps DeepSpeed's process group on gloo and gives the engine a CPU device with an index, so the
+user's own ZeRO stage and config run for real (what CPU cannot run, fused optimizers, offload and
+half precision, is replaced by its nearest equivalent and said in the item's note). Where the
+deepspeed package is not installed at all, :func:`deepspeed_stand_in` lets the user's
+``DeepSpeedStrategy(...)`` be constructed so its settings (stage, config dict) can still be read.
 
 No torch or lightning import at module level: the pytest process imports this module lazily.
 """
