@@ -79,17 +79,32 @@ class FakeRuns:
 
         return JobResult(status=status, ranks=ranks, duration_s=0.1, world_size=len(ranks), divergence=divergence)
 
-    def of(self, ranks: list, status: str = "ok", kind: str = "fit", **job):
-        """A ddp run of ``kind`` made of ``ranks`` (from :meth:`rank`)."""
+    def of(self, ranks: list, status: str = "ok", kind: str = "fit", reference=None, **job):
+        """A ddp run of ``kind`` made of ``ranks`` (from :meth:`rank`); ``reference`` (a run, e.g. the
+        one-device run a contract compares against) is attached as ``run.reference`` when given."""
         from pytest_ltconform.contracts.base import Run
 
-        return Run(self.job(ranks, status, **job), "ddp", kind)
+        run = Run(self.job(ranks, status, **job), "ddp", kind)
+        if reference is not None:
+            run.reference = reference
+        return run
 
     def run(self, traces: list | None = None, values: list | None = None, **job):
-        """A ddp fit with one rank per entry of ``traces`` (event lists) or ``values`` (returned dicts)."""
+        """A ddp run (a fit unless ``kind`` says otherwise) with one rank per entry of ``traces``
+        (event lists) or ``values`` (returned dicts); ``job`` as for :meth:`of`."""
         n = len(traces or values)
         traces, values = traces or [[]] * n, values or [None] * n
         return self.of([self.rank(r, traces[r], values[r]) for r in range(n)], **job)
+
+    def failed(self, traces: list, status: str = "error", messages: dict | None = None, **job):
+        """A ddp run whose every rank stopped with ``status``, rank r with ``traces[r]`` and the error
+        message ``messages[r]`` (None when absent)."""
+        ranks = [self.rank(r, trace, status=status, message=(messages or {}).get(r)) for r, trace in enumerate(traces)]
+        return self.of(ranks, status=status, **job)
+
+    def probed(self, contract_id: str, observations: list, **job):
+        """A ddp run in which rank r returned ``observations[r]`` as its probe data for ``contract_id``."""
+        return self.run(values=[{"probes": {contract_id: o}} for o in observations], **job)
 
     @staticmethod
     def batches(rank_rows: list[list[str]], epoch: int = 0) -> list[dict]:

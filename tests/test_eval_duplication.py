@@ -6,8 +6,6 @@ import pytest
 from conftest import case
 
 from pytest_ltconform.contracts import get_contract
-from pytest_ltconform.contracts.base import Run
-from pytest_ltconform.world import JobResult, RankOutcome
 
 
 def _loader(indices, n, sampler="DistributedSampler", total=None):
@@ -19,32 +17,23 @@ def _stage(loaders, returned=None, metric_samples=None, writes=None):
             "writes": writes or [], "callback_metrics": returned or {}}
 
 
-def _job(stage_records, traces=None, driver=("validate",)):
-    ranks = []
-    for r, stages in enumerate(stage_records):
-        value = {"eval": {"stages": stages, "driver": list(driver), "limited": False}}
-        ranks.append(RankOutcome(rank=r, status="ok", value=value, trace=(traces or {}).get(r, [])))
-    return JobResult(status="ok", ranks=ranks, duration_s=0.1, world_size=len(ranks))
-
-
-def _run(stage_records, reference_stages=None, traces=None, driver=("validate",)):
-    run = Run(_job(stage_records, traces, driver), "ddp", "eval")
-    if reference_stages is not None:
-        run.reference = Run(_job([reference_stages], driver=driver), "ddp", "eval-reference")
-    return run
+def _values(stage_records, driver=("validate",)):
+    """Each rank's returned value: the eval probe's records of its stages (``stage_records[r]``)."""
+    return [{"eval": {"stages": stages, "driver": list(driver), "limited": False}} for stages in stage_records]
 
 
 def judge(run):
     return get_contract("eval-duplication").judge(run)
 
 
-def test_padded_indices_fail_with_duplicates_counts_and_both_values():
+def test_padded_indices_fail_with_duplicates_counts_and_both_values(fake_runs):
     ranks = [{"validate": _stage([_loader([0, 2, 4], 5, total=6)], {"val_acc": 0.5},
                                  {"auroc": {"type": "BinaryAUROC", "n": 3}})},
              {"validate": _stage([_loader([1, 3, 0], 5, total=6)], {"val_acc": 0.5},
                                  {"auroc": {"type": "BinaryAUROC", "n": 3}})}]
-    ref = {"validate": _stage([_loader([0, 1, 2, 3, 4], 5, sampler="SequentialSampler")], {"val_acc": 0.4})}
-    v = judge(_run(ranks, ref))
+    ref_stages = {"validate": _stage([_loader([0, 1, 2, 3, 4], 5, sampler="SequentialSampler")], {"val_acc": 0.4})}
+    ref = fake_runs.run(values=_values([ref_stages]), kind="eval-reference")
+    v = judge(fake_runs.run(values=_values(ranks), kind="eval", reference=ref))
     assert v.outcome == "failed" and v.category == "silent"
     text = v.render()
     assert "index 0 on ranks 0 and 1" in text
@@ -53,13 +42,14 @@ def test_padded_indices_fail_with_duplicates_counts_and_both_values():
     assert "BinaryAUROC `auroc` was updated with 6 samples for 5 distinct" in text
 
 
-def test_rank_zero_shard_metric_fails_with_coverage():
+def test_rank_zero_shard_metric_fails_with_coverage(fake_runs):
     log = {"ev": "log", "name": "val_acc", "hook": "on_validation_epoch_end", "rank_zero_only": True,
            "sync_dist": False, "user": True, "site": {"file": "/x/m.py", "line": 42, "func": "f"}}
     ranks = [{"validate": _stage([_loader(list(range(0, 32, 2)), 32)], {"val_acc": 0.625})},
              {"validate": _stage([_loader(list(range(1, 32, 2)), 32)], {"val_acc": 0.3125})}]
-    ref = {"validate": _stage([_loader(list(range(32)), 32)], {"val_acc": 0.46875})}
-    v = judge(_run(ranks, ref, traces={0: [log]}))
+    ref_stages = {"validate": _stage([_loader(list(range(32)), 32)], {"val_acc": 0.46875})}
+    ref = fake_runs.run(values=_values([ref_stages]), kind="eval-reference")
+    v = judge(fake_runs.run([[log], []], _values(ranks), kind="eval", reference=ref))
     assert v.outcome == "failed"
     text = v.render()
     assert "16 of 32 validation samples" in text and "rank_zero_only=True" in text
@@ -73,26 +63,27 @@ def _predict_ranks():
             {"predict": _stage([_loader([1, 3, 5], 7)])}]
 
 
-def test_rank_zero_file_from_own_shard_fails():
-    v = judge(_run(_predict_ranks(), driver=("predict",)))
+def test_rank_zero_file_from_own_shard_fails(fake_runs):
+    v = judge(fake_runs.run(values=_values(_predict_ranks(), ("predict",)), kind="eval"))
     assert v.outcome == "failed"
     text = v.render()
     assert "covers 4 of 7 prediction samples" in text and "ids [1, 3, 5]" in text
 
 
-def test_rank_zero_file_after_a_gather_passes():
+def test_rank_zero_file_after_a_gather_passes(fake_runs):
     trace = [{"ev": "eval_stage", "name": "predict", "at": "start"},
              {"ev": "call", "op": "all_gather_object", "user": True},
              {"ev": "eval_stage", "name": "predict", "at": "end"}]
-    v = judge(_run(_predict_ranks(), traces={0: trace}, driver=("predict",)))
+    v = judge(fake_runs.run([trace, []], _values(_predict_ranks(), ("predict",)), kind="eval"))
     assert v.outcome == "passed", v.render()
 
 
-def test_even_shards_with_equal_values_pass():
+def test_even_shards_with_equal_values_pass(fake_runs):
     ranks = [{"validate": _stage([_loader([0, 2, 4, 6], 7, sampler="StridedNoPad")], {"val_acc": 0.75})},
              {"validate": _stage([_loader([1, 3, 5], 7, sampler="StridedNoPad")], {"val_acc": 0.75})}]
-    ref = {"validate": _stage([_loader(list(range(7)), 7)], {"val_acc": 0.75})}
-    v = judge(_run(ranks, ref))
+    ref_stages = {"validate": _stage([_loader(list(range(7)), 7)], {"val_acc": 0.75})}
+    ref = fake_runs.run(values=_values([ref_stages]), kind="eval-reference")
+    v = judge(fake_runs.run(values=_values(ranks), kind="eval", reference=ref))
     assert v.outcome == "passed"
     assert "every index 0..6 evaluated exactly once" in v.summary and "val_acc 0.75 on 2 ranks = 0.75" in v.summary
 
@@ -124,9 +115,11 @@ def _same_indices(reads, returned=({"val_loss": 0.5}, {"val_loss": 0.5})):
     return out
 
 
-def test_same_indices_split_by_rank_in_the_step_pass_with_a_note():
-    ref = {"validate": _stage([_loader(list(range(8)), 8, sampler="SequentialSampler")], {"val_loss": 0.5})}
-    v = judge(_run(_same_indices([[_read("select")], [_read("select")]]), ref))
+def test_same_indices_split_by_rank_in_the_step_pass_with_a_note(fake_runs):
+    ref_stages = {"validate": _stage([_loader(list(range(8)), 8, sampler="SequentialSampler")], {"val_loss": 0.5})}
+    ref = fake_runs.run(values=_values([ref_stages]), kind="eval-reference")
+    ranks = _same_indices([[_read("select")], [_read("select")]])
+    v = judge(fake_runs.run(values=_values(ranks), kind="eval", reference=ref))
     assert v.outcome == "passed", v.render()
     assert "every rank's loader gives it the same 8 indices and validation_step selects each rank's rows" in v.summary
     note = " ".join(v.notes)
@@ -134,17 +127,19 @@ def test_same_indices_split_by_rank_in_the_step_pass_with_a_note():
     assert "the split between ranks happens inside the step, which this check does not see" in note
 
 
-def test_same_indices_split_in_the_step_with_an_unsynced_rank_zero_metric_fail():
-    ref = {"validate": _stage([_loader(list(range(8)), 8, sampler="SequentialSampler")], {"val_loss": 0.5})}
-    v = judge(_run(_same_indices([[_read("select")], [_read("select")]], ({"val_loss": 0.4}, {"val_loss": 0.6})), ref))
+def test_same_indices_split_in_the_step_with_an_unsynced_rank_zero_metric_fail(fake_runs):
+    ref_stages = {"validate": _stage([_loader(list(range(8)), 8, sampler="SequentialSampler")], {"val_loss": 0.5})}
+    ref = fake_runs.run(values=_values([ref_stages]), kind="eval-reference")
+    ranks = _same_indices([[_read("select")], [_read("select")]], ({"val_loss": 0.4}, {"val_loss": 0.6}))
+    v = judge(fake_runs.run(values=_values(ranks), kind="eval", reference=ref))
     assert v.outcome == "failed"
     assert ("val_loss published from rank 0 is computed from rank 0's shard alone: rank 0's rows of each batch "
             "(validation_step selects them by rank at /x/tsmixer.py:30 (Model._shard))") in v.summary
 
 
-def test_same_indices_without_a_selecting_read_stay_duplicates():
+def test_same_indices_without_a_selecting_read_stay_duplicates(fake_runs):
     for reads in ([[], []], [[_read("gate")], [_read("gate")]], [[_read("select")], []],
                   [[_read("select", "training_step")]] * 2):
-        v = judge(_run(_same_indices(reads)))
+        v = judge(fake_runs.run(values=_values(_same_indices(reads)), kind="eval"))
         assert v.outcome == "failed", v.render()
         assert "8 sample indices evaluated more than once across ranks: 16 evaluations for 8 distinct" in v.summary

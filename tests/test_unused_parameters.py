@@ -6,21 +6,16 @@ import pytest
 from conftest import case
 
 from pytest_ltconform.contracts import get_contract
-from pytest_ltconform.contracts.base import Run
-from pytest_ltconform.world import JobResult, RankOutcome
 
 NAMES = ["enc.weight", "enc.bias", "aux.weight", "aux.bias"]
 SITE = {"file": "/x/model.py", "line": 40, "func": "Model.training_step"}
 
 
-def _run(per_rank_events, user_flag=False, status="ok", messages=None):
-    ranks = []
-    for r, events in enumerate(per_rank_events):
-        trace = [{"ev": "grad_config", "user_find_unused": user_flag, "forced": not user_flag},
-                 {"ev": "grad_setup", "names": NAMES, "ddp": True, "find_unused": True}] + events
-        ranks.append(RankOutcome(rank=r, status=status, value={"probes": {}} if status == "ok" else None,
-                                 message=(messages or {}).get(r), trace=trace))
-    return Run(JobResult(status=status, ranks=ranks, duration_s=0.1, world_size=len(ranks)), "ddp", "fit")
+def _traces(per_rank_events, user_flag=False):
+    """Each rank's trace: the gradient set-up events the probe records first, then that rank's events."""
+    return [[{"ev": "grad_config", "user_find_unused": user_flag, "forced": not user_flag},
+             {"ev": "grad_setup", "names": NAMES, "ddp": True, "find_unused": True}] + events
+            for events in per_rank_events]
 
 
 def _backward(batch, unused=(), k=1, epoch=0, **extra):
@@ -32,22 +27,22 @@ def judge(run):
     return get_contract("unused-parameters").judge(run)
 
 
-def test_all_used_with_default_flag_passes():
-    v = judge(_run([[_backward(b) for b in range(4)]] * 2))
+def test_all_used_with_default_flag_passes(fake_runs):
+    v = judge(fake_runs.run(_traces([[_backward(b) for b in range(4)]] * 2)))
     assert v.outcome == "passed"
     assert "4 trainable parameters" in v.summary
 
 
-def test_flag_on_with_nothing_unused_is_a_waste_advisory():
-    v = judge(_run([[_backward(b) for b in range(4)]] * 2, user_flag=True))
+def test_flag_on_with_nothing_unused_is_a_waste_advisory(fake_runs):
+    v = judge(fake_runs.run(_traces([[_backward(b) for b in range(4)]] * 2, user_flag=True)))
     assert v.outcome == "advisory" and v.category == "waste" and v.failed
     text = v.render()
     assert "not a correctness bug" in text and "remove the flag" in text
 
 
-def test_never_used_parameters_fail_with_names_steps_and_freeze_fix():
+def test_never_used_parameters_fail_with_names_steps_and_freeze_fix(fake_runs):
     events = [_backward(b, ["aux.weight", "aux.bias"], no_grad=["aux"], not_run=[], off=[]) for b in range(4)]
-    v = judge(_run([events, events]))
+    v = judge(fake_runs.run(_traces([events, events])))
     assert v.outcome == "failed"
     text = v.render()
     assert "aux.weight, aux.bias" in text and "any backward pass" in text
@@ -57,13 +52,13 @@ def test_never_used_parameters_fail_with_names_steps_and_freeze_fix():
     assert "find_unused_parameters=False" in v.summary
 
 
-def test_alternating_backwards_name_each_backward_and_the_dynamic_fix():
+def test_alternating_backwards_name_each_backward_and_the_dynamic_fix(fake_runs):
     events = []
     for b in range(3):
         events.append(_backward(b, ["aux.weight", "aux.bias"], k=1, off=["aux.weight", "aux.bias"], site=SITE))
         events.append(_backward(b, ["enc.weight", "enc.bias"], k=2, off=[], not_run=["enc"],
                                 site=dict(SITE, line=47)))
-    v = judge(_run([events, events]))
+    v = judge(fake_runs.run(_traces([events, events])))
     assert v.outcome == "failed"
     text = v.render()
     assert "backward 1 of each training step" in text and "backward 2 of each training step" in text
@@ -72,18 +67,18 @@ def test_alternating_backwards_name_each_backward_and_the_dynamic_fix():
     assert "requires_grad_(False)" not in v.fix
 
 
-def test_dynamic_usage_with_flag_on_passes():
+def test_dynamic_usage_with_flag_on_passes(fake_runs):
     events = [_backward(b, ["aux.weight", "aux.bias"] if b % 2 else []) for b in range(4)]
-    v = judge(_run([events, events], user_flag=True))
+    v = judge(fake_runs.run(_traces([events, events], user_flag=True)))
     assert v.outcome == "passed"
     assert "dynamic usage" in v.summary
 
 
-def test_ddp_reducer_indices_are_mapped_to_names():
+def test_ddp_reducer_indices_are_mapped_to_names(fake_runs):
     message = ("Expected to have finished reduction in the prior iteration before starting a new one. "
                "Parameter indices which did not receive grad for rank 0: 2 3")
     trace_extra = [{"ev": "ddp_error", "message": message}]
-    v = judge(_run([trace_extra, trace_extra], status="error", messages={0: message, 1: message}))
+    v = judge(fake_runs.failed(_traces([trace_extra, trace_extra]), messages={0: message, 1: message}))
     assert v.outcome == "failed"
     assert "aux.weight, aux.bias" in v.render()
     assert "Parameter indices which did not receive grad for rank 0: 2 3" in v.render()
