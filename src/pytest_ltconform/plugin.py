@@ -380,6 +380,8 @@ class PassedReasons:
     def pytest_runtest_logreport(self, report) -> None:
         if report.when != "call" or not report.passed or not isinstance(report.longrepr, str):
             return
+        if self.tr.config.pluginmanager.get_plugin("terminalreporter") is not self.tr:
+            return  # a quiet rank of a launched world dropped its reporter: print nothing
         from . import report as report_mod
 
         rec = report_mod.from_report(report)
