@@ -218,7 +218,7 @@ class EffectiveBatchProbe(Probe):
         if state.get("stepped"):
             return
         state["batches"].append(window.to_cpu(batch))
-        state["sizes"].append(batch_size(batch) or window.leading_size(batch))
+        state["sizes"].append(batch_size(batch))
         state["backwards"].append(0)
         if self.seed is not None:
             window.seed_all(self.seed * 1000 + batch_idx)

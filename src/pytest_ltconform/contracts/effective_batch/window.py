@@ -5,9 +5,9 @@ Imported only in ranks (torch is imported inside the functions)."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import random
 
+from ...harness import batch_leaves
 from ...sites import user_site
 
 MAX_RECORDED = 64  # index batches kept per rank: the first window is all that is compared
@@ -71,34 +71,13 @@ def concat(items: list):
     return first
 
 
-def tensors(obj, out: list | None = None, depth: int = 0) -> list:
+def tensors(obj) -> list:
     """The tensors of a batch in a fixed order, also inside dataclasses and plain objects."""
     import torch
 
-    out = [] if out is None else out
-    if depth > 6:
-        return out
-    if isinstance(obj, torch.Tensor):
-        out.append(obj)
-    elif isinstance(obj, dict):
-        for key in sorted(obj, key=str):
-            tensors(obj[key], out, depth + 1)
-    elif isinstance(obj, (list, tuple)):
-        for item in obj:
-            tensors(item, out, depth + 1)
-    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        for field in dataclasses.fields(obj):
-            tensors(getattr(obj, field.name, None), out, depth + 1)
-    elif hasattr(obj, "__dict__") and not callable(obj):
-        for key in sorted(vars(obj)):
-            tensors(vars(obj)[key], out, depth + 1)
-    return out
-
-
-def leading_size(batch) -> int | None:
-    """The most common leading dimension of a batch's tensors, dataclasses and objects included."""
-    dims = [t.shape[0] for t in tensors(batch) if t.dim() > 0]
-    return max(set(dims), key=dims.count) if dims else None
+    leaves: list = []
+    batch_leaves(obj, leaves)
+    return [t for t in leaves if isinstance(t, torch.Tensor)]
 
 
 def same_batches(a: list, b: list) -> bool:
