@@ -11,7 +11,8 @@ from pytest_ltconform.contracts import get_contract
 def test_concat_and_report():
     import torch
 
-    from pytest_ltconform.contracts.effective_batch import EffectiveBatch, _concat
+    from pytest_ltconform.contracts.effective_batch import EffectiveBatch
+    from pytest_ltconform.contracts.effective_batch.window import concat as _concat
 
     out = _concat([(torch.zeros(2, 3), {"m": torch.ones(2)}), (torch.ones(4, 3), {"m": torch.zeros(4)})])
     assert out[0].shape == (6, 3) and out[1]["m"].shape == (6,)

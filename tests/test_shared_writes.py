@@ -20,7 +20,7 @@ class _Recorder:
     def current_hook(self):
         return "Model.on_train_end"
 
-    def _patch(self, owner, name, factory):
+    def patch(self, owner, name, factory):
         original = getattr(owner, name)
         setattr(owner, name, factory(original))
         self._patches.append((owner, name, original))

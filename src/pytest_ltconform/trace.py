@@ -143,19 +143,20 @@ class Recorder:
         self.emit({"ev": "hook_exit", "i": index, "h": index})
 
     # -- patching -------------------------------------------------------------------------------
-    def patch(self, owner: Any, name: str, wrapper_factory) -> None:
+    def patch(self, owner: Any, name: str, wrapper_factory, inherited: bool = False) -> None:
         """Replace ``owner.name`` with ``wrapper_factory(original)`` until :meth:`uninstall`; a
-        name already wrapped by a recorder is left alone."""
-        original = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name, None)
+        name already wrapped by a recorder is left alone. On a class only its own attribute is
+        replaced, unless ``inherited``: then an inherited one is shadowed on ``owner`` and the
+        shadow is deleted again."""
+        own = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name, None)
+        original = getattr(owner, name, None) if inherited else own
         if original is None or getattr(original, "__ltconform_wrapped__", False):
             return
         wrapper = wrapper_factory(original)
         wrapper.__ltconform_wrapped__ = True
         wrapper.__wrapped__ = original
         setattr(owner, name, wrapper)
-        self._patches.append((owner, name, original))
-
-    _patch = patch  # the name probes used before it was public
+        self._patches.append((owner, name, own))
 
     def call(self, kind: str, op: str, label: str, site: dict | None, direct: bool, **extra):
         """Context manager: trace the code inside as one collective-bearing ``call`` event (and its

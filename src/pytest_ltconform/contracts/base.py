@@ -192,16 +192,9 @@ class Contract:
     probe_class: type[Probe] | None = None
     strategies: tuple[str, ...] = ("ddp",)  # a contract that also holds under CPU FSDP adds "fsdp"
 
-    def probe(self) -> Probe | None:
-        """A new probe; contracts that build theirs here instead of naming ``probe_class`` still work."""
-        return self.probe_class() if self.probe_class is not None else None
-
     def probe_ref(self) -> str | None:
         """The probe's class as "module:Class", which the harness loads on the ranks; None without one."""
         cls = self.probe_class
-        if cls is None:
-            made = self.probe()
-            cls = type(made) if made is not None else None
         return f"{cls.__module__}:{cls.__qualname__}" if cls is not None else None
 
     def blames(self, run: Run) -> int | None:

@@ -221,9 +221,7 @@ class ConfigureModel(Contract):
     title = "configure_model is idempotent and builds the model in the strategy's context"
     rule_section = "FSDP"
     strategies = ("ddp", "fsdp", "deepspeed")
-
-    def probe(self) -> Probe:
-        return ConfigureModelProbe()
+    probe_class = ConfigureModelProbe
 
     def judge(self, run: Run) -> Verdict:
         data = run.probe(self.id)

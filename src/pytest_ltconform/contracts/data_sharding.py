@@ -238,16 +238,10 @@ class _Draws:
 
         for name in RANDOM_FACTORIES:
             if hasattr(torch, name):
-                self.recorder._patch(torch, name, lambda original, n=name: self._wrap(original, f"torch.{n}"))
-        for name in RANDOM_METHODS:
-            original = getattr(torch.Tensor, name, None)
-            if original is None or getattr(original, "__ltconform_wrapped__", False):
-                continue
-            wrapper = self._wrap(original, f"Tensor.{name}")
-            wrapper.__ltconform_wrapped__ = True
-            own = torch.Tensor.__dict__.get(name)  # None: inherited, uninstall deletes the wrapper
-            setattr(torch.Tensor, name, wrapper)
-            self.recorder._patches.append((torch.Tensor, name, own))
+                self.recorder.patch(torch, name, lambda original, n=name: self._wrap(original, f"torch.{n}"))
+        for name in RANDOM_METHODS:  # defined on torch._C.TensorBase: shadowed on torch.Tensor
+            self.recorder.patch(torch.Tensor, name, lambda original, n=name: self._wrap(original, f"Tensor.{n}"),
+                                inherited=True)
 
     def _wrap(self, original, label: str):
         draws = self
@@ -326,7 +320,7 @@ class DataShardingProbe(Probe):
 
             return __init__
 
-        recorder._patch(tud.DataLoader, "__init__", factory)
+        recorder.patch(tud.DataLoader, "__init__", factory)
         self._recorder = recorder
         trainer_kwargs["callbacks"] = list(trainer_kwargs.get("callbacks") or []) + \
             [self._callback(loaded.ns, recorder)]
@@ -368,7 +362,7 @@ class DataShardingProbe(Probe):
 
             return __iter__
 
-        recorder._patch(cls, "__iter__", factory)
+        recorder.patch(cls, "__iter__", factory)
 
     def _callback(self, ns, recorder):
         probe = self
@@ -595,9 +589,7 @@ class DataSharding(Contract):
     title = "Each rank trains on its own share of the data, reshuffled every epoch"
     rule_section = "Sampling, metrics and writes"
     strategies = ("ddp", "fsdp", "deepspeed")
-
-    def probe(self) -> Probe:
-        return DataShardingProbe()
+    probe_class = DataShardingProbe
 
     def blames(self, run: Run) -> int | None:
         """The ranks ran different hooks first because their own dataloaders give them different

@@ -127,8 +127,8 @@ class SharedWritesProbe(Probe):
 
             return save
 
-        recorder._patch(torch, "save", factory)
-        recorder._patch(torch.serialization, "save", factory)
+        recorder.patch(torch, "save", factory)
+        recorder.patch(torch.serialization, "save", factory)
         install_dispatcher()
         _ACTIVE = self
 
@@ -189,9 +189,7 @@ class SharedWrites(Contract):
     title = "Plain shared-file writes happen on one rank (rank-zero guard), checkpoints on all"
     rule_section = "Sampling, metrics and writes"
     strategies = ("ddp", "fsdp", "deepspeed")
-
-    def probe(self) -> Probe:
-        return SharedWritesProbe()
+    probe_class = SharedWritesProbe
 
     def judge(self, run: Run) -> Verdict:
         by_path: dict[str, dict[int, list[dict]]] = {}

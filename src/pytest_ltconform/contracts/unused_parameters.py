@@ -205,9 +205,7 @@ class UnusedParameters(Contract):
     title = "Every trainable parameter gets a gradient on every backward, or DDP is told otherwise"
     rule_section = "Choose using measured memory"
     strategies = ("ddp",)
-
-    def probe(self) -> Probe:
-        return UnusedParametersProbe()
+    probe_class = UnusedParametersProbe
 
     def judge(self, run: Run) -> Verdict:
         setup = {r: next((e for e in t if e.get("ev") == "grad_setup"), None) for r, t in enumerate(run.traces)}

@@ -29,7 +29,6 @@ from ...harness import RunSpec
 from ...sites import fmt_site
 from ..base import Contract, Evidence, Run, Verdict
 from .probe import EffectiveBatchProbe
-from .window import concat as _concat  # noqa: F401  (tests build batches with it)
 
 TOLERANCE = 0.10  # relative gap between the two gradient norms that fails
 SAME_GRAD = 1e-4  # relative gap between ranks' gradient norms that says DDP did not average them
