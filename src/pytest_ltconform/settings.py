@@ -57,6 +57,8 @@ class Settings:
     strategies: tuple[str, ...] = STRATEGIES
     oversubscribe: bool = False
     world_size_from: str | None = None  # where world_size came from; None: the default
+    # The strategies given explicitly (command line or ini); () when the default, all, applies.
+    strategies_named: tuple[str, ...] = ()
 
     @property
     def enabled(self) -> bool:
@@ -271,6 +273,6 @@ def resolve(config: pytest.Config) -> Settings:
         kwargs["require"] = _validate_choices(raw, where, TIERS)
     raw, where = _lookup(config, OPT_STRATEGIES)
     if raw is not None:
-        kwargs["strategies"] = _validate_choices(raw, where, STRATEGIES)
+        kwargs["strategies"] = kwargs["strategies_named"] = _validate_choices(raw, where, STRATEGIES)
     kwargs["oversubscribe"] = bool(config.getoption(OPT_OVERSUBSCRIBE) or config.getini(OPT_OVERSUBSCRIBE))
     return Settings(target=target, datamodule=datamodule, trainer=trainer, **kwargs)
