@@ -246,21 +246,40 @@ class RankRun:
     ``objects`` (the user's objects, loaded on first use), ``recorder`` (None in an untraced run),
     ``probes`` (contract id -> Probe) and ``trainer`` once built."""
 
-    def __init__(self, ctx, targets, pg_timeout_s: float, probes: dict[str, Probe], recorder: Recorder | None):
+    def __init__(self, ctx, targets, pg_timeout_s: float, probes: dict[str, Probe], recorder: Recorder | None,
+                 exits: contextlib.ExitStack | None = None, strategy_name: str | None = None):
         self.ctx = ctx
         self.targets = targets
         self.pg_timeout_s = pg_timeout_s
         self.probes = probes
         self.recorder = recorder
         self.trainer = None
+        self.strategy_name = strategy_name
+        self._exits = exits
+        self._optimizers_swapped = False
 
     @functools.cached_property
     def objects(self) -> UserObjects:
-        return UserObjects(self.targets)
+        objects = UserObjects(self.targets)
+        self._cpu_optimizers()
+        return objects
 
     def strategy(self, name: str, user_strategy: Any = None) -> Any:
         """The strategy object for ``name`` (see :func:`adapt_strategy`), adapting ``user_strategy``."""
-        return adapt_strategy(self.objects.ns, name, user_strategy, self.pg_timeout_s)
+        made = adapt_strategy(self.objects.ns, name, user_strategy, self.pg_timeout_s)
+        self._cpu_optimizers()  # the DeepSpeed strategy has imported deepspeed by now
+        return made
+
+    def _cpu_optimizers(self) -> None:
+        """On CPU ranks, DeepSpeed's compiled optimizers are built as torch ones for the rest of
+        the job (sharded.cpu_optimizers), each substitution said in a note."""
+        if self._optimizers_swapped or self._exits is None or _world()[0] != "cpu":
+            return
+        from .sharded import cpu_optimizers
+
+        if "deepspeed" in sys.modules:
+            self._optimizers_swapped = True
+            self._exits.enter_context(cpu_optimizers(lambda text: self.emit({"ev": "note", "text": text})))
 
     def trainer_kwargs(self, strategy: Any, user: dict | None = None, world_size: int | None = None) -> dict:
         """The bounded Trainer kwargs of this run: ``user`` (default: the user's own) merged by
@@ -301,7 +320,7 @@ class RankRun:
 
 
 @contextlib.contextmanager
-def rank_run(ctx, targets, probes: list, pg_timeout_s: float, traced: bool = True):
+def rank_run(ctx, targets, probes: list, pg_timeout_s: float, traced: bool = True, strategy_name: str | None = None):
     """The :class:`RankRun` of one job on this rank. ``probes``: ``[(contract_id, "module:Class")]``
     or ``[(contract_id, Probe)]``. A traced run installs the recorder first (so that names the
     user's module imports are the recording ones), then each probe's ``install``; the recorder is
@@ -317,7 +336,8 @@ def rank_run(ctx, targets, probes: list, pg_timeout_s: float, traced: bool = Tru
         if recorder is not None:
             for probe in loaded.values():
                 probe.install(recorder)
-        yield RankRun(ctx, targets, pg_timeout_s, loaded, recorder)
+        with contextlib.ExitStack() as exits:
+            yield RankRun(ctx, targets, pg_timeout_s, loaded, recorder, exits, strategy_name)
     finally:
         if recorder is not None:
             recorder.uninstall()
@@ -328,7 +348,7 @@ def traced_fit(ctx, targets: target_mod.Targets, strategy_name: str, probes: lis
     contract is judged on. Returns ``{"probes": {contract_id: observations}}``."""
     from .sharded import configured_for, ddp_note, precision_note
 
-    with rank_run(ctx, targets, probes, pg_timeout_s) as run:
+    with rank_run(ctx, targets, probes, pg_timeout_s, strategy_name=strategy_name) as run:
         objects = run.objects
         user_strategy = objects.user_kwargs.get("strategy")
         strategy = run.strategy(strategy_name, user_strategy)
@@ -350,7 +370,7 @@ def traced_fit(ctx, targets: target_mod.Targets, strategy_name: str, probes: lis
 def inspect(ctx, targets: target_mod.Targets, strategy_name: str, probes: list, pg_timeout_s: float) -> dict:
     """An untraced run that trains nothing: each probe's :meth:`Probe.inspect`. Returns
     ``{"probes": {contract_id: observations}}``."""
-    with rank_run(ctx, targets, probes, pg_timeout_s, traced=False) as run:
+    with rank_run(ctx, targets, probes, pg_timeout_s, traced=False, strategy_name=strategy_name) as run:
         return {"probes": {cid: probe.inspect(run) for cid, probe in run.probes.items()}}
 
 
