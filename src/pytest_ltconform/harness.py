@@ -119,15 +119,24 @@ def _make_profiler(ns: Any, recorder: Recorder):
     base = importlib.import_module(f"{ns.__name__}.profilers").Profiler
 
     class TraceProfiler(base):
-        """Feeds hook entries and exits to the recorder (Lightning profiles every hook)."""
+        """Feeds hook entries and exits to the recorder (Lightning profiles every hook). A hook of
+        one of the plugin's own callbacks is recorded as ``[Callback]<hook>``: its class is ours,
+        and a report that names it would name nothing of the user's."""
+
+        internal: frozenset = frozenset()  # state keys of the plugin's callbacks (set by build_trainer)
+
+        def _named(self, action_name: str) -> str:
+            owner, _, hook = action_name[len("[Callback]"):].rpartition(".")
+            return f"[Callback]{hook}" if action_name.startswith("[Callback]") and owner in self.internal \
+                else action_name
 
         def start(self, action_name: str) -> None:
             if action_name.startswith(HOOK_PREFIXES):
-                recorder.hook_enter(action_name)
+                recorder.hook_enter(self._named(action_name))
 
         def stop(self, action_name: str) -> None:
             if action_name.startswith(HOOK_PREFIXES):
-                recorder.hook_exit(action_name)
+                recorder.hook_exit(self._named(action_name))
 
         def summary(self) -> str:
             return ""
@@ -300,6 +309,10 @@ class RankRun:
         trainer = self.objects.ns.Trainer(**kwargs)
         if recorder is not None:
             recorder.attach(trainer)
+            profiler = kwargs.get("profiler")
+            if hasattr(profiler, "internal"):
+                profiler.internal = frozenset(cb.state_key for cb in trainer.callbacks
+                                              if type(cb).__module__.startswith(__package__ + "."))
         for probe in self.probes.values():
             probe.before_fit(self.objects, trainer, recorder)
         self.trainer = trainer

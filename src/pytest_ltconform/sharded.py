@@ -535,18 +535,24 @@ def _substitute_new(cls: type, torch_name: str, kept: tuple, report):
 
     def __new__(klass, *args, **kwargs):
         bound = signature.bind(None, *args, **kwargs)
-        bound.apply_defaults()
+        given = set(bound.arguments)
+        bound.apply_defaults()  # DeepSpeed's defaults, not torch's (AdamW's weight decay differs)
         values = dict(bound.arguments)
         params = values.pop("params", None) or values.pop("model_params", None)
+        params = list(params) if params is not None and not isinstance(params, (list, tuple)) else params
+        groups = sum(1 for p in params or () if isinstance(p, dict))
         name = torch_name
         # FusedAdam(adam_w_mode=True) and DeepSpeedCPUAdam(adamw_mode=True) decouple weight decay.
         if name == "Adam" and (values.get("adam_w_mode") or values.get("adamw_mode")):
             name = "AdamW"
         torch_cls = getattr(torch.optim, name)
         chosen = {k: values[k] for k in kept if k in values}
-        report(f"{klass.__name__} from configure_optimizers runs as torch.optim.{name} with the same parameter "
-               f"groups and {', '.join(f'{k}={v!r}' for k, v in chosen.items())} (DeepSpeed's {klass.__name__} "
-               f"needs compiled kernels a CPU rank does not build)")
+        shown = ", ".join(f"{k}={values[k]!r}" for k in kept if k in given) or "its default hyper-parameters"
+        same = f"the same {groups} parameter groups (each with its own settings) and " if groups else "the same " \
+            "parameters and "
+        report(f"{klass.__name__} from configure_optimizers ran as torch.optim.{name} with {same}{shown} "
+               f"(DeepSpeed's {klass.__name__} needs kernels compiled on the rank, which the CPU tier does not "
+               f"build)")
         return torch_cls(params, **chosen)
 
     return __new__

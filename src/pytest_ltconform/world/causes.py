@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from ..sites import first_sentence, fmt_site, is_user_file
+from ..sites import bounded_lines, first_sentence, fmt_site, is_user_file
 
 # Exception types and message fragments of a collective that failed because a peer went away or
 # never came (gloo, NCCL and the c10d store); a rank failing this way is a consequence.
@@ -149,7 +149,7 @@ def cause_text(cause: Cause) -> str:
     lines = []
     if cause.traceback:
         lines.append(f"--- rank {cause.rank}: {cause.headline()}")
-        lines.extend(f"[rank{cause.rank}] {line}" for line in cause.traceback.rstrip().splitlines())
+        lines.extend(f"[rank{cause.rank}] {line}" for line in bounded_lines(cause.traceback))
     consequences = cause.consequence_line()
     if consequences:
         lines.append(consequences)
