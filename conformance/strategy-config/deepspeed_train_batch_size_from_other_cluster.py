@@ -15,7 +15,7 @@ SOURCE = "issue 12"
 STRATEGY = "deepspeed"
 EXPECTED = {"strategy-config": "fail"}
 EVIDENCE = ("DeepSpeed rejected the config: `train_batch_size` 32 is not micro-batch 8 x accumulation 1 x world "
-            "size 2; the config dict is built in `trainer_kwargs`")
+            "size 2, at the line of the config dict that sets it")
 
 DS_CONFIG = {
     "train_batch_size": 32,

@@ -386,7 +386,9 @@ class StrategyConfigProbe(Probe):
         if "DeepSpeedStrategy" in names:
             findings += _deepspeed_facts(strategy, loaded.model, user, file)
             if deepspeed_item:
-                findings = _ds_rejected(strategy, loaded, user, file, run.ctx.world_size) + findings
+                # After the findings on what the user wrote: where one explains the rejection (an
+                # "auto" value), it is the cause and DeepSpeed's message the symptom.
+                findings += _ds_rejected(strategy, loaded, user, file, run.ctx.world_size)
         findings += _timeout_facts(strategy, user, loaded.ns, file)
         findings += _unknown_name(strategy, loaded.ns)
         describe = type(strategy).__name__ if names else repr(strategy if strategy is not None else "auto")
