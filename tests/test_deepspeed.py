@@ -168,15 +168,13 @@ def test_config_rejection_is_recognised_from_the_rank_traceback():
 
 @needs_deepspeed
 def test_deepspeed_cases_end_to_end_in_one_pool(tmp_path):
-    """Three cases, six items, one world pool: a config DeepSpeed rejects, a DeepSpeed checkpoint directory
-    given to torch.load, and FusedAdam from configure_optimizers."""
-    ds_dir = CONFORMANCE / "all-rank-save"
+    """Two cases, four items, one world pool: FusedAdam from configure_optimizers, and a config DeepSpeed
+    rejects, whose other items are not judged. (The corpus judges the third new DeepSpeed case,
+    deepspeed_checkpoint_dir_torch_load, with its evidence and fix.)"""
     rejected = CONFORMANCE / "strategy-config" / "deepspeed_train_batch_size_from_other_cluster.py"
-    loaded = ds_dir / "deepspeed_checkpoint_dir_torch_load.py"
-    fused = ds_dir / "ok_deepspeed_fused_adam_param_groups.py"
+    fused = CONFORMANCE / "all-rank-save" / "ok_deepspeed_fused_adam_param_groups.py"
     items = [f"{fused}:all-rank-save[deepspeed]", f"{rejected}:strategy-config[deepspeed]",
-             f"{rejected}:all-rank-save[deepspeed]", f"{rejected}:sync-dist[deepspeed]",
-             f"{loaded}:all-rank-save[deepspeed]", f"{loaded}:sync-dist[deepspeed]"]
+             f"{rejected}:all-rank-save[deepspeed]", f"{rejected}:sync-dist[deepspeed]"]
     out = tmp_path / "items.json"
     proc = subprocess.run([sys.executable, str(REPO / "tests" / "judge_items.py"), str(out), *items], cwd=tmp_path,
                           capture_output=True, text=True, timeout=400)
@@ -184,9 +182,8 @@ def test_deepspeed_cases_end_to_end_in_one_pool(tmp_path):
     rows = json.loads(out.read_text())
     got = [(r["item"], r["outcome"]) for r in rows]
     assert got == [("all-rank-save[deepspeed]", "passed"), ("strategy-config[deepspeed]", "failed"),
-                   ("all-rank-save[deepspeed]", "skipped"), ("sync-dist[deepspeed]", "skipped"),
-                   ("all-rank-save[deepspeed]", "failed"), ("sync-dist[deepspeed]", "passed")], rows
-    ok, config, skip1, skip2, load, _ = rows
+                   ("all-rank-save[deepspeed]", "skipped"), ("sync-dist[deepspeed]", "skipped")], rows
+    ok, config, *skipped = rows
     assert any(n.startswith("FusedAdam from configure_optimizers ran as torch.optim.AdamW with the same 2 parameter "
                             "groups (each with its own settings) and lr=0.003, betas=(0.9, 0.95), eps=1e-06")
                for n in ok["notes"]), ok["notes"]
@@ -198,11 +195,6 @@ def test_deepspeed_cases_end_to_end_in_one_pool(tmp_path):
     assert lines[2].endswith("deepspeed_train_batch_size_from_other_cluster.py:21 (<module>): DeepSpeed rejected the "
                              "config: train_batch_size 32 is not micro-batch 8 x accumulation 1 x world size 2")
     assert "or set it to 16 for this world" in config["message"]
-    for skipped in (skip1, skip2):
-        assert skipped["message"].endswith("not judged: the shared fit run stopped before its first step because of "
-                                           "the strategy-config[deepspeed] failure (see that item).")
-    assert "torch.load(best, map_location=\"cpu\", weights_only=False) in ExportWeights.on_fit_end on every rank is " \
-           "given a DeepSpeed checkpoint directory" in load["message"]
-    assert "deepspeed_checkpoint_dir_torch_load.py:24 (ExportWeights.on_fit_end)" in load["message"]
-    assert "convert_zero_checkpoint_to_fp32_state_dict(dir, 'model.pt')" in load["message"]
-    assert "from the 'DeepSpeed' section" in load["message"]
+    for item in skipped:
+        assert item["message"].endswith("not judged: the shared fit run stopped before its first step because of "
+                                        "the strategy-config[deepspeed] failure (see that item).")
