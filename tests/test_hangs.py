@@ -116,3 +116,54 @@ def test_rank_output_is_bounded_and_names_no_frame_of_the_plugin():
                      '  File "/home/u/model.py", line 7, in training_step', "    raise ValueError('bad')",
                      "ValueError: bad"]
     assert bounded_lines("a\nb") == ["a", "b"]
+
+
+# -- the session: what a hung run means for the runs after it (fake runs, no world) -----------------
+
+class _NoPool:
+    fresh_per_job = False
+
+    def run(self, *args, **kwargs):
+        raise AssertionError("no run may be started")
+
+
+def _session_with(fake_runs, hung_stack: str, strategy: str = "ddp"):
+    from pytest_ltconform.session import LtconformSession
+    from pytest_ltconform.settings import Settings
+
+    ranks = [fake_runs.rank(0, status="error", exc_type="RuntimeError", message="Timed out waiting 5000ms for recv"),
+             fake_runs.rank(1, status="hung", stack=hung_stack)]
+    run = fake_runs.of(ranks, status="hung")
+    run.job.timed_out_by = "--ltconform-timeout=10"
+    run.strategy = strategy
+    run.cause_item = f"all-rank-save[{strategy}]"
+    session = LtconformSession(Settings(target="m.Model", world_size=2), targets=None, pool=_NoPool())
+    session._runs[("fit", strategy, 2)] = run
+    return session
+
+
+def test_runs_after_a_hang_in_user_code_are_not_started_under_any_strategy(fake_runs, tmp_path):
+    from pytest_ltconform import contracts
+    from pytest_ltconform.harness import inspection
+
+    user = str(tmp_path / "model.py")
+    session = _session_with(fake_runs, _dump([(user, 15, "training_step"), (pytest.__file__, 3, "run")]))
+    verdict, _ = session.verdict("eval-duplication", "fsdp")
+    assert verdict.outcome == "skipped" and "\n" not in verdict.summary
+    assert verdict.summary.startswith("not judged: not started: the fit[ddp] run of this target hung (rank 1 at ")
+    assert verdict.summary.endswith("model.py:15 (training_step) stopped making progress until "
+                                    "--ltconform-timeout=10), and this run would reach the same code "
+                                    "(see all-rank-save[ddp]).")
+    # A run that trains nothing cannot reach the hung step: it is started.
+    assert session._hung_before(inspection("config"), "ddp", "cpu") is None
+    assert session._hung_before(contracts.run_spec("fit"), "ddp", "gpu") is None  # another tier: its own world
+
+
+def test_a_rank_stuck_in_a_library_call_blocks_only_its_own_strategy(fake_runs, tmp_path):
+    from pytest_ltconform import contracts
+
+    user = str(tmp_path / "model.py")
+    session = _session_with(fake_runs, _dump([(pytest.__file__, 3, "all_reduce"), (user, 20, "on_validation_end")]))
+    evaluation = contracts.get_contract("eval-duplication").run_spec
+    assert session._hung_before(evaluation, "ddp", "cpu") is not None
+    assert session._hung_before(evaluation, "fsdp", "cpu") is None  # may be DDP's doing: FSDP still runs

@@ -137,10 +137,23 @@ class LtconformSession:
         if not isinstance(fit, Run) or fit.finished:
             return None
         owner = contracts.blamed(fit)
-        if owner is None or owner == contract.id:
+        if owner is None:
+            return self._same_failure_as_fit(contract, strategy, fit)
+        if owner == contract.id:
             return None
         return not_judged(contract, f"its own run did not finish either; the module's fit does not finish "
                                     f"because of the {owner}[{strategy}] failure (see that item).")
+
+    def _same_failure_as_fit(self, contract, strategy: str, fit: Run) -> Verdict | None:
+        """This item's own run stopped the way the traced fit did (the same rank failure at the same
+        user line): one fault shows one traceback, on the fit's first item; this one names it."""
+        own = self._runs.get((contract.run_spec.name, strategy, self.settings.world_size))
+        mine, theirs = (first_cause(own.job) if isinstance(own, Run) else None), first_cause(fit.job)
+        item = getattr(fit, "cause_item", None)
+        if mine is None or theirs is None or item is None or \
+                (mine.kind, mine.exc_type, mine.site) != (theirs.kind, theirs.exc_type, theirs.site):
+            return None
+        return not_judged(contract, f"its own run stopped the same way as the fit: {mine.headline()} (see {item}).")
 
     def close(self) -> None:
         self.pool.close()
