@@ -117,7 +117,9 @@ def test_deepspeed_config_error_is_deepspeeds_own_message_for_the_world_size(ds_
     assert sharded.deepspeed_config_error({**batch, "train_batch_size": 16}, world_size=2) is None
     stage = sharded.deepspeed_config_error({**batch, "train_batch_size": 16, "zero_optimization": {"stage": 5}}, 2)
     assert stage["type"] == "ValidationError" and stage["keys"] == ["stage"]
-    assert "Input should be 0, 1, 2, 3" in stage["message"]
+    assert "Input should be 0, 1, 2, 3" in stage["message"] and "errors.pydantic.dev" not in stage["message"]
+    assert stage["detail"].startswith("stage: Input should be 0, 1, 2, 3") and stage["detail"].endswith("(got 5)")
+    assert error["detail"] == ""
     import deepspeed.comm.comm as ds_comm
 
     assert ds_comm.cdb is None  # the stand-in backend is gone again

@@ -487,8 +487,9 @@ def deepspeed_config_error(config: dict, world_size: int) -> dict | None:
     DeepSpeed's own config class for a world of ``world_size`` ranks; needs deepspeed.
 
     Returns None when DeepSpeed accepts it, else ``{"type": exception type name, "message": its
-    message on one line, "keys": [config keys the message names]}`` (a pydantic validation error
-    names the fields it rejected). Raises nothing for a rejected config.
+    message on one line, "keys": [config keys it names], "detail": "field: what (got value)" per
+    error, or ""}`` (a pydantic validation error names the fields it rejected). Raises nothing for a
+    rejected config.
     """
     ds_config = importlib.import_module("deepspeed.runtime.config")
     ds_comm = importlib.import_module("deepspeed.comm.comm")
@@ -498,19 +499,26 @@ def deepspeed_config_error(config: dict, world_size: int) -> dict | None:
         ds_config.DeepSpeedConfig(dict(config))
         return None
     except Exception as exc:
-        return {"type": type(exc).__name__, "message": " ".join(str(exc).split()), "keys": _error_keys(exc)}
+        keys, details = _pydantic_errors(exc)
+        message = " ".join(str(exc).split())
+        message = message.split(" For further information visit ")[0]  # pydantic's link per error
+        return {"type": type(exc).__name__, "message": message, "keys": keys, "detail": "; ".join(details)}
     finally:
         ds_comm.cdb = saved
 
 
-def _error_keys(exc: Exception) -> list[str]:
+def _pydantic_errors(exc: Exception) -> tuple[list[str], list[str]]:
+    """The fields a pydantic validation error names and one ``field: what (got value)`` per error;
+    empty for any other exception."""
     errors = getattr(exc, "errors", None)
     if not callable(errors):
-        return []
+        return [], []
     try:
-        return [str(e["loc"][-1]) for e in errors() if e.get("loc")]
+        found = [e for e in errors() if e.get("loc")]
+        return ([str(e["loc"][-1]) for e in found],
+                [f"{'.'.join(map(str, e['loc']))}: {e.get('msg')} (got {e.get('input')!r})" for e in found])
     except Exception:  # not pydantic's shape
-        return []
+        return [], []
 
 
 # -- optimizers a CPU rank cannot run ---------------------------------------------------------------

@@ -354,6 +354,7 @@ def _ds_rejected(strategy, loaded, user: dict, file: str | None, world_size: int
     batch = {k: config.get(k) for k in ("train_batch_size", "train_micro_batch_size_per_gpu",
                                           "gradient_accumulation_steps")}
     return [{"kind": "ds_rejected", "type": error["type"], "message": error["message"], "keys": keys,
+             "detail": error.get("detail", ""),
              "batch": batch, "world_size": world_size, "site": _config_line(file, needles)}]
 
 
@@ -568,7 +569,7 @@ def _render_ds_rejected(f: dict, site: str | None):
         named = ", ".join(f["keys"]) or "the value it names"
         fix = (f"change {named} in the DeepSpeed config to a value DeepSpeed accepts (its message above says "
                f"which), or use DeepSpeedStrategy's typed arguments, which Lightning turns into a valid config.")
-        text = f"{f['type']}: {first_line(message)}"
+        text = f.get("detail") or f"{f['type']}: {first_line(message)}"
     return summary, (f"DeepSpeed rejected the config: {text}", site), "DeepSpeed", fix
 
 
