@@ -65,3 +65,23 @@ def test_uneven_hooks_of_a_stopped_rank_are_not_claimed_by_data_sharding(fake_ru
                             exc_type="ValueError", message="bad sample 7", traceback=TRACEBACK)]
     run = fake_runs.of(ranks, status="error", divergence={"kind": "hooks", "h": 9, "hook": {}, "events": {}})
     assert contracts.blamed(run) is None
+
+
+def test_a_run_that_stops_like_the_fit_names_the_fit_item_instead_of_a_second_traceback(fake_runs):
+    from pytest_ltconform.session import LtconformSession
+    from pytest_ltconform.settings import Settings
+
+    fit = _crashed_run(fake_runs)
+    assert judge(contracts.get_contract("all-rank-save"), fit).outcome == "error"  # shows the traceback once
+    evaluation = _crashed_run(fake_runs)
+    evaluation.kind = contracts.get_contract("eval-duplication").run_spec.name
+    session = LtconformSession(Settings(target="m.Model", world_size=2), targets=None, pool=object())
+    session._runs.update({("fit", "ddp", 2): fit, (evaluation.kind, "ddp", 2): evaluation})
+    verdict = session._explained_by_fit(contracts.get_contract("eval-duplication"), "ddp")
+    assert verdict.outcome == "skipped" and verdict.diagnosis is None
+    assert verdict.summary.startswith("not judged: its own run stopped the same way as the fit: rank 1 raised "
+                                      "ValueError at ")
+    assert verdict.summary.endswith("test_session.py:42 (training_step): bad sample 7 (see all-rank-save[ddp]).")
+    # A different failure in its own run is its own to show.
+    evaluation.job.ranks[1].traceback = TRACEBACK.replace("line 42", "line 50")
+    assert session._explained_by_fit(contracts.get_contract("eval-duplication"), "ddp") is None

@@ -120,15 +120,24 @@ def _make_profiler(ns: Any, recorder: Recorder):
     base = importlib.import_module(f"{ns.__name__}.profilers").Profiler
 
     class TraceProfiler(base):
-        """Feeds hook entries and exits to the recorder (Lightning profiles every hook)."""
+        """Feeds hook entries and exits to the recorder (Lightning profiles every hook). A hook of
+        one of the plugin's own callbacks is recorded as ``[Callback]<hook>``: its class is ours,
+        and a report that names it would name nothing of the user's."""
+
+        internal: frozenset = frozenset()  # state keys of the plugin's callbacks (set by build_trainer)
+
+        def _named(self, action_name: str) -> str:
+            owner, _, hook = action_name[len("[Callback]"):].rpartition(".")
+            return f"[Callback]{hook}" if action_name.startswith("[Callback]") and owner in self.internal \
+                else action_name
 
         def start(self, action_name: str) -> None:
             if action_name.startswith(HOOK_PREFIXES):
-                recorder.hook_enter(action_name)
+                recorder.hook_enter(self._named(action_name))
 
         def stop(self, action_name: str) -> None:
             if action_name.startswith(HOOK_PREFIXES):
-                recorder.hook_exit(action_name)
+                recorder.hook_exit(self._named(action_name))
 
         def summary(self) -> str:
             return ""
@@ -353,21 +362,40 @@ class RankRun:
     ``objects`` (the user's objects, loaded on first use), ``recorder`` (None in an untraced run),
     ``probes`` (contract id -> Probe) and ``trainer`` once built."""
 
-    def __init__(self, ctx, targets, pg_timeout_s: float, probes: dict[str, Probe], recorder: Recorder | None):
+    def __init__(self, ctx, targets, pg_timeout_s: float, probes: dict[str, Probe], recorder: Recorder | None,
+                 exits: contextlib.ExitStack | None = None, strategy_name: str | None = None):
         self.ctx = ctx
         self.targets = targets
         self.pg_timeout_s = pg_timeout_s
         self.probes = probes
         self.recorder = recorder
         self.trainer = None
+        self.strategy_name = strategy_name
+        self._exits = exits
+        self._optimizers_swapped = False
 
     @functools.cached_property
     def objects(self) -> UserObjects:
-        return UserObjects(self.targets)
+        objects = UserObjects(self.targets)
+        self._cpu_optimizers()
+        return objects
 
     def strategy(self, name: str, user_strategy: Any = None) -> Any:
         """The strategy object for ``name`` (see :func:`adapt_strategy`), adapting ``user_strategy``."""
-        return adapt_strategy(self.objects.ns, name, user_strategy, self.pg_timeout_s)
+        made = adapt_strategy(self.objects.ns, name, user_strategy, self.pg_timeout_s)
+        self._cpu_optimizers()  # the DeepSpeed strategy has imported deepspeed by now
+        return made
+
+    def _cpu_optimizers(self) -> None:
+        """On CPU ranks, DeepSpeed's compiled optimizers are built as torch ones for the rest of
+        the job (sharded.cpu_optimizers), each substitution said in a note."""
+        if self._optimizers_swapped or self._exits is None or _world()[0] != "cpu":
+            return
+        from .sharded import cpu_optimizers
+
+        if "deepspeed" in sys.modules:
+            self._optimizers_swapped = True
+            self._exits.enter_context(cpu_optimizers(lambda text: self.emit({"ev": "note", "text": text})))
 
     def trainer_kwargs(self, strategy: Any, user: dict | None = None, world_size: int | None = None) -> dict:
         """The bounded Trainer kwargs of this run: ``user`` (default: the user's own) merged by
@@ -388,6 +416,10 @@ class RankRun:
         trainer = self.objects.ns.Trainer(**kwargs)
         if recorder is not None:
             recorder.attach(trainer)
+            profiler = kwargs.get("profiler")
+            if hasattr(profiler, "internal"):
+                profiler.internal = frozenset(cb.state_key for cb in trainer.callbacks
+                                              if type(cb).__module__.startswith(__package__ + "."))
         for probe in self.probes.values():
             probe.before_fit(self.objects, trainer, recorder)
         self.trainer = trainer
@@ -408,7 +440,7 @@ class RankRun:
 
 
 @contextlib.contextmanager
-def rank_run(ctx, targets, probes: list, pg_timeout_s: float, traced: bool = True):
+def rank_run(ctx, targets, probes: list, pg_timeout_s: float, traced: bool = True, strategy_name: str | None = None):
     """The :class:`RankRun` of one job on this rank. ``probes``: ``[(contract_id, "module:Class")]``
     or ``[(contract_id, Probe)]``. A traced run installs the recorder first (so that names the
     user's module imports are the recording ones), then each probe's ``install``; the recorder is
@@ -424,7 +456,8 @@ def rank_run(ctx, targets, probes: list, pg_timeout_s: float, traced: bool = Tru
         if recorder is not None:
             for probe in loaded.values():
                 probe.install(recorder)
-        yield RankRun(ctx, targets, pg_timeout_s, loaded, recorder)
+        with contextlib.ExitStack() as exits:
+            yield RankRun(ctx, targets, pg_timeout_s, loaded, recorder, exits, strategy_name)
     finally:
         if recorder is not None:
             recorder.uninstall()
@@ -435,7 +468,7 @@ def traced_fit(ctx, targets: target_mod.Targets, strategy_name: str, probes: lis
     contract is judged on. Returns ``{"probes": {contract_id: observations}}``."""
     from .sharded import configured_for, ddp_note, precision_note
 
-    with rank_run(ctx, targets, probes, pg_timeout_s) as run:
+    with rank_run(ctx, targets, probes, pg_timeout_s, strategy_name=strategy_name) as run:
         objects = run.objects
         user_strategy = objects.user_kwargs.get("strategy")
         strategy = run.strategy(strategy_name, user_strategy)
@@ -457,7 +490,7 @@ def traced_fit(ctx, targets: target_mod.Targets, strategy_name: str, probes: lis
 def inspect(ctx, targets: target_mod.Targets, strategy_name: str, probes: list, pg_timeout_s: float) -> dict:
     """An untraced run that trains nothing: each probe's :meth:`Probe.inspect`. Returns
     ``{"probes": {contract_id: observations}}``."""
-    with rank_run(ctx, targets, probes, pg_timeout_s, traced=False) as run:
+    with rank_run(ctx, targets, probes, pg_timeout_s, traced=False, strategy_name=strategy_name) as run:
         return {"probes": {cid: probe.inspect(run) for cid, probe in run.probes.items()}}
 
 

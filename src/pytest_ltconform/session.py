@@ -13,11 +13,15 @@ import time
 
 from . import contracts
 from .contracts.base import Run, Verdict
-from .harness import FIT, RunSpec
+from .harness import FIT, RunSpec, inspection
 from .settings import Settings
+from .sites import fmt_site
 from .vocabulary import CUDA_TIERS, SHARDED_STRATEGIES, STRATEGY_NAMES, backend_for, rank_env_for
 from .world import WorldPool, WorldStartError
-from .world.causes import cause_text, first_cause
+from .world.causes import cause_text, first_cause, stack_user_site
+
+# The job function of runs that load the user's objects without training (they cannot hang in a step).
+INSPECT_FN = inspection("-").fn
 
 
 class LtconformSession:
@@ -91,15 +95,46 @@ class LtconformSession:
         """Judge one contract under one strategy in one tier; returns (verdict, seconds spent)."""
         started = time.monotonic()
         contract = contracts.get_contract(contract_id)
+        hung = self._hung_before(contract.run_spec, strategy, tier)
+        if hung is not None:
+            return hung_verdict(contract, hung), time.monotonic() - started
         try:
             run = self.run_for(contract.run_spec.name, strategy, tier)
         except WorldStartError as exc:
             return contract.verdict("error", f"could not start a world: {exc}"), time.monotonic() - started
+        if getattr(run, "first_item", None) is None:
+            run.first_item = f"{contract_id}[{strategy}]"  # what a later item names when this run hung
         verdict = judge(contract, run)
         if verdict.outcome == "error" and contract.run_spec.name != FIT.name:
             verdict = self._explained_by_fit(contract, strategy) or verdict
         # The first item that needs a run pays for it; later items only for their judgement.
         return verdict, time.monotonic() - started
+
+    def _hung_before(self, spec: RunSpec, strategy: str, tier: str) -> Run | None:
+        """An earlier run of this target that was killed at its time limit with no contract
+        claiming why, when the run ``spec`` would run into the same hang; None otherwise.
+
+        It holds for every later run that trains under the same strategy in the same tier, and
+        under any strategy when the hung rank was running the user's own code (a sleep or loop of
+        theirs runs the same under every strategy); a rank stuck inside a library call (a
+        collective, a strategy's gather) may be that strategy's doing, so other strategies still
+        run. Inspection runs train nothing and always run."""
+        own_key = (spec.name, strategy, self.settings.world_size) + (() if tier == "cpu" else (tier,))
+        if spec.fn == INSPECT_FN or own_key in self._runs:
+            return None  # made already: its items are judged on it
+        for key, run in self._runs.items():
+            if not isinstance(run, Run) or run.finished or run.job.timed_out_by is None:
+                continue
+            if (key[3] if len(key) > 3 else "cpu") != tier:
+                continue
+            cause = first_cause(run.job)
+            if cause is None or cause.kind != "hung":
+                continue
+            if run.strategy != strategy and not stack_user_site(run.job.ranks[cause.rank].stack)[1]:
+                continue
+            if contracts.blamed(run) is None:
+                return run
+        return None
 
     def _explained_by_fit(self, contract, strategy: str) -> Verdict | None:
         """A run of another kind that failed on a module whose traced fit already stopped because
@@ -108,10 +143,23 @@ class LtconformSession:
         if not isinstance(fit, Run) or fit.finished:
             return None
         owner = contracts.blamed(fit)
-        if owner is None or owner == contract.id:
+        if owner is None:
+            return self._same_failure_as_fit(contract, strategy, fit)
+        if owner == contract.id:
             return None
         return not_judged(contract, f"its own run did not finish either; the module's fit does not finish "
                                     f"because of the {owner}[{strategy}] failure (see that item).")
+
+    def _same_failure_as_fit(self, contract, strategy: str, fit: Run) -> Verdict | None:
+        """This item's own run stopped the way the traced fit did (the same rank failure at the same
+        user line): one fault shows one traceback, on the fit's first item; this one names it."""
+        own = self._runs.get((contract.run_spec.name, strategy, self.settings.world_size))
+        mine, theirs = (first_cause(own.job) if isinstance(own, Run) else None), first_cause(fit.job)
+        item = getattr(fit, "cause_item", None)
+        if mine is None or theirs is None or item is None or \
+                (mine.kind, mine.exc_type, mine.site) != (theirs.kind, theirs.exc_type, theirs.site):
+            return None
+        return not_judged(contract, f"its own run stopped the same way as the fit: {mine.headline()} (see {item}).")
 
     def close(self) -> None:
         self.pool.close()
@@ -121,6 +169,18 @@ def not_judged(contract, reason: str) -> Verdict:
     """The verdict of an item that cannot be judged because of another item's failure: skipped,
     with the reason in one line naming that item, and no traceback of its own."""
     return contract.verdict("skipped", f"not judged: {reason}", category="consequence")
+
+
+def hung_verdict(contract, hung: Run) -> Verdict:
+    """Not judged, without starting a run, because an earlier run of the target hung (one line
+    naming the first item judged on it and where the hung rank was)."""
+    cause = first_cause(hung.job)
+    where = f"rank {cause.rank} at {fmt_site(cause.site)}" if cause and cause.site else \
+        f"rank {cause.rank}" if cause else "a rank"
+    item = getattr(hung, "cause_item", None) or getattr(hung, "first_item", None) or f"{hung.kind}[{hung.strategy}]"
+    return not_judged(contract, f"not started: the {hung.kind}[{hung.strategy}] run of this target hung "
+                                f"({where} stopped making progress until {hung.job.timed_out_by}), and this run "
+                                f"would reach the same code (see {item}).")
 
 
 def judge(contract, run: Run) -> Verdict:
@@ -137,9 +197,9 @@ def judge(contract, run: Run) -> Verdict:
         return contract.verdict("error", f"the {contract.id} verdict itself failed: {type(exc).__name__}: {exc}",
                                 diagnosis=traceback.format_exc())
     # What ran in place of the user's strategy (e.g. their FSDP/DeepSpeed config as CPU FSDP).
-    tier_note = next((e.get("text") for e in run.events(0, "note") if e.get("text")), None)
-    if tier_note and tier_note not in verdict.notes:
-        verdict.notes.insert(0, tier_note)
+    # Every distinct note, in order: the tier's, then each optimizer substituted on CPU.
+    tier_notes = [t for t in dict.fromkeys(e.get("text") for e in run.events(0, "note")) if t]
+    verdict.notes[:0] = [t for t in tier_notes if t not in verdict.notes]
     if run.finished:
         return verdict
     if verdict.failed:
@@ -161,6 +221,10 @@ def _after_owned_failure(contract, run: Run, verdict: Verdict, owner: str) -> Ve
     """The run stopped because of ``owner``'s failure: a contract that found nothing on what every
     rank recorded passes on that part; one that needs the run's end is not judged."""
     item = f"{owner}[{run.strategy}]"
+    if verdict.outcome == "passed" and not _reached_a_step(run):
+        # Nothing to judge: a pass on a run that stopped in its setup would be vacuous.
+        return not_judged(contract, f"the shared {run.kind} run stopped before its first step because of the "
+                                    f"{item} failure (see that item).")
     if verdict.outcome == "passed":
         verdict.partial = True
         verdict.notes.append(
@@ -170,6 +234,11 @@ def _after_owned_failure(contract, run: Run, verdict: Verdict, owner: str) -> Ve
         return verdict
     return not_judged(contract, f"the shared {run.kind} run did not finish because of the {item} failure "
                                 f"(see that item), and this contract needs the run's end.")
+
+
+def _reached_a_step(run: Run) -> bool:
+    """Whether any rank entered a step (training, validation, test or predict) before the stop."""
+    return any(e.get("ev") == "hook" and str(e.get("name", "")).endswith("_step") for t in run.traces for e in t)
 
 
 def _not_a_sharded_module(contract, run: Run) -> Verdict | None:

@@ -278,8 +278,11 @@ def _recording_init(cls: type, original):
 # device-index validation, a root device with an index, and the gloo backend. The rank's
 # environment carries DS_ACCELERATOR=cpu (vocabulary.RANK_ENV), set before deepspeed is imported.
 
-# Optimizer types DeepSpeed builds from its config; on CPU only its torch path runs.
+# Optimizer types DeepSpeed builds from its config; on CPU only its torch path runs. Its other
+# types are torch.optim names it builds as such, Adagrad (torch's without offload), or those below,
+# which need compiled kernels.
 _DS_ADAM_TYPES = {"adam": "Adam", "adamw": "AdamW"}
+_DS_COMPILED_TYPES = ("lamb", "onebitadam", "zerooneadam", "onebitlamb", "lion")
 _DS_OFFLOAD_KEYS = ("offload_optimizer", "offload_param", "cpu_offload", "cpu_offload_params")
 _DS_HALF_KEYS = ("fp16", "bf16", "amp")
 
@@ -292,8 +295,9 @@ def cpu_deepspeed_config(config: Any) -> tuple[dict, list[str]]:
     """A copy of a DeepSpeed config dict that CPU gloo ranks can run, and what was substituted.
 
     The substitutions keep the same collectives: DeepSpeed's fused or CPU-Adam optimizers become
-    its ``torch_adam`` path (torch's Adam/AdamW, same hyper-parameters), other config optimizers
-    become torch AdamW with their learning rate, CPU/NVMe offload is dropped (the partitioned
+    its ``torch_adam`` path (torch's Adam/AdamW, same hyper-parameters), its optimizers that need
+    compiled kernels (Lamb, Lion, the 1-bit ones) become torch AdamW with their lr, betas, eps and
+    weight decay (torch.optim names and Adagrad run as they are), CPU/NVMe offload is dropped (the partitioned
     state stays in rank memory) and fp16/bf16 sections are dropped (fp32). Returns
     ``(config, ["what -> what instead", ...])``; a non-dict config is returned unchanged.
     """
@@ -310,14 +314,17 @@ def cpu_deepspeed_config(config: Any) -> tuple[dict, list[str]]:
         if kind.lower() in _DS_ADAM_TYPES:
             if not params.get("torch_adam"):
                 params["torch_adam"] = True
-                done.append(f"the config's {kind} optimizer runs as torch.optim.{_DS_ADAM_TYPES[kind.lower()]} "
+                # DeepSpeed's "Adam" decouples weight decay (AdamW) unless adam_w_mode is false.
+                torch_cls = "AdamW" if kind.lower() == "adamw" or params.get("adam_w_mode", True) else "Adam"
+                done.append(f"the config's {kind} optimizer runs as torch.optim.{torch_cls} "
                             f"(DeepSpeed's FusedAdam/CPUAdam need compiled ops)")
             opt["params"] = params
-        else:
+        elif kind.lower() in _DS_COMPILED_TYPES or not kind:
             kept = {k: params[k] for k in ("lr", "weight_decay", "betas", "eps") if k in params}
             config["optimizer"] = {"type": "AdamW", "params": {**kept, "torch_adam": True}}
-            done.append(f"the config's {kind or 'untyped'} optimizer runs as torch.optim.AdamW with its "
-                        f"learning rate (DeepSpeed's own optimizers need compiled ops)")
+            done.append(f"the config's {kind or 'untyped'} optimizer runs as torch.optim.AdamW, the nearest "
+                        f"torch optimizer, with its lr, betas, eps and weight_decay (DeepSpeed's own "
+                        f"optimizers need compiled ops)")
     zero = config.get("zero_optimization")
     if isinstance(zero, dict):
         dropped = [k for k in _DS_OFFLOAD_KEYS if k in zero and (not isinstance(zero[k], dict)
@@ -452,3 +459,135 @@ def configured_for(strategy_name: str, user_strategy: Any) -> bool:
     if strategy_name == "deepspeed":
         return kind == "deepspeed"
     return True
+
+
+# -- what DeepSpeed's own config validation says -------------------------------------------------
+
+class _WorldOnly:
+    """Stands in for deepspeed.comm's backend while DeepSpeed's config class reads the rank and
+    world size: it answers from torch.distributed (or the given size) and communicates nothing."""
+
+    def __init__(self, world_size: int):
+        self.world_size = world_size
+
+    def is_initialized(self) -> bool:
+        return True
+
+    def get_rank(self, group=None) -> int:
+        import torch.distributed as dist
+
+        return dist.get_rank() if dist.is_initialized() else 0
+
+    def get_world_size(self, group=None) -> int:
+        return self.world_size
+
+
+def deepspeed_config_error(config: dict, world_size: int) -> dict | None:
+    """Validate ``config`` (a complete DeepSpeed config dict, as the engine receives it) with
+    DeepSpeed's own config class for a world of ``world_size`` ranks; needs deepspeed.
+
+    Returns None when DeepSpeed accepts it, else ``{"type": exception type name, "message": its
+    message on one line, "keys": [config keys it names], "detail": "field: what (got value)" per
+    error, or ""}`` (a pydantic validation error names the fields it rejected). Raises nothing for a
+    rejected config.
+    """
+    ds_config = importlib.import_module("deepspeed.runtime.config")
+    ds_comm = importlib.import_module("deepspeed.comm.comm")
+    saved = ds_comm.cdb
+    ds_comm.cdb = _WorldOnly(world_size)
+    try:
+        ds_config.DeepSpeedConfig(dict(config))
+        return None
+    except Exception as exc:
+        keys, details = _pydantic_errors(exc)
+        message = " ".join(str(exc).split())
+        message = message.split(" For further information visit ")[0]  # pydantic's link per error
+        return {"type": type(exc).__name__, "message": message, "keys": keys, "detail": "; ".join(details)}
+    finally:
+        ds_comm.cdb = saved
+
+
+def _pydantic_errors(exc: Exception) -> tuple[list[str], list[str]]:
+    """The fields a pydantic validation error names and one ``field: what (got value)`` per error;
+    empty for any other exception."""
+    errors = getattr(exc, "errors", None)
+    if not callable(errors):
+        return [], []
+    try:
+        found = [e for e in errors() if e.get("loc")]
+        return ([str(e["loc"][-1]) for e in found],
+                [f"{'.'.join(map(str, e['loc']))}: {e.get('msg')} (got {e.get('input')!r})" for e in found])
+    except Exception:  # not pydantic's shape
+        return [], []
+
+
+# -- optimizers a CPU rank cannot run ---------------------------------------------------------------
+# DeepSpeed's fused and CPU optimizers need kernels compiled on the rank (minutes, or a hang while
+# compiling); the CPU tiers construct the nearest torch optimizer instead, with the same parameter
+# groups and hyper-parameters. (module, class) -> (torch class, the arguments it keeps).
+_ADAM_ARGS = ("lr", "betas", "eps", "weight_decay")
+_CPU_SUBSTITUTES = {
+    ("deepspeed.ops.adam", "FusedAdam"): ("Adam", _ADAM_ARGS + ("amsgrad",)),
+    ("deepspeed.ops.adam", "DeepSpeedCPUAdam"): ("Adam", _ADAM_ARGS + ("amsgrad",)),
+    ("deepspeed.ops.lamb", "FusedLamb"): ("AdamW", _ADAM_ARGS),
+    ("deepspeed.ops.adagrad", "DeepSpeedCPUAdagrad"): ("Adagrad", ("lr", "eps", "weight_decay")),
+    ("deepspeed.ops.lion", "FusedLion"): ("AdamW", ("lr", "betas", "weight_decay")),
+    ("deepspeed.ops.lion", "DeepSpeedCPULion"): ("AdamW", ("lr", "betas", "weight_decay")),
+}
+
+
+def _substitute_new(cls: type, torch_name: str, kept: tuple, report):
+    import torch
+
+    signature = inspect.signature(cls.__init__)
+
+    def __new__(klass, *args, **kwargs):
+        bound = signature.bind(None, *args, **kwargs)
+        given = set(bound.arguments)
+        bound.apply_defaults()  # DeepSpeed's defaults, not torch's (AdamW's weight decay differs)
+        values = dict(bound.arguments)
+        params = values.pop("params", None) or values.pop("model_params", None)
+        params = list(params) if params is not None and not isinstance(params, (list, tuple)) else params
+        groups = sum(1 for p in params or () if isinstance(p, dict))
+        name = torch_name
+        # FusedAdam(adam_w_mode=True) and DeepSpeedCPUAdam(adamw_mode=True) decouple weight decay.
+        if name == "Adam" and (values.get("adam_w_mode") or values.get("adamw_mode")):
+            name = "AdamW"
+        torch_cls = getattr(torch.optim, name)
+        chosen = {k: values[k] for k in kept if k in values}
+        shown = ", ".join(f"{k}={values[k]!r}" for k in kept if k in given) or "its default hyper-parameters"
+        same = f"the same {groups} parameter groups (each with its own settings) and " if groups else "the same " \
+            "parameters and "
+        report(f"{klass.__name__} from configure_optimizers ran as torch.optim.{name} with {same}{shown} "
+               f"(DeepSpeed's {klass.__name__} needs kernels compiled on the rank, which the CPU tier does not "
+               f"build)")
+        return torch_cls(params, **chosen)
+
+    return __new__
+
+
+@contextlib.contextmanager
+def cpu_optimizers(report):
+    """While active, constructing one of DeepSpeed's compiled optimizers (FusedAdam,
+    DeepSpeedCPUAdam, FusedLamb, DeepSpeedCPUAdagrad, FusedLion, DeepSpeedCPULion) returns the
+    nearest torch optimizer with the same parameter groups and hyper-parameters, and calls
+    ``report(sentence)`` once per substitution. Patches the classes themselves, so a name the
+    user imported before is covered; undone on exit. Does nothing where deepspeed has not been
+    imported (by the user's module or the DeepSpeed strategy)."""
+    patched = []
+    if "deepspeed" in sys.modules:  # importing it here would cost every rank 2 s for nothing
+        for (module_name, name), (torch_name, kept) in _CPU_SUBSTITUTES.items():
+            try:
+                cls = getattr(importlib.import_module(module_name), name)
+            except (ImportError, AttributeError):
+                continue
+            patched.append((cls, cls.__dict__.get("__new__")))
+            cls.__new__ = _substitute_new(cls, torch_name, kept, report)
+    try:
+        yield
+    finally:
+        for cls, original in patched:
+            if original is None:
+                del cls.__new__
+            else:
+                cls.__new__ = original

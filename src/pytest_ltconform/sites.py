@@ -135,3 +135,33 @@ def first_sentence(text: str | None, limit: int = 400) -> str:
     if len(first) > limit:
         first = first[:limit].rsplit(" ", 1)[0] + " ..."
     return first
+
+
+# Lines of one rank's traceback or output that a report shows; the rest is counted in one line.
+RANK_LINES = 30
+# Frames of this plugin (its rank entry point, harness and taps) are not the user's business.
+_PLUGIN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_FRAME_LINE = re.compile(r'^\s*File "(?P<file>[^"]+)", line \d+')
+_CARETS = re.compile(r"^\s*[~^]+\s*$")
+
+
+def bounded_lines(text: str | None, limit: int = RANK_LINES) -> list[str]:
+    """``text`` (a traceback or output) as at most ``limit`` + 1 lines: frames of this plugin and
+    caret-underline lines are dropped, then, when still longer, the first line and the last
+    ``limit - 1`` lines are kept with one line in between saying how many were left out."""
+    kept: list[str] = []
+    skipping = False
+    for line in (text or "").rstrip().splitlines():
+        frame = _FRAME_LINE.match(line)
+        if frame:
+            skipping = os.path.abspath(frame.group("file")).startswith(_PLUGIN_DIR)
+        elif skipping and line.startswith("    "):
+            continue  # the source line of a dropped frame
+        else:
+            skipping = False
+        if not skipping and not _CARETS.match(line):
+            kept.append(line)
+    if len(kept) <= limit:
+        return kept
+    left = len(kept) - limit
+    return [kept[0], f"... ({left} lines left out)"] + kept[-(limit - 1):]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 
 from ..harness import Probe, inspection
-from .base import Contract, Evidence, Run, Verdict
+from .base import Blame, Contract, Evidence, Run, Verdict
 
 NUMERIC_ZERO_KEYS = ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size",
                      "stage3_param_persistence_threshold", "stage3_max_live_parameters",
@@ -321,9 +321,48 @@ def _unknown_name(strategy, ns) -> list[dict]:
              "close": difflib.get_close_matches(strategy, sorted(known), n=3)}]
 
 
+def _loader_batch_size(loaded) -> int:
+    """The train DataLoader's batch size, the micro-batch Lightning gives DeepSpeed when the
+    config names none (1 when there is no loader or it has no batch sampler, as in Lightning)."""
+    source = loaded.datamodule if loaded.datamodule is not None else loaded.model
+    try:
+        loader = source.train_dataloader()
+    except Exception:  # no loader here: the fit reports that on its own
+        return 1
+    sampler = getattr(loader, "batch_sampler", None)
+    return int(getattr(sampler, "batch_size", None) or 1)
+
+
+def _ds_rejected(strategy, loaded, user: dict, file: str | None, world_size: int) -> list[dict]:
+    """DeepSpeed's own validation of the config the fit gives the engine: the CPU tier's copy
+    (sharded.cpu_deepspeed_config) completed as Lightning completes it (accumulation from the
+    Trainer, the micro-batch from the DataLoader when absent), for this world's size."""
+    from .. import sharded
+
+    config, _ = sharded.cpu_deepspeed_config(getattr(strategy, "config", None))
+    if not isinstance(config, dict):
+        return []
+    config.setdefault("gradient_accumulation_steps", int(user.get("accumulate_grad_batches", 1) or 1))
+    config.setdefault("train_micro_batch_size_per_gpu", _loader_batch_size(loaded))
+    error = sharded.deepspeed_config_error(config, world_size)
+    if error is None:
+        return []
+    keys = error["keys"] + [k for k in ("train_batch_size", "train_micro_batch_size_per_gpu")
+                            if k in error["message"] and k in getattr(strategy, "config", {})]
+    needles = [f'"{k}"' for k in keys] + [f"'{k}'" for k in keys] + [f"{k}=" for k in keys] + \
+        ["DeepSpeedStrategy(", "config="]
+    batch = {k: config.get(k) for k in ("train_batch_size", "train_micro_batch_size_per_gpu",
+                                          "gradient_accumulation_steps")}
+    return [{"kind": "ds_rejected", "type": error["type"], "message": error["message"], "keys": keys,
+             "detail": error.get("detail", ""),
+             "batch": batch, "world_size": world_size, "site": _config_line(file, needles)}]
+
+
 class StrategyConfigProbe(Probe):
     def inspect(self, run) -> dict | None:
-        """The user's strategy settings as findings (rank 0 only; None on other ranks)."""
+        """The user's strategy settings as findings (rank 0 only; None on other ranks). In a
+        'deepspeed' run the config is also validated by DeepSpeed itself; a Trainer config that
+        names no DeepSpeed gives ``{"not_deepspeed": <its strategy>}`` there."""
         import sys
 
         if run.ctx.rank != 0:
@@ -331,6 +370,11 @@ class StrategyConfigProbe(Probe):
         loaded = run.objects
         user = loaded.user_kwargs
         strategy = user.get("strategy")
+        deepspeed_item = getattr(run, "strategy_name", None) == "deepspeed"
+        if deepspeed_item and "DeepSpeedStrategy" not in _mro_names(strategy) and \
+                not (isinstance(strategy, str) and strategy.lower().startswith("deepspeed")):
+            return {"not_deepspeed": type(strategy).__name__ if strategy is not None and
+                    not isinstance(strategy, str) else repr(strategy or "auto")}
         spec = run.targets.trainer
         file = None
         if spec is not None:
@@ -342,6 +386,10 @@ class StrategyConfigProbe(Probe):
             findings += _fsdp_facts(strategy, loaded.model, user, file)
         if "DeepSpeedStrategy" in names:
             findings += _deepspeed_facts(strategy, loaded.model, user, file)
+            if deepspeed_item:
+                # After the findings on what the user wrote: where one explains the rejection (an
+                # "auto" value), it is the cause and DeepSpeed's message the symptom.
+                findings += _ds_rejected(strategy, loaded, user, file, run.ctx.world_size)
         findings += _timeout_facts(strategy, user, loaded.ns, file)
         findings += _unknown_name(strategy, loaded.ns)
         describe = type(strategy).__name__ if names else repr(strategy if strategy is not None else "auto")
@@ -364,8 +412,17 @@ class StrategyConfig(Contract):
     rule_section = "FSDP"
     run_spec = inspection("config")
     probe_class = StrategyConfigProbe
-    strategies = ("ddp",)
-    tiers = ("cpu",)  # judged from the config alone: no hardware needed, one item
+    # 'ddp' reads the config alone (no deepspeed needed); 'deepspeed' also asks DeepSpeed itself.
+    strategies = ("ddp", "deepspeed")
+    tiers = ("cpu",)  # judged from the config: no GPU needed
+
+    def blames(self, run: Run) -> int | None:
+        """A fit that DeepSpeed stopped while validating the config (every failed rank raised in
+        its config class) is this contract's failure: the other items of that run are not judged."""
+        failed = [r for r in run.job.ranks if r.status != "ok"]
+        if failed and all(r.status == "error" and deepspeed_config_raise(r.traceback) for r in failed):
+            return Blame.RAISED
+        return super().blames(run)
 
     def judge(self, run: Run) -> Verdict:
         facts = run.probe(self.id)[0]
@@ -373,6 +430,10 @@ class StrategyConfig(Contract):
             r = run.job.ranks[0]
             return self.verdict("error", f"the strategy config could not be read: {r.exc_type}: {r.message}",
                                 diagnosis=run.job.failure_text())
+        if "not_deepspeed" in facts:
+            return self.verdict("skipped", f"the Trainer config's strategy is {facts['not_deepspeed']}, not "
+                                           f"DeepSpeed: the [deepspeed] item judges a DeepSpeed config (the [ddp] "
+                                           f"item judges this one).")
         rendered = [self._render(f, facts) for f in facts["findings"]]
         rendered = [r for r in rendered if r is not None]
         if not rendered:
@@ -491,7 +552,48 @@ def _render_unknown_name(f: dict, site: str | None):
         "use a registered strategy name or a strategy object."
 
 
+def _render_ds_rejected(f: dict, site: str | None):
+    message = f["message"]
+    summary = (f"DeepSpeed rejected the config when the engine was built, so every rank stopped inside "
+               f"deepspeed.initialize before the first step: {f['type']}: {message}")
+    batch = f.get("batch") or {}
+    micro, acc, world = (batch.get("train_micro_batch_size_per_gpu"), batch.get("gradient_accumulation_steps"),
+                         f.get("world_size"))
+    if "train_batch_size" in f["keys"] and isinstance(micro, int) and isinstance(acc, int):
+        fix = (f"delete train_batch_size from the DeepSpeed config (Lightning derives the global batch: micro-batch "
+               f"{micro} x accumulate_grad_batches {acc} x world size {world}), or set it to {micro * acc * world} "
+               f"for this world; it must change with the number of devices.")
+        text = (f"train_batch_size {batch.get('train_batch_size')} is not micro-batch {micro} x accumulation {acc} "
+                f"x world size {world}")
+    else:
+        named = ", ".join(f["keys"]) or "the value it names"
+        fix = (f"change {named} in the DeepSpeed config to a value DeepSpeed accepts (its message above says "
+               f"which), or use DeepSpeedStrategy's typed arguments, which Lightning turns into a valid config.")
+        text = f.get("detail") or f"{f['type']}: {first_line(message)}"
+    return summary, (f"DeepSpeed rejected the config: {text}", site), "DeepSpeed", fix
+
+
+def first_line(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[:limit].rsplit(" ", 1)[0] + " ..."
+
+
+def deepspeed_config_raise(traceback_text: str | None) -> bool:
+    """Whether a rank's traceback ends inside DeepSpeed's config class (its validation raised),
+    with no user frame after it."""
+    import re
+
+    frames = re.findall(r'File "([^"]+)", line \d+', traceback_text or "")
+    hits = [i for i, path in enumerate(frames) if path.replace("\\", "/").endswith("deepspeed/runtime/config.py")]
+    if not hits:
+        return False
+    from ..sites import is_user_file
+
+    # pydantic validates DeepSpeed's config models: its frames are DeepSpeed's doing, not the user's.
+    return not any(is_user_file(path) and "/pydantic" not in path for path in frames[hits[0]:])
+
+
 _RENDERERS = {
+    "ds_rejected": _render_ds_rejected,
     "fsdp_policy_absent": _render_policy_absent,
     "fsdp_mixed_precision": _render_mixed_precision,
     "ds_auto": _render_ds_auto,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from ..sites import first_sentence, fmt_site, is_user_file
+from ..sites import bounded_lines, first_sentence, fmt_site, is_user_file
 
 # Exception types and message fragments of a collective that failed because a peer went away or
 # never came (gloo, NCCL and the c10d store); a rank failing this way is a consequence.
@@ -21,8 +21,11 @@ _TRANSPORT_TEXT = (
     "connection closed by peer", "connection reset by peer", "timed out waiting", "broken pipe",
     "gloo/transport", "socket timeout", "ncclremoteerror", "nccl communicator was aborted",
     "watchdog caught collective operation timeout", "recvbytes", "sendbytes",
+    "application timeout caused pair closure",  # gloo, when the peer never came to the collective
 )
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>[^\n]+)')
+# A frame of a faulthandler dump (no comma before "in").
+_STACK_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 
 
 def is_transport_failure(outcome) -> bool:
@@ -43,6 +46,32 @@ def user_raise_site(traceback_text: str | None) -> dict | None:
         if is_user_file(frame["file"]):
             return {"file": frame["file"], "line": int(frame["line"]), "func": frame["func"].strip()}
     return None
+
+
+def stack_frames(stack: str | None) -> list[dict]:
+    """The main thread's frames of a faulthandler dump, innermost first, as site dicts
+    (``file``, ``line``, ``func``); [] without a dump."""
+    if not stack:
+        return []
+    block = stack
+    for part in re.split(r"\n(?=(?:Current )?[Tt]hread 0x)", stack):
+        if "most recent call first" in part and ("Current thread" in part or "Thread" in part):
+            if "ltconform-parent-watch" in part or "in watch" in part:
+                continue
+            block = part
+            if "Current thread" in part:
+                break
+    frames = [m.groupdict() for m in map(_STACK_FRAME.match, block.splitlines()) if m]
+    return [{"file": f["file"], "line": int(f["line"]), "func": f["func"]} for f in frames]
+
+
+def stack_user_site(stack: str | None) -> tuple[dict | None, bool]:
+    """``(site, in_user_code)``: the innermost user frame of a hung rank's dump, and whether the
+    rank was running that code itself (its innermost frame is user code, e.g. a sleep or loop of
+    its own) rather than waiting inside a library call such as a collective."""
+    frames = stack_frames(stack)
+    user = next((f for f in frames if is_user_file(f["file"])), None)
+    return user, bool(frames) and user is frames[0]
 
 
 @dataclasses.dataclass
@@ -67,7 +96,8 @@ class Cause:
             return f"{text}: {self.message}" if self.message else text
         if self.kind == "died":
             return f"rank {self.rank} died: {self.message}"
-        return f"rank {self.rank} hung: {self.message}"
+        where = f" at {fmt_site(self.site)}" if self.site else ""
+        return f"rank {self.rank} hung{where}: {self.message}"
 
     def consequence_line(self) -> str | None:
         if not self.consequences:
@@ -97,15 +127,19 @@ def first_cause(result) -> Cause | None:
         return None
     own = [r for r in failed if r.status == "error" and not is_transport_failure(r)]
     died = [r for r in failed if r.status == "died"]
-    first = (own or died or failed)[0]
+    # A rank still running at the timeout, when the others only failed in a collective, is what
+    # they were waiting for.
+    hung = [r for r in failed if r.status == "hung"]
+    first = (own or died or hung or failed)[0]
     others = [_describe_other(r) for r in failed if r is not first]
     if first.status == "died":
         return Cause(first.rank, "died", None, f"it exited without a result (exit code {first.exit_code})",
                      None, first.log_tail, others)
     if first.status == "hung":
         limit = getattr(result, "timed_out_by", None)
+        site, _ = stack_user_site(first.stack)
         return Cause(first.rank, "hung", None, f"it was still running at the timeout{f' ({limit})' if limit else ''} "
-                     f"and was killed", None, None, others)
+                     f"and was killed", site, None, others)
     return Cause(first.rank, "raised", first.exc_type, first_sentence(first.message),
                  user_raise_site(first.traceback), first.traceback, others)
 
@@ -115,7 +149,7 @@ def cause_text(cause: Cause) -> str:
     lines = []
     if cause.traceback:
         lines.append(f"--- rank {cause.rank}: {cause.headline()}")
-        lines.extend(f"[rank{cause.rank}] {line}" for line in cause.traceback.rstrip().splitlines())
+        lines.extend(f"[rank{cause.rank}] {line}" for line in bounded_lines(cause.traceback))
     consequences = cause.consequence_line()
     if consequences:
         lines.append(consequences)

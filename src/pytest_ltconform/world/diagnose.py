@@ -11,11 +11,10 @@ mistaken for "never called". Pure Python: runs in the pytest process on plain tr
 from __future__ import annotations
 
 import os
-import re
 from collections import Counter, defaultdict
 
 from ..sites import first_sentence, fmt_site, hook_label, is_user_file
-from .causes import is_transport_failure
+from .causes import is_transport_failure, stack_frames
 
 
 def is_collective_bearing(event: dict) -> bool:
@@ -105,22 +104,11 @@ def _divergence(kind, k, names, by_hook, traces, counts) -> dict:
     }
 
 
-_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 
 
 def stack_summary(stack: str | None) -> str | None:
     """The innermost frame and the innermost user frame of a faulthandler dump (main thread)."""
-    if not stack:
-        return None
-    block = stack
-    for part in re.split(r"\n(?=(?:Current )?[Tt]hread 0x)", stack):
-        if "most recent call first" in part and ("Current thread" in part or "Thread" in part):
-            if "ltconform-parent-watch" in part or "in watch" in part:
-                continue
-            block = part
-            if "Current thread" in part:
-                break
-    frames = [m.groupdict() for m in map(_FRAME.match, block.splitlines()) if m]
+    frames = stack_frames(stack)
     if not frames:
         return None
     inner = frames[0]

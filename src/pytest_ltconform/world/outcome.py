@@ -7,6 +7,7 @@ import dataclasses
 import json
 from typing import Any
 
+from ..sites import bounded_lines
 from . import diagnose
 
 # A job's status is its worst rank's.
@@ -90,10 +91,8 @@ class JobResult:
             if r.exit_code is not None and r.status == "died":
                 head += f" (exit code {r.exit_code})"
             parts.append(head)
-            if r.traceback:
-                parts.append("\n".join(f"[rank{r.rank}] {line}" for line in r.traceback.rstrip().splitlines()))
-            elif r.log_tail:
-                parts.append("\n".join(f"[rank{r.rank}] {line}" for line in r.log_tail.rstrip().splitlines()))
+            if r.traceback or r.log_tail:
+                parts.append("\n".join(f"[rank{r.rank}] {line}" for line in bounded_lines(r.traceback or r.log_tail)))
         if self.diagnosis:
             parts.append(self.diagnosis)
         return "\n".join(parts)

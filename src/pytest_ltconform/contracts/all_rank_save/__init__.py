@@ -99,10 +99,12 @@ class AllRankSave(Contract):
         layout = SHARDED_LAYOUTS[first["layout"]]
         made_by = f" (written under {first['strategy']})" if first.get("strategy") else ""
         raised = {r: e.get("exc") for r, t in enumerate(run.traces) for e in t
-                  if e.get("ev") == "raised" and e.get("in") == "load_from_checkpoint"}
-        arg = re.search(r"load_from_checkpoint\((.*)\)", source)
+                  if e.get("ev") == "raised" and e.get("in") in ("load_from_checkpoint", "torch.load")}
+        arg = re.search(r"load(?:_from_checkpoint)?\((.*)\)", source)
+        reader = str(first.get("label", "")).rsplit(".", 1)[-1] if "load_from" in str(first.get("label")) else \
+            first.get("label")
         summary = (f"{first.get('label')}({arg.group(1) if arg else 'path'}) in {first.get('hook') or 'user code'} on "
-                   f"{who} is given {layout}{made_by}: load_from_checkpoint reads one checkpoint file and does "
+                   f"{who} is given {layout}{made_by}: {reader} reads one checkpoint file and does "
                    f"not support sharded checkpoints"
                    + (f"; it raised {next(iter(raised.values()))} on {plural(len(raised), 'rank')}" if raised
                       else "") + ".")
@@ -117,12 +119,19 @@ class AllRankSave(Contract):
             evidence.append(Evidence(detail, rank=r, site=fmt_site(e.get("site"))))
         if source:
             evidence.append(Evidence(f"the call: `{source}`", site=fmt_site(site)))
-        fix = ("load a sharded checkpoint with the strategy that wrote it: Trainer(strategy=<the same strategy>)"
-               ".fit/validate/test(model, ckpt_path=dir) on every rank; for a single weights file, consolidate "
-               "the directory first (FSDP: `python -m lightning.pytorch.utilities.consolidate_checkpoint DIR`; "
-               "DeepSpeed: zero_to_fp32.py in the directory), or save with state_dict_type='full'.")
+        if first["layout"] == "deepspeed":
+            fix = ("load a DeepSpeed checkpoint with the strategy that wrote it: Trainer(strategy=<the same "
+                   "DeepSpeedStrategy>).fit/validate/test(model, ckpt_path=dir) on every rank; for one state dict, "
+                   "convert the directory first with DeepSpeed's zero_to_fp32 utility (lightning.pytorch.utilities."
+                   "deepspeed.convert_zero_checkpoint_to_fp32_state_dict(dir, 'model.pt'), or the zero_to_fp32.py "
+                   "that the save put in the directory), then torch.load that file.")
+        else:
+            fix = ("load a sharded checkpoint with the strategy that wrote it: Trainer(strategy=<the same strategy>)"
+                   ".fit/validate/test(model, ckpt_path=dir) on every rank; for a single weights file, consolidate "
+                   "the directory first (FSDP: `python -m lightning.pytorch.utilities.consolidate_checkpoint DIR`; "
+                   "DeepSpeed: zero_to_fp32.py in the directory), or save with state_dict_type='full'.")
         return Verdict(contract=self.id, outcome="failed", summary=summary, evidence=evidence, fix=fix,
-                       rule_section="FSDP")
+                       rule_section="DeepSpeed" if first["layout"] == "deepspeed" else "FSDP")
 
     def _round_trip(self, run: Run):
         """The CPU sharded tier's save-and-resume: a sentence for a passing verdict, a failed

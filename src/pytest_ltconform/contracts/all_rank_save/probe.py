@@ -102,6 +102,33 @@ class _LoadTap:
         return load_from_checkpoint
 
 
+def torch_load_tap(recorder):
+    """Wrapper factory for ``torch.load``: a call from user code on a checkpoint directory (a
+    sharded save under FSDP or DeepSpeed writes one) is recorded like a load_from_checkpoint, and
+    its failure is named as this contract's. Files and library calls pass through untouched."""
+
+    def factory(original):
+        def load(f, *args, **kwargs):
+            layout, files = checkpoint_layout(f)
+            if layout in (None, "file"):
+                return original(f, *args, **kwargs)
+            site, direct = user_site()
+            if not direct:
+                return original(f, *args, **kwargs)
+            recorder.emit({"ev": "load", "label": "torch.load", "path": os.fspath(f), "layout": layout,
+                           "files": files, "site": site, "user": True, "hook": recorder.current_hook()})
+            try:
+                return original(f, *args, **kwargs)
+            except Exception as exc:
+                recorder.emit({"ev": "raised", "in": "torch.load", "owner": "all-rank-save",
+                               "exc": exc_text(exc, 200)})
+                raise
+
+        return load
+
+    return factory
+
+
 def refused_globals(obj, rounds: int = 6) -> list[str] | None:
     """The classes and functions in ``obj`` that ``torch.load(weights_only=True)`` refuses, found by
     allowlisting each refused one (``torch.serialization.safe_globals``) and loading again, at most
@@ -195,7 +222,10 @@ class ShardedSaveProbe(Probe):
         self.sharded_run = False
 
     def install(self, recorder):
+        import torch
+
         taps.install(recorder)
+        recorder.patch(torch, "load", torch_load_tap(recorder))
 
     def before_trainer(self, objects, trainer_kwargs, recorder):
         user_strategy = objects.user_kwargs.get("strategy")

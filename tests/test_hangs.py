@@ -1,0 +1,169 @@
+"""A rank that stops making progress is diagnosed once: later runs of the same target that would reach
+the same code are not started (session.py, ``_hung_before``), and a failed rank's output is bounded.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from pytest_ltconform.sites import bounded_lines
+from pytest_ltconform.world import JobResult, RankOutcome
+from pytest_ltconform.world.causes import first_cause, stack_user_site
+
+pytest_plugins = ["pytester"]
+
+SLEEPY = '''
+import time
+
+import lightning.pytorch as L
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Model(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch, batch_idx):
+        if self.global_rank == 1 and batch_idx == 1:
+            time.sleep(3600)
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.net(x), y)
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", torch.nn.functional.mse_loss(self.net(x), y), sync_dist=True)
+
+    def train_dataloader(self):
+        x = torch.randn(32, 4)
+        return DataLoader(TensorDataset(x, x[:, :1]), batch_size=4)
+
+    def val_dataloader(self):
+        x = torch.randn(16, 4)
+        return DataLoader(TensorDataset(x, x[:, :1]), batch_size=4)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+'''
+
+
+def test_one_hung_rank_costs_one_timeout_not_one_per_item(pytester, no_leftover_ranks):
+    pytester.makepyfile(sleepy=SLEEPY)
+    pytester.syspathinsert()
+    started = time.monotonic()
+    result = pytester.runpytest_subprocess(
+        "--ltconform", "sleepy.Model", "--ltconform-strategies", "ddp,fsdp", "--ltconform-timeout", "10",
+        "-m", "ltconform_cpu", "-k", "all-rank-save or sync-dist or eval-duplication or effective-batch",
+        "-p", "no:cacheprovider", "-rA")
+    elapsed = time.monotonic() - started
+    out = result.stdout.str()
+    # all-rank-save[ddp] leads with the hang; sync-dist[ddp] shares its fit and is not judged; 4 items are never
+    # started (eval-duplication[ddp] and effective-batch[ddp] make runs of their own, and the two [fsdp] ones).
+    result.assert_outcomes(errors=1, skipped=5)
+    assert "rank 1 hung at sleepy.py:15 (training_step): it was still running at the timeout " \
+           "(--ltconform-timeout=10) and was killed" in out, out[-4000:]
+    result.stdout.fnmatch_lines([
+        "SKIPPED [[]4[]] *not judged: not started: the fit[[]ddp[]] run of this target hung (rank 1 at sleepy.py:15 "
+        "(training_step) stopped making progress until --ltconform-timeout=10), and this run would reach the same "
+        "code (see all-rank-save[[]ddp[]])."])
+    assert out.count("Timed out waiting") <= 2  # the peer's collective error is named, once, as a consequence
+    # One timeout (10 s) plus a cold world start and pytest; not one timeout per item (7 x 10 s).
+    assert elapsed < 50, f"{elapsed:.0f} s:\n{out[-3000:]}"
+
+
+def _dump(frames: list[tuple[str, int, str]]) -> str:
+    lines = ["Current thread 0x00007f (most recent call first):"]
+    lines += [f'  File "{f}", line {n} in {fn}' for f, n, fn in frames]
+    return "\n".join(lines)
+
+
+def test_hung_rank_is_the_cause_and_its_own_line_is_named(tmp_path):
+    user = str(tmp_path / "model.py")
+    lib = pytest.__file__  # a library frame
+    sleeping = _dump([(user, 16, "training_step"), (lib, 10, "run")])
+    waiting = _dump([(lib, 3, "all_reduce"), (user, 20, "on_validation_epoch_end")])
+    assert stack_user_site(sleeping) == ({"file": user, "line": 16, "func": "training_step"}, True)
+    assert stack_user_site(waiting) == ({"file": user, "line": 20, "func": "on_validation_epoch_end"}, False)
+    peer = RankOutcome(rank=0, status="error", exc_type="RuntimeError",
+                       message="Application timeout caused pair closure")
+    hung = RankOutcome(rank=1, status="hung", stack=sleeping)
+    cause = first_cause(JobResult.of([peer, hung], 10.2, timeout_s=10, timed_out_by="--ltconform-timeout=10"))
+    assert (cause.rank, cause.kind, cause.site["line"]) == (1, "hung", 16)
+    assert cause.consequences == ["rank 0 then failed in a collective (RuntimeError: Application timeout caused "
+                                  "pair closure)"]
+
+
+def test_rank_output_is_bounded_and_names_no_frame_of_the_plugin():
+    import pytest_ltconform.harness as harness
+
+    tb = ["Traceback (most recent call last):",
+          f'  File "{harness.__file__}", line 345, in traced_fit',
+          "    trainer.fit(objects.model, datamodule=objects.datamodule)",
+          "    ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^"]
+    for i in range(40):
+        tb += [f'  File "/lib/site-packages/lightning/x{i}.py", line {i}, in f{i}', f"    call{i}()",
+               "    ~~~~~~^^"]
+    tb += ['  File "/home/u/model.py", line 7, in training_step', "    raise ValueError('bad')",
+           "ValueError: bad"]
+    shown = bounded_lines("\n".join(tb), limit=10)
+    assert shown == ["Traceback (most recent call last):", "... (74 lines left out)",
+                     '  File "/lib/site-packages/lightning/x37.py", line 37, in f37', "    call37()",
+                     '  File "/lib/site-packages/lightning/x38.py", line 38, in f38', "    call38()",
+                     '  File "/lib/site-packages/lightning/x39.py", line 39, in f39', "    call39()",
+                     '  File "/home/u/model.py", line 7, in training_step', "    raise ValueError('bad')",
+                     "ValueError: bad"]
+    assert bounded_lines("a\nb") == ["a", "b"]
+
+
+# -- the session: what a hung run means for the runs after it (fake runs, no world) -----------------
+
+class _NoPool:
+    fresh_per_job = False
+
+    def run(self, *args, **kwargs):
+        raise AssertionError("no run may be started")
+
+
+def _session_with(fake_runs, hung_stack: str, strategy: str = "ddp"):
+    from pytest_ltconform.session import LtconformSession
+    from pytest_ltconform.settings import Settings
+
+    ranks = [fake_runs.rank(0, status="error", exc_type="RuntimeError", message="Timed out waiting 5000ms for recv"),
+             fake_runs.rank(1, status="hung", stack=hung_stack)]
+    run = fake_runs.of(ranks, status="hung")
+    run.job.timed_out_by = "--ltconform-timeout=10"
+    run.strategy = strategy
+    run.cause_item = f"all-rank-save[{strategy}]"
+    session = LtconformSession(Settings(target="m.Model", world_size=2), targets=None, pool=_NoPool())
+    session._runs[("fit", strategy, 2)] = run
+    return session
+
+
+def test_runs_after_a_hang_in_user_code_are_not_started_under_any_strategy(fake_runs, tmp_path):
+    from pytest_ltconform import contracts
+    from pytest_ltconform.harness import inspection
+
+    user = str(tmp_path / "model.py")
+    session = _session_with(fake_runs, _dump([(user, 15, "training_step"), (pytest.__file__, 3, "run")]))
+    verdict, _ = session.verdict("eval-duplication", "fsdp")
+    assert verdict.outcome == "skipped" and "\n" not in verdict.summary
+    assert verdict.summary.startswith("not judged: not started: the fit[ddp] run of this target hung (rank 1 at ")
+    assert verdict.summary.endswith("model.py:15 (training_step) stopped making progress until "
+                                    "--ltconform-timeout=10), and this run would reach the same code "
+                                    "(see all-rank-save[ddp]).")
+    # A run that trains nothing cannot reach the hung step: it is started.
+    assert session._hung_before(inspection("config"), "ddp", "cpu") is None
+    assert session._hung_before(contracts.run_spec("fit"), "ddp", "gpu") is None  # another tier: its own world
+
+
+def test_a_rank_stuck_in_a_library_call_blocks_only_its_own_strategy(fake_runs, tmp_path):
+    from pytest_ltconform import contracts
+
+    user = str(tmp_path / "model.py")
+    session = _session_with(fake_runs, _dump([(pytest.__file__, 3, "all_reduce"), (user, 20, "on_validation_end")]))
+    evaluation = contracts.get_contract("eval-duplication").run_spec
+    assert session._hung_before(evaluation, "ddp", "cpu") is not None
+    assert session._hung_before(evaluation, "fsdp", "cpu") is None  # may be DDP's doing: FSDP still runs
