@@ -15,8 +15,9 @@ import pytest
 
 from . import settings as settings_mod
 
-TARGETS_KEY = pytest.StashKey["object"]()  # target.Targets, once --ltconform is validated
-SESSION_KEY = pytest.StashKey["object"]()  # session.LtconformSession, created on first use
+TARGETS_KEY = pytest.StashKey["object"]()  # target.Targets of the first target, once validated
+ALL_TARGETS_KEY = pytest.StashKey[dict]()  # target id -> target.Targets, every target in order
+SESSIONS_KEY = pytest.StashKey[dict]()  # target id -> session.LtconformSession, created on first use
 SETTINGS_KEY = pytest.StashKey["settings_mod.Settings"]()
 POOL_KEY = pytest.StashKey["object"]()
 ATTACHED_KEY = pytest.StashKey["object"]()
@@ -36,6 +37,12 @@ MARKERS = {
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     settings_mod.add_options(parser)
+
+
+def pytest_addhooks(pluginmanager) -> None:
+    from . import hooks
+
+    pluginmanager.add_hookspecs(hooks)
 
 
 def pytest_cmdline_main(config: pytest.Config) -> int | None:
@@ -73,18 +80,32 @@ def pytest_configure(config: pytest.Config) -> None:
         if not hasattr(config, "workerinput"):
             settings_mod.check_capacity(settings)  # before anything heavy is imported or started
         _stop_on_sigterm(config)
-    from . import target as target_mod
-
-    try:
-        targets = target_mod.validate(settings.target, settings.datamodule, settings.trainer)
-    except target_mod.TargetError as exc:
-        raise pytest.UsageError(str(exc)) from None
-    config.stash[TARGETS_KEY] = targets
+    validated = _validate_targets(settings)
+    config.stash[ALL_TARGETS_KEY] = validated
+    config.stash[TARGETS_KEY] = next(iter(validated.values()))
     _attach(config, settings)
     # `pytest --ltconform X` with no test paths runs the contracts alone; with paths given, or
     # with the target in the ini file, the contract items join the normal test run.
     from_command_line = config.getoption(settings_mod.OPT_TARGET) not in (None, "")
     config.stash[ONLY_CONTRACTS_KEY] = from_command_line and config.args_source != pytest.Config.ArgsSource.ARGS
+
+
+def _validate_targets(settings) -> dict:
+    """Import and check every target (each one's own user modules forgotten before the next, so
+    two folders with a ``model.py`` each do not meet); ``{id: target.Targets}`` in order. Raises
+    ``pytest.UsageError`` naming the target (and which of the list) and the fix."""
+    from . import target as target_mod
+
+    validated = {}
+    count = len(settings.targets)
+    for n, declared in enumerate(settings.targets, 1):
+        try:
+            with target_mod.own_imports():
+                validated[declared.id] = target_mod.validate(**settings_mod.validate_args(settings, declared))
+        except target_mod.TargetError as exc:
+            which = f"target {n} of {count} ({declared.id}): " if count > 1 else ""
+            raise pytest.UsageError(f"{which}{exc}") from None
+    return validated
 
 
 def pytest_ignore_collect(collection_path, config):
@@ -130,16 +151,19 @@ def _availability(config: pytest.Config):
     return avail
 
 
-def _session(config: pytest.Config):
-    """The LtconformSession, created on first use (so --collect-only starts nothing)."""
-    session = config.stash.get(SESSION_KEY, None)
-    targets = config.stash.get(TARGETS_KEY, None)
-    if session is None and targets is not None:
+def _session(config: pytest.Config, target_id: str):
+    """The LtconformSession of one target, created on first use (so --collect-only starts
+    nothing). Every target's session shares the one pool (and attached world): the session pays
+    one cold start per world size, however many targets it checks."""
+    sessions = config.stash.setdefault(SESSIONS_KEY, {})
+    session = sessions.get(target_id)
+    if session is None:
         from .session import LtconformSession
 
+        targets = config.stash[ALL_TARGETS_KEY][target_id]
         session = LtconformSession(config.stash[SETTINGS_KEY], targets, pool=_pool(config))
         session.attached = _attached(config)
-        config.stash[SESSION_KEY] = session
+        sessions[target_id] = session
     return session
 
 
@@ -252,11 +276,12 @@ class NotJudged(Exception):
 
 
 class LtconformItem(pytest.Item):
-    """One (contract, variant) check on the session's target; the variant (tiers.Variant) names
-    the tier, the strategy and the world."""
+    """One (contract, variant) check on one target (``target_id``); the variant (tiers.Variant)
+    names the tier, the strategy and the world."""
 
-    def __init__(self, *, contract_id: str, strategy: str, variant=None, **kwargs):
+    def __init__(self, *, contract_id: str, strategy: str, variant=None, target_id: str = "", **kwargs):
         super().__init__(**kwargs)
+        self.target_id = target_id
         self.contract_id = contract_id
         self.strategy = strategy
         self.variant = variant
@@ -285,14 +310,14 @@ class LtconformItem(pytest.Item):
     def setup(self) -> None:
         if not self._tier_check():
             return
-        session = _session(self.config)
+        session = _session(self.config, self.target_id)
         verdict, duration = session.verdict(self.contract_id, self.strategy, self.tier)
         from . import report
 
         self.verdict_dict = verdict.as_dict()
         world_size = session.attached.world_size if self.tier == "multinode" else session.settings.world_size
         rec = report.record(self.contract_id, self.variant.label if self.variant else self.strategy, world_size,
-                            self.verdict_dict, duration)
+                            self.verdict_dict, duration, target=self.target_id)
         self.user_properties.append((report.PROPERTY, json.dumps(rec)))
         if verdict.outcome == "skipped":
             pytest.skip(verdict.summary)
@@ -312,34 +337,41 @@ class LtconformItem(pytest.Item):
         return super().repr_failure(excinfo, style=style)
 
     def reportinfo(self):
-        return self.path, None, f"ltconform {self.name}"
+        return self.path, None, f"ltconform {self.target_id}::{self.name}"
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
     # tryfirst: our items must exist before -k / -m deselection runs.
-    if config.stash.get(TARGETS_KEY, None) is None:
+    if config.stash.get(ALL_TARGETS_KEY, None) is None:
         return
     from . import contracts, tiers
     from .vocabulary import CPU_STRATEGIES
 
     settings = config.stash[SETTINGS_KEY]
-    parent = session
     first_new = len(items)
-    for cid in contracts.ids():
-        contract = contracts.get_contract(cid)
-        for variant in tiers.variants(contract, settings.strategies, CPU_STRATEGIES):
-            item = LtconformItem.from_parent(
-                parent, name=f"{cid}[{variant.label}]", nodeid=f"ltconform::{cid}[{variant.label}]",
-                contract_id=cid, strategy=variant.strategy, variant=variant,
-            )
-            item.add_marker("ltconform")
-            for marker in variant.markers:
-                item.add_marker(marker)
-            items.append(item)
+    # Target first: every id names its target, also with one target, so that adding a second
+    # model never renames the first one's items; a target's runs stay together.
+    for target_id in config.stash[ALL_TARGETS_KEY]:
+        for cid in contracts.ids():
+            contract = contracts.get_contract(cid)
+            for variant in tiers.variants(contract, settings.strategies, CPU_STRATEGIES):
+                items.append(_item(session, target_id, cid, variant))
     # Report the generated items like collected ones, so "collected N items" counts them.
     config.hook.pytest_collectreport(
         report=pytest.CollectReport("ltconform", "passed", None, items[first_new:]))
+
+
+def _item(parent, target_id: str, cid: str, variant) -> LtconformItem:
+    item = LtconformItem.from_parent(
+        parent, name=f"{cid}[{variant.label}]", nodeid=f"ltconform::{target_id}::{cid}[{variant.label}]",
+        contract_id=cid, strategy=variant.strategy, variant=variant, target_id=target_id,
+    )
+    item.extra_keyword_matches.add(target_id)  # -k matches the target's id
+    item.add_marker("ltconform")
+    for marker in variant.markers:
+        item.add_marker(marker)
+    return item
 
 
 @pytest.hookimpl(wrapper=True)
@@ -435,8 +467,11 @@ class ResultsCollector:
             return  # rank 0 writes the report for every rank
         from . import report as report_mod
 
+        pool = self.config.stash.get(POOL_KEY, None)
         try:
-            report_mod.write_json(settings.report, settings.target, settings.world_size, list(self.results))
+            report_mod.write_json(settings.report, settings.target, settings.world_size, list(self.results),
+                                  targets=list(self.config.stash.get(ALL_TARGETS_KEY, {}).values()),
+                                  cold_starts=pool.cold_starts if pool is not None else None)
         except OSError as exc:
             # Checked at start-up, yet the disk can fill or the folder go: the summary still prints.
             self.report_error = (f"pytest-ltconform: could not write the JSON report to {settings.report}: "
@@ -517,7 +552,8 @@ def ltconform_world(request):
 
 @pytest.fixture
 def ltconform_target(request):
-    """The validated targets of this session (skips when no --ltconform target is set)."""
+    """The validated target (``target.Targets``) of this session; with several targets, the
+    first (skips when no target is set)."""
     targets = request.config.stash.get(TARGETS_KEY, None)
     if targets is None:
         pytest.skip("no --ltconform target given")

@@ -324,18 +324,14 @@ def _unknown_name(strategy, ns) -> list[dict]:
 class StrategyConfigProbe(Probe):
     def inspect(self, run) -> dict | None:
         """The user's strategy settings as findings (rank 0 only; None on other ranks)."""
-        import sys
+        from .. import target as target_mod
 
         if run.ctx.rank != 0:
             return None
         loaded = run.objects
         user = loaded.user_kwargs
         strategy = user.get("strategy")
-        spec = run.targets.trainer
-        file = None
-        if spec is not None:
-            mod = sys.modules.get(spec.module) or sys.modules.get(f"ltconform_target_{spec.module}")
-            file = getattr(mod, "__file__", None) or spec.path
+        file = target_mod.trainer_file(run.targets)
         names = _mro_names(strategy) if strategy is not None and not isinstance(strategy, str) else []
         findings: list[dict] = []
         if "FSDPStrategy" in names:
