@@ -64,7 +64,7 @@ def test_conforming_zero3_module_passes_every_deepspeed_item(pytester):
     assert result.ret == 0, out[-4000:]
     assert result.parseoutcomes().get("passed") == 5, out[-4000:]
     for cid in ("all-rank-save", "sync-dist", "configure-model", "data-sharding", "shared-writes"):
-        assert f"PASSED ltconform::{cid}[deepspeed]" in out
+        assert f"PASSED ltconform::{ZERO3_OK}:Model::{cid}[deepspeed]" in out
 
 
 @needs_deepspeed

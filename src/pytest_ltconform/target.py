@@ -495,7 +495,7 @@ def validate(model: str, datamodule: str | None = None, trainer: str | dict | No
     trainer_dict = dict(trainer) if isinstance(trainer, dict) else None
     keys: tuple[str, ...] = ()
     if tr_spec is not None or trainer_dict is not None:
-        where = f"{tr_spec.option} {tr_spec.text!r}" if tr_spec else f"{options[2]} trainer"
+        where = f"{tr_spec.option} {tr_spec.text!r}" if tr_spec else options[2]
         kwargs = trainer_kwargs(tr_spec) if tr_spec else trainer_dict
         if trainer_dict is not None:
             _check_plain_dict(trainer_dict, where, "Trainer kwargs")
