@@ -38,7 +38,8 @@ def session(target: str, count: int, keyword: str) -> dict:
         )
         wall = time.monotonic() - start
         if not os.path.exists(report):
-            sys.exit(f"the session wrote no report (exit {proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+            sys.exit(f"the session wrote no report (exit {proc.returncode}):\n"
+                     f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
         with open(report) as fh:
             doc = json.load(fh)
     outcomes = sorted({r["outcome"] for r in doc["results"]})

@@ -57,9 +57,9 @@ class Settings:
     strategies: tuple[str, ...] = STRATEGIES
     oversubscribe: bool = False
     world_size_from: str | None = None  # where world_size came from; None: the default
-    # Every target of the session (target.Target), in order: the command line's --ltconform values
-    # (or the ini list), then those of pytest_ltconform_targets hooks; datamodule and trainer are
-    # filled in from --ltconform-datamodule / --ltconform-trainer where a target names none.
+    # Every target of the session (target.Target, as declared), in order: the command line's
+    # --ltconform values (or the ini list), then those of pytest_ltconform_targets hooks;
+    # validate_args gives each the session-wide datamodule/trainer where it names none.
     targets: tuple = ()
     datamodule_from: str = "--ltconform-datamodule"
     trainer_from: str = "--ltconform-trainer"
