@@ -280,8 +280,8 @@ def test_duplicate_ids_name_both_targets_and_the_fix(pytester):
 
 def test_a_bad_target_in_the_list_is_named_with_its_place(pytester):
     pytester.makepyfile(targets_mod=MODULES)
-    result = pytester.runpytest_subprocess("--ltconform", "targets_mod.Good", "--ltconform",
-                                           "targets_mod:broken_factory", "--collect-only", "-p", "no:cacheprovider")
+    result = pytester.runpytest("--ltconform", "targets_mod.Good", "--ltconform", "targets_mod:broken_factory",
+                                "--collect-only", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([
         "ERROR: target 2 of 2 (targets_mod:broken_factory): --ltconform 'targets_mod:broken_factory': calling "
