@@ -7,7 +7,8 @@ Each case file (``conformance/<contract>/<case>.py``) defines ``Model`` (and opt
 "nofail"}`` (see ``ACCEPTED``).
 Every case is judged in the same persistent world pool (one cold start for the corpus, plus
 one per world a hanging case tears down), and the command prints a table (case, contract,
-expected, got) and the detection rate: true positives and true negatives separately. Exit
+expected, got) and the detection rate: true positives and true negatives separately; while it
+runs, one line per case on stderr (``[12/111] sync-dist/monitor_rank_zero_only.py 14 s``). Exit
 status 0 when every expectation holds.
 """
 
@@ -217,8 +218,12 @@ def main(argv: list[str] | None = None) -> int:
     skipped: list[str] = []
     started = time.monotonic()
     try:
-        for case in cases:
+        for i, case in enumerate(cases, 1):
+            case_started = time.monotonic()
             rows += judge_case(case, pool, settings, args.contract, skipped)
+            # Progress on stderr, a line per case, so that stdout stays the table alone.
+            print(f"[{i}/{len(cases)}] {case.name}.py {time.monotonic() - case_started:.0f} s",
+                  file=sys.stderr, flush=True)
     finally:
         cold = pool.cold_starts
         pool.close()

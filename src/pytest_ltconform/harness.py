@@ -24,6 +24,7 @@ import sys
 from typing import Any
 
 from . import target as target_mod
+from .sharded import sharded_kind
 from .trace import HOOK_PREFIXES, Recorder
 from .world.rank import current_context
 
@@ -148,18 +149,40 @@ def _gpu_strategy(strategies: Any, strategy_name: str, user_strategy: Any, pg_ti
     return cls(timeout=datetime.timedelta(seconds=pg_timeout_s))
 
 
+def _launches_own_ranks(user_strategy: Any) -> bool:
+    """Whether a DDP flavour has Lightning start the processes itself (spawn, fork, notebook):
+    those run as plain DDP here, since the ranks are already started."""
+    if isinstance(user_strategy, str):
+        return user_strategy.lower().startswith(("ddp_spawn", "ddp_fork", "ddp_notebook"))
+    return getattr(user_strategy, "_start_method", "popen") != "popen"
+
+
 def _ddp_strategy(strategies: Any, user_strategy: Any, pg_timeout_s: float) -> Any:
     import datetime
 
     if any(k.__name__ == "DeepSpeedStrategy" for k in type(user_strategy).__mro__):
         user_strategy = None  # DeepSpeed needs CUDA: a 'ddp' item runs DDP; strategy-config reads the config
     if isinstance(user_strategy, strategies.DDPStrategy):
-        if getattr(user_strategy, "_start_method", "popen") != "popen":
+        if _launches_own_ranks(user_strategy):
             kwargs = dict(getattr(user_strategy, "_ddp_kwargs", {}) or {})
             return strategies.DDPStrategy(timeout=datetime.timedelta(seconds=pg_timeout_s), **kwargs)
         return user_strategy
     find_unused = isinstance(user_strategy, str) and "find_unused_parameters_true" in user_strategy
     return strategies.DDPStrategy(find_unused_parameters=find_unused, timeout=datetime.timedelta(seconds=pg_timeout_s))
+
+
+def _strategy_replaced(user_strategy: Any) -> str | None:
+    """What a [ddp] item runs instead of ``user_strategy`` (as :func:`_ddp_strategy` decides), or
+    None when it runs the user's own DDP. Sharded strategies are said in their items' notes."""
+    if user_strategy is None or sharded_kind(user_strategy) is not None:
+        return None
+    if _launches_own_ranks(user_strategy):
+        return "DDP in started ranks"
+    if isinstance(user_strategy, str):
+        return None if user_strategy.lower() in ("auto", "ddp") or user_strategy.lower().startswith(
+            "ddp_find_unused_parameters") else "DDP"
+    is_ddp = any(k.__name__ == "DDPStrategy" for k in type(user_strategy).__mro__)
+    return None if is_ddp else "DDP"
 
 
 def tolerate_unused_parameters(strategy: Any) -> bool:
@@ -209,10 +232,39 @@ def _world() -> tuple[str, int]:
     return (ctx.accelerator, ctx.num_nodes) if ctx is not None else ("cpu", 1)
 
 
+# What every conformance Trainer gets, whatever the user's kwargs say.
+_FORCED = {"logger": False, "enable_progress_bar": False, "enable_model_summary": False}
+_STAGES = ("train", "val", "test", "predict")
+_FP32 = (None, 32, "32", "32-true")
+
+
+def _epochs(value: Any) -> int:
+    return DEFAULT_EPOCHS if value in (None, -1) else max(1, min(int(value), MAX_EPOCHS))
+
+
+def _steps(value: Any) -> Any:
+    return value if value in (-1, None) else min(int(value), MAX_EPOCHS * LIMIT_BATCHES)
+
+
+def _limit(value: Any) -> Any:
+    too_many = (isinstance(value, float) and value >= 1.0) or (isinstance(value, int) and value > LIMIT_BATCHES)
+    return LIMIT_BATCHES if value is None or too_many else value
+
+
+def _is_progress_bar(callback: Any) -> bool:
+    # Lightning refuses a ProgressBar callback next to enable_progress_bar=False.
+    return any(k.__name__ == "ProgressBar" for k in type(callback).__mro__)
+
+
+def _callbacks(value: Any) -> list:
+    return list(value) if isinstance(value, (list, tuple)) else ([] if value is None else [value])
+
+
 def build_trainer_kwargs(user: dict, strategy: Any, world_size: int, root: str, *,
                          accelerator: str | None = None, num_nodes: int | None = None) -> dict:
     """Merge the user's Trainer kwargs with what a conformance world needs (its accelerator,
     devices per node and nodes; bounded epochs and batches, no loggers, no progress bars).
+    :func:`overridden` says the same in words: change both together.
 
     ``accelerator`` and ``num_nodes`` default to the running job's rank context: CPU on one node
     for local CPU worlds, 'gpu' for the GPU tier, the launcher's nodes when attached."""
@@ -220,25 +272,80 @@ def build_trainer_kwargs(user: dict, strategy: Any, world_size: int, root: str, 
     accelerator = accelerator or default_accelerator
     num_nodes = num_nodes or default_nodes
     kwargs = dict(user)
-    epochs = kwargs.get("max_epochs")
-    kwargs["max_epochs"] = DEFAULT_EPOCHS if epochs in (None, -1) else max(1, min(int(epochs), MAX_EPOCHS))
+    kwargs["max_epochs"] = _epochs(kwargs.get("max_epochs"))
     kwargs.pop("max_time", None)
     if kwargs.get("max_steps", -1) not in (-1, None):
-        kwargs["max_steps"] = min(int(kwargs["max_steps"]), MAX_EPOCHS * LIMIT_BATCHES)
-    for stage in ("train", "val", "test", "predict"):
-        key = f"limit_{stage}_batches"
-        value = kwargs.get(key)
-        too_many = (isinstance(value, float) and value >= 1.0) or (isinstance(value, int) and value > LIMIT_BATCHES)
-        if value is None or too_many:
-            kwargs[key] = LIMIT_BATCHES
+        kwargs["max_steps"] = _steps(kwargs["max_steps"])
+    for stage in _STAGES:
+        kwargs[f"limit_{stage}_batches"] = _limit(kwargs.get(f"limit_{stage}_batches"))
+    if "callbacks" in kwargs:
+        kwargs["callbacks"] = [c for c in _callbacks(kwargs["callbacks"]) if not _is_progress_bar(c)]
     if getattr(strategy, "ltconform_fp32", False):
         kwargs["precision"] = "32-true"  # half precision under DeepSpeed needs a GPU (see precision_note)
     kwargs.setdefault("enable_checkpointing", False)
     kwargs.setdefault("num_sanity_val_steps", 2)
-    kwargs.update(accelerator=accelerator, devices=max(1, world_size // num_nodes), num_nodes=num_nodes, logger=False,
-                  enable_progress_bar=False, enable_model_summary=False, strategy=strategy,
-                  default_root_dir=root)
+    kwargs.update(accelerator=accelerator, devices=max(1, world_size // num_nodes), num_nodes=num_nodes,
+                  strategy=strategy, default_root_dir=root, **_FORCED)
     return kwargs
+
+
+def _shown(value: Any) -> str:
+    """A Trainer value as the header shows it: literals by repr, objects by class name."""
+    if isinstance(value, (str, int, float, bool, type(None))):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_shown(v) for v in value) + "]"
+    start = getattr(value, "_start_method", "popen")
+    return f"{type(value).__name__}(start_method={start!r})" if start != "popen" else type(value).__name__
+
+
+def overridden(user: dict, world_size: int, *, accelerator: str = "cpu", num_nodes: int | None = 1,
+               strategies: tuple[str, ...] = ("ddp",)) -> list[str]:
+    """The user's Trainer kwargs ``user`` that :func:`build_trainer_kwargs` and
+    :func:`adapt_strategy` replace, as ``"key=value -> what runs"`` phrases in the order of
+    ``user``, for a world of ``world_size`` ranks on ``num_nodes`` nodes (None: not known yet, so
+    devices and num_nodes are not compared) with ``accelerator``; ``strategies`` are the item
+    strategies that run ('deepspeed' runs fp32 on CPU). Pure: builds nothing, imports nothing."""
+    out: list[str] = []
+    for key, value in user.items():
+        ran = _replacement(key, value, world_size, accelerator, num_nodes, strategies)
+        if ran is not None:
+            out.append(f"{key}={_shown(value)} -> {ran}")
+    bars = [type(c).__name__ for c in _callbacks(user.get("callbacks")) if _is_progress_bar(c)]
+    if bars:
+        out.append(f"callbacks: {', '.join(bars)} removed (no progress bar)")
+    return out
+
+
+def _replacement(key: str, value: Any, world_size: int, accelerator: str, num_nodes: int | None,
+                 strategies: tuple[str, ...]) -> str | None:
+    """What runs in place of the user's ``key=value`` (see :func:`overridden`), or None."""
+    if key == "max_epochs" and value is not None:
+        ran = _epochs(value)
+        return None if ran == value else f"{ran} ({'the cap' if value > MAX_EPOCHS else 'bounded'})"
+    if key == "max_steps" and _steps(value) != value:
+        return f"{_steps(value)} (the cap)"
+    if key.startswith("limit_") and key[len("limit_"):-len("_batches")] in _STAGES and _limit(value) != value:
+        return f"{_limit(value)} (the cap)"
+    if key == "max_time" and value is not None:
+        return "no time limit (runs are bounded by epochs and batches)"
+    if key == "precision" and accelerator == "cpu" and "deepspeed" in strategies and value not in _FP32:
+        return "'32-true' on the [deepspeed] items (half precision under DeepSpeed needs a GPU)"
+    if key in _FORCED and value not in (None, _FORCED[key]):
+        return "off" if key == "logger" else repr(_FORCED[key])
+    if key == "accelerator" and value not in (None, "auto", accelerator) and not (
+            accelerator == "gpu" and value == "cuda"):
+        return f"{accelerator!r} (the {accelerator.upper()} tier)"
+    if key == "devices" and num_nodes is not None and str(value).strip() != str(max(1, world_size // num_nodes)):
+        return f"{max(1, world_size // num_nodes)} ({'the world size' if num_nodes == 1 else 'ranks per node'})"
+    if key == "num_nodes" and num_nodes is not None and value != num_nodes:
+        return repr(num_nodes)
+    if key == "default_root_dir" and value is not None:
+        return "a temporary folder per run"
+    if key == "strategy" and "ddp" in strategies:
+        ran = _strategy_replaced(value)
+        return f"{ran} on the [ddp] items" if ran and len(strategies) > 1 else ran
+    return None
 
 
 class RankRun:

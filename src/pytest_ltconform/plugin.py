@@ -7,7 +7,9 @@ run in a repository that has this plugin installed costs what it cost before.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import sys
 
@@ -24,6 +26,12 @@ ATTACHED_KEY = pytest.StashKey["object"]()
 AVAILABILITY_KEY = pytest.StashKey["object"]()
 ONLY_CONTRACTS_KEY = pytest.StashKey[bool]()
 SIGTERM_KEY = pytest.StashKey["SigtermAsInterrupt"]()
+HIDDEN_KEY = pytest.StashKey[dict]()
+
+# Live progress of a long contract run: a first line once it has run this long, then one line
+# this often (seconds); LTCONFORM_PROGRESS_S overrides it, 0 turns the lines off.
+PROGRESS_ENV = "LTCONFORM_PROGRESS_S"
+PROGRESS_EVERY_S = 10.0
 
 MARKERS = {
     "ltconform": "a generated pytest-ltconform contract item",
@@ -148,7 +156,67 @@ def _availability(config: pytest.Config):
         avail = Availability(config.stash[SETTINGS_KEY].world_size, attached.info if attached else None,
                              attached.num_nodes if attached else None)
         config.stash[AVAILABILITY_KEY] = avail
+    elif avail.num_nodes is None and _attached(config) is not None:
+        avail.num_nodes = _attached(config).num_nodes  # agreed by every rank once collection finished
     return avail
+
+
+def _hidden(config: pytest.Config) -> dict:
+    """{(contract id, variant label): (tier, reason)} of the items not created on this machine
+    (see tiers.hidden_reason); decided once per session."""
+    hidden = config.stash.get(HIDDEN_KEY, None)
+    if hidden is None:
+        from . import contracts, tiers
+        from .vocabulary import CPU_STRATEGIES
+
+        settings = config.stash[SETTINGS_KEY]
+        try:
+            markexpr = tiers.MarkExpression.parse(config.getoption("markexpr", ""))
+        except ValueError:
+            markexpr = None  # pytest reports a malformed -m itself
+        hidden = {}
+        with _output_swallowed(config):  # importing deepspeed to check it prints a warning to stdout
+            for cid in contracts.ids():
+                for variant in tiers.variants(contracts.get_contract(cid), settings.strategies, CPU_STRATEGIES):
+                    why = tiers.hidden_reason(variant, _availability(config), settings.require, markexpr,
+                                              settings.strategies_named)
+                    if why:
+                        hidden[(cid, variant.label)] = why
+        config.stash[HIDDEN_KEY] = hidden
+    return hidden
+
+
+@contextlib.contextmanager
+def _output_swallowed(config: pytest.Config):
+    """Capture and drop what is printed meanwhile; used outside test phases only, where pytest's
+    global capture is suspended."""
+    capman = config.pluginmanager.get_plugin("capturemanager")
+    if capman is None or not capman.is_globally_capturing():
+        yield
+        return
+    capman.resume_global_capture()
+    try:
+        yield
+    finally:
+        capman.suspend_global_capture()
+        capman.read_global_capture()
+
+
+def _hidden_records(config: pytest.Config) -> list[dict]:
+    """The JSON report's records of the items not created here: skipped, with the reason."""
+    targets = config.stash.get(ALL_TARGETS_KEY, None)
+    if targets is None:
+        return []
+    from . import report
+
+    size = config.stash[SETTINGS_KEY].world_size
+    return [report.record(cid, label, size, _unavailable(reason), 0.0, target=tid)
+            for tid in targets for (cid, label), (_tier, reason) in _hidden(config).items()]
+
+
+def _unavailable(reason: str) -> dict:
+    """The verdict fields of an item whose tier cannot run here."""
+    return {"outcome": "skipped", "message": reason, "summary": reason, "category": "unavailable"}
 
 
 def _session(config: pytest.Config, target_id: str):
@@ -163,6 +231,7 @@ def _session(config: pytest.Config, target_id: str):
         targets = config.stash[ALL_TARGETS_KEY][target_id]
         session = LtconformSession(config.stash[SETTINGS_KEY], targets, pool=_pool(config))
         session.attached = _attached(config)
+        session.progress = _progress_lines(config, target_id)
         sessions[target_id] = session
     return session
 
@@ -235,11 +304,53 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
+    lines = []
     attached = _attached(config)
-    if attached is None:
-        return None
-    return [f"ltconform: pytest is {attached.info.describe()} (Lightning {attached.info.environment}); "
-            f"contract runs happen in that world and this rank reports every rank's verdicts"]
+    if attached is not None:
+        lines.append(f"ltconform: pytest is {attached.info.describe()} (Lightning {attached.info.environment}); "
+                     f"contract runs happen in that world and this rank reports every rank's verdicts")
+    if config.stash.get(TARGETS_KEY, None) is not None:
+        from . import tiers
+
+        reasons = dict(_hidden(config).values())  # {tier: reason}: one line per tier, in item order
+        lines += [tiers.not_run_line(tier, reason) for tier, reason in reasons.items()]
+        lines += _overridden_line(config)
+    return lines or None
+
+
+def _overridden_line(config: pytest.Config) -> list[str]:
+    """The header lines naming the user's Trainer kwargs that conformance runs replace (once,
+    instead of in every item; per target, named, when there are several); none when nothing is
+    replaced."""
+    every = config.stash[ALL_TARGETS_KEY]
+    lines = []
+    for tid, targets in every.items():
+        said = _overridden(config, targets)
+        if said:
+            named = f"{tid}: " if len(every) > 1 else ""
+            lines.append(f"ltconform: {named}your Trainer kwargs: {', '.join(said)}")
+    return lines
+
+
+def _overridden(config: pytest.Config, targets) -> list[str]:
+    """What conformance runs replace of one target's Trainer kwargs."""
+    if targets.trainer is None and targets.trainer_dict is None:
+        return []
+    from . import harness
+    from . import target as target_mod
+
+    try:
+        user = target_mod.user_trainer_kwargs(targets)
+    except target_mod.TargetError:
+        return []  # validated at start-up; a factory that fails only now is the items' to report
+    settings, attached = config.stash[SETTINGS_KEY], _attached(config)
+    strategies = tuple(s for s in settings.strategies if s != "deepspeed" or not _availability(config).missing(s))
+    if attached is not None:
+        said = harness.overridden(user, attached.world_size, accelerator=attached.accelerator, num_nodes=None,
+                                  strategies=strategies)
+    else:
+        said = harness.overridden(user, settings.world_size, strategies=strategies)
+    return said
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -304,21 +415,27 @@ class LtconformItem(pytest.Item):
                 return False
         first = avail.first_missing(self.variant)
         if first:
+            self._record(_unavailable(first[1]), 0.0)
             pytest.skip(first[1])
         return True
+
+    def _record(self, verdict_dict: dict, duration: float) -> None:
+        """Carry this item's report record on its pytest reports (see report.from_report)."""
+        from . import report
+
+        multinode = self.tier == "multinode" and _attached(self.config) is not None
+        world_size = _attached(self.config).world_size if multinode else self.config.stash[SETTINGS_KEY].world_size
+        rec = report.record(self.contract_id, self.variant.label if self.variant else self.strategy, world_size,
+                            verdict_dict, duration, target=self.target_id)
+        self.user_properties.append((report.PROPERTY, json.dumps(rec)))
 
     def setup(self) -> None:
         if not self._tier_check():
             return
         session = _session(self.config, self.target_id)
         verdict, duration = session.verdict(self.contract_id, self.strategy, self.tier)
-        from . import report
-
         self.verdict_dict = verdict.as_dict()
-        world_size = session.attached.world_size if self.tier == "multinode" else session.settings.world_size
-        rec = report.record(self.contract_id, self.variant.label if self.variant else self.strategy, world_size,
-                            self.verdict_dict, duration, target=self.target_id)
-        self.user_properties.append((report.PROPERTY, json.dumps(rec)))
+        self._record(self.verdict_dict, duration)
         if verdict.outcome == "skipped":
             pytest.skip(verdict.summary)
         if verdict.outcome == "error":
@@ -350,13 +467,15 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
     settings = config.stash[SETTINGS_KEY]
     first_new = len(items)
+    hidden = _hidden(config)  # tiers that cannot run here and were not asked for: said in the header
     # Target first: every id names its target, also with one target, so that adding a second
     # model never renames the first one's items; a target's runs stay together.
     for target_id in config.stash[ALL_TARGETS_KEY]:
         for cid in contracts.ids():
             contract = contracts.get_contract(cid)
             for variant in tiers.variants(contract, settings.strategies, CPU_STRATEGIES):
-                items.append(_item(session, target_id, cid, variant))
+                if (cid, variant.label) not in hidden:
+                    items.append(_item(session, target_id, cid, variant))
     # Report the generated items like collected ones, so "collected N items" counts them.
     config.hook.pytest_collectreport(
         report=pytest.CollectReport("ltconform", "passed", None, items[first_new:]))
@@ -452,9 +571,15 @@ class ResultsCollector:
             tw = terminalreporter._tw
             width = min(getattr(tw, "fullwidth", 100), 100)
             terminalreporter.write_sep("=", "ltconform summary", bold=True)
-            text = report_mod.summary_text(self.results, width=width, color=tw.hasmarkup)
-            for line in text.splitlines():
-                terminalreporter.write_line(line)
+            if all(r.get("category") == "unavailable" for r in self.results):
+                # A run of skips only must not read as a pass: say that nothing was judged, and why.
+                reasons = "; ".join(dict.fromkeys(r["summary"] for r in self.results))
+                terminalreporter.write_line(f"ltconform: nothing was judged: every selected item needs a tier that "
+                                            f"cannot run here: {reasons}", yellow=True, bold=True)
+            else:
+                text = report_mod.summary_text(self.results, width=width, color=tw.hasmarkup)
+                for line in text.splitlines():
+                    terminalreporter.write_line(line)
         if self.report_error:
             terminalreporter.write_line(self.report_error, red=True, bold=True)
 
@@ -469,7 +594,8 @@ class ResultsCollector:
 
         pool = self.config.stash.get(POOL_KEY, None)
         try:
-            report_mod.write_json(settings.report, settings.target, settings.world_size, list(self.results),
+            report_mod.write_json(settings.report, settings.target, settings.world_size,
+                                  list(self.results) + _hidden_records(self.config),
                                   targets=list(self.config.stash.get(ALL_TARGETS_KEY, {}).values()),
                                   cold_starts=pool.cold_starts if pool is not None else None)
         except OSError as exc:
@@ -478,6 +604,59 @@ class ResultsCollector:
                                  f"{exc.strerror or exc}; the verdicts are in the summary above.")
             if self.config.pluginmanager.get_plugin("terminalreporter") is None:
                 sys.stderr.write(self.report_error + "\n")
+
+
+# -- progress of long runs ---------------------------------------------------------------------
+
+def _progress_every_s() -> float:
+    raw = os.environ.get(PROGRESS_ENV, "")
+    try:
+        return float(raw) if raw.strip() else PROGRESS_EVERY_S
+    except ValueError:
+        return PROGRESS_EVERY_S
+
+
+def _progress_lines(config: pytest.Config, target_id: str | None = None):
+    """``for_run(label)`` -> the progress callback of one run (see LocalWorld.run), which writes a
+    live line once the run has taken ``LTCONFORM_PROGRESS_S`` (default 10 s) and then as often; None
+    where nothing may be printed: 0 seconds, ``-qq``, an xdist worker, a quiet rank of a launched
+    world (its terminal reporter is gone). With several targets the label names ``target_id``."""
+    every = _progress_every_s()
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if every <= 0 or reporter is None or config.get_verbosity() <= -2 or hasattr(config, "workerinput"):
+        return None
+
+    named = f"{target_id}::" if target_id is not None and len(config.stash.get(ALL_TARGETS_KEY, {})) > 1 else ""
+
+    def for_run(label: str):
+        due = [every]
+
+        def progress(elapsed_s: float, idle_s: dict) -> None:
+            if elapsed_s < due[0]:
+                return
+            due[0] = (elapsed_s // every + 1) * every
+            _write_live(config, reporter, progress_line(named + label, elapsed_s, idle_s, stalled_after_s=every))
+
+        return progress
+
+    return for_run
+
+
+def progress_line(label: str, elapsed_s: float, idle_s: dict, stalled_after_s: float) -> str:
+    """``ltconform: fit[ddp] running, 30 s``, plus the ranks whose trace has not grown for
+    ``stalled_after_s`` seconds or more (``idle_s``: {rank: seconds})."""
+    line = f"ltconform: {label} running, {elapsed_s:.0f} s"
+    stalled = [f"rank {r} (no progress for {s:.0f} s)" for r, s in sorted(idle_s.items()) if s >= stalled_after_s]
+    return line + (f"; waiting for {', '.join(stalled)}" if stalled else "")
+
+
+def _write_live(config: pytest.Config, reporter, line: str) -> None:
+    """Write ``line`` now, also while pytest captures output (item setup): with its global capture
+    suspended, and flushed before capture resumes."""
+    capman = config.pluginmanager.get_plugin("capturemanager")
+    with capman.global_and_fixture_disabled() if capman is not None else contextlib.nullcontext():
+        reporter.write_line(line)
+        reporter.flush()
 
 
 # -- fixtures ------------------------------------------------------------------------------------

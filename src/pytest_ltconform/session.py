@@ -15,7 +15,7 @@ from . import contracts
 from .contracts.base import Run, Verdict
 from .harness import FIT, RunSpec
 from .settings import Settings
-from .vocabulary import SHARDED_STRATEGIES, STRATEGY_NAMES, backend_for, rank_env_for
+from .vocabulary import CUDA_TIERS, SHARDED_STRATEGIES, STRATEGY_NAMES, backend_for, rank_env_for
 from .world import WorldPool, WorldStartError
 from .world.causes import cause_text, first_cause
 
@@ -30,6 +30,8 @@ class LtconformSession:
         self._runs: dict[tuple, Run | Exception] = {}
         # The launched world pytest runs in (world.attached.AttachedWorld), for the multinode tier.
         self.attached = None
+        # progress(label) -> a callback for LocalWorld.run's progress (label: "fit[ddp]"), or None.
+        self.progress = None
 
     def run_for(self, kind: str, strategy: str, tier: str = "cpu") -> Run:
         """The run called ``kind`` (a contract's ``run_spec.name``) under ``strategy`` in
@@ -60,7 +62,8 @@ class LtconformSession:
         else:
             job = self.pool.run(settings.world_size, spec.fn, self.targets, strategy, probes, settings.pg_timeout_s,
                                 timeout_s=settings.timeout_s, pg_timeout_s=settings.pg_timeout_s,
-                                backend=backend_for(tier), env=rank_env_for(tier))
+                                backend=backend_for(tier), env=rank_env_for(tier),
+                                progress=self._progress(spec.name, strategy + ("-gpu" if tier in CUDA_TIERS else "")))
         run = Run(job, strategy, spec.name, self.targets)
         if spec.reference and tier != "multinode":
             run.reference = self._reference(spec, job, strategy)
@@ -76,10 +79,13 @@ class LtconformSession:
         try:
             ref = self.pool.run(1, spec.reference, self.targets, *args, self.settings.pg_timeout_s,
                                 timeout_s=self.settings.timeout_s, pg_timeout_s=self.settings.pg_timeout_s,
-                                env=rank_env_for("cpu"))
+                                env=rank_env_for("cpu"), progress=self._progress(f"{spec.name}-reference", strategy))
         except WorldStartError:
             return None
         return Run(ref, strategy, f"{spec.name}-reference", self.targets)
+
+    def _progress(self, run: str, label: str):
+        return self.progress(f"{run}[{label}]") if self.progress is not None else None
 
     def verdict(self, contract_id: str, strategy: str, tier: str = "cpu") -> tuple[Verdict, float]:
         """Judge one contract under one strategy in one tier; returns (verdict, seconds spent)."""

@@ -63,6 +63,8 @@ class Settings:
     targets: tuple = ()
     datamodule_from: str = "--ltconform-datamodule"
     trainer_from: str = "--ltconform-trainer"
+    # The strategies given explicitly (command line or ini); () when the default, all, applies.
+    strategies_named: tuple[str, ...] = ()
 
     @property
     def enabled(self) -> bool:
@@ -278,7 +280,7 @@ def resolve(config: pytest.Config) -> Settings:
         kwargs["require"] = _validate_choices(raw, where, TIERS)
     raw, where = _lookup(config, OPT_STRATEGIES)
     if raw is not None:
-        kwargs["strategies"] = _validate_choices(raw, where, STRATEGIES)
+        kwargs["strategies"] = kwargs["strategies_named"] = _validate_choices(raw, where, STRATEGIES)
     kwargs["oversubscribe"] = bool(config.getoption(OPT_OVERSUBSCRIBE) or config.getini(OPT_OVERSUBSCRIBE))
     return Settings(target=target, datamodule=datamodule, trainer=trainer, targets=targets, **kwargs)
 

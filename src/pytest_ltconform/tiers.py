@@ -26,6 +26,7 @@ import dataclasses
 import importlib
 import importlib.util
 import os
+import re
 import warnings
 
 from .vocabulary import CPU_CORE_STRATEGIES, DEFAULT_CONTRACT_TIERS, GPU_STRATEGIES, SHARDED_STRATEGIES, backend_for
@@ -208,3 +209,155 @@ class Availability:
             if reason:
                 return tier, reason
         return None
+
+
+# -- which items exist --------------------------------------------------------------------------
+
+# The pytest marker of each tier, and how to run a tier this machine cannot (the header's hint).
+TIER_MARKERS = {"cpu": "ltconform_cpu", "gpu": "ltconform_gpu", "multinode": "ltconform_multinode",
+                "deepspeed": "ltconform_deepspeed"}
+ENABLE_HINTS = {
+    "cpu": "run it without torchrun/srun; docs/ci.md",
+    "gpu": "on a GPU runner: -m ltconform_gpu; docs/ci.md",
+    "multinode": "under torchrun or srun across nodes: -m ltconform_multinode; docs/ci.md",
+    "deepspeed": "once installed, the [deepspeed] items run; docs/ci.md",
+}
+
+# A -m token: parentheses, an identifier as pytest spells marker names (letters, digits,
+# _ : + - . [ ] \ /) with its keyword arguments if any, or anything else (an error).
+_MARK_TOKEN = re.compile(r"\s*(?:(\()|(\))|([\w:+\-.\[\]\\/]+)(\s*\([^)]*\))?|(\S))")
+
+
+class MarkExpression:
+    """A ``-m`` expression, parsed here (pytest's parser is private): ``and``, ``or``, ``not``,
+    parentheses, marker names, and ``name(...)`` keyword matches (which no generated item carries).
+
+    :meth:`matches` says whether an item with the given marker names is selected; :meth:`names`
+    whether a marker is named without being negated. ``parse`` raises ``ValueError`` for text that
+    is not an expression (pytest then reports it itself).
+    """
+
+    def __init__(self, tree):
+        self._tree = tree  # ("name", str) | ("call", str) | ("not", t) | ("and" | "or", t, t) | ("all",)
+
+    @classmethod
+    def parse(cls, text: str | None) -> MarkExpression:
+        tokens = cls._tokens(text or "")
+        if not tokens:
+            return cls(("all",))
+        tree, end = cls._or(tokens, 0)
+        if end != len(tokens):
+            raise ValueError(f"unexpected {tokens[end][1]!r} in -m {text!r}")
+        return cls(tree)
+
+    @staticmethod
+    def _tokens(text: str) -> list[tuple[str, str]]:
+        out, pos = [], 0
+        while True:
+            m = _MARK_TOKEN.match(text, pos)
+            if m is None:
+                return out  # only white space is left
+            if m.group(5) is not None:
+                raise ValueError(f"unexpected {m.group(5)!r} in -m {text!r}")
+            kind, pos = ("(" if m.group(1) else ")" if m.group(2) else m.group(3)), m.end()
+            if kind in ("and", "or", "not"):
+                out.append(("op", kind))
+                pos = m.end(3)  # "not (a)" is an operator, not a keyword match on a marker named "not"
+            elif kind in ("(", ")"):
+                out.append(("op", kind))
+            else:
+                out.append(("call" if m.group(4) else "id", kind))
+
+    @classmethod
+    def _or(cls, toks, i):
+        left, i = cls._and(toks, i)
+        while i < len(toks) and toks[i] == ("op", "or"):
+            right, i = cls._and(toks, i + 1)
+            left = ("or", left, right)
+        return left, i
+
+    @classmethod
+    def _and(cls, toks, i):
+        left, i = cls._not(toks, i)
+        while i < len(toks) and toks[i] == ("op", "and"):
+            right, i = cls._not(toks, i + 1)
+            left = ("and", left, right)
+        return left, i
+
+    @classmethod
+    def _not(cls, toks, i):
+        if i >= len(toks):
+            raise ValueError("-m expression ends too early")
+        if toks[i] == ("op", "not"):
+            inner, i = cls._not(toks, i + 1)
+            return ("not", inner), i
+        if toks[i] == ("op", "("):
+            inner, i = cls._or(toks, i + 1)
+            if i >= len(toks) or toks[i] != ("op", ")"):
+                raise ValueError("-m expression: missing ')'")
+            return inner, i + 1
+        if toks[i][0] == "op":
+            raise ValueError(f"-m expression: unexpected {toks[i][1]!r}")
+        return ("name" if toks[i][0] == "id" else "call", toks[i][1]), i + 1
+
+    def matches(self, markers) -> bool:
+        """Whether an item carrying the marker names ``markers`` (a set) is selected."""
+        def ev(t) -> bool:
+            op = t[0]
+            if op == "all":
+                return True
+            if op == "name":
+                return t[1] in markers
+            if op == "call":
+                return False  # generated items carry no marker arguments
+            if op == "not":
+                return not ev(t[1])
+            return (ev(t[1]) and ev(t[2])) if op == "and" else (ev(t[1]) or ev(t[2]))
+        return ev(self._tree)
+
+    def names(self, marker: str) -> bool:
+        """Whether ``marker`` appears in the expression under an even number of ``not``."""
+        def walk(t, negated: bool) -> bool:
+            if t[0] == "name":
+                return t[1] == marker and not negated
+            if t[0] == "not":
+                return walk(t[1], not negated)
+            return t[0] in ("and", "or") and (walk(t[1], negated) or walk(t[2], negated))
+        return walk(self._tree, False)
+
+
+def hidden_reason(variant: Variant, avail: Availability, require=(), markexpr: MarkExpression | None = None,
+                  named_strategies=()) -> tuple[str, str] | None:
+    """Whether the item of ``variant`` is left out of collection on this machine.
+
+    Returns ``(tier, reason)``: a tier the variant needs cannot run here (``avail``) and the user
+    neither requires it (``require``, the tiers of --ltconform-require: such an item is created and
+    fails) nor asked for it (its marker named, not negated, in ``markexpr``; or, for a tier that is
+    also a strategy, deepspeed, that strategy in ``named_strategies``, the ones given explicitly to
+    --ltconform-strategies): such an item is created and skips with its reason. None: create the
+    item (it can run, it is asked for or required, or ``markexpr`` deselects it anyway). Inside a
+    launched world the multinode tier is decided later, once the ranks have agreed on the nodes.
+    """
+    if markexpr is not None and not markexpr.matches({"ltconform", *variant.markers}):
+        return None  # pytest deselects it: nothing to hide
+    missing = []
+    for tier in variant.needs:
+        if tier == "multinode" and avail.attached is not None and avail.num_nodes is None:
+            continue
+        reason = avail.missing(tier)
+        if reason:
+            missing.append((tier, reason))
+    if any(tier in require for tier, _ in missing):
+        return None
+    for tier, reason in missing:
+        asked = (markexpr is not None and markexpr.names(TIER_MARKERS[tier])) or \
+            (tier == variant.strategy and tier in named_strategies)
+        if not asked:
+            return tier, reason
+    return None
+
+
+def not_run_line(tier: str, reason: str) -> str:
+    """The report-header line for a tier whose items were left out: why, and how to run them."""
+    hint = "" if "docs/ci.md" in reason else f" ({ENABLE_HINTS.get(tier, 'docs/ci.md')})"  # said once is enough
+    return f"ltconform: {tier} tier not run: {reason}{hint}"

@@ -47,13 +47,14 @@ class WorldPool:
 
     def run(self, world_size: int, fn_ref: str, *args, timeout_s: float, backend: str = "gloo",
             pg_timeout_s: float = 30.0, env: dict | None = None, timeout_name: str | None = None,
-            **kwargs) -> JobResult:
+            progress=None, **kwargs) -> JobResult:
         """Run ``fn_ref`` on every rank of the pool's world of ``world_size`` (see
-        :meth:`LocalWorld.run`); ``env`` is set in each rank's environment; ``kwargs`` go to the
-        function."""
+        :meth:`LocalWorld.run`, also for ``progress``); ``env`` is set in each rank's environment;
+        ``kwargs`` go to the function."""
         world = self.get(world_size, backend, pg_timeout_s, env)
         try:
-            return world.run(fn_ref, *args, timeout_s=timeout_s, kwargs=kwargs, timeout_name=timeout_name)
+            return world.run(fn_ref, *args, timeout_s=timeout_s, kwargs=kwargs, timeout_name=timeout_name,
+                             progress=progress)
         finally:
             if self.fresh_per_job:
                 world.close(keep_files=True)

@@ -192,15 +192,19 @@ class LocalWorld:
 
     # -- jobs -----------------------------------------------------------------------------------
     def run(self, fn_ref: str, *args, timeout_s: float = 120.0, kwargs: dict | None = None,
-            seed: int = 0, timeout_name: str | None = None) -> JobResult:
+            seed: int = 0, timeout_name: str | None = None, progress=None) -> JobResult:
         """Run ``fn_ref`` on every rank, stopped after ``timeout_s`` seconds; a world killed at that
-        limit names it as ``timeout_name=<value>`` (default: the world's ``timeout_name``)."""
+        limit names it as ``timeout_name=<value>`` (default: the world's ``timeout_name``).
+
+        ``progress``, when given, is called about every ``_JobWatch.PROGRESS_EVERY_S`` seconds while
+        ranks are still running, as ``progress(elapsed_s, {rank: seconds since its trace last
+        grew})`` (float seconds; only the ranks still running). An exception it raises is ignored."""
         if not self.alive:
             if self._procs:
                 self.kill()
             self.start()
         job = self._submit(fn_ref, args, kwargs or {}, seed)
-        watch = _JobWatch(self, job, timeout_s)
+        watch = _JobWatch(self, job, timeout_s, progress)
         hung, early = watch.wait()
         limit = f"{timeout_name or self.timeout_name}={timeout_s:g}" if watch.at_deadline else None
         return self._assemble(job, watch, hung, early, timeout_s, limit)
@@ -277,9 +281,12 @@ class _JobWatch:
 
     POLL_S = 0.02
     LOOK_EVERY_S = 0.5  # how often trace growth is measured
+    PROGRESS_EVERY_S = 1.0  # how often the progress callback is called
 
-    def __init__(self, world: LocalWorld, job: Job, timeout_s: float):
+    def __init__(self, world: LocalWorld, job: Job, timeout_s: float, progress=None):
         self.world = world
+        self.progress = progress
+        self.next_progress = time.monotonic() + self.PROGRESS_EVERY_S
         self.started = time.monotonic()
         self.keys = {r: f"g{world.generation}/result/{job.n}/{r}" for r in range(world.world_size)}
         self.outcomes: dict[int, RankOutcome] = {}
@@ -307,10 +314,19 @@ class _JobWatch:
                 early = self._stuck_after_divergence(now, waiting)
                 if early:
                     return waiting, early
+            if self.progress is not None and now >= self.next_progress:
+                self.next_progress = now + self.PROGRESS_EVERY_S
+                self._report_progress(now, waiting)
             if (self._past_deadline(now) or self._dead_peer_waited_out(now)
                     or self._failed_peer_waited_out(now) or self._finished_peer_waited_out(now)):
                 return waiting, None
             time.sleep(self.POLL_S)
+
+    def _report_progress(self, now: float, waiting: list[int]) -> None:
+        try:
+            self.progress(now - self.started, {r: now - self.sizes[r][1] for r in waiting})
+        except Exception:  # a progress display must never change how a job ends
+            pass
 
     def _collect_results(self, now: float) -> None:
         store = self.world._store
