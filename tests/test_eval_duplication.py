@@ -93,7 +93,7 @@ def test_padded_validation_fails_in_a_real_world(pytester, no_leftover_ranks):
     path = case("eval-duplication/padded_val_accuracy.py").rsplit(":", 1)[0]
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ltconform", f"{path}:Model",
                                            "--ltconform-datamodule", f"{path}:DataModule",
-                                           "-k", "eval-duplication and not gpu and not multinode", "-v")
+                                           "-k", "eval-duplication[ and not gpu and not multinode", "-v")
     out = result.stdout.str()
     result.assert_outcomes(failed=1)
     assert "index 0 on ranks 0 and 1" in out and "on 1 device with the same weights" in out

@@ -83,7 +83,7 @@ def test_oversubscribe_lets_a_large_world_through(pytester, monkeypatch, how):
         pytester.makeini("[pytest]\nltconform_oversubscribe = true\n")
     result = pytester.runpytest(*args)
     assert result.ret == pytest.ExitCode.OK, result.stderr.str()
-    result.stdout.fnmatch_lines(["ltconform::sync-dist[[]ddp[]]"])
+    result.stdout.fnmatch_lines([f"ltconform::{BORING}::sync-dist[[]ddp[]]"])
 
 
 # -- 2. the report path ----------------------------------------------------------------------------
@@ -288,7 +288,7 @@ def test_stale_world_sweep_spares_live_owners_and_unknown_folders(tmp_path):
 
 FAKE_SESSION = '''
 import pytest
-from pytest_ltconform.plugin import SESSION_KEY, SETTINGS_KEY
+from pytest_ltconform.plugin import ALL_TARGETS_KEY, SESSIONS_KEY, SETTINGS_KEY
 
 class FakeSession:
     """Every contract passes with a reason naming it, and no world starts."""
@@ -303,20 +303,22 @@ class FakeSession:
 
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config):
-    config.stash[SESSION_KEY] = FakeSession(config.stash[SETTINGS_KEY])
+    config.stash[SESSIONS_KEY] = {tid: FakeSession(config.stash[SETTINGS_KEY]) for tid in config.stash[ALL_TARGETS_KEY]}
 '''
 
 
 @pytest.mark.parametrize("flag", ["-rA", "-v"])
-def test_passed_items_show_what_they_checked(pytester, flag):
+def test_passed_items_show_what_they_checked(pytester, monkeypatch, flag):
+    monkeypatch.setenv("COLUMNS", "160")  # the item id carries the target's long name; pytest trims at the width
     pytester.makeconftest(FAKE_SESSION)
     result = pytester.runpytest("--ltconform", BORING, "--ltconform-strategies", "ddp", "-m", "ltconform_cpu",
                                 "--ltconform-oversubscribe", "-p", "no:cacheprovider", flag)
     assert result.parseoutcomes().get("passed", 0) >= 2, result.stdout.str()
     if flag == "-rA":
-        result.stdout.fnmatch_lines(["PASSED ltconform::sync-dist[[]ddp[]] - checked sync-dist under ddp."])
+        result.stdout.fnmatch_lines([f"PASSED ltconform::{BORING}::sync-dist[[]ddp[]] - checked sync-dist under ddp."])
     else:
-        result.stdout.fnmatch_lines(["ltconform::sync-dist[[]ddp[]] PASSED*", "    checked sync-dist under ddp."])
+        result.stdout.fnmatch_lines([f"ltconform::{BORING}::sync-dist[[]ddp[]] PASSED*",
+                                     "    checked sync-dist under ddp."])
 
 
 # -- 6. contract pages in the package --------------------------------------------------------------

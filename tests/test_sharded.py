@@ -8,7 +8,7 @@ import json
 import pytest
 from conftest import BORING
 
-FSDP_ITEMS = ("ltconform::all-rank-save[fsdp]", "ltconform::sync-dist[fsdp]", "ltconform::configure-model[fsdp]")
+FSDP_ITEMS = tuple(f"ltconform::{BORING}::{c}[fsdp]" for c in ("all-rank-save", "sync-dist", "configure-model"))
 
 
 def test_fsdp_items_generated_for_opted_in_contracts(pytester):
@@ -17,11 +17,11 @@ def test_fsdp_items_generated_for_opted_in_contracts(pytester):
     for item in FSDP_ITEMS:
         assert item in out, out
     # Contracts that did not opt in to fsdp get no fsdp item; ddp items are still there.
-    assert "ltconform::unused-parameters[fsdp]" not in out
-    assert "ltconform::all-rank-save[ddp]" in out and "ltconform::configure-model[ddp]" in out
+    assert f"ltconform::{BORING}::unused-parameters[fsdp]" not in out
+    assert f"ltconform::{BORING}::all-rank-save[ddp]" in out and f"ltconform::{BORING}::configure-model[ddp]" in out
     only_ddp = pytester.runpytest_subprocess("--ltconform", BORING, "--ltconform-strategies", "ddp",
                                              "--collect-only", "-q", "-p", "no:cacheprovider").stdout.str()
-    assert "[fsdp]" not in only_ddp and "ltconform::all-rank-save[ddp]" in only_ddp
+    assert "[fsdp]" not in only_ddp and f"ltconform::{BORING}::all-rank-save[ddp]" in only_ddp
 
 
 def test_contract_strategies_opt_in():
@@ -148,9 +148,9 @@ def test_fsdp_end_to_end_pass_and_fail(pytester, no_leftover_ranks):
         "--ltconform-strategies", "fsdp", "--ltconform-timeout", "60", "--ltconform-report", str(report),
         "-p", "no:cacheprovider", "-rA")
     out = result.stdout.str()
-    result.stdout.fnmatch_lines(["*PASSED ltconform::all-rank-save[[]fsdp[]]*",
-                                 "*PASSED ltconform::sync-dist[[]fsdp[]]*",
-                                 "*FAILED ltconform::configure-model[[]fsdp[]]*"])
+    result.stdout.fnmatch_lines(["*PASSED ltconform::fsdp_model.Model::all-rank-save[[]fsdp[]]*",
+                                 "*PASSED ltconform::fsdp_model.Model::sync-dist[[]fsdp[]]*",
+                                 "*FAILED ltconform::fsdp_model.Model::configure-model[[]fsdp[]]*"])
     result.stdout.fnmatch_lines(["*[[]configure-model[]] FAILED*configure_model called 2 times (fit, then validate) "
                                  "replaced every parameter of body*"])
     assert "fsdp_model.py:" in out

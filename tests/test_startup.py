@@ -152,7 +152,8 @@ def test_bad_target_fails_the_session_at_start_without_traceback(pytester):
 def test_file_path_target_and_collect_only_start_no_world(pytester):
     path = pytester.makepyfile(targets_mod=TARGETS)
     result = pytester.runpytest_subprocess("--ltconform", f"{path}:Good", "--collect-only", "-q")
-    result.stdout.fnmatch_lines(["ltconform::all-rank-save[[]ddp[]]", "ltconform::sync-dist[[]ddp[]]"])
+    result.stdout.fnmatch_lines([f"ltconform::{path}:Good::all-rank-save[[]ddp[]]",
+                                 f"ltconform::{path}:Good::sync-dist[[]ddp[]]"])
     assert result.ret == pytest.ExitCode.OK
 
 
@@ -161,6 +162,17 @@ def test_command_line_target_runs_contracts_alone_unless_paths_are_given(pyteste
     pytester.makepyfile(test_user="def test_user_code():\n    pass\n")
     alone = pytester.runpytest_subprocess("--ltconform", f"{path}:Good", "--collect-only", "-q")
     assert "test_user.py::test_user_code" not in alone.stdout.str()
-    alone.stdout.fnmatch_lines(["ltconform::all-rank-save[[]ddp[]]"])
+    alone.stdout.fnmatch_lines([f"ltconform::{path}:Good::all-rank-save[[]ddp[]]"])
     both = pytester.runpytest_subprocess("--ltconform", f"{path}:Good", "--collect-only", "-q", "test_user.py")
-    both.stdout.fnmatch_lines(["test_user.py::test_user_code", "ltconform::all-rank-save[[]ddp[]]"])
+    both.stdout.fnmatch_lines(["test_user.py::test_user_code", f"ltconform::{path}:Good::all-rank-save[[]ddp[]]"])
+
+
+def test_importing_target_for_conftest_imports_no_torch_or_lightning():
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom pytest_ltconform import Target\n"
+            "Target('pkg.M', init={'hidden': 4}, trainer={'max_epochs': 1})\n"
+            "print(sorted(m for m in ('torch', 'lightning', 'pytorch_lightning') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stderr

@@ -43,15 +43,16 @@ def test_markers_select_tiers_under_strict_markers(pytester):
     multi = _ids(pytester.runpytest(*base, "-m", "ltconform_multinode"))
     ds = _ids(pytester.runpytest(*base, "-m", "ltconform_deepspeed"))
     not_gpu = _ids(pytester.runpytest(*base, "-m", "ltconform and not ltconform_gpu"))
-    assert "ltconform::all-rank-save[ddp]" in cpu and "ltconform::all-rank-save[ddp-gpu]" in gpu
-    assert "ltconform::all-rank-save[ddp-multinode]" in multi and "ltconform::launch-env[ddp-multinode]" in multi
+    item = f"ltconform::{BORING}::"
+    assert f"{item}all-rank-save[ddp]" in cpu and f"{item}all-rank-save[ddp-gpu]" in gpu
+    assert f"{item}all-rank-save[ddp-multinode]" in multi and f"{item}launch-env[ddp-multinode]" in multi
     assert all(i.endswith(("[ddp]", "[fsdp]", "[deepspeed]")) for i in cpu)
     assert all(i.endswith(("-gpu]",)) for i in gpu)
     assert all(i.endswith("-multinode]") for i in multi)
     # The deepspeed marker selects real DeepSpeed on both tiers: CPU gloo ranks and the GPU runner
     # (here, without GPUs, the [deepspeed-gpu] items exist only when -m names the gpu tier too).
     assert ds and all(i.endswith(("[deepspeed]", "[deepspeed-gpu]")) for i in ds)
-    assert "ltconform::all-rank-save[deepspeed]" in cpu and "ltconform::all-rank-save[deepspeed-gpu]" in gpu
+    assert f"{item}all-rank-save[deepspeed]" in cpu and f"{item}all-rank-save[deepspeed-gpu]" in gpu
     assert not [i for i in multi if "deepspeed" in i]
     if tiers.cuda_device_count() < 2:  # gpu and multinode items exist here only when -m asks for them
         assert sorted(every) == sorted(cpu) and sorted(not_gpu) == sorted(cpu)

@@ -26,13 +26,15 @@ def test_boring_model_passes_with_json_report(pytester, no_leftover_ranks):
     assert outcomes.get("passed", 0) >= 2 and not outcomes.get("failed") and not outcomes.get("errors"), outcomes
     result.stdout.fnmatch_lines(["*ltconform summary*", "*all-rank-save*passed*", "*sync-dist*passed*"])
     doc = json.loads(report.read_text())
-    assert set(doc) == {"target", "world_size", "versions", "results"}
+    assert list(doc) == ["target", "world_size", "versions", "results", "targets", "cold_starts"]
     assert doc["target"] == BORING and doc["world_size"] == 2
+    assert [(t["id"], t["model"], t["results"]) for t in doc["targets"]] == [(BORING, BORING, doc["results"])]
     assert {"python", "torch", "lightning"} <= set(doc["versions"])
     judged = [r for r in doc["results"] if r["category"] != "unavailable"]
     assert len(judged) == outcomes["passed"]
     for rec in doc["results"]:
         assert {"contract", "strategy", "world_size", "outcome", "message", "evidence", "duration_s"} <= set(rec)
+        assert rec["target"] == BORING
     assert {r["outcome"] for r in judged} == {"passed"}
     # The ddp items of tiers this machine cannot run are not collected; the report lists them as skipped.
     hidden = {r["strategy"]: r["message"] for r in doc["results"] if r["category"] == "unavailable"}
@@ -220,8 +222,9 @@ def test_xdist_gives_the_same_verdicts(pytester, no_leftover_ranks):
     result = pytester.runpytest_subprocess("-n", "2", *args)
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed") == 1 and outcomes.get("passed", 0) >= 1, result.stdout.str()[-3000:]
-    result.stdout.fnmatch_lines(["*FAILED ltconform::all-rank-save[[]ddp[]]*"])
-    result.stdout.fnmatch_lines(["*PASSED ltconform::sync-dist[[]ddp[]]*"])
+    target = case("all-rank-save/callback_save_rank_zero_only.py")
+    result.stdout.fnmatch_lines([f"*FAILED ltconform::{target}::all-rank-save[[]ddp[]]*"])
+    result.stdout.fnmatch_lines([f"*PASSED ltconform::{target}::sync-dist[[]ddp[]]*"])
     result.stdout.fnmatch_lines(["*ltconform summary*", "*all-rank-save*failed*"])
 
 

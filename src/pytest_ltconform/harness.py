@@ -103,11 +103,11 @@ class UserObjects:
         self.ns = importlib.import_module(targets.namespace)
         self.model = self.new_model()
         self.datamodule = self.new_datamodule()
-        self.user_kwargs = target_mod.trainer_kwargs(targets.trainer) if targets.trainer else {}
+        self.user_kwargs = target_mod.user_trainer_kwargs(targets)
 
     def new_model(self) -> Any:
         """A fresh instance of the user's LightningModule, as their code builds it."""
-        return target_mod.instantiate(self.targets.model, "LightningModule", "LightningModule")
+        return target_mod.instantiate(self.targets.model, "LightningModule", "LightningModule", self.targets.init)
 
     def new_datamodule(self) -> Any:
         """A fresh instance of the user's LightningDataModule; None when there is none."""

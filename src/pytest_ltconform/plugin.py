@@ -17,8 +17,9 @@ import pytest
 
 from . import settings as settings_mod
 
-TARGETS_KEY = pytest.StashKey["object"]()  # target.Targets, once --ltconform is validated
-SESSION_KEY = pytest.StashKey["object"]()  # session.LtconformSession, created on first use
+TARGETS_KEY = pytest.StashKey["object"]()  # target.Targets of the first target, once validated
+ALL_TARGETS_KEY = pytest.StashKey[dict]()  # target id -> target.Targets, every target in order
+SESSIONS_KEY = pytest.StashKey[dict]()  # target id -> session.LtconformSession, created on first use
 SETTINGS_KEY = pytest.StashKey["settings_mod.Settings"]()
 POOL_KEY = pytest.StashKey["object"]()
 ATTACHED_KEY = pytest.StashKey["object"]()
@@ -44,6 +45,12 @@ MARKERS = {
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     settings_mod.add_options(parser)
+
+
+def pytest_addhooks(pluginmanager) -> None:
+    from . import hooks
+
+    pluginmanager.add_hookspecs(hooks)
 
 
 def pytest_cmdline_main(config: pytest.Config) -> int | None:
@@ -81,18 +88,32 @@ def pytest_configure(config: pytest.Config) -> None:
         if not hasattr(config, "workerinput"):
             settings_mod.check_capacity(settings)  # before anything heavy is imported or started
         _stop_on_sigterm(config)
-    from . import target as target_mod
-
-    try:
-        targets = target_mod.validate(settings.target, settings.datamodule, settings.trainer)
-    except target_mod.TargetError as exc:
-        raise pytest.UsageError(str(exc)) from None
-    config.stash[TARGETS_KEY] = targets
+    validated = _validate_targets(settings)
+    config.stash[ALL_TARGETS_KEY] = validated
+    config.stash[TARGETS_KEY] = next(iter(validated.values()))
     _attach(config, settings)
     # `pytest --ltconform X` with no test paths runs the contracts alone; with paths given, or
     # with the target in the ini file, the contract items join the normal test run.
     from_command_line = config.getoption(settings_mod.OPT_TARGET) not in (None, "")
     config.stash[ONLY_CONTRACTS_KEY] = from_command_line and config.args_source != pytest.Config.ArgsSource.ARGS
+
+
+def _validate_targets(settings) -> dict:
+    """Import and check every target (each one's own user modules forgotten before the next, so
+    two folders with a ``model.py`` each do not meet); ``{id: target.Targets}`` in order. Raises
+    ``pytest.UsageError`` naming the target (and which of the list) and the fix."""
+    from . import target as target_mod
+
+    validated = {}
+    count = len(settings.targets)
+    for n, declared in enumerate(settings.targets, 1):
+        try:
+            with target_mod.own_imports():
+                validated[declared.id] = target_mod.validate(**settings_mod.validate_args(settings, declared))
+        except target_mod.TargetError as exc:
+            which = f"target {n} of {count} ({declared.id}): " if count > 1 else ""
+            raise pytest.UsageError(f"{which}{exc}") from None
+    return validated
 
 
 def pytest_ignore_collect(collection_path, config):
@@ -183,13 +204,14 @@ def _output_swallowed(config: pytest.Config):
 
 def _hidden_records(config: pytest.Config) -> list[dict]:
     """The JSON report's records of the items not created here: skipped, with the reason."""
-    if config.stash.get(TARGETS_KEY, None) is None:
+    targets = config.stash.get(ALL_TARGETS_KEY, None)
+    if targets is None:
         return []
     from . import report
 
     size = config.stash[SETTINGS_KEY].world_size
-    return [report.record(cid, label, size, _unavailable(reason), 0.0)
-            for (cid, label), (_tier, reason) in _hidden(config).items()]
+    return [report.record(cid, label, size, _unavailable(reason), 0.0, target=tid)
+            for tid in targets for (cid, label), (_tier, reason) in _hidden(config).items()]
 
 
 def _unavailable(reason: str) -> dict:
@@ -197,17 +219,20 @@ def _unavailable(reason: str) -> dict:
     return {"outcome": "skipped", "message": reason, "summary": reason, "category": "unavailable"}
 
 
-def _session(config: pytest.Config):
-    """The LtconformSession, created on first use (so --collect-only starts nothing)."""
-    session = config.stash.get(SESSION_KEY, None)
-    targets = config.stash.get(TARGETS_KEY, None)
-    if session is None and targets is not None:
+def _session(config: pytest.Config, target_id: str):
+    """The LtconformSession of one target, created on first use (so --collect-only starts
+    nothing). Every target's session shares the one pool (and attached world): the session pays
+    one cold start per world size, however many targets it checks."""
+    sessions = config.stash.setdefault(SESSIONS_KEY, {})
+    session = sessions.get(target_id)
+    if session is None:
         from .session import LtconformSession
 
+        targets = config.stash[ALL_TARGETS_KEY][target_id]
         session = LtconformSession(config.stash[SETTINGS_KEY], targets, pool=_pool(config))
         session.attached = _attached(config)
-        session.progress = _progress_lines(config)
-        config.stash[SESSION_KEY] = session
+        session.progress = _progress_lines(config, target_id)
+        sessions[target_id] = session
     return session
 
 
@@ -294,16 +319,28 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
 
 
 def _overridden_line(config: pytest.Config) -> list[str]:
-    """The header line naming the user's Trainer kwargs that conformance runs replace (once,
-    instead of in every item); none when nothing is replaced."""
-    targets = config.stash[TARGETS_KEY]
-    if targets.trainer is None:
+    """The header lines naming the user's Trainer kwargs that conformance runs replace (once,
+    instead of in every item; per target, named, when there are several); none when nothing is
+    replaced."""
+    every = config.stash[ALL_TARGETS_KEY]
+    lines = []
+    for tid, targets in every.items():
+        said = _overridden(config, targets)
+        if said:
+            named = f"{tid}: " if len(every) > 1 else ""
+            lines.append(f"ltconform: {named}your Trainer kwargs: {', '.join(said)}")
+    return lines
+
+
+def _overridden(config: pytest.Config, targets) -> list[str]:
+    """What conformance runs replace of one target's Trainer kwargs."""
+    if targets.trainer is None and targets.trainer_dict is None:
         return []
     from . import harness
     from . import target as target_mod
 
     try:
-        user = target_mod.trainer_kwargs(targets.trainer)
+        user = target_mod.user_trainer_kwargs(targets)
     except target_mod.TargetError:
         return []  # validated at start-up; a factory that fails only now is the items' to report
     settings, attached = config.stash[SETTINGS_KEY], _attached(config)
@@ -313,7 +350,7 @@ def _overridden_line(config: pytest.Config) -> list[str]:
                                   strategies=strategies)
     else:
         said = harness.overridden(user, settings.world_size, strategies=strategies)
-    return [f"ltconform: your Trainer kwargs: {', '.join(said)}"] if said else []
+    return said
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -350,11 +387,12 @@ class NotJudged(Exception):
 
 
 class LtconformItem(pytest.Item):
-    """One (contract, variant) check on the session's target; the variant (tiers.Variant) names
-    the tier, the strategy and the world."""
+    """One (contract, variant) check on one target (``target_id``); the variant (tiers.Variant)
+    names the tier, the strategy and the world."""
 
-    def __init__(self, *, contract_id: str, strategy: str, variant=None, **kwargs):
+    def __init__(self, *, contract_id: str, strategy: str, variant=None, target_id: str = "", **kwargs):
         super().__init__(**kwargs)
+        self.target_id = target_id
         self.contract_id = contract_id
         self.strategy = strategy
         self.variant = variant
@@ -388,13 +426,13 @@ class LtconformItem(pytest.Item):
         multinode = self.tier == "multinode" and _attached(self.config) is not None
         world_size = _attached(self.config).world_size if multinode else self.config.stash[SETTINGS_KEY].world_size
         rec = report.record(self.contract_id, self.variant.label if self.variant else self.strategy, world_size,
-                            verdict_dict, duration)
+                            verdict_dict, duration, target=self.target_id)
         self.user_properties.append((report.PROPERTY, json.dumps(rec)))
 
     def setup(self) -> None:
         if not self._tier_check():
             return
-        session = _session(self.config)
+        session = _session(self.config, self.target_id)
         verdict, duration = session.verdict(self.contract_id, self.strategy, self.tier)
         self.verdict_dict = verdict.as_dict()
         self._record(self.verdict_dict, duration)
@@ -416,37 +454,43 @@ class LtconformItem(pytest.Item):
         return super().repr_failure(excinfo, style=style)
 
     def reportinfo(self):
-        return self.path, None, f"ltconform {self.name}"
+        return self.path, None, f"ltconform {self.target_id}::{self.name}"
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
     # tryfirst: our items must exist before -k / -m deselection runs.
-    if config.stash.get(TARGETS_KEY, None) is None:
+    if config.stash.get(ALL_TARGETS_KEY, None) is None:
         return
     from . import contracts, tiers
     from .vocabulary import CPU_STRATEGIES
 
     settings = config.stash[SETTINGS_KEY]
-    parent = session
     first_new = len(items)
     hidden = _hidden(config)  # tiers that cannot run here and were not asked for: said in the header
-    for cid in contracts.ids():
-        contract = contracts.get_contract(cid)
-        for variant in tiers.variants(contract, settings.strategies, CPU_STRATEGIES):
-            if (cid, variant.label) in hidden:
-                continue
-            item = LtconformItem.from_parent(
-                parent, name=f"{cid}[{variant.label}]", nodeid=f"ltconform::{cid}[{variant.label}]",
-                contract_id=cid, strategy=variant.strategy, variant=variant,
-            )
-            item.add_marker("ltconform")
-            for marker in variant.markers:
-                item.add_marker(marker)
-            items.append(item)
+    # Target first: every id names its target, also with one target, so that adding a second
+    # model never renames the first one's items; a target's runs stay together.
+    for target_id in config.stash[ALL_TARGETS_KEY]:
+        for cid in contracts.ids():
+            contract = contracts.get_contract(cid)
+            for variant in tiers.variants(contract, settings.strategies, CPU_STRATEGIES):
+                if (cid, variant.label) not in hidden:
+                    items.append(_item(session, target_id, cid, variant))
     # Report the generated items like collected ones, so "collected N items" counts them.
     config.hook.pytest_collectreport(
         report=pytest.CollectReport("ltconform", "passed", None, items[first_new:]))
+
+
+def _item(parent, target_id: str, cid: str, variant) -> LtconformItem:
+    item = LtconformItem.from_parent(
+        parent, name=f"{cid}[{variant.label}]", nodeid=f"ltconform::{target_id}::{cid}[{variant.label}]",
+        contract_id=cid, strategy=variant.strategy, variant=variant, target_id=target_id,
+    )
+    item.extra_keyword_matches.add(target_id)  # -k matches the target's id
+    item.add_marker("ltconform")
+    for marker in variant.markers:
+        item.add_marker(marker)
+    return item
 
 
 @pytest.hookimpl(wrapper=True)
@@ -548,9 +592,12 @@ class ResultsCollector:
             return  # rank 0 writes the report for every rank
         from . import report as report_mod
 
+        pool = self.config.stash.get(POOL_KEY, None)
         try:
             report_mod.write_json(settings.report, settings.target, settings.world_size,
-                                  list(self.results) + _hidden_records(self.config))
+                                  list(self.results) + _hidden_records(self.config),
+                                  targets=list(self.config.stash.get(ALL_TARGETS_KEY, {}).values()),
+                                  cold_starts=pool.cold_starts if pool is not None else None)
         except OSError as exc:
             # Checked at start-up, yet the disk can fill or the folder go: the summary still prints.
             self.report_error = (f"pytest-ltconform: could not write the JSON report to {settings.report}: "
@@ -569,15 +616,17 @@ def _progress_every_s() -> float:
         return PROGRESS_EVERY_S
 
 
-def _progress_lines(config: pytest.Config):
+def _progress_lines(config: pytest.Config, target_id: str | None = None):
     """``for_run(label)`` -> the progress callback of one run (see LocalWorld.run), which writes a
     live line once the run has taken ``LTCONFORM_PROGRESS_S`` (default 10 s) and then as often; None
     where nothing may be printed: 0 seconds, ``-qq``, an xdist worker, a quiet rank of a launched
-    world (its terminal reporter is gone)."""
+    world (its terminal reporter is gone). With several targets the label names ``target_id``."""
     every = _progress_every_s()
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if every <= 0 or reporter is None or config.get_verbosity() <= -2 or hasattr(config, "workerinput"):
         return None
+
+    named = f"{target_id}::" if target_id is not None and len(config.stash.get(ALL_TARGETS_KEY, {})) > 1 else ""
 
     def for_run(label: str):
         due = [every]
@@ -586,7 +635,7 @@ def _progress_lines(config: pytest.Config):
             if elapsed_s < due[0]:
                 return
             due[0] = (elapsed_s // every + 1) * every
-            _write_live(config, reporter, progress_line(label, elapsed_s, idle_s, stalled_after_s=every))
+            _write_live(config, reporter, progress_line(named + label, elapsed_s, idle_s, stalled_after_s=every))
 
         return progress
 
@@ -682,7 +731,8 @@ def ltconform_world(request):
 
 @pytest.fixture
 def ltconform_target(request):
-    """The validated targets of this session (skips when no --ltconform target is set)."""
+    """The validated target (``target.Targets``) of this session; with several targets, the
+    first (skips when no target is set)."""
     targets = request.config.stash.get(TARGETS_KEY, None)
     if targets is None:
         pytest.skip("no --ltconform target given")

@@ -3,11 +3,18 @@ JSON report (``--ltconform-report``).
 
 The JSON keys are a stable interface for CI jobs and dashboards::
 
-    {"target": str, "world_size": int, "versions": {"python", "torch", "lightning", ...},
-     "results": [{"contract", "strategy", "world_size", "outcome", "message", "evidence",
-                  "duration_s"}]}
+    {"target": str,            # the first target's module text (kept for readers of one target)
+     "world_size": int, "versions": {"python", "torch", "lightning", ...},
+     "results": [{"target", "contract", "strategy", "world_size", "outcome", "message", "summary",
+                  "evidence", "duration_s", ...}],          # every item of every target
+     "targets": [{"id", "model", "datamodule", "trainer", "init",
+                  "results": [...]}],                       # the same records, per target, in order
+     "cold_starts": int | null}  # worlds this process started (null: none of its own, e.g. xdist)
 
-``outcome`` is one of 'passed', 'failed', 'advisory', 'skipped', 'error'.
+``outcome`` is one of 'passed', 'failed', 'advisory', 'skipped', 'error'; a record's ``target`` is
+its target's id (the middle part of the item id ``ltconform::<id>::<contract>[<strategy>]``).
+``trainer`` is the trainer target string, or for a dict given in ``conftest.py`` the dict with
+values that are not plain JSON written as their ``repr``; ``init`` likewise (null when absent).
 """
 
 from __future__ import annotations
@@ -23,8 +30,10 @@ from importlib import metadata, resources
 PROPERTY = "ltconform"
 
 
-def record(contract: str, strategy: str, world_size: int, verdict_dict: dict, duration_s: float) -> dict:
-    return {"contract": contract, "strategy": strategy, "world_size": world_size,
+def record(contract: str, strategy: str, world_size: int, verdict_dict: dict, duration_s: float,
+           target: str | None = None) -> dict:
+    """The JSON record of one item (see the module doc); ``target`` is the target's id."""
+    return {"target": target, "contract": contract, "strategy": strategy, "world_size": world_size,
             "outcome": verdict_dict["outcome"], "message": verdict_dict["message"],
             "block": verdict_dict.get("block"), "partial": verdict_dict.get("partial", False),
             "summary": verdict_dict.get("summary"), "category": verdict_dict.get("category"),
@@ -51,10 +60,37 @@ def versions() -> dict:
     return found
 
 
-def write_json(path: str, target: str | None, world_size: int, results: list[dict]) -> None:
+def _plain(value):
+    """``value`` as JSON: plain values as they are, containers walked, anything else as its repr."""
+    if isinstance(value, (bool, int, float, str, type(None))):
+        return value
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return repr(value)
+
+
+def target_entries(targets: list, results: list[dict]) -> list[dict]:
+    """The report's ``targets`` list: each validated target (``target.Targets``) with its records."""
+    entries = []
+    for t in targets:
+        trainer = t.trainer.text if t.trainer is not None else _plain(t.trainer_dict)
+        entries.append({"id": t.label, "model": t.model.text,
+                        "datamodule": t.datamodule.text if t.datamodule is not None else None,
+                        "trainer": trainer, "init": _plain(t.init),
+                        "results": [r for r in results if r.get("target") == t.label]})
+    return entries
+
+
+def write_json(path: str, target: str | None, world_size: int, results: list[dict], targets: list | None = None,
+               cold_starts: int | None = None) -> None:
     """Write the report to ``path`` (creating its folder) through a temporary file beside it, so
-    that a failed write leaves the previous report, not half of a new one. Raises ``OSError``."""
-    doc = {"target": target, "world_size": world_size, "versions": versions(), "results": results}
+    that a failed write leaves the previous report, not half of a new one. ``targets`` are the
+    validated ``target.Targets`` of the session; ``cold_starts`` the worlds it started. Raises
+    ``OSError``."""
+    doc = {"target": target, "world_size": world_size, "versions": versions(), "results": results,
+           "targets": target_entries(targets or [], results), "cold_starts": cold_starts}
     folder = os.path.dirname(path) or "."
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".ltconform-report-", suffix=".json")
@@ -87,11 +123,50 @@ _STYLE = {"passed": "green", "failed": "red", "advisory": "yellow", "error": "ma
 
 
 def summary_text(results: list[dict], width: int, color: bool) -> str:
-    """A contract x strategy table, then each failure's evidence block once (without the hang
-    diagnosis, which the item's own report carries), then one line per item not judged."""
-    from rich import box
+    """Per target, a heading line with its id and its contract x strategy table; then each
+    failure's evidence block once (without the hang diagnosis, which the item's own report
+    carries), then one line per item not judged. Blocks and lines name the target
+    (``<id>::<contract>[<strategy>]``) when there are several."""
     from rich.console import Console
     from rich.markup import escape
+
+    buf = io.StringIO()
+    console = Console(file=buf, width=width, force_terminal=color, no_color=not color,
+                      color_system="standard" if color else None, highlight=False)
+    groups: dict = {}
+    for r in results:
+        groups.setdefault(r.get("target"), []).append(r)
+    partial = False
+    for n, (target, records) in enumerate(groups.items()):
+        if target is not None:
+            heading = f"target {escape(target)}"
+            console.print(("\n" if n else "") + (f"[bold]{heading}[/bold]" if color else heading))
+        partial = _table(console, records, color) or partial
+    if partial:
+        console.print("* judged on what every rank recorded before the world stopped (see the failed item)")
+    several = len(groups) > 1
+
+    def name(r: dict) -> str:
+        prefix = f"{r['target']}::" if several and r.get("target") else ""
+        return f"{prefix}{r['contract']}[{r['strategy']}]"
+
+    for r in results:
+        if r["outcome"] in ("failed", "advisory"):
+            console.rule(escape(name(r)), style="" if not color else _STYLE[r["outcome"]])
+            # soft_wrap: long paths stay on one line, so they can be copied.
+            console.print(r.get("block") or r["message"], markup=False, highlight=False, soft_wrap=True)
+    errors = [r for r in results if r["outcome"] == "error"]
+    if errors:
+        console.rule("not judged")
+        for r in errors:
+            first = (r.get("summary") or r["message"]).splitlines()[0]
+            console.print(f"{name(r)}: {first}", markup=False, highlight=False, soft_wrap=True)
+    return buf.getvalue().rstrip("\n")
+
+
+def _table(console, results: list[dict], color: bool) -> bool:
+    """Print one target's contract x strategy table; True when a cell was judged on part of a run."""
+    from rich import box
     from rich.table import Table
 
     contracts = list(dict.fromkeys(r["contract"] for r in results))
@@ -114,21 +189,5 @@ def summary_text(results: list[dict], width: int, color: bool) -> str:
             style = _STYLE.get(r["outcome"], "")
             row.append(f"[{style}]{text}[/{style}]" if color and style else text)
         table.add_row(*row)
-    buf = io.StringIO()
-    console = Console(file=buf, width=width, force_terminal=color, no_color=not color,
-                      color_system="standard" if color else None, highlight=False)
     console.print(table)
-    if partial:
-        console.print("* judged on what every rank recorded before the world stopped (see the failed item)")
-    for r in results:
-        if r["outcome"] in ("failed", "advisory"):
-            console.rule(escape(f"{r['contract']}[{r['strategy']}]"), style="" if not color else _STYLE[r["outcome"]])
-            # soft_wrap: long paths stay on one line, so they can be copied.
-            console.print(r.get("block") or r["message"], markup=False, highlight=False, soft_wrap=True)
-    errors = [r for r in results if r["outcome"] == "error"]
-    if errors:
-        console.rule("not judged")
-        for r in errors:
-            first = (r.get("summary") or r["message"]).splitlines()[0]
-            console.print(f"{r['contract']}[{r['strategy']}]: {first}", markup=False, highlight=False, soft_wrap=True)
-    return buf.getvalue().rstrip("\n")
+    return partial

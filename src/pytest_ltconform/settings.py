@@ -47,7 +47,7 @@ class Settings:
     surface as rank errors before the supervisor has to kill the world.
     """
 
-    target: str | None
+    target: str | None  # the first target's module text (what old readers of the report expect)
     datamodule: str | None = None
     trainer: str | None = None
     world_size: int = DEFAULT_WORLD_SIZE
@@ -57,12 +57,18 @@ class Settings:
     strategies: tuple[str, ...] = STRATEGIES
     oversubscribe: bool = False
     world_size_from: str | None = None  # where world_size came from; None: the default
+    # Every target of the session (target.Target, as declared), in order: the command line's
+    # --ltconform values (or the ini list), then those of pytest_ltconform_targets hooks;
+    # validate_args gives each the session-wide datamodule/trainer where it names none.
+    targets: tuple = ()
+    datamodule_from: str = "--ltconform-datamodule"
+    trainer_from: str = "--ltconform-trainer"
     # The strategies given explicitly (command line or ini); () when the default, all, applies.
     strategies_named: tuple[str, ...] = ()
 
     @property
     def enabled(self) -> bool:
-        return bool(self.target)
+        return bool(self.targets or self.target)
 
     @property
     def pg_timeout_s(self) -> float:
@@ -78,9 +84,9 @@ def pg_timeout_for(timeout_s: float) -> float:
 def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("ltconform", "distributed-training conformance (pytest-ltconform)")
     group.addoption(
-        "--ltconform", dest=OPT_TARGET, metavar="TARGET", default=None,
-        help="LightningModule to check: pkg.mod.Class, pkg.mod:factory or path/to/file.py:Name "
-             "(ini: ltconform_target).",
+        "--ltconform", dest=OPT_TARGET, metavar="TARGET", default=None, action="append",
+        help="LightningModule to check: pkg.mod.Class, pkg.mod:factory or path/to/file.py:Name, then optionally "
+             "datamodule=TARGET trainer=TARGET id=NAME (quote it); repeat for more (ini: ltconform_target, a list).",
     )
     group.addoption(
         "--ltconform-datamodule", dest=OPT_DATAMODULE, metavar="TARGET", default=None,
@@ -125,7 +131,7 @@ def add_options(parser: pytest.Parser) -> None:
         "--ltconform-explain", dest=OPT_EXPLAIN, metavar="CONTRACT", default=None,
         help="print the rule page of CONTRACT (e.g. sync-dist) and exit.",
     )
-    parser.addini(INI_TARGET, "LightningModule to check (as --ltconform)", default=None)
+    parser.addini(INI_TARGET, "LightningModules to check, one per line (as --ltconform)", type="linelist")
     parser.addini(OPT_DATAMODULE, "LightningDataModule (as --ltconform-datamodule)", default=None)
     parser.addini(OPT_TRAINER, "Trainer kwargs target (as --ltconform-trainer)", default=None)
     parser.addini(OPT_WORLD_SIZE, "ranks per local world (as --ltconform-world-size)", default=None)
@@ -254,10 +260,11 @@ def resolve(config: pytest.Config) -> Settings:
 
     Raises ``pytest.UsageError`` naming the option (or ini key) that holds a bad value.
     """
-    target, _ = _lookup(config, OPT_TARGET, INI_TARGET)
-    datamodule, _ = _lookup(config, OPT_DATAMODULE)
-    trainer, _ = _lookup(config, OPT_TRAINER)
-    kwargs: dict = {}
+    datamodule, dm_from = _lookup(config, OPT_DATAMODULE)
+    trainer, tr_from = _lookup(config, OPT_TRAINER)
+    targets = resolve_targets(config)
+    target = targets[0].model if targets else None
+    kwargs: dict = {"datamodule_from": dm_from, "trainer_from": tr_from}
     raw, where = _lookup(config, OPT_WORLD_SIZE)
     if raw is not None:
         kwargs["world_size"] = _validate_positive_int(raw, where)
@@ -275,4 +282,108 @@ def resolve(config: pytest.Config) -> Settings:
     if raw is not None:
         kwargs["strategies"] = kwargs["strategies_named"] = _validate_choices(raw, where, STRATEGIES)
     kwargs["oversubscribe"] = bool(config.getoption(OPT_OVERSUBSCRIBE) or config.getini(OPT_OVERSUBSCRIBE))
-    return Settings(target=target, datamodule=datamodule, trainer=trainer, **kwargs)
+    return Settings(target=target, datamodule=datamodule, trainer=trainer, targets=targets, **kwargs)
+
+
+# -- targets -------------------------------------------------------------------------------------
+
+TARGET_KEYS = ("datamodule", "trainer", "id")
+
+
+def parse_target(text: str, source: str):
+    """One ``--ltconform`` value or ``ltconform_target`` line, ``TARGET [datamodule=DM] [trainer=TR]
+    [id=NAME]`` (whitespace-separated), as a :class:`~pytest_ltconform.target.Target` whose
+    ``source`` is ``source``. Raises ``pytest.UsageError`` naming the value and the accepted keys."""
+    from .target import Target
+
+    parts = text.split()
+    if not parts or "=" in parts[0]:
+        raise pytest.UsageError(f"{source} {text!r}: the value starts with the LightningModule target "
+                                f"(pkg.mod.Class, pkg.mod:factory or path/to/file.py:Name), then optionally "
+                                f"{', '.join(k + '=...' for k in TARGET_KEYS)}.")
+    given: dict[str, str] = {}
+    for part in parts[1:]:
+        key, sep, value = part.partition("=")
+        if not sep or key not in TARGET_KEYS or not value or key in given:
+            why = (f"{key!r} is given twice" if key in given and sep else
+                   f"{part!r} is not KEY=VALUE with a known key" if key not in TARGET_KEYS or not sep else
+                   f"{key}= has no value")
+            raise pytest.UsageError(f"{source} {text!r}: {why}; after the target only "
+                                    f"{', '.join(k + '=...' for k in TARGET_KEYS)} are accepted.")
+        given[key] = value
+    found = Target(parts[0], datamodule=given.get("datamodule"), trainer=given.get("trainer"), id=given.get("id"))
+    found.source = source
+    return found
+
+
+def resolve_targets(config: pytest.Config) -> tuple:
+    """Every target of the session: ``--ltconform`` values (or else the ini list) then the
+    ``pytest_ltconform_targets`` hooks' results. Raises
+    ``pytest.UsageError`` for a malformed value, a hook result that is not a Target, or two
+    targets with the same id."""
+    values, source = config.getoption(OPT_TARGET) or [], "--ltconform"
+    if not any(v.strip() for v in values):
+        values = config.getini(INI_TARGET) or []
+        source = f"ini option {INI_TARGET!r}"
+    found = [parse_target(v, source) for v in values if v.strip()]
+    hook = getattr(config.hook, "pytest_ltconform_targets", None)
+    for result in (hook(config=config) if hook is not None else []):
+        found.extend(_hook_targets(result))
+    _check_ids(found)
+    return tuple(found)
+
+
+def validate_args(settings: Settings, t) -> dict:
+    """Keyword arguments of ``target.validate`` for target ``t`` of ``settings``: its own
+    datamodule and trainer, or else the session-wide ones, each with where it came from."""
+    own = t.source if t.source.startswith(("--", "ini ", "pytest_ltconform")) else f"Target at {t.source}"
+    dm, dm_from = (t.datamodule, f"datamodule= of {own}") if t.datamodule is not None else \
+        (settings.datamodule, settings.datamodule_from)
+    tr, tr_from = (t.trainer, f"trainer= of {own}") if t.trainer is not None else \
+        (settings.trainer, settings.trainer_from)
+    return {"model": t.model, "datamodule": dm, "trainer": tr, "init": t.init, "id": t.id,
+            "declared_at": None if t.source.startswith(("--", "ini ", "pytest_ltconform")) else t.source,
+            "options": (own, dm_from, tr_from)}
+
+
+def _hook_targets(result) -> list:
+    from .target import Target
+
+    items = [result] if isinstance(result, (Target, str)) else list(result or [])
+    out = []
+    for item in items:
+        if isinstance(item, str):
+            item = parse_target(item, "pytest_ltconform_targets")
+        elif not isinstance(item, Target):
+            raise pytest.UsageError(f"pytest_ltconform_targets returned {item!r}; return a list of "
+                                    f"pytest_ltconform.Target(model, datamodule=..., trainer=..., init=..., id=...).")
+        _check_types(item)
+        out.append(item)
+    return out
+
+
+def _check_types(t) -> None:
+    wrong = [f"{name} must be {kind}, got {type(value).__name__}" for name, value, types, kind in (
+        ("model", t.model, (str,), "a target string"),
+        ("datamodule", t.datamodule, (str, type(None)), "a target string or None"),
+        ("trainer", t.trainer, (str, dict, type(None)), "a target string, a dict of Trainer kwargs or None"),
+        ("init", t.init, (dict, type(None)), "a dict of constructor arguments or None"),
+        ("id", t._id, (str, type(None)), "a string or None")) if not isinstance(value, types)]
+    if wrong:
+        raise pytest.UsageError(f"{t!r} declared at {t.source}: {'; '.join(wrong)}.")
+
+
+def _check_ids(found: list) -> None:
+    seen: dict[str, tuple[int, object]] = {}
+    for n, t in enumerate(found, 1):
+        tid = t.id
+        if not isinstance(tid, str) or not tid.strip() or "::" in tid:
+            raise pytest.UsageError(f"target {n} ({t!r}, {t.source}): id {tid!r} cannot name items; give a "
+                                    f"non-empty id without '::'.")
+        if tid in seen:
+            m, first = seen[tid]
+            raise pytest.UsageError(
+                f"targets {m} and {n} have the same id {tid!r}: {first!r} ({first.source}) and {t!r} ({t.source}). "
+                f"Item ids must differ: give one an id (id=NAME after the target, or Target(..., id=...) in "
+                f"conftest.py), or name a distinct datamodule=/trainer= so the targets differ as written.")
+        seen[tid] = (n, t)

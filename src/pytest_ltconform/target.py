@@ -1,19 +1,28 @@
 """Turn the strings users pass (``pkg.mod.Class``, ``pkg.mod:factory``, ``path/to/file.py:Name``)
 into validated, picklable target specs.
 
-A :class:`TargetSpec` is plain data: it travels to every rank, which loads the object again with
-:func:`load_object`. :func:`validate` runs in the pytest process and turns every way a target can
-be wrong into one :class:`TargetError` paragraph that names the input and the fix.
+A :class:`Target` is what a user declares (``pytest_ltconform.Target`` in ``conftest.py``, or one
+``--ltconform`` value); a :class:`TargetSpec` is plain data: it travels to every rank, which loads
+the object again with :func:`load_object`. :func:`validate` runs in the pytest process and turns
+every way a target can be wrong into one :class:`TargetError` paragraph that names the input and
+the fix.
+
+No torch or lightning import at module level: ``pytest_ltconform.Target`` is imported by conftest
+files of sessions that never start a world.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import hashlib
 import importlib
 import importlib.util
 import inspect
 import os
+import pickle
 import sys
+import sysconfig
 import traceback
 from typing import Any
 
@@ -24,6 +33,58 @@ NAMESPACES = ("lightning.pytorch", "pytorch_lightning")
 
 class TargetError(Exception):
     """A target string that cannot be used; the message is one paragraph with the fix."""
+
+
+class Target:
+    """One target to check, as declared by ``pytest_ltconform_targets(config)`` in ``conftest.py``
+    (or parsed from one ``--ltconform`` value / ``ltconform_target`` line).
+
+    ``model``: the LightningModule target string (``pkg.mod.Class``, ``pkg.mod:factory`` or
+    ``path/to/file.py:Name``). ``datamodule``: a LightningDataModule target string, or None (then
+    ``--ltconform-datamodule`` applies). ``trainer``: a Trainer-kwargs target string or a plain dict
+    of Trainer kwargs, or None (then ``--ltconform-trainer`` applies). ``init``: keyword arguments
+    for the module's constructor (every rank builds ``Class(**init)``, so they must pickle).
+    ``id``: the name in item ids (``ltconform::<id>::<contract>[...]``); default: the target as
+    written (:attr:`written`).
+
+    Nothing is imported or checked here; :func:`validate` does that at start-up and raises
+    :class:`TargetError`.
+    """
+
+    __slots__ = ("model", "datamodule", "trainer", "init", "_id", "source")
+
+    def __init__(self, model: str, *, datamodule: str | None = None, trainer: str | dict | None = None,
+                 init: dict | None = None, id: str | None = None):
+        self.model = model
+        self.datamodule = datamodule
+        self.trainer = trainer
+        self.init = init
+        self._id = id
+        # Where it was declared, for messages: the caller's file:line (the plugin overwrites it
+        # with the option or ini key for targets it parsed).
+        caller = sys._getframe(1)
+        self.source = f"{caller.f_code.co_filename}:{caller.f_lineno}"
+
+    @property
+    def written(self) -> str:
+        """The target in the ``--ltconform`` form: ``MODEL [datamodule=DM] [trainer=TR]`` (a trainer
+        dict and ``init`` have no written form)."""
+        parts = [str(self.model)]
+        if isinstance(self.datamodule, str):
+            parts.append(f"datamodule={self.datamodule}")
+        if isinstance(self.trainer, str):
+            parts.append(f"trainer={self.trainer}")
+        return " ".join(parts)
+
+    @property
+    def id(self) -> str:
+        return self._id if self._id is not None else self.written
+
+    def __repr__(self) -> str:
+        extra = "".join(f", {k}={getattr(self, k)!r}" for k in ("datamodule", "trainer", "init")
+                        if getattr(self, k) is not None)
+        given = f", id={self._id!r}" if self._id is not None else ""
+        return f"Target({self.model!r}{extra}{given})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,10 +144,22 @@ def parse(text: str, option: str) -> TargetSpec:
     return TargetSpec(text=text, option=option, module=module, attr=attr)
 
 
+def private_name(spec: TargetSpec) -> str:
+    """The module name a file target is registered under when its own name is taken by another
+    file (two folders each with ``model.py``): unique per path, so a third such file cannot
+    replace the second's module (and the classes pickle finds by name) either."""
+    digest = hashlib.sha1(spec.path.encode()).hexdigest()[:10]
+    return f"ltconform_target_{spec.module}_{digest}"
+
+
+def _same_file(module, path: str) -> bool:
+    return module is not None and os.path.abspath(getattr(module, "__file__", "") or "") == path
+
+
 def _import_file_module(spec: TargetSpec):
     folder = os.path.dirname(spec.path)
     existing = sys.modules.get(spec.module)
-    if existing is not None and os.path.abspath(getattr(existing, "__file__", "") or "") == spec.path:
+    if _same_file(existing, spec.path):
         return existing
     if existing is None:
         # Register under its real name from its own folder, so that pickling (ddp_spawn) and
@@ -96,10 +169,26 @@ def _import_file_module(spec: TargetSpec):
         found = importlib.util.find_spec(spec.module)
         if found is not None and found.origin and os.path.abspath(found.origin) == spec.path:
             return tripwire.import_module(spec.module)
-    # The name is taken by another module: load under a private, registered name.
-    name = f"ltconform_target_{spec.module}"
+    # The name is taken by another file: load under a private name of this path, once (a second
+    # execution would make new classes that no longer match the instances built from the first).
+    name = private_name(spec)
+    if _same_file(sys.modules.get(name), spec.path):
+        return sys.modules[name]
     loader_spec = importlib.util.spec_from_file_location(name, spec.path)
     return tripwire.exec_guarded(name, loader_spec)
+
+
+def trainer_file(targets: Targets) -> str | None:
+    """The file that defines the user's Trainer kwargs: the module of the trainer target once it
+    is imported, or, for a dict given to :class:`Target`, the file that declared it; else None."""
+    spec = targets.trainer
+    if spec is None:
+        declared = targets.declared_at if targets.trainer_dict is not None else None
+        return declared.rpartition(":")[0] if declared else None
+    if spec.path:
+        return spec.path
+    module = sys.modules.get(spec.module)
+    return getattr(module, "__file__", None)
 
 
 def _user_frame(tb) -> str:
@@ -192,10 +281,10 @@ def _required_params(fn) -> list[str]:
     ]
 
 
-def instantiate(spec: TargetSpec, base_name: str, what: str) -> Any:
+def instantiate(spec: TargetSpec, base_name: str, what: str, init: dict | None = None) -> Any:
     """Load ``spec`` and return an instance of a class named ``base_name`` (a LightningModule or
-    LightningDataModule of either namespace): the class is constructed without arguments, or the
-    factory is called without arguments. Raises :class:`TargetError`.
+    LightningDataModule of either namespace): the class is constructed, or the factory called,
+    with ``init`` as keyword arguments (none when ``init`` is None). Raises :class:`TargetError`.
     """
     obj = load_object(spec)
     if inspect.isclass(obj):
@@ -205,39 +294,88 @@ def instantiate(spec: TargetSpec, base_name: str, what: str) -> Any:
                 f"{base_name} subclass (of lightning.pytorch or pytorch_lightning). Point it at your "
                 f"{what}, or at a zero-argument factory returning one."
             )
-        required = _required_params(obj.__init__)[1:]
-        if required:
-            raise TargetError(
-                f"{spec.option} {spec.text!r}: {obj.__qualname__}() cannot be constructed without "
-                f"arguments (__init__ requires {', '.join(required)}). Write a zero-argument factory "
-                f"that returns a configured instance and pass it as {spec.module}:make_{what.split()[0]}."
-            )
         factory, label = obj, f"{obj.__qualname__}()"
+        if init is None:
+            required = _required_params(obj.__init__)[1:]
+            if required:
+                raise TargetError(
+                    f"{spec.option} {spec.text!r}: {obj.__qualname__}() cannot be constructed without "
+                    f"arguments (__init__ requires {', '.join(required)}). Write a zero-argument factory that "
+                    f"returns a configured instance and pass it as {spec.module}:make_{what.split()[0]}, or "
+                    f"declare the target in conftest.py with Target(..., init={{...}}) (see the configuration docs)."
+                )
     elif callable(obj):
-        required = _required_params(obj)
+        factory, label = obj, f"{spec.attr}()"
+        required = _required_params(obj) if init is None else []
         if required:
             raise TargetError(
                 f"{spec.option} {spec.text!r}: the factory requires arguments ({', '.join(required)}); "
                 f"it must be callable without arguments."
             )
-        factory, label = obj, f"{spec.attr}()"
     else:
         raise TargetError(
             f"{spec.option} {spec.text!r}: it is a {type(obj).__name__}, not a {base_name} class or a "
             f"zero-argument factory returning one."
         )
+    if init is not None:
+        _check_binds(spec, factory, init)
+        label = label[:-1] + "**init)"
     try:
-        instance = factory()
+        instance = factory(**(init or {}))
     except Exception as exc:
         raise TargetError(
             f"{spec.option} {spec.text!r}: calling {label} raised {type(exc).__name__}: {exc} "
-            f"(at {_user_frame(exc.__traceback__)}). It must build the {what} without arguments."
+            f"(at {_user_frame(exc.__traceback__)}). It must build the {what}"
+            f"{' from init' if init is not None else ' without arguments'}."
         ) from None
     if namespace_of(type(instance), base_name) is None:
         raise TargetError(
             f"{spec.option} {spec.text!r}: {label} returned a {type(instance).__name__}, not a {base_name}."
         )
     return instance
+
+
+def _check_binds(spec: TargetSpec, factory, init: dict) -> None:
+    """``init`` must name parameters of ``factory`` and give every required one."""
+    try:
+        sig = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return  # a builtin without a signature: calling it says what is wrong
+    params = sig.parameters
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    named = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    unknown = [] if takes_any else [k for k in init if k not in named]
+    missing = [n for n, p in params.items() if p.default is p.empty and n not in init
+               and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY, p.POSITIONAL_ONLY)]
+    if not unknown and not missing:
+        return
+    problems = []
+    if unknown:
+        problems.append(f"{', '.join(map(repr, unknown))} {'is' if len(unknown) == 1 else 'are'} not a parameter")
+    if missing:
+        problems.append(f"{', '.join(map(repr, missing))} {'is' if len(missing) == 1 else 'are'} required but "
+                        f"not given")
+    name = getattr(factory, "__qualname__", spec.attr)
+    raise TargetError(
+        f"{spec.option} {spec.text!r}: init={_short(init)} does not fit {name}{sig}: {'; '.join(problems)}. "
+        f"Use the constructor's parameter names in init."
+    )
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _unpicklable(values: dict) -> list[str]:
+    """The keys of ``values`` whose value does not pickle (it must travel to every rank)."""
+    bad = []
+    for key, value in values.items():
+        try:
+            pickle.dumps(value)
+        except Exception:
+            bad.append(str(key))
+    return bad
 
 
 def trainer_kwargs(spec: TargetSpec) -> dict:
@@ -285,7 +423,9 @@ def defines(obj: Any, hook: str, namespace: str) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class Targets:
-    """Everything one session checks: the module, optional datamodule and trainer kwargs."""
+    """One validated target: the module, optional datamodule and trainer kwargs (a target spec,
+    or ``trainer_dict`` for a dict given to :class:`Target`), the constructor's ``init`` and the
+    ``id`` its items carry."""
 
     model: TargetSpec
     datamodule: TargetSpec | None
@@ -296,14 +436,41 @@ class Targets:
     # "module:qualname" of the classes the targets built, for pointing evidence at their source.
     model_class: str | None = None
     datamodule_class: str | None = None
+    id: str | None = None
+    init: dict | None = None
+    trainer_dict: dict | None = None
+    declared_at: str | None = None  # "file:line" of a Target() declared in conftest.py
+
+    @property
+    def label(self) -> str:
+        """The id, or the module's target text when there is none."""
+        return self.id or self.model.text
 
 
-def validate(model: str, datamodule: str | None, trainer: str | None) -> Targets:
-    """Resolve and check all targets in this process; raises :class:`TargetError`."""
-    model_spec = parse(model, "--ltconform")
-    dm_spec = parse(datamodule, "--ltconform-datamodule") if datamodule else None
-    tr_spec = parse(trainer, "--ltconform-trainer") if trainer else None
-    module = instantiate(model_spec, "LightningModule", "LightningModule")
+def user_trainer_kwargs(targets: Targets) -> dict:
+    """The user's Trainer kwargs of ``targets`` (a copy): the dict given to :class:`Target`, what
+    the trainer target returns, or ``{}``. Raises :class:`TargetError` for a bad trainer target."""
+    if targets.trainer_dict is not None:
+        return dict(targets.trainer_dict)
+    return trainer_kwargs(targets.trainer) if targets.trainer else {}
+
+
+DEFAULT_OPTIONS = ("--ltconform", "--ltconform-datamodule", "--ltconform-trainer")
+
+
+def validate(model: str, datamodule: str | None = None, trainer: str | dict | None = None, *,
+             init: dict | None = None, id: str | None = None, declared_at: str | None = None,
+             options: tuple[str, str, str] = DEFAULT_OPTIONS) -> Targets:
+    """Resolve and check one target in this process: import it, build the module (with ``init``),
+    the datamodule, and the Trainer kwargs (``trainer`` a target string or a dict). ``options``
+    name where the model, datamodule and trainer came from, for messages. Raises
+    :class:`TargetError` (one paragraph naming the input and the fix)."""
+    model_spec = parse(model, options[0])
+    dm_spec = parse(datamodule, options[1]) if datamodule else None
+    tr_spec = parse(trainer, options[2]) if isinstance(trainer, str) and trainer else None
+    if init is not None:
+        _check_plain_dict(init, f"{options[0]} {model_spec.text!r}: init", "constructor arguments")
+    module = instantiate(model_spec, "LightningModule", "LightningModule", init)
     namespace = namespace_of(type(module))
     dm = None
     if dm_spec is not None:
@@ -311,7 +478,7 @@ def validate(model: str, datamodule: str | None, trainer: str | None) -> Targets
         dm_ns = namespace_of(type(dm), "LightningDataModule")
         if dm_ns != namespace:
             raise TargetError(
-                f"--ltconform-datamodule {dm_spec.text!r} derives from {dm_ns} but the module "
+                f"{dm_spec.option} {dm_spec.text!r} derives from {dm_ns} but the module "
                 f"{model_spec.text!r} from {namespace}: a Trainer of one namespace rejects objects of "
                 f"the other. Use the same Lightning package for both."
             )
@@ -320,27 +487,71 @@ def validate(model: str, datamodule: str | None, trainer: str | None) -> Targets
     ):
         where = f" or {dm_spec.text}" if dm_spec else ""
         raise TargetError(
-            f"--ltconform {model_spec.text!r}: no train_dataloader is defined on "
+            f"{model_spec.option} {model_spec.text!r}: no train_dataloader is defined on "
             f"{type(module).__qualname__}{where}, so there is nothing to train on. Define "
             f"train_dataloader (and val_dataloader) on the module, or pass the LightningDataModule "
             f"that provides them with --ltconform-datamodule pkg.mod.DataModule."
         )
+    trainer_dict = dict(trainer) if isinstance(trainer, dict) else None
     keys: tuple[str, ...] = ()
-    if tr_spec is not None:
-        kwargs = trainer_kwargs(tr_spec)
-        trainer_cls = importlib.import_module(namespace).Trainer
-        accepted = set(inspect.signature(trainer_cls.__init__).parameters) - {"self"}
-        unknown = sorted(set(kwargs) - accepted)
-        if unknown:
-            raise TargetError(
-                f"--ltconform-trainer {tr_spec.text!r}: {', '.join(unknown)} "
-                f"{'is not a Trainer argument' if len(unknown) == 1 else 'are not Trainer arguments'} "
-                f"of {namespace} (check the spelling against Trainer.__init__)."
-            )
-        keys = tuple(sorted(kwargs))
+    if tr_spec is not None or trainer_dict is not None:
+        where = f"{tr_spec.option} {tr_spec.text!r}" if tr_spec else options[2]
+        kwargs = trainer_kwargs(tr_spec) if tr_spec else trainer_dict
+        if trainer_dict is not None:
+            _check_plain_dict(trainer_dict, where, "Trainer kwargs")
+        keys = _check_trainer_keys(kwargs, namespace, where)
     return Targets(
         model=model_spec, datamodule=dm_spec, trainer=tr_spec, namespace=namespace,
         model_name=type(module).__qualname__, trainer_keys=keys,
         model_class=f"{type(module).__module__}:{type(module).__qualname__}",
         datamodule_class=f"{type(dm).__module__}:{type(dm).__qualname__}" if dm is not None else None,
+        id=id, init=dict(init) if init is not None else None, trainer_dict=trainer_dict, declared_at=declared_at,
     )
+
+
+def _check_trainer_keys(kwargs: dict, namespace: str, where: str) -> tuple[str, ...]:
+    trainer_cls = importlib.import_module(namespace).Trainer
+    accepted = set(inspect.signature(trainer_cls.__init__).parameters) - {"self"}
+    unknown = sorted(set(kwargs) - accepted)
+    if unknown:
+        raise TargetError(
+            f"{where}: {', '.join(unknown)} "
+            f"{'is not a Trainer argument' if len(unknown) == 1 else 'are not Trainer arguments'} "
+            f"of {namespace} (check the spelling against Trainer.__init__)."
+        )
+    return tuple(sorted(kwargs))
+
+
+def _check_plain_dict(values: Any, where: str, what: str) -> None:
+    """A dict with string keys whose values pickle: it travels to every rank."""
+    if not isinstance(values, dict) or not all(isinstance(k, str) for k in values):
+        raise TargetError(f"{where}: expected a dict of {what} with string keys, got {_short(values)}.")
+    bad = _unpicklable(values)
+    if bad:
+        raise TargetError(
+            f"{where}: the value of {', '.join(map(repr, bad))} does not pickle, and every rank receives the "
+            f"{what} pickled. Use plain values, or a target string naming a zero-argument callable that "
+            f"builds them inside each rank."
+        )
+
+
+@contextlib.contextmanager
+def own_imports():
+    """Forget, on exit, the user modules imported and the ``sys.path`` entries added inside: the
+    next target of the session imports its own ``model.py`` or ``utils.py``, not this one's.
+    Installed packages, the standard library and this plugin stay loaded."""
+    before = set(sys.modules)
+    path = list(sys.path)
+    keep = tuple(os.path.realpath(p) for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"],
+                                               os.path.dirname(os.path.realpath(__file__))})
+    try:
+        yield
+    finally:
+        sys.path[:] = path
+        for name in set(sys.modules) - before:
+            file = getattr(sys.modules.get(name), "__file__", None)
+            if not file:
+                continue
+            real = os.path.realpath(file)
+            if not real.startswith(keep) and "site-packages" not in real and "dist-packages" not in real:
+                del sys.modules[name]

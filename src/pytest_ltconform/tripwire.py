@@ -113,11 +113,14 @@ def exec_guarded(name: str, spec) -> object:
     path, source = _source_of(spec)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
+    # A rank runs the jobs of several targets: what an earlier module of this name did at import
+    # (two folders each with model.py) is not this one's record.
+    TRIPPED.pop(name, None)
     try:
         with armed(path, source):
             spec.loader.exec_module(module)
     except TrainingAtImport as trip:
-        TRIPPED[name] = {"method": f"Trainer.{trip.method}", "module": name, **(trip.site or {})}
+        TRIPPED[name] = {"method": f"Trainer.{trip.method}", "module": name, "path": path, **(trip.site or {})}
     except BaseException:
         sys.modules.pop(name, None)
         raise

@@ -130,7 +130,7 @@ class LaunchEnvProbe(Probe):
         from .. import target as target_mod
 
         targets = run.targets
-        user = target_mod.trainer_kwargs(targets.trainer) if targets.trainer else {}
+        user = target_mod.user_trainer_kwargs(targets)
         module = target_mod.import_module(targets.model)
         strategy = user.get("strategy")
         return {

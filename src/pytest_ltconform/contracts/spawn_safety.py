@@ -161,6 +161,7 @@ class SpawnSafetyProbe(Probe):
 
 
 def _observe_rank0(run) -> dict:
+    from .. import target as target_mod
     from .. import tripwire
 
     targets = run.targets
@@ -178,8 +179,10 @@ def _observe_rank0(run) -> dict:
     user_strategy = loaded.user_kwargs.get("strategy")
     spawn_config = (isinstance(user_strategy, str) and "spawn" in user_strategy) or \
         getattr(user_strategy, "_start_method", "popen") == "spawn"
-    tripped = [dict(v) for v in tripwire.TRIPPED.values()
-               if v.get("module") in (targets.model.module, f"ltconform_target_{targets.model.module}")]
+    names = (targets.model.module, target_mod.private_name(targets.model)) if targets.model.path else \
+        (targets.model.module,)
+    tripped = [dict(v) for v in tripwire.TRIPPED.values() if v.get("module") in names
+               and (not targets.model.path or v.get("path") in (None, targets.model.path))]
     return {"pickling": pickling, "fresh": _fresh_import(targets), "spawn_config": spawn_config,
             "tripped_here": tripped[:1], "module": targets.model.module}
 

@@ -363,7 +363,7 @@ class StrategyConfigProbe(Probe):
         """The user's strategy settings as findings (rank 0 only; None on other ranks). In a
         'deepspeed' run the config is also validated by DeepSpeed itself; a Trainer config that
         names no DeepSpeed gives ``{"not_deepspeed": <its strategy>}`` there."""
-        import sys
+        from .. import target as target_mod
 
         if run.ctx.rank != 0:
             return None
@@ -375,11 +375,7 @@ class StrategyConfigProbe(Probe):
                 not (isinstance(strategy, str) and strategy.lower().startswith("deepspeed")):
             return {"not_deepspeed": type(strategy).__name__ if strategy is not None and
                     not isinstance(strategy, str) else repr(strategy or "auto")}
-        spec = run.targets.trainer
-        file = None
-        if spec is not None:
-            mod = sys.modules.get(spec.module) or sys.modules.get(f"ltconform_target_{spec.module}")
-            file = getattr(mod, "__file__", None) or spec.path
+        file = target_mod.trainer_file(run.targets)
         names = _mro_names(strategy) if strategy is not None and not isinstance(strategy, str) else []
         findings: list[dict] = []
         if "FSDPStrategy" in names:
