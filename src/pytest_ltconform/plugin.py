@@ -504,6 +504,10 @@ def pytest_runtest_makereport(item, call):
         # What the item checked, in one line: -rA prints it after "PASSED <id> - " as it prints a
         # failure's message, and -rP / the JSON report carry the same words.
         report.longrepr = _one_line(item.verdict_dict.get("summary") or "")
+    elif isinstance(item, LtconformItem) and report.skipped and isinstance(report.longrepr, tuple):
+        # -rs names where a skip was raised: the plugin's own file means nothing to a user, so
+        # the line reads "SKIPPED [n] ltconform: <reason>".
+        report.longrepr = ("ltconform", None, report.longrepr[2])
     return report
 
 
