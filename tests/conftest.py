@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import sys
 import time
 
 import pytest
@@ -117,3 +118,15 @@ class FakeRuns:
 def fake_runs() -> FakeRuns:
     """The shared builder of hand-made runs for verdict tests (see :class:`FakeRuns`)."""
     return FakeRuns()
+
+
+@pytest.fixture(autouse=True)
+def _forget_modules_of_temporary_files(tmp_path_factory):
+    """A module a test imported from its temporary folder (``targets_mod`` and friends) is dropped
+    afterwards, so that a later test's file of the same name is imported afresh, not found cached."""
+    before = set(sys.modules)
+    yield
+    base = str(tmp_path_factory.getbasetemp())
+    for name in set(sys.modules) - before:
+        if (getattr(sys.modules.get(name), "__file__", None) or "").startswith(base):
+            del sys.modules[name]
