@@ -187,6 +187,24 @@ def test_a_progress_bar_callback_no_longer_stops_the_trainer(tmp_path):
     assert not [c for c in trainer.callbacks if isinstance(c, TQDMProgressBar)]
 
 
+@pytest.mark.parametrize("namespace", ["lightning.pytorch", "pytorch_lightning"])
+def test_a_users_model_checkpoint_keeps_checkpointing_on(tmp_path, namespace):
+    import importlib
+
+    pl = importlib.import_module(namespace)
+    ckpt = pl.callbacks.ModelCheckpoint(monitor="val_loss")
+    kwargs = harness.build_trainer_kwargs({"callbacks": [ckpt]}, "auto", 1, str(tmp_path),
+                                          accelerator="cpu", num_nodes=1)
+    assert kwargs["enable_checkpointing"] is True
+    trainer = pl.Trainer(**kwargs)  # refused next to enable_checkpointing=False
+    assert trainer.checkpoint_callbacks == [ckpt]
+    # Without a checkpoint callback of theirs, Lightning's default one (files only) stays off.
+    assert harness.build_trainer_kwargs({}, "auto", 1, str(tmp_path))["enable_checkpointing"] is False
+    # An explicit choice of the user's is kept.
+    kept = harness.build_trainer_kwargs({"callbacks": [ckpt], "enable_checkpointing": True}, "auto", 1, str(tmp_path))
+    assert kept["enable_checkpointing"] is True
+
+
 def test_progress_line():
     assert plugin.progress_line("fit[ddp]", 30.4, {0: 1.0, 1: 20.2}, 10.0) == \
         "ltconform: fit[ddp] running, 30 s; waiting for rank 1 (no progress for 20 s)"

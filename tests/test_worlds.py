@@ -155,7 +155,7 @@ def stuck_in_user_code(ctx):
     dist.barrier()
 
 def test_hung_rank_is_killed_and_diagnosed(ltconform_world):
-    ltconform_world(world_size=2, timeout_s=20).run(stuck_in_user_code)
+    ltconform_world(world_size=2, timeout_s=8).run(stuck_in_user_code)
 
 def exit_on_rank_one(ctx):
     import torch.distributed as dist
@@ -190,7 +190,7 @@ def test_ltconform_world_fixture_reuses_ranks_and_isolates_jobs(pytester, no_lef
         "*--- rank 1: died (exit code 7)*",
     ])
     result.stdout.fnmatch_lines(["*Rank 1 exited without a result (exit code 7).*"])
-    assert time.monotonic() - start < 20 + 30 + 90
+    assert time.monotonic() - start < 8 + 30 + 90
 
 
 HANGING = str(CONFORMANCE / "sync-dist" / "epoch_end_log_rank_zero_gate.py")

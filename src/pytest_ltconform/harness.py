@@ -265,6 +265,10 @@ def _is_progress_bar(callback: Any) -> bool:
     return any(k.__name__ == "ProgressBar" for k in type(callback).__mro__)
 
 
+def _is_checkpoint(callback: Any) -> bool:
+    return any(k.__name__ == "Checkpoint" for k in type(callback).__mro__)
+
+
 def _callbacks(value: Any) -> list:
     return list(value) if isinstance(value, (list, tuple)) else ([] if value is None else [value])
 
@@ -291,7 +295,9 @@ def build_trainer_kwargs(user: dict, strategy: Any, world_size: int, root: str, 
         kwargs["callbacks"] = [c for c in _callbacks(kwargs["callbacks"]) if not _is_progress_bar(c)]
     if getattr(strategy, "ltconform_fp32", False):
         kwargs["precision"] = "32-true"  # half precision under DeepSpeed needs a GPU (see precision_note)
-    kwargs.setdefault("enable_checkpointing", False)
+    # Lightning's default checkpoint callback only writes files; the user's own Checkpoint callbacks
+    # need enable_checkpointing left on (Lightning refuses them next to False).
+    kwargs.setdefault("enable_checkpointing", any(_is_checkpoint(c) for c in kwargs.get("callbacks") or ()))
     kwargs.setdefault("num_sanity_val_steps", 2)
     kwargs.update(accelerator=accelerator, devices=max(1, world_size // num_nodes), num_nodes=num_nodes,
                   strategy=strategy, default_root_dir=root, **_FORCED)
