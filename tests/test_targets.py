@@ -45,6 +45,9 @@ class Data(L.LightningDataModule):
 def trainer_ok():
     return {"max_epochs": 1}
 
+def trainer_deepspeed():
+    return {"strategy": "deepspeed_stage_2"}
+
 def broken_factory():
     raise ValueError("checkpoint path not set")
 '''
@@ -220,6 +223,37 @@ def test_repeated_option_gives_each_target_its_items_and_k_selects_by_id(pyteste
     assert good == ["ltconform::good::sync-dist[ddp]"]
     boring = _ids(pytester.runpytest(*args, "-k", "BoringModel"))
     assert boring and all(i.startswith(f"ltconform::{BORING}::") for i in boring)
+
+
+def test_strategy_config_deepspeed_item_only_for_a_target_whose_config_names_deepspeed(pytester):
+    pytester.makepyfile(targets_mod=MODULES)
+    ids = _ids(pytester.runpytest(
+        "--ltconform", "targets_mod.Good trainer=targets_mod:trainer_ok id=plain",
+        "--ltconform", "targets_mod.Good trainer=targets_mod:trainer_deepspeed id=ds",
+        "--ltconform-strategies", "ddp,deepspeed", "-m", "ltconform_cpu", "-k", "strategy-config or sync-dist",
+        "--collect-only", "-q", "-p", "no:cacheprovider"))
+    # Both targets run every contract under DeepSpeed; DeepSpeed's own config check is only the
+    # DeepSpeed-configured target's (the other has no DeepSpeed config to validate).
+    assert sorted(ids) == sorted([
+        "ltconform::plain::sync-dist[ddp]", "ltconform::plain::sync-dist[deepspeed]",
+        "ltconform::plain::strategy-config[ddp]", "ltconform::ds::sync-dist[ddp]",
+        "ltconform::ds::sync-dist[deepspeed]", "ltconform::ds::strategy-config[ddp]",
+        "ltconform::ds::strategy-config[deepspeed]"]), ids
+
+
+def test_configured_strategy_names():
+    from lightning.pytorch.strategies import DDPStrategy
+
+    from pytest_ltconform import target
+
+    ds = target.Targets(model=None, datamodule=None, trainer=None, namespace="lightning.pytorch", model_name="M",
+                        strategy_names=target._strategy_names("DeepSpeed_Stage_3_Offload"))
+    assert ds.configures("deepspeed") and not ds.configures("fsdp")
+    ddp = target.Targets(model=None, datamodule=None, trainer=None, namespace="lightning.pytorch", model_name="M",
+                         strategy_names=target._strategy_names(DDPStrategy()))
+    assert ddp.configures("ddp") and not ddp.configures("deepspeed")
+    none = target.Targets(model=None, datamodule=None, trainer=None, namespace="x", model_name="M")
+    assert not none.configures("ddp")
 
 
 def test_ini_list_one_target_per_line_with_the_global_datamodule(pytester):

@@ -470,11 +470,13 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     hidden = _hidden(config)  # tiers that cannot run here and were not asked for: said in the header
     # Target first: every id names its target, also with one target, so that adding a second
     # model never renames the first one's items; a target's runs stay together.
-    for target_id in config.stash[ALL_TARGETS_KEY]:
+    for target_id, targets in config.stash[ALL_TARGETS_KEY].items():
         for cid in contracts.ids():
             contract = contracts.get_contract(cid)
             for variant in tiers.variants(contract, settings.strategies, CPU_STRATEGIES):
-                if (cid, variant.label) not in hidden:
+                # A strategy some contracts judge only where the target's config names it.
+                unconfigured = variant.strategy in contract.configured_only and not targets.configures(variant.strategy)
+                if (cid, variant.label) not in hidden and not unconfigured:
                     items.append(_item(session, target_id, cid, variant))
     # Report the generated items like collected ones, so "collected N items" counts them.
     config.hook.pytest_collectreport(

@@ -440,6 +440,14 @@ class Targets:
     init: dict | None = None
     trainer_dict: dict | None = None
     declared_at: str | None = None  # "file:line" of a Target() declared in conftest.py
+    # The configured strategy: its class and base class names, or the string given, lower-cased.
+    strategy_names: tuple[str, ...] = ()
+
+    def configures(self, strategy: str) -> bool:
+        """Whether the Trainer config names ``strategy`` (a vocabulary id such as 'deepspeed'):
+        a string such as 'deepspeed_stage_3', or a strategy object of a class such as
+        DeepSpeedStrategy or a subclass of it."""
+        return any(name.startswith(strategy) for name in self.strategy_names)
 
     @property
     def label(self) -> str:
@@ -494,6 +502,7 @@ def validate(model: str, datamodule: str | None = None, trainer: str | dict | No
         )
     trainer_dict = dict(trainer) if isinstance(trainer, dict) else None
     keys: tuple[str, ...] = ()
+    kwargs: dict = {}
     if tr_spec is not None or trainer_dict is not None:
         where = f"{tr_spec.option} {tr_spec.text!r}" if tr_spec else options[2]
         kwargs = trainer_kwargs(tr_spec) if tr_spec else trainer_dict
@@ -506,7 +515,16 @@ def validate(model: str, datamodule: str | None = None, trainer: str | dict | No
         model_class=f"{type(module).__module__}:{type(module).__qualname__}",
         datamodule_class=f"{type(dm).__module__}:{type(dm).__qualname__}" if dm is not None else None,
         id=id, init=dict(init) if init is not None else None, trainer_dict=trainer_dict, declared_at=declared_at,
+        strategy_names=_strategy_names(kwargs.get("strategy")),
     )
+
+
+def _strategy_names(strategy: Any) -> tuple[str, ...]:
+    if strategy is None:
+        return ()
+    if isinstance(strategy, str):
+        return (strategy.lower(),)
+    return tuple(k.__name__.lower() for k in type(strategy).__mro__ if k is not object)
 
 
 def _check_trainer_keys(kwargs: dict, namespace: str, where: str) -> tuple[str, ...]:

@@ -191,6 +191,9 @@ class Contract:
     run_spec: RunSpec = FIT
     probe_class: type[Probe] | None = None
     strategies: tuple[str, ...] = ("ddp",)  # a contract that also holds under CPU FSDP adds "fsdp"
+    # Strategies whose items exist only for targets whose Trainer config names them (there is
+    # nothing of theirs to judge otherwise).
+    configured_only: tuple[str, ...] = ()
 
     def probe_ref(self) -> str | None:
         """The probe's class as "module:Class", which the harness loads on the ranks; None without one."""

@@ -410,6 +410,7 @@ class StrategyConfig(Contract):
     probe_class = StrategyConfigProbe
     # 'ddp' reads the config alone (no deepspeed needed); 'deepspeed' also asks DeepSpeed itself.
     strategies = ("ddp", "deepspeed")
+    configured_only = ("deepspeed",)  # DeepSpeed's validation applies only to a DeepSpeed config
     tiers = ("cpu",)  # judged from the config: no GPU needed
 
     def blames(self, run: Run) -> int | None:
