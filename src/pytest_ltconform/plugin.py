@@ -207,11 +207,18 @@ def _hidden_records(config: pytest.Config) -> list[dict]:
     targets = config.stash.get(ALL_TARGETS_KEY, None)
     if targets is None:
         return []
-    from . import report
+    from . import contracts, report
 
     size = config.stash[SETTINGS_KEY].world_size
     return [report.record(cid, label, size, _unavailable(reason), 0.0, target=tid)
-            for tid in targets for (cid, label), (_tier, reason) in _hidden(config).items()]
+            for tid, target in targets.items() for (cid, label), (_tier, reason) in _hidden(config).items()
+            if _applies(contracts.get_contract(cid), label.split("-")[0], target)]
+
+
+def _applies(contract, strategy: str, targets) -> bool:
+    """Whether ``contract`` has an item under ``strategy`` for ``targets``: some strategies are
+    judged only where the target's Trainer config names them (``Contract.configured_only``)."""
+    return strategy not in contract.configured_only or targets.configures(strategy)
 
 
 def _unavailable(reason: str) -> dict:
@@ -474,9 +481,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         for cid in contracts.ids():
             contract = contracts.get_contract(cid)
             for variant in tiers.variants(contract, settings.strategies, CPU_STRATEGIES):
-                # A strategy some contracts judge only where the target's config names it.
-                unconfigured = variant.strategy in contract.configured_only and not targets.configures(variant.strategy)
-                if (cid, variant.label) not in hidden and not unconfigured:
+                if (cid, variant.label) not in hidden and _applies(contract, variant.strategy, targets):
                     items.append(_item(session, target_id, cid, variant))
     # Report the generated items like collected ones, so "collected N items" counts them.
     config.hook.pytest_collectreport(
