@@ -270,18 +270,19 @@ class MarkExpression:
 
     @classmethod
     def _or(cls, toks, i):
-        left, i = cls._and(toks, i)
-        while i < len(toks) and toks[i] == ("op", "or"):
-            right, i = cls._and(toks, i + 1)
-            left = ("or", left, right)
-        return left, i
+        return cls._chain("or", cls._and, toks, i)
 
     @classmethod
     def _and(cls, toks, i):
-        left, i = cls._not(toks, i)
-        while i < len(toks) and toks[i] == ("op", "and"):
-            right, i = cls._not(toks, i + 1)
-            left = ("and", left, right)
+        return cls._chain("and", cls._not, toks, i)
+
+    @staticmethod
+    def _chain(op, operand, toks, i):
+        """``operand (op operand)*``, folded to the left."""
+        left, i = operand(toks, i)
+        while i < len(toks) and toks[i] == ("op", op):
+            right, i = operand(toks, i + 1)
+            left = (op, left, right)
         return left, i
 
     @classmethod
