@@ -271,9 +271,9 @@ def _after_own_failure(contract, run: Run) -> Verdict:
     headline = cause.headline() if cause is not None else "the run did not finish"
     if getattr(run, "cause_item", None) in (None, item):
         run.cause_item = item
-        parts = [cause_text(cause)] if cause is not None else [run.job.failure_text()]
-        if run.job.diagnosis:
-            parts.append(run.job.diagnosis)
+        # failure_text() already ends with the diagnosis; a cause's text needs it, less what it named.
+        parts = [cause_text(cause), run.job.diagnosis_after(cause)] if cause is not None \
+            else [run.job.failure_text()]
         return contract.verdict("error", f"the run did not finish: {headline}.", category="crash",
                                 diagnosis="\n".join(p for p in parts if p))
     return not_judged(contract, f"the shared {run.kind} run did not finish because {headline} "

@@ -182,8 +182,10 @@ def rank_position(trace: list[dict]) -> str:
     return ", ".join(parts) if parts else "no trace recorded"
 
 
-def describe(result) -> str:
-    """The readable hang/crash block for a :class:`~.local.JobResult`."""
+def describe(result, *, consequences_named: bool = False) -> str:
+    """The readable hang/crash block for a :class:`~.local.JobResult`. ``consequences_named``: the
+    caller already names the peers' collective failures (a cause's consequence line), so they are
+    not said a second time."""
     lines = []
     statuses = Counter(r.status for r in result.ranks)
     if statuses.get("hung"):
@@ -205,7 +207,7 @@ def describe(result) -> str:
     for r in result.ranks:
         if r.status == "error" and r not in transport:
             lines.append(f"Rank {r.rank} raised {r.exc_type}: {first_sentence(r.message, 300)}")
-    if transport:
+    if transport and not consequences_named:
         ranks = ", ".join(str(r.rank) for r in transport)
         lines.append(f"Rank(s) {ranks} then failed inside a collective whose peer had stopped or gone "
                      f"({transport[0].exc_type}: {first_sentence(transport[0].message, 120)}): a consequence, "

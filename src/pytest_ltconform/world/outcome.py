@@ -79,6 +79,15 @@ class JobResult:
     def values(self) -> list:
         return [r.value for r in self.ranks]
 
+    def diagnosis_after(self, cause) -> str:
+        """The diagnosis for an item that already shows ``cause`` (a :class:`~.causes.Cause` or
+        None): the peers' collective failures it names as consequences are not repeated."""
+        if not self.diagnosis:
+            return ""
+        if cause is None or not cause.consequences:
+            return self.diagnosis
+        return diagnose.describe(self, consequences_named=True)
+
     def failure_text(self) -> str:
         """Every failed rank's traceback, rank-tagged, then the diagnosis."""
         parts = []
