@@ -71,6 +71,10 @@ class Verdict:
     notes: list[str] = dataclasses.field(default_factory=list)
     diagnosis: str | None = None
     partial: bool = False
+    # Set on a pass that found nothing of what the contract judges (no evaluation, no batch, no
+    # backward): kept on a finished run, but on an unfinished one the session reports the item
+    # not judged, since a pass that compared nothing is no pass.
+    empty: bool = False
 
     @property
     def failed(self) -> bool:
