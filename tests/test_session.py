@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from pytest_ltconform import contracts
 from pytest_ltconform.session import judge
 from pytest_ltconform.world.causes import first_cause, is_transport_failure
@@ -85,3 +87,40 @@ def test_a_run_that_stops_like_the_fit_names_the_fit_item_instead_of_a_second_tr
     # A different failure in its own run is its own to show.
     evaluation.job.ranks[1].traceback = TRACEBACK.replace("line 42", "line 50")
     assert session._explained_by_fit(contracts.get_contract("eval-duplication"), "ddp") is None
+
+
+# -- a pass that judged nothing: not judged when the world stopped, kept when it finished ----------
+
+STEP = {"ev": "hook", "i": 1, "h": 1, "name": "[LightningModule]Model.training_step", "epoch": 0, "step": 0}
+OWNED = {"ev": "raised", "owner": "all-rank-save"}  # a failure all-rank-save's probe named its own
+
+
+def _stopped_after_a_step(fake_runs, kind="fit", extra=()):
+    ranks = [fake_runs.rank(r, trace=[STEP, *extra, OWNED], status="error", exc_type="RuntimeError",
+                            message="one-sided save") for r in range(2)]
+    return fake_runs.of(ranks, status="error", kind=kind)
+
+
+@pytest.mark.parametrize("cid", ["eval-duplication", "unused-parameters", "data-sharding", "sync-dist"])
+def test_a_contract_that_recorded_nothing_before_the_stop_is_not_judged(fake_runs, cid):
+    contract = contracts.get_contract(cid)
+    run = _stopped_after_a_step(fake_runs, kind=contract.run_spec.name)
+    assert contracts.blamed(run) == "all-rank-save"
+    verdict = judge(contract, run)
+    assert verdict.outcome == "skipped" and verdict.category == "consequence" and not verdict.partial
+    assert verdict.summary == (f"not judged: the shared {run.kind} run stopped because of the all-rank-save[ddp] "
+                               f"failure before anything this contract judges was recorded (see that item).")
+
+
+def test_a_contract_that_recorded_what_it_judges_passes_on_the_part_before_the_stop(fake_runs):
+    log = {"ev": "log", "name": "loss", "hook": "training_step", "sync_dist": True, "rank_zero_only": False}
+    verdict = judge(contracts.get_contract("sync-dist"), _stopped_after_a_step(fake_runs, extra=[log]))
+    assert verdict.outcome == "passed" and verdict.partial and "all-rank-save[ddp]" in verdict.notes[-1]
+
+
+@pytest.mark.parametrize("cid", ["eval-duplication", "unused-parameters", "sync-dist"])
+def test_a_finished_run_with_nothing_to_judge_keeps_its_pass(fake_runs, cid):
+    contract = contracts.get_contract(cid)
+    run = fake_runs.run(traces=[[STEP], [STEP]], values=[{}, {}], kind=contract.run_spec.name)
+    verdict = judge(contract, run)
+    assert verdict.outcome == "passed" and verdict.empty and not verdict.partial

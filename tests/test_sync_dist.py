@@ -325,3 +325,69 @@ def test_should_stop_watcher_emits_the_assignment_and_is_removed():
     assert event["ev"] == "decision" and event["value"] is True and event["site"]["file"] == __file__
     probe._unwatch()
     assert "should_stop" not in vars(Trainer) and trainer.should_stop is True
+
+
+# -- a monitored key logged on some ranks only: a rank's callback raises for want of it ------------
+
+GUARDED = ("class Model:\n"
+           "    def validation_step(self, batch, batch_idx):\n"
+           "        if self.global_rank == 0:\n"
+           "            self.log('val_acc', 1.0)\n")
+NOT_FOUND = {
+    "ModelCheckpoint": "`ModelCheckpoint(monitor='val_acc')` could not find the monitored key in the returned "
+                       "metrics: ['epoch', 'step']. HINT: Did you call `log('val_acc', value)` in the "
+                       "`LightningModule`?",
+    "EarlyStopping": "Early stopping conditioned on metric `val_acc` which is not available. Pass in or modify "
+                     "your `EarlyStopping` callback to use any of the following: `epoch`, `step`",
+    "ReduceLROnPlateau": "ReduceLROnPlateau conditioned on metric val_acc which is not available. Available "
+                         "metrics are: ['epoch', 'step']. Condition can be set using `monitor` key in lr "
+                         "scheduler dict",
+}
+PEER = "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:7361"
+
+
+def _missing_key_run(fake_runs, tmp_path, callback="ModelCheckpoint", logged="val_acc"):
+    path = tmp_path / "guarded.py"
+    path.write_text(GUARDED)
+    log = {"ev": "log", "name": logged, "hook": "validation_step", "user": True, "sync_dist": False,
+           "rank_zero_only": False, "site": {"file": str(path), "line": 4, "func": "Model.validation_step"}}
+    steps = [{"ev": "hook", "i": i, "h": i, "name": "[LightningModule]Model.validation_step"} for i in (1, 2)]
+    exc = "MisconfigurationException" if callback != "EarlyStopping" else "RuntimeError"
+    ranks = [fake_runs.rank(0, trace=[steps[0], log, steps[1], log], status="error", exc_type="RuntimeError",
+                            message=PEER),
+             fake_runs.rank(1, trace=steps, status="error", exc_type=exc, message=NOT_FOUND[callback])]
+    return fake_runs.of(ranks, status="error")
+
+
+@pytest.mark.parametrize("callback", list(NOT_FOUND))
+def test_a_monitored_key_one_rank_never_logged_is_claimed_with_the_guarded_log_call(fake_runs, tmp_path, callback):
+    from pytest_ltconform.contracts import blamed
+    from pytest_ltconform.session import judge
+
+    run = _missing_key_run(fake_runs, tmp_path, callback)
+    contract = get_contract("sync-dist")
+    assert contract.blames(run) == Blame.LOG and blamed(run) == "sync-dist"
+    verdict = judge(contract, run)
+    assert verdict.outcome == "failed"
+    assert verdict.summary.startswith("monitored key 'val_acc' is logged on rank 0 only and never on rank 1, in "
+                                      "validation_step under `if self.global_rank == 0:` at ")
+    assert "guarded.py:4 (Model.validation_step)" in verdict.summary and f"rank 1's {callback}" in verdict.summary
+    assert [(e.rank, e.detail) for e in verdict.evidence][:2] == [(0, "'val_acc' logged 2 times"),
+                                                                   (1, "'val_acc' never logged")]
+    assert "sync_dist=True" in verdict.fix and "rank_zero_only=True is not enough" in verdict.fix
+    assert "remove the `if self.global_rank == 0:` gate" in verdict.fix
+    # The other items of the run name it: not judged in one line, or passed on the part before the stop.
+    other = judge(get_contract("unused-parameters"), run)
+    assert other.outcome == "skipped" and other.category == "consequence" and "sync-dist[ddp]" in other.summary
+    other = judge(get_contract("all-rank-save"), run)
+    assert other.outcome == "passed" and other.partial and "sync-dist[ddp]" in other.notes[-1]
+
+
+def test_a_monitored_key_no_rank_logged_is_the_users_typo_not_claimed(fake_runs, tmp_path):
+    from pytest_ltconform.contracts import blamed
+    from pytest_ltconform.session import judge
+
+    run = _missing_key_run(fake_runs, tmp_path, logged="val_loss")  # monitor='val_acc', logged 'val_loss'
+    assert get_contract("sync-dist").blames(run) is None and blamed(run) is None
+    verdict = judge(get_contract("all-rank-save"), run)
+    assert verdict.outcome == "error" and "MisconfigurationException" in verdict.summary

@@ -219,12 +219,16 @@ def judge(contract, run: Run) -> Verdict:
 
 def _after_owned_failure(contract, run: Run, verdict: Verdict, owner: str) -> Verdict:
     """The run stopped because of ``owner``'s failure: a contract that found nothing on what every
-    rank recorded passes on that part; one that needs the run's end is not judged."""
+    rank recorded passes on that part; one that needs the run's end, or that recorded nothing of
+    what it judges (``Verdict.empty``), is not judged."""
     item = f"{owner}[{run.strategy}]"
     if verdict.outcome == "passed" and not _reached_a_step(run):
         # Nothing to judge: a pass on a run that stopped in its setup would be vacuous.
         return not_judged(contract, f"the shared {run.kind} run stopped before its first step because of the "
                                     f"{item} failure (see that item).")
+    if verdict.outcome == "passed" and verdict.empty:
+        return not_judged(contract, f"the shared {run.kind} run stopped because of the {item} failure before "
+                                    f"anything this contract judges was recorded (see that item).")
     if verdict.outcome == "passed":
         verdict.partial = True
         verdict.notes.append(

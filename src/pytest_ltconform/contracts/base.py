@@ -34,7 +34,7 @@ class Blame(enum.IntEnum):
     CALL = 10      # a collective-bearing call made on some ranks only (all-rank-save), including the
     #                collectives a library makes for a user call (Metric.compute, a DDP forward)
     DECISION = 20  # a decision all ranks must share differs (sync-dist: should_stop, best checkpoint)
-    LOG = 30       # a synced self.log made on some ranks only (sync-dist)
+    LOG = 30       # a synced self.log made on some ranks only, or a monitored key some ranks never log (sync-dist)
     RAISED = 40    # every failed rank raised inside a recorded call whose event names its owner
     DATA = 50      # the ranks' own dataloaders give them different numbers of batches (data-sharding)
 
@@ -71,6 +71,10 @@ class Verdict:
     notes: list[str] = dataclasses.field(default_factory=list)
     diagnosis: str | None = None
     partial: bool = False
+    # Set on a pass that found nothing of what the contract judges (no evaluation, no batch, no
+    # backward): kept on a finished run, but on an unfinished one the session reports the item
+    # not judged, since a pass that compared nothing is no pass.
+    empty: bool = False
 
     @property
     def failed(self) -> bool:

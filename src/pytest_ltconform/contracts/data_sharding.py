@@ -1003,7 +1003,8 @@ class DataSharding(Contract):
         what = f" ({self._what(loader)}, sampler {loader.get('sampler')})" if loader else ""
         summary = ("; ".join(parts) or "no batches were recorded") + \
             f"{what}; the same number of train batches per epoch on every rank."
-        return self.verdict("passed", summary, notes=[_split_note(stage, read) for stage, read in split.items()])
+        return self.verdict("passed", summary, notes=[_split_note(stage, read) for stage, read in split.items()],
+                            empty=not parts)
 
 
 CONTRACT = DataSharding()

@@ -215,7 +215,8 @@ class UnusedParameters(Contract):
         any_setup = next((s for s in setup.values() if s), None)
         total = sum(len(v) for v in records.values())
         if any_setup is None or (total == 0 and not any(ddp_errors.values())):
-            return self.verdict("passed", "no backward pass was recorded, so no parameter could miss a gradient.")
+            return self.verdict("passed", "no backward pass was recorded, so no parameter could miss a gradient.",
+                                empty=True)
         if not any_setup.get("ddp"):
             return self.verdict("skipped", "the model was not wrapped in DistributedDataParallel, so "
                                            "find_unused_parameters does not apply.")

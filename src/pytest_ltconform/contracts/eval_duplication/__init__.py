@@ -91,7 +91,7 @@ class EvalDuplication(Contract):
     def judge(self, run: Run) -> Verdict:
         data = [(v or {}).get("eval") for v in run.values()]
         if any(d is None for d in data):
-            return self.verdict("passed", "no evaluation was recorded on every rank.")
+            return self.verdict("passed", "no evaluation was recorded on every rank.", empty=True)
         limited = data[0].get("limited")
         stages = [s for s in data[0].get("driver", []) if s in data[0]["stages"]]
         if not stages:

@@ -11,7 +11,8 @@ Checked from the traced fit (rank side: ``probe.py``):
 2. silent mixing: every metric monitored by ModelCheckpoint, EarlyStopping or a
    ReduceLROnPlateau scheduler must be logged on every rank without ``rank_zero_only`` (in
    Lightning 2.6.6 it disables ``sync_dist``) and have the same value on every rank after every
-   validation;
+   validation; a monitored key logged on some ranks only (under a rank guard, say) makes a
+   rank that never logged it raise in its callback, and that stop is claimed (:attr:`Blame.LOG`);
 3. decisions every rank needs must agree: ``trainer.should_stop`` is watched as it is set, so a
    flag one rank sets (in ``on_train_batch_end``, say) fails at the global step and hook where
    the ranks first differ, with the assignment's file:line, even when the world then hangs
@@ -38,6 +39,7 @@ from ...world.diagnose import first_divergence
 from ..base import Blame, Contract, Evidence, Run, Verdict, rank_guard
 from . import nonlinear
 from .decisions import STOP_FIX, lr_divergence, lr_texts, stop_divergence, stop_texts, unsynced_filename_metric
+from .missing import missing_monitor, missing_texts
 from .probe import SyncDistProbe
 
 
@@ -66,10 +68,13 @@ class SyncDist(Contract):
 
     def blames(self, run: Run) -> int | None:
         """A decision every rank needs (``should_stop``) taken differently on some ranks, or a
-        synced log call some ranks made and the others did not, stopped the world."""
+        synced log call some ranks made and the others did not, stopped the world; so did a
+        monitored key some ranks logged when a rank that never logged it raised for want of it."""
         if stop_divergence(run) is not None:
             return Blame.DECISION
-        return Blame.LOG if "log" in run.divergent_events() else super().blames(run)
+        if "log" in run.divergent_events() or missing_monitor(run) is not None:
+            return Blame.LOG
+        return super().blames(run)
 
     def judge(self, run: Run) -> Verdict:
         stop = stop_divergence(run)
@@ -79,6 +84,7 @@ class SyncDist(Contract):
         failures = [self._stop_failure(run, stop)] if stop is not None else []
         if div is not None and div["kind"] == "calls":
             failures.append(self._sequence_failure(run, div))
+        failures += self._missing_failures(run)
         failures += self._monitor_failures(run)
         failures += self._decision_failures(run, stop_seen=stop is not None)
         failures += self._nonlinear_failures(run)
@@ -125,6 +131,15 @@ class SyncDist(Contract):
         return self.verdict("failed", summary, evidence=evidence, fix=fix, category="deadlock", notes=notes)
 
     # -- 2. monitored metrics -------------------------------------------------------------------
+    def _missing_failures(self, run: Run) -> list[Verdict]:
+        """A rank's callback raised for a monitored key that only other ranks log."""
+        found = None if run.finished else missing_monitor(run)
+        if found is None:
+            return []
+        summary, evidence, fix = missing_texts(found)
+        return [self.verdict("failed", summary, evidence=evidence, fix=fix,
+                             notes=["the world did not finish; see where each rank was, below."])]
+
     def _monitors(self, run: Run) -> list[dict]:
         seen, monitors = set(), []
         for v in run.probe(self.id):
@@ -349,7 +364,8 @@ class SyncDist(Contract):
         if floats:
             notes.append(f"{', '.join(floats)} logged as Python floats without sync_dist: Lightning gives no "
                          f"warning for these; the logged value is rank 0's alone.")
-        return self.verdict("passed", "; ".join(parts) + ".", notes=notes)
+        logged = any(run.events(r, "log") for r in range(run.world_size))
+        return self.verdict("passed", "; ".join(parts) + ".", notes=notes, empty=not logged and not monitors)
 
 
 # -- 1. helpers for a diverged sequence of synced log calls -----------------------------------------
