@@ -338,7 +338,18 @@ def test_explain_prints_the_packaged_page_and_imports_nothing_heavy(pytester):
     result.stdout.fnmatch_lines(["HEAVY []"])
     bad = pytester.runpytest_subprocess("--ltconform-explain", "sync_dist")
     assert bad.ret == pytest.ExitCode.USAGE_ERROR
-    bad.stderr.fnmatch_lines(["ERROR: --ltconform-explain: no contract 'sync_dist'; choose from all-rank-save, *"])
+    bad.stderr.fnmatch_lines(["ERROR: --ltconform-explain: no contract 'sync_dist'. Did you mean 'sync-dist'? "
+                              "Choose from all-rank-save, *"])
+
+
+@pytest.mark.parametrize("asked, close", [("sync_dist", "sync-dist"), ("all-rank-saves", "all-rank-save"),
+                                          ("SyncDist", "sync-dist"), ("nothing-like-it", None)])
+def test_explain_of_an_unknown_contract_suggests_the_close_id(asked, close):
+    from pytest_ltconform import report
+
+    message = report.unknown_contract(asked)
+    hint = f" Did you mean {close!r}?" if close else ""
+    assert message == f"no contract {asked!r}.{hint} Choose from {', '.join(report.contract_pages())}."
 
 
 def test_contract_pages_have_one_source_and_rule_lines_point_to_them():

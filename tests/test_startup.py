@@ -109,6 +109,13 @@ def trainer_list():
 
 def trainer_typo():
     return {"max_epoch": 3}
+
+class Data(L.LightningDataModule):
+    pass
+
+class DataNeedsRoot(L.LightningDataModule):
+    def __init__(self, root):
+        super().__init__()
 '''
 
 
@@ -121,10 +128,17 @@ def trainer_typo():
         ("targets_mod.NotAModule", None, "is a class but not a LightningModule subclass"),
         ("targets_mod:broken_factory", None, "broken_factory() raised ValueError: checkpoint path not set (at "),
         ("targets_mod.NoData", None, "no train_dataloader is defined on NoData"),
-        ("targets_mod.NeedsArgs", None, "cannot be constructed without arguments (__init__ requires hidden)"),
+        ("targets_mod.NeedsArgs", None, "cannot be constructed without arguments (__init__ requires hidden). "
+         "Write a zero-argument factory that returns a configured instance and pass it as "
+         "targets_mod:make_needs_args, or declare the target in conftest.py as "
+         "pytest_ltconform.Target('targets_mod.NeedsArgs', init={'hidden': ...})"),
         ("missing/file.py:Model", None, "the file 'missing/file.py' does not exist"),
         ("targets_mod.Good", "targets_mod:trainer_list", "expected a dict of Trainer kwargs"),
         ("targets_mod.Good", "targets_mod:trainer_typo", "max_epoch is not a Trainer argument"),
+        ("targets_mod.Good", "targets_mod:nope", "--ltconform-trainer 'targets_mod:nope': module 'targets_mod' has no "
+         "attribute 'nope'. Dicts and functions defined there: broken_factory, trainer_list, trainer_typo."),
+        ("targets_mod.Good", "targets_mod:trainer_typ", "'trainer_typ'. Did you mean 'trainer_typo'? Dicts and "
+         "functions defined there: "),
     ],
 )
 def test_bad_targets_name_the_input_and_the_fix(tmp_path, monkeypatch, model, trainer, expected):
@@ -138,6 +152,27 @@ def test_bad_targets_name_the_input_and_the_fix(tmp_path, monkeypatch, model, tr
         target.validate(model, None, trainer)
     assert expected in str(info.value)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "datamodule, expected",
+    [
+        ("targets_mod.Dta", "--ltconform-datamodule 'targets_mod.Dta': module 'targets_mod' has no attribute 'Dta'. "
+         "Did you mean 'Data'? LightningDataModules defined there: Data, DataNeedsRoot."),
+        ("targets_mod.DataNeedsRoot", "DataNeedsRoot() cannot be constructed without arguments (__init__ requires "
+         "root). Write a zero-argument factory that returns a configured instance and pass it as "
+         "targets_mod:make_data_needs_root."),
+    ],
+)
+def test_bad_datamodule_targets_name_the_candidates(tmp_path, monkeypatch, datamodule, expected):
+    from pytest_ltconform import target
+
+    (tmp_path / "targets_mod.py").write_text(TARGETS)
+    monkeypatch.syspath_prepend(tmp_path)
+    monkeypatch.delitem(__import__("sys").modules, "targets_mod", raising=False)
+    with pytest.raises(target.TargetError) as info:
+        target.validate("targets_mod.Good", datamodule)
+    assert str(info.value).endswith(expected)
 
 
 def test_bad_target_fails_the_session_at_start_without_traceback(pytester):

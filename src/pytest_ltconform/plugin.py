@@ -63,8 +63,7 @@ def pytest_cmdline_main(config: pytest.Config) -> int | None:
 
     page = report_mod.contract_page(cid.strip())
     if page is None:
-        sys.stderr.write(f"ERROR: --ltconform-explain: no contract {cid!r}; choose from "
-                         f"{', '.join(report_mod.contract_pages())}.\n")
+        sys.stderr.write(f"ERROR: --ltconform-explain: {report_mod.unknown_contract(cid)}\n")
         return pytest.ExitCode.USAGE_ERROR
     sys.stdout.write(page if page.endswith("\n") else page + "\n")
     return pytest.ExitCode.OK

@@ -119,6 +119,17 @@ def contract_page(contract: str) -> str | None:
     return (resources.files(__package__) / "contract_docs" / f"{contract}.md").read_text(encoding="utf-8")
 
 
+def unknown_contract(contract: str) -> str:
+    """The message for --ltconform-explain of an id that has no page: the close id, and every id."""
+    import difflib
+
+    ids = contract_pages()
+    close = difflib.get_close_matches(contract.lower().replace("_", "-"), ids, n=1) or \
+        difflib.get_close_matches(contract, ids, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return f"no contract {contract!r}.{hint} Choose from {', '.join(ids)}."
+
+
 _STYLE = {"passed": "green", "failed": "red", "advisory": "yellow", "error": "magenta", "skipped": "yellow"}
 
 

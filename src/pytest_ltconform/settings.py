@@ -114,8 +114,8 @@ def add_options(parser: pytest.Parser) -> None:
     )
     group.addoption(
         "--ltconform-require", dest=OPT_REQUIRE, metavar="TIER", default=None,
-        help=f"comma-separated tiers ({', '.join(TIERS)}) whose missing hardware fails the "
-             f"items instead of skipping them (ini: ltconform_require).",
+        help=f"comma-separated tiers ({', '.join(TIERS)}) that must run: their items are always "
+             f"created, and fail where the tier cannot run here (ini: ltconform_require).",
     )
     group.addoption(
         "--ltconform-strategies", dest=OPT_STRATEGIES, metavar="LIST", default=None,
@@ -137,7 +137,7 @@ def add_options(parser: pytest.Parser) -> None:
     parser.addini(OPT_WORLD_SIZE, "ranks per local world (as --ltconform-world-size)", default=None)
     parser.addini(OPT_TIMEOUT, "seconds per contract run (as --ltconform-timeout)", default=None)
     parser.addini(OPT_REPORT, "JSON report path (as --ltconform-report)", default=None)
-    parser.addini(OPT_REQUIRE, "tiers that must not skip (as --ltconform-require)", default=None)
+    parser.addini(OPT_REQUIRE, "tiers that must run here (as --ltconform-require)", default=None)
     parser.addini(OPT_STRATEGIES, "strategies to check (as --ltconform-strategies)", default=None)
     parser.addini(OPT_OVERSUBSCRIBE, "allow more ranks than CPUs or memory (as --ltconform-oversubscribe)",
                   type="bool", default=False)

@@ -21,6 +21,7 @@ import importlib.util
 import inspect
 import os
 import pickle
+import re
 import sys
 import sysconfig
 import traceback
@@ -234,28 +235,66 @@ def import_module(spec: TargetSpec):
         ) from None
 
 
-def load_object(spec: TargetSpec) -> Any:
-    """Import and return the object a spec names (not yet called)."""
+def load_object(spec: TargetSpec, kind: str = "LightningModule") -> Any:
+    """Import and return the object a spec names (not yet called). ``kind`` says what the target
+    should name, for the message of a missing name: ``"LightningModule"``, ``"LightningDataModule"``
+    or ``"trainer"`` (a dict of Trainer kwargs, or a callable returning one)."""
     module = import_module(spec)
     obj = module
     for part in spec.attr.split("."):
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            import difflib
-
-            modules = sorted(n for n, v in vars(module).items() if inspect.isclass(v)
-                             and getattr(v, "__module__", None) == module.__name__
-                             and namespace_of(v) is not None)
-            close = difflib.get_close_matches(part, [n for n in dir(module) if not n.startswith("_")], n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            if modules:
-                hint += f" LightningModules defined there: {', '.join(modules[:12])}."
             raise TargetError(
                 f"{spec.option} {spec.text!r}: module {module.__name__!r} has no attribute "
-                f"{spec.attr!r}.{hint}"
+                f"{spec.attr!r}.{_missing_hint(module, part, kind)}"
             ) from None
     return obj
+
+
+def _candidates(module, kind: str) -> tuple[list[str], str]:
+    """The names defined in ``module`` that could be a target of ``kind``, and how to call them."""
+    own = {n: v for n, v in vars(module).items() if not n.startswith("_")}
+    if kind == "trainer":
+        names = [n for n, v in own.items() if isinstance(v, dict) or (
+            callable(v) and not inspect.isclass(v) and getattr(v, "__module__", None) == module.__name__)]
+        return sorted(names), "dicts and functions defined there"
+    names = [n for n, v in own.items() if inspect.isclass(v) and getattr(v, "__module__", None) == module.__name__
+             and namespace_of(v, kind) is not None]
+    return sorted(names), f"{kind}s defined there"
+
+
+def _missing_hint(module, name: str, kind: str) -> str:
+    """' Did you mean ...? <kind>s defined there: ...' for a name ``module`` lacks: the close name
+    among the candidates of ``kind`` first, else among all its public names."""
+    import difflib
+
+    names, label = _candidates(module, kind)
+    close = difflib.get_close_matches(name, names, n=1) or \
+        difflib.get_close_matches(name, [n for n in dir(module) if not n.startswith("_")], n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    if names:
+        more = f" (and {len(names) - 12} more)" if len(names) > 12 else ""
+        hint += f" {label[0].upper()}{label[1:]}: {', '.join(names[:12])}{more}."
+    return hint
+
+
+def _factory_advice(spec: TargetSpec, cls: type, required: list[str], base_name: str) -> str:
+    """How to target a class whose constructor needs ``required``: a factory named after it, or
+    (for a LightningModule) a conftest Target with ``init``."""
+    where = spec.text.rpartition(":")[0] if spec.path else spec.module
+    advice = (f"Write a zero-argument factory that returns a configured instance and pass it as "
+              f"{where}:make_{_snake(cls.__name__)}")
+    if base_name != "LightningModule":  # Target(init=...) builds the module only
+        return advice + "."
+    init = ", ".join(f"{name!r}: ..." for name in required)
+    return (f"{advice}, or declare the target in conftest.py as pytest_ltconform.Target({spec.text!r}, "
+            f"init={{{init}}}) (see docs/configuration.md, Several targets).")
+
+
+def _snake(name: str) -> str:
+    """``WideNet`` -> ``wide_net``, for the suggested factory name of a class."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()
 
 
 def namespace_of(cls: type, base_name: str = "LightningModule") -> str | None:
@@ -286,7 +325,7 @@ def instantiate(spec: TargetSpec, base_name: str, what: str, init: dict | None =
     LightningDataModule of either namespace): the class is constructed, or the factory called,
     with ``init`` as keyword arguments (none when ``init`` is None). Raises :class:`TargetError`.
     """
-    obj = load_object(spec)
+    obj = load_object(spec, base_name)
     if inspect.isclass(obj):
         if namespace_of(obj, base_name) is None:
             raise TargetError(
@@ -300,9 +339,8 @@ def instantiate(spec: TargetSpec, base_name: str, what: str, init: dict | None =
             if required:
                 raise TargetError(
                     f"{spec.option} {spec.text!r}: {obj.__qualname__}() cannot be constructed without "
-                    f"arguments (__init__ requires {', '.join(required)}). Write a zero-argument factory that "
-                    f"returns a configured instance and pass it as {spec.module}:make_{what.split()[0]}, or "
-                    f"declare the target in conftest.py with Target(..., init={{...}}) (see the configuration docs)."
+                    f"arguments (__init__ requires {', '.join(required)}). "
+                    f"{_factory_advice(spec, obj, required, base_name)}"
                 )
     elif callable(obj):
         factory, label = obj, f"{spec.attr}()"
@@ -387,7 +425,7 @@ def trainer_kwargs(spec: TargetSpec) -> dict:
 
 
 def _trainer_kwargs(spec: TargetSpec) -> dict:
-    obj = load_object(spec)
+    obj = load_object(spec, "trainer")
     if callable(obj) and not isinstance(obj, dict):
         required = _required_params(obj)
         if required:
