@@ -285,6 +285,14 @@ def _save_sharded(trainer, path: str) -> None:
         strategy._state_dict_type = previous
 
 
+_VALIDATION_CODE = ("validation_step", "on_validation_start", "on_validation_epoch_start", "on_validation_batch_start",
+                    "on_validation_batch_end", "on_validation_epoch_end", "on_validation_end")
+
+
+def _no_op(*args, **kwargs) -> None:
+    return None
+
+
 class _Resume:
     """A fresh module, datamodule and Trainer with the matching strategy, restored from ``path``."""
 
@@ -351,6 +359,10 @@ class _Resume:
             out["unchecked"] = "the module defines no validation_step to load the weights through"
             return None
         kwargs.update(limit_val_batches=1, strategy=self.strategy(), callbacks=[self.callback()])
+        # The batch only carries the restore; the user's validation code (its logs and collectives)
+        # is judged by the fit, not by this check of the weights.
+        for name in _VALIDATION_CODE:
+            setattr(model, name, _no_op)
         self.seen.clear()
         objects.ns.Trainer(**kwargs).validate(model, datamodule=datamodule, ckpt_path=self.path, verbose=False)
         self.seen["step"] = out["saved_step"]  # validate restores no loop state
