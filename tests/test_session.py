@@ -124,3 +124,21 @@ def test_a_finished_run_with_nothing_to_judge_keeps_its_pass(fake_runs, cid):
     run = fake_runs.run(traces=[[STEP], [STEP]], values=[{}, {}], kind=contract.run_spec.name)
     verdict = judge(contract, run)
     assert verdict.outcome == "passed" and verdict.empty and not verdict.partial
+
+
+def test_a_stop_inside_validation_or_its_sanity_check_is_told_from_one_in_training(fake_runs):
+    from pytest_ltconform.session import _stopped_in_validation
+
+    def stopped(*events):
+        return _stopped_in_validation(fake_runs.run(traces=[list(events), [STEP]], values=[{}, {}]))
+
+    sanity = {"ev": "hook", "i": 1, "name": "[LightningModule]Model.validation_step", "epoch": 0, "step": 0,
+              "sanity": True}
+    assert stopped(sanity)
+    closed = {"ev": "hook_exit", "i": 1, "epoch": 0, "step": 0, "sanity": False}
+    train = {"ev": "hook", "i": 2, "name": "[LightningModule]Model.training_step", "epoch": 0, "step": 0,
+             "sanity": False}
+    assert not stopped(sanity, closed, train)
+    val_end = {"ev": "hook", "i": 3, "name": "[LightningModule]Model.on_validation_epoch_end", "epoch": 1,
+               "step": 8, "sanity": False}
+    assert stopped(sanity, closed, train, {"ev": "hook_exit", "i": 2}, val_end)

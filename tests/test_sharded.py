@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import BORING
+from conftest import BORING, REPO
 
 FSDP_ITEMS = tuple(f"ltconform::{BORING}::{c}[fsdp]" for c in ("all-rank-save", "sync-dist", "configure-model"))
 
@@ -160,3 +160,20 @@ def test_fsdp_end_to_end_pass_and_fail(pytester, no_leftover_ranks):
     for rec in records.values():
         assert "names FSDPStrategy(state_dict_type='sharded'); no GPU is present" in rec["message"]
         assert "CPU sharded tier" in rec["message"]
+
+
+def test_a_fit_stopped_in_validation_by_sync_dist_leaves_the_sharded_round_trip_judged(pytester, no_leftover_ranks):
+    """The shared fit stops in the sanity check (a rank-0-only synced log); all-rank-save[fsdp] is
+    judged on the second fit without validation, and its round trip's weight check (a validate
+    through one batch) does not run the user's validation code into the same deadlock."""
+    source = REPO / "conformance" / "sync-dist" / "epoch_end_log_rank_zero_gate.py"
+    report = pytester.path / "report.json"
+    result = pytester.runpytest_subprocess(
+        "--ltconform", f"{source}:Model", "--ltconform-strategies", "fsdp", "--ltconform-timeout", "40",
+        "--ltconform-report", str(report), "-k", "all-rank-save[ or sync-dist[", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, failed=1)
+    records = {r["contract"]: r for r in json.loads(report.read_text())["results"] if r["strategy"] == "fsdp"}
+    assert records["sync-dist"]["outcome"] == "failed"
+    assert records["all-rank-save"]["outcome"] == "passed", records["all-rank-save"]["message"]
+    assert "judged on a second fit with validation switched off (limit_val_batches=0, num_sanity_val_steps=0)" \
+           in records["all-rank-save"]["message"]

@@ -49,6 +49,10 @@ class RunSpec:
 
 
 FIT = RunSpec("fit", "pytest_ltconform.harness:traced_fit")
+# The same fit with validation and its sanity check switched off: what the fit-based contracts are
+# judged on when the shared fit stopped in validation because of another contract's failure.
+FIT_WITHOUT_VALIDATION = RunSpec("fit-without-validation", "pytest_ltconform.harness:traced_fit_without_validation")
+WITHOUT_VALIDATION = {"limit_val_batches": 0, "num_sanity_val_steps": 0}
 
 
 def inspection(name: str) -> RunSpec:
@@ -469,16 +473,18 @@ def rank_run(ctx, targets, probes: list, pg_timeout_s: float, traced: bool = Tru
             recorder.uninstall()
 
 
-def traced_fit(ctx, targets: target_mod.Targets, strategy_name: str, probes: list, pg_timeout_s: float) -> dict:
+def traced_fit(ctx, targets: target_mod.Targets, strategy_name: str, probes: list, pg_timeout_s: float,
+               overrides: dict | None = None) -> dict:
     """Run ``trainer.fit`` on this rank with the trace installed; the run every fit-based
-    contract is judged on. Returns ``{"probes": {contract_id: observations}}``."""
+    contract is judged on. ``overrides``: Trainer kwargs set over the bounded ones. Returns
+    ``{"probes": {contract_id: observations}}``."""
     from .sharded import configured_for, ddp_note, precision_note
 
     with rank_run(ctx, targets, probes, pg_timeout_s, strategy_name=strategy_name) as run:
         objects = run.objects
         user_strategy = objects.user_kwargs.get("strategy")
         strategy = run.strategy(strategy_name, user_strategy)
-        kwargs = run.trainer_kwargs(strategy)
+        kwargs = {**run.trainer_kwargs(strategy), **(overrides or {})}
         # What ran in place of the user's strategy (their FSDP/DeepSpeed config as CPU FSDP, or as DDP).
         note = getattr(strategy, "ltconform_note", None) or ddp_note(strategy_name, user_strategy)
         fp32 = precision_note(strategy, objects.user_kwargs.get("precision"))
@@ -491,6 +497,12 @@ def traced_fit(ctx, targets: target_mod.Targets, strategy_name: str, probes: lis
         trainer.fit(objects.model, datamodule=objects.datamodule)
         run.after_fit()
         return {"probes": run.collected()}
+
+
+def traced_fit_without_validation(ctx, targets: target_mod.Targets, strategy_name: str, probes: list,
+                                  pg_timeout_s: float) -> dict:
+    """:func:`traced_fit` with no validation loop and no sanity check (``WITHOUT_VALIDATION``)."""
+    return traced_fit(ctx, targets, strategy_name, probes, pg_timeout_s, overrides=WITHOUT_VALIDATION)
 
 
 def inspect(ctx, targets: target_mod.Targets, strategy_name: str, probes: list, pg_timeout_s: float) -> dict:

@@ -13,7 +13,7 @@ import time
 
 from . import contracts
 from .contracts.base import Run, Verdict
-from .harness import FIT, RunSpec, inspection
+from .harness import FIT, FIT_WITHOUT_VALIDATION, WITHOUT_VALIDATION, RunSpec, inspection
 from .settings import Settings
 from .sites import fmt_site
 from .vocabulary import CUDA_TIERS, SHARDED_STRATEGIES, STRATEGY_NAMES, backend_for, rank_env_for
@@ -55,8 +55,8 @@ class LtconformSession:
             raise cached
         return cached
 
-    def _make(self, spec: RunSpec, strategy: str, tier: str) -> Run:
-        probes = contracts.probes_for(spec.name)
+    def _make(self, spec: RunSpec, strategy: str, tier: str, probes_of: str | None = None) -> Run:
+        probes = contracts.probes_for(probes_of or spec.name)
         settings = self.settings
         if tier == "multinode":
             if self.attached is None:
@@ -105,10 +105,42 @@ class LtconformSession:
         if getattr(run, "first_item", None) is None:
             run.first_item = f"{contract_id}[{strategy}]"  # what a later item names when this run hung
         verdict = judge(contract, run)
+        if contract.run_spec.name == FIT.name:
+            verdict = self._judged_without_validation(contract, run, verdict, tier) or verdict
         if verdict.outcome == "error" and contract.run_spec.name != FIT.name:
             verdict = self._explained_by_fit(contract, strategy) or verdict
         # The first item that needs a run pays for it; later items only for their judgement.
         return verdict, time.monotonic() - started
+
+    def _judged_without_validation(self, contract, fit: Run, verdict: Verdict, tier: str) -> Verdict | None:
+        """The verdict on a fit with validation switched off, when the shared fit stopped inside
+        validation (or its sanity check) because of another contract's failure and this contract
+        was left not judged or judged on a part only; None when that fit does not judge it either.
+
+        Only a failure, or a pass that recorded what the contract judges on a finished fit, is
+        taken: a stop of the second fit is never blamed on the user."""
+        if fit.finished or not _stopped_in_validation(fit):
+            return None
+        owner = contracts.blamed(fit)
+        if owner is None or owner == contract.id or not (verdict.category == "consequence" or verdict.partial):
+            return None
+        key = (FIT_WITHOUT_VALIDATION.name, fit.strategy, self.settings.world_size) + (() if tier == "cpu" else (tier,))
+        run = self._runs.get(key)
+        if run is None and self._hung_before(FIT_WITHOUT_VALIDATION, fit.strategy, tier) is None:
+            try:
+                run = self._make(FIT_WITHOUT_VALIDATION, fit.strategy, tier, probes_of=FIT.name)
+            except WorldStartError as exc:
+                run = exc
+            self._runs[key] = run
+        if not isinstance(run, Run):
+            return None
+        second = judge(contract, run)
+        if not (second.failed or (run.finished and second.outcome == "passed" and not second.empty)):
+            return None
+        switched = ", ".join(f"{k}={v}" for k, v in WITHOUT_VALIDATION.items())
+        second.notes.append(f"judged on a second fit with validation switched off ({switched}): the shared fit "
+                            f"stopped in validation because of the {owner}[{fit.strategy}] failure (see that item).")
+        return second
 
     def _hung_before(self, spec: RunSpec, strategy: str, tier: str) -> Run | None:
         """An earlier run of this target that was killed at its time limit with no contract
@@ -238,6 +270,23 @@ def _after_owned_failure(contract, run: Run, verdict: Verdict, owner: str) -> Ve
         return verdict
     return not_judged(contract, f"the shared {run.kind} run did not finish because of the {item} failure "
                                 f"(see that item), and this contract needs the run's end.")
+
+
+def _stopped_in_validation(run: Run) -> bool:
+    """Whether a rank stopped inside a validation hook or the sanity check."""
+    for trace in run.traces:
+        open_hooks: dict = {}
+        sanity = False
+        for e in trace:
+            if e.get("ev") == "hook":
+                open_hooks[e.get("i")] = str(e.get("name", ""))
+            elif e.get("ev") == "hook_exit":
+                open_hooks.pop(e.get("i"), None)
+            if "sanity" in e:
+                sanity = bool(e["sanity"])
+        if sanity or any("validation" in name for name in open_hooks.values()):
+            return True
+    return False
 
 
 def _reached_a_step(run: Run) -> bool:
