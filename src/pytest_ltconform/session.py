@@ -42,7 +42,7 @@ class LtconformSession:
         ``tier``'s world (see tiers.py): a local gloo world for 'cpu', a local NCCL world for
         'gpu'/'deepspeed', the attached world for 'multinode'. Made once and cached; raises
         WorldStartError when no world could run it."""
-        key = (kind, strategy, self.settings.world_size) + (() if tier == "cpu" else (tier,))
+        key = self._key(kind, strategy, tier)
         # Fresh-world mode (the benchmark's baseline) shares nothing between items.
         cached = None if self.pool.fresh_per_job else self._runs.get(key)
         if cached is None:
@@ -54,6 +54,10 @@ class LtconformSession:
         if isinstance(cached, Exception):
             raise cached
         return cached
+
+    def _key(self, kind: str, strategy: str, tier: str) -> tuple:
+        """The run cache's key: (kind, strategy, world size), plus the tier when it is not 'cpu'."""
+        return (kind, strategy, self.settings.world_size) + (() if tier == "cpu" else (tier,))
 
     def _make(self, spec: RunSpec, strategy: str, tier: str, probes_of: str | None = None) -> Run:
         probes = contracts.probes_for(probes_of or spec.name)
@@ -124,7 +128,7 @@ class LtconformSession:
         owner = contracts.blamed(fit)
         if owner is None or owner == contract.id or not (verdict.category == "consequence" or verdict.partial):
             return None
-        key = (FIT_WITHOUT_VALIDATION.name, fit.strategy, self.settings.world_size) + (() if tier == "cpu" else (tier,))
+        key = self._key(FIT_WITHOUT_VALIDATION.name, fit.strategy, tier)
         run = self._runs.get(key)
         if run is None and self._hung_before(FIT_WITHOUT_VALIDATION, fit.strategy, tier) is None:
             try:
@@ -151,7 +155,7 @@ class LtconformSession:
         theirs runs the same under every strategy); a rank stuck inside a library call (a
         collective, a strategy's gather) may be that strategy's doing, so other strategies still
         run. Inspection runs train nothing and always run."""
-        own_key = (spec.name, strategy, self.settings.world_size) + (() if tier == "cpu" else (tier,))
+        own_key = self._key(spec.name, strategy, tier)
         if spec.fn == INSPECT_FN or own_key in self._runs:
             return None  # made already: its items are judged on it
         for key, run in self._runs.items():
