@@ -96,9 +96,12 @@ def test_unwritable_report_path_fails_at_start_in_one_line(pytester):
         (pytester.path / "a_dir", "*cannot write the JSON report to */a_dir: it is a directory; name a file, "
                                   "e.g. */a_dir/ltconform.json."),
         (pytester.path / "a_file" / "out" / "r.json", "*cannot write the JSON report to */a_file/out/r.json: "
-                                                      "Not a directory (*a_file/out); choose a path in a folder "
-                                                      "you can write to."),
-        ("/proc/ltconform-nowhere/r.json", "*cannot write the JSON report to /proc/ltconform-nowhere/r.json: *"),
+                                                      "*/a_file is a file, not a folder; choose another path."),
+        (pytester.path / "a_file" / "r.json", "*cannot write the JSON report to */a_file/r.json: "
+                                              "*/a_file is a file, not a folder; choose another path."),
+        ("/proc/ltconform-nowhere/r.json", "*cannot write the JSON report to /proc/ltconform-nowhere/r.json: "
+                                           "* (in /proc/ltconform-nowhere); choose a path in a folder you can "
+                                           "write to."),
     ]
     for path, message in cases:
         result = pytester.runpytest("--ltconform-report", str(path), "-p", "no:cacheprovider")

@@ -9,6 +9,9 @@ The real two-node runs are in tests/multinode (marker ``multinode``).
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 
 from pytest_ltconform import tiers, vocabulary
@@ -78,12 +81,24 @@ def test_gpu_tier_skips_naming_missing_devices_and_require_turns_it_into_a_failu
                                 "--ltconform-oversubscribe", "-rs")  # 3 ranks may exceed this machine's CPUs
     result.stdout.fnmatch_lines(["SKIPPED * needs 3 CUDA devices, found 0"])
 
+    report = pytester.path / "required.json"
     required = pytester.runpytest("--ltconform", BORING, "-m", "ltconform_gpu and not ltconform_deepspeed",
-                                  "--ltconform-require", "gpu")
+                                  "--ltconform-require", "gpu", "--ltconform-report", str(report))
     assert required.ret == pytest.ExitCode.TESTS_FAILED
-    assert required.parseoutcomes().get("failed", 0) == outcomes["skipped"] - _deepspeed_items(pytester)
+    failed = required.parseoutcomes().get("failed", 0)
+    assert failed == outcomes["skipped"] - _deepspeed_items(pytester)
     required.stdout.fnmatch_lines(["*--ltconform-require gpu: the gpu tier cannot run here: needs 2 CUDA "
                                    "devices, found 0*"])
+    # The summary has the failed column, and the one reason once for the whole tier.
+    out = required.stdout.str()
+    summary = out.split("ltconform summary")[1]
+    assert re.search(r"^contract\s+ddp-gpu", summary, re.M), summary
+    assert re.search(r"^sync-dist\s+failed", summary, re.M), summary
+    assert summary.count("the gpu tier cannot run here") == 1, summary
+    assert f"and {failed - 1} more item(s) of that tier" in summary, summary
+    # The JSON report lists every one as failed.
+    records = json.loads(report.read_text())["results"]
+    assert len(records) == failed and {r["outcome"] for r in records} == {"failed"}, records
 
 
 def _deepspeed_items(pytester) -> int:

@@ -174,19 +174,19 @@ def test_ltconform_world_fixture_reuses_ranks_and_isolates_jobs(pytester, no_lef
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-v")
     result.assert_outcomes(passed=1, failed=3)
     result.stdout.fnmatch_lines([
-        "*ltconform_world.run(test_user_dist:fail_on_rank_one) failed on 2 ranks*",
+        "*ltconform_world.run(test_user_dist:fail_on_rank_one) failed on rank(s) 1 of a 2-rank world:",
         "*rank 1: error (ValueError: bad shard on rank 1)*",
         "[[]rank1[]] ValueError: bad shard on rank 1",
     ])
     # The hung rank: killed, with its faulthandler stack pointing at the user's line.
     result.stdout.fnmatch_lines([
-        "*ltconform_world.run(test_user_dist:stuck_in_user_code) failed on 2 ranks*",
+        "*ltconform_world.run(test_user_dist:stuck_in_user_code) failed on rank(s) * of a 2-rank world:",
         "*rank(s) 1 were still running after * s and were killed (SIGKILL)*",
         "*rank 1 (hung): stack: stuck_in_user_code() in test_user_dist.py:49*",
     ])
     # A rank that dies: named with its exit code, the other rank's error alongside.
     result.stdout.fnmatch_lines([
-        "*ltconform_world.run(test_user_dist:exit_on_rank_one) failed on 2 ranks*",
+        "*ltconform_world.run(test_user_dist:exit_on_rank_one) failed on rank(s) * of a 2-rank world:",
         "*--- rank 1: died (exit code 7)*",
     ])
     result.stdout.fnmatch_lines(["*Rank 1 exited without a result (exit code 7).*"])

@@ -418,6 +418,7 @@ class LtconformItem(pytest.Item):
                 self.required_missing = (f"--ltconform-require {tier}: the {tier} tier cannot run here: {reason}. "
                                          f"The item fails instead of skipping so that a runner without that "
                                          f"hardware cannot pass silently.")
+                self._record({**_unavailable(self.required_missing), "outcome": "failed"}, 0.0)
                 return False
         first = avail.first_missing(self.variant)
         if first:
@@ -460,6 +461,11 @@ class LtconformItem(pytest.Item):
         return super().repr_failure(excinfo, style=style)
 
     def reportinfo(self):
+        # The module's class definition: -vv prints it after the id, --junitxml as the file.
+        targets = self.config.stash.get(ALL_TARGETS_KEY, {}).get(self.target_id)
+        source = getattr(targets, "model_source", None)
+        if source and source[0]:
+            return source[0], source[1] - 1, f"ltconform {self.target_id}::{self.name}"
         return self.path, None, f"ltconform {self.target_id}::{self.name}"
 
 
@@ -510,10 +516,18 @@ def pytest_runtest_makereport(item, call):
         # What the item checked, in one line: -rA prints it after "PASSED <id> - " as it prints a
         # failure's message, and -rP / the JSON report carry the same words.
         report.longrepr = _one_line(item.verdict_dict.get("summary") or "")
+        # The one-line reason is trimmed to the terminal's width in the short summary; -rA / -rP
+        # print a passed item's sections in full, so its notes (a DeepSpeed substitution, a
+        # second fit), evidence and rule are readable there.
+        first, _, rest = item.verdict_dict.get("message", "").partition("\n")
+        plain = first == f"[{item.contract_id}] passed: {item.verdict_dict.get('summary')}"
+        report.sections.append(("ltconform", (rest if plain else f"{first}\n{rest}").strip() or "(no notes)"))
     elif isinstance(item, LtconformItem) and report.skipped and isinstance(report.longrepr, tuple):
-        # -rs names where a skip was raised: the plugin's own file means nothing to a user, so
-        # the line reads "SKIPPED [n] ltconform: <reason>".
-        report.longrepr = ("ltconform", None, report.longrepr[2])
+        # -rs names where a skip was raised: the plugin's own file means nothing to a user. A tier
+        # that cannot run here reads "SKIPPED [n] ltconform: <reason>" (one line for all its
+        # items); an item left not judged names itself, since its reason names another item.
+        where = item.nodeid if item.verdict_dict else "ltconform"
+        report.longrepr = (where, None, report.longrepr[2])
     return report
 
 
@@ -581,7 +595,7 @@ class ResultsCollector:
             tw = terminalreporter._tw
             width = min(getattr(tw, "fullwidth", 100), 100)
             terminalreporter.write_sep("=", "ltconform summary", bold=True)
-            if all(r.get("category") == "unavailable" for r in self.results):
+            if all(r.get("category") == "unavailable" and r["outcome"] == "skipped" for r in self.results):
                 # A run of skips only must not read as a pass: say that nothing was judged, and why.
                 reasons = "; ".join(dict.fromkeys(r["summary"] for r in self.results))
                 terminalreporter.write_line(f"ltconform: nothing was judged: every selected item needs a tier that "
@@ -698,7 +712,9 @@ class WorldHandle:
         if result.status == "skip":
             pytest.skip(result.ranks[0].message or "skipped inside the ranks")
         if result.status != "ok":
-            pytest.fail(f"ltconform_world.run({ref}) failed on {result.world_size} ranks:\n"
+            failed = [str(r.rank) for r in result.ranks if r.status != "ok"]
+            pytest.fail(f"ltconform_world.run({ref}) failed on rank(s) {', '.join(failed)} of a "
+                        f"{result.world_size}-rank world:\n"
                         f"{result.failure_text()}", pytrace=False)
         return result.values
 

@@ -19,6 +19,7 @@ values that are not plain JSON written as their ``repr``; ``init`` likewise (nul
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import io
 import json
@@ -52,7 +53,8 @@ def from_report(report) -> dict | None:
 
 def versions() -> dict:
     found = {"python": platform.python_version()}
-    for dist in ("torch", "lightning", "pytorch-lightning", "torchmetrics", "pytest", "pytest-ltconform"):
+    for dist in ("torch", "lightning", "pytorch-lightning", "torchmetrics", "deepspeed", "pytest",
+                 "pytest-ltconform"):
         try:
             found[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
@@ -161,9 +163,17 @@ def summary_text(results: list[dict], width: int, color: bool) -> str:
         prefix = f"{r['target']}::" if several and r.get("target") else ""
         return f"{prefix}{r['contract']}[{r['strategy']}]"
 
+    # A required tier missing here fails each of its items with one message: said once.
+    same = collections.Counter(r["message"] for r in results if r.get("category") == "unavailable")
+    said = set()
     for r in results:
+        if r.get("category") == "unavailable" and r["message"] in said:
+            continue
+        said.add(r["message"])
         if r["outcome"] in ("failed", "advisory"):
-            console.rule(escape(name(r)), style="" if not color else _STYLE[r["outcome"]])
+            more = same.get(r["message"], 1) - 1 if r.get("category") == "unavailable" else 0
+            title = name(r) + (f" and {more} more item(s) of that tier" if more else "")
+            console.rule(escape(title), style="" if not color else _STYLE[r["outcome"]])
             # soft_wrap: long paths stay on one line, so they can be copied.
             console.print(r.get("block") or r["message"], markup=False, highlight=False, soft_wrap=True)
     errors = [r for r in results if r["outcome"] == "error"]

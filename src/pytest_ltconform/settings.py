@@ -198,6 +198,10 @@ def _validate_report_path(raw: str, where: str) -> str:
     if os.path.isdir(path):
         raise pytest.UsageError(f"{where}: cannot write the JSON report to {path}: it is a directory; "
                                 f"name a file, e.g. {os.path.join(raw, 'ltconform.json')}.")
+    blocking = _file_in_the_way(os.path.dirname(path))
+    if blocking:
+        raise pytest.UsageError(f"{where}: cannot write the JSON report to {path}: {blocking} is a file, not a "
+                                f"folder; choose another path.")
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         if os.path.exists(path):
@@ -207,9 +211,20 @@ def _validate_report_path(raw: str, where: str) -> str:
             os.close(fd)
             os.unlink(probe)
     except OSError as exc:
+        # The probe file's name means nothing to the user: name the folder it was made in.
         raise pytest.UsageError(f"{where}: cannot write the JSON report to {path}: {exc.strerror or exc} "
-                                f"({exc.filename or path}); choose a path in a folder you can write to.") from None
+                                f"(in {os.path.dirname(path)}); choose a path in a folder you can write to.") from None
     return path
+
+
+def _file_in_the_way(folder: str) -> str | None:
+    """The nearest existing ancestor of ``folder`` (itself included) when it is not a folder."""
+    while folder and not os.path.exists(folder):
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return None
+        folder = parent
+    return folder if folder and not os.path.isdir(folder) else None
 
 
 def cpu_count() -> int:

@@ -480,6 +480,8 @@ class Targets:
     declared_at: str | None = None  # "file:line" of a Target() declared in conftest.py
     # The configured strategy: its class and base class names, or the string given, lower-cased.
     strategy_names: tuple[str, ...] = ()
+    # Where the module's class is defined (absolute path, 1-based line): the items' location.
+    model_source: tuple[str, int] | None = None
 
     def configures(self, strategy: str) -> bool:
         """Whether the Trainer config names ``strategy`` (a vocabulary id such as 'deepspeed'):
@@ -554,7 +556,15 @@ def validate(model: str, datamodule: str | None = None, trainer: str | dict | No
         datamodule_class=f"{type(dm).__module__}:{type(dm).__qualname__}" if dm is not None else None,
         id=id, init=dict(init) if init is not None else None, trainer_dict=trainer_dict, declared_at=declared_at,
         strategy_names=_strategy_names(kwargs.get("strategy")),
+        model_source=_source_of(type(module)),
     )
+
+
+def _source_of(klass: type) -> tuple[str, int] | None:
+    try:
+        return os.path.abspath(inspect.getsourcefile(klass) or ""), inspect.getsourcelines(klass)[1]
+    except (OSError, TypeError):
+        return None  # defined in a notebook cell or built by type(): no file to name
 
 
 def _strategy_names(strategy: Any) -> tuple[str, ...]:

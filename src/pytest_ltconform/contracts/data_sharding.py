@@ -618,7 +618,7 @@ class DataSharding(Contract):
                 [_split_note(stage, read) for stage, read in split.items()]
             if not run.finished:
                 first.notes.append("the world did not finish; the batches each rank recorded up to then are "
-                                   "the evidence (see where each rank was, below).")
+                                   "the evidence (the item's report says where each rank was).")
             return first
         return self._passed(run, batches, loaders, split)
 

@@ -235,7 +235,7 @@ class AllRankSave(Contract):
                          f"your code that made it.")
         if not run.finished:
             notes.append("the world did not finish: the one-sided call left the other ranks waiting "
-                         "(see where each rank was, below).")
+                         "(the item's report says where each rank was).")
         return notes
 
 

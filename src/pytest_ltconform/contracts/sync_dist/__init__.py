@@ -127,7 +127,7 @@ class SyncDist(Contract):
             summary = (f"{via}(sync_dist=True) in {hook} logs different key sets per rank: {sets}, at "
                        f"{site}. Each key is an all-reduce, so the ranks' collectives no longer pair up.")
         fix = _sequence_fix(bool(empty), name_text, where)
-        notes = [] if run.finished else ["the world did not finish; see where each rank was, below."]
+        notes = [] if run.finished else ["the world did not finish; the item's report says where each rank was."]
         return self.verdict("failed", summary, evidence=evidence, fix=fix, category="deadlock", notes=notes)
 
     # -- 2. monitored metrics -------------------------------------------------------------------
@@ -138,7 +138,7 @@ class SyncDist(Contract):
             return []
         summary, evidence, fix = missing_texts(found)
         return [self.verdict("failed", summary, evidence=evidence, fix=fix,
-                             notes=["the world did not finish; see where each rank was, below."])]
+                             notes=["the world did not finish; the item's report says where each rank was."])]
 
     def _monitors(self, run: Run) -> list[dict]:
         seen, monitors = set(), []
@@ -207,7 +207,7 @@ class SyncDist(Contract):
     # -- 3. decisions ---------------------------------------------------------------------------
     def _stop_failure(self, run: Run, div: dict) -> Verdict:
         summary, evidence = stop_texts(run, div)
-        notes = [] if run.finished else ["the world did not finish; see where each rank was, below."]
+        notes = [] if run.finished else ["the world did not finish; the item's report says where each rank was."]
         return self.verdict("failed", summary, evidence=evidence, category="deadlock", notes=notes,
                             fix=f"at {fmt_site(div['event'].get('site'))}: {STOP_FIX}")
 
