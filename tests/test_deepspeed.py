@@ -19,7 +19,7 @@ from pytest_ltconform import sharded
 pytest_plugins = ["pytester"]
 
 needs_deepspeed = pytest.mark.skipif(not sharded.deepspeed_installed(),
-                                     reason="deepspeed not installed (pip install 'pytest-ltconform[deepspeed]')")
+                                     reason="deepspeed not installed (pip install 'deepspeed>=0.16')")
 
 ZERO3_OK = CONFORMANCE / "configure-model" / "ok_deepspeed_zero3_configure_model.py"
 ZERO3_RANK0_SAVE = CONFORMANCE / "all-rank-save" / "deepspeed_zero3_save_on_rank_zero.py"
@@ -78,6 +78,10 @@ def test_conforming_zero3_module_passes_every_deepspeed_item(pytester):
     # strategy-config[deepspeed]: DeepSpeed itself accepted the config as Lightning completes it.
     for cid in ("all-rank-save", "sync-dist", "configure-model", "data-sharding", "shared-writes", "strategy-config"):
         assert f"PASSED ltconform::{ZERO3_OK}:Model::{cid}[deepspeed]" in out
+    # -rA prints what ran in place of the user's config, in each passed item's section.
+    passes = out.split("= PASSES =")[1].split("short test summary info")[0]
+    assert passes.count("Note: the Trainer config names") == 6, passes[-3000:]
+    assert "ran real DeepSpeed ZeRO stage 3 on CPU gloo ranks" in passes, passes[-3000:]
 
 
 @needs_deepspeed

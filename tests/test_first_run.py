@@ -31,7 +31,7 @@ def _fn(text: str) -> str:
     return re.sub(r"([\[\]])", r"[\1]", text)
 
 
-DS_REASON = "deepspeed not importable (no module named 'deepspeed'; pip install 'pytest-ltconform[deepspeed]')"
+DS_REASON = "deepspeed not importable (no module named 'deepspeed'; pip install 'deepspeed>=0.16')"
 
 
 # -- the -m expression -----------------------------------------------------------------------------

@@ -310,7 +310,7 @@ def pytest_configure(config):
 '''
 
 
-@pytest.mark.parametrize("flag", ["-rA", "-v"])
+@pytest.mark.parametrize("flag", ["-rA", "-v", "-vv"])
 def test_passed_items_show_what_they_checked(pytester, monkeypatch, flag):
     monkeypatch.setenv("COLUMNS", "160")  # the item id carries the target's long name; pytest trims at the width
     pytester.makeconftest(FAKE_SESSION)
@@ -318,10 +318,17 @@ def test_passed_items_show_what_they_checked(pytester, monkeypatch, flag):
                                 "--ltconform-oversubscribe", "-p", "no:cacheprovider", flag)
     assert result.parseoutcomes().get("passed", 0) >= 2, result.stdout.str()
     if flag == "-rA":
-        result.stdout.fnmatch_lines([f"PASSED ltconform::{BORING}::sync-dist[[]ddp[]] - checked sync-dist under ddp."])
-    else:
+        # PASSES: the line in full, then the rest of the verdict (the Rule line here) in a section.
+        result.stdout.fnmatch_lines(["*= PASSES =*", f"*_ ltconform {BORING}::sync-dist[[]ddp[]] _*",
+                                     "checked sync-dist under ddp.", "*- ltconform -*",
+                                     "Rule: pytest --ltconform-explain sync-dist *",
+                                     f"PASSED ltconform::{BORING}::sync-dist[[]ddp[]] - checked sync-dist under ddp."])
+    elif flag == "-v":
         result.stdout.fnmatch_lines([f"ltconform::{BORING}::sync-dist[[]ddp[]] PASSED*",
                                      "    checked sync-dist under ddp."])
+    else:  # -vv also names the file that defines the module, as pytest does for an inherited test
+        result.stdout.fnmatch_lines([f"ltconform::{BORING}::sync-dist[[]ddp[]] <- *lightning/pytorch/demos/"
+                                     f"boring_classes.py PASSED*", "    checked sync-dist under ddp."])
 
 
 # -- 6. contract pages in the package --------------------------------------------------------------

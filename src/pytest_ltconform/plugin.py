@@ -39,7 +39,7 @@ MARKERS = {
     "ltconform_gpu": "needs at least 2 CUDA devices and NCCL",
     "ltconform_multinode": "needs an existing world that spans several nodes (torchrun, SLURM)",
     "ltconform_deepspeed": "runs real DeepSpeed ZeRO (CPU gloo ranks, or CUDA on the GPU tier); needs deepspeed "
-                           "importable (pip install 'pytest-ltconform[deepspeed]')",
+                           "importable (pip install 'deepspeed>=0.16')",
 }
 
 

@@ -40,7 +40,8 @@ def record(contract: str, strategy: str, world_size: int, verdict_dict: dict, du
             "summary": verdict_dict.get("summary"), "category": verdict_dict.get("category"),
             "fix": verdict_dict.get("fix"), "rule_section": verdict_dict.get("rule_section"),
             "seed": verdict_dict.get("rule_section"),
-            "evidence": verdict_dict.get("evidence", []), "duration_s": round(duration_s, 3)}
+            "evidence": verdict_dict.get("evidence", []), "notes": list(verdict_dict.get("notes", [])),
+            "duration_s": round(duration_s, 3)}
 
 
 def from_report(report) -> dict | None:

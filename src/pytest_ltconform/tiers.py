@@ -145,7 +145,7 @@ def detect_attached(environ=None) -> Attached | None:
 
 def _deepspeed_missing() -> str | None:
     if importlib.util.find_spec("deepspeed") is None:
-        return "deepspeed not importable (no module named 'deepspeed'; pip install 'pytest-ltconform[deepspeed]')"
+        return "deepspeed not importable (no module named 'deepspeed'; pip install 'deepspeed>=0.16')"
     try:
         importlib.import_module("deepspeed")
     except Exception as exc:  # a broken build raises all sorts of things at import
