@@ -200,9 +200,12 @@ HANGING = str(CONFORMANCE / "sync-dist" / "epoch_end_log_rank_zero_gate.py")
 def test_interrupted_or_crashed_pytest_leaves_no_rank_behind(pytester, how):
     """Ctrl-C, a polite kill and a crash of the pytest process mid-run all take the ranks down."""
     devnull = open(os.devnull, "w")
+    # A child inherits an ignored SIGINT (a suite started with `&` by a non-interactive shell), and
+    # Python then keeps ignoring it: give the pytest under test the default disposition a terminal has.
     proc = pytester.popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--ltconform", f"{HANGING}:Model",
                            "--ltconform-timeout", "120", "--ltconform-strategies", "ddp"],
-                          stdout=devnull, stderr=devnull)
+                          stdout=devnull, stderr=devnull,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert wait_until(lambda: len(rank_pids(proc.pid)) == 2, 90), "ranks never started"
         time.sleep(2.0)  # let them get into the run
