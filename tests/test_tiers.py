@@ -9,7 +9,9 @@ The real two-node runs are in tests/multinode (marker ``multinode``).
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import re
 
 import pytest
@@ -105,6 +107,17 @@ def test_gpu_tier_skips_naming_missing_devices_and_require_turns_it_into_a_failu
 def _deepspeed_items(pytester) -> int:
     return len(_ids(pytester.runpytest("--ltconform", BORING, "-m", "ltconform_deepspeed and ltconform_gpu",
                                        "--collect-only", "-q")))
+
+
+@pytest.mark.skipif(tiers.cuda_device_count() > 0 or importlib.util.find_spec("deepspeed") is None,
+                    reason="needs deepspeed installed on a machine without CUDA devices")
+def test_checking_deepspeed_prints_nothing_before_the_header(pytester):
+    # -s: nothing captures what the import of deepspeed prints in this process.
+    result = pytester.runpytest_subprocess("--ltconform", BORING, "--ltconform-strategies", "deepspeed",
+                                           "--collect-only", "-q", "-s", "-p", "no:cacheprovider")
+    out = result.stdout.str() + result.stderr.str()
+    assert result.ret == pytest.ExitCode.OK and "sync-dist[deepspeed]" in out, out[-2000:]
+    assert "Setting accelerator to CPU" not in out and "DS_ACCELERATOR" not in os.environ, out[:2000]
 
 
 def test_deepspeed_tier_skips_when_deepspeed_is_missing(pytester):

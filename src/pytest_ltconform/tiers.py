@@ -22,6 +22,7 @@ Nothing here imports torch or lightning at module level; the checks import them 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import importlib.util
@@ -147,10 +148,26 @@ def _deepspeed_missing() -> str | None:
     if importlib.util.find_spec("deepspeed") is None:
         return "deepspeed not importable (no module named 'deepspeed'; pip install 'deepspeed>=0.16')"
     try:
-        importlib.import_module("deepspeed")
+        with _quiet_cpu_detection():
+            importlib.import_module("deepspeed")
     except Exception as exc:  # a broken build raises all sorts of things at import
         return f"deepspeed not importable ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
     return None
+
+
+@contextlib.contextmanager
+def _quiet_cpu_detection():
+    """Without a CUDA device DeepSpeed's import picks its CPU accelerator and warns that it did,
+    before pytest's header; naming CPU for the import picks the same one without the warning.
+    The variable is removed again, so the user's own tests see the environment they set."""
+    if "DS_ACCELERATOR" in os.environ or cuda_device_count() > 0:
+        yield
+        return
+    os.environ["DS_ACCELERATOR"] = "cpu"
+    try:
+        yield
+    finally:
+        os.environ.pop("DS_ACCELERATOR", None)
 
 
 class Availability:
