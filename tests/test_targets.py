@@ -310,6 +310,12 @@ def test_duplicate_ids_name_both_targets_and_the_fix(pytester):
         "Target('targets_mod.Good', trainer={'max_epochs': 1}) (*conftest.py:4). Item ids must differ: give one an "
         "id (id=NAME after the target, or Target(..., id=...) in conftest.py), or name a distinct "
         "datamodule=/trainer= so the targets differ as written."])
+    # Both ids given by hand: the only fix is another id.
+    result = pytester.runpytest("--ltconform", "targets_mod.Good id=a", "--ltconform", "targets_mod.Good id=a",
+                                "--collect-only")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: targets 1 and 2 have the same id 'a': * Item ids must differ: give one of "
+                                 "them another id."])
 
 
 def test_a_bad_target_in_the_list_is_named_with_its_place(pytester):

@@ -202,16 +202,31 @@ def _output_swallowed(config: pytest.Config):
 
 
 def _hidden_records(config: pytest.Config) -> list[dict]:
-    """The JSON report's records of the items not created here: skipped, with the reason."""
+    """The JSON report's records of the items not created here: skipped, with the reason. Those
+    that ``-k`` would have deselected are left out, as ``-m`` leaves out the tiers it deselects."""
     targets = config.stash.get(ALL_TARGETS_KEY, None)
     if targets is None:
         return []
-    from . import contracts, report
+    from . import contracts, report, tiers
+    from .vocabulary import CPU_STRATEGIES
 
-    size = config.stash[SETTINGS_KEY].world_size
-    return [report.record(cid, label, size, _unavailable(reason), 0.0, target=tid)
-            for tid, target in targets.items() for (cid, label), (_tier, reason) in _hidden(config).items()
-            if _applies(contracts.get_contract(cid), label.split("-")[0], target)]
+    try:
+        keyword = tiers.MarkExpression.parse(config.getoption("keyword", ""))
+    except ValueError:
+        keyword = tiers.MarkExpression.parse("")  # pytest reports a malformed -k itself
+    hidden, settings = _hidden(config), config.stash[SETTINGS_KEY]
+    records = []
+    for tid, target in targets.items():
+        for cid in contracts.ids():
+            contract = contracts.get_contract(cid)
+            for variant in tiers.variants(contract, settings.strategies, CPU_STRATEGIES):
+                why = hidden.get((cid, variant.label))
+                # The names pytest's -k matches on a generated item: its name, the target's id, markers.
+                names = (f"{cid}[{variant.label}]", tid, "ltconform", *variant.markers)
+                if why and _applies(contract, variant.strategy, target) and keyword.matches_keywords(names):
+                    records.append(report.record(cid, variant.label, settings.world_size, _unavailable(why[1]),
+                                                 0.0, target=tid))
+    return records
 
 
 def _applies(contract, strategy: str, targets) -> bool:

@@ -397,8 +397,11 @@ def _check_ids(found: list) -> None:
                                     f"non-empty id without '::'.")
         if tid in seen:
             m, first = seen[tid]
+            # Both named by hand: only another id helps; else a datamodule/trainer also tells them apart.
+            fix = "give one of them another id" if first._id is not None and t._id is not None else \
+                "give one an id (id=NAME after the target, or Target(..., id=...) in conftest.py), or name a " \
+                "distinct datamodule=/trainer= so the targets differ as written"
             raise pytest.UsageError(
                 f"targets {m} and {n} have the same id {tid!r}: {first!r} ({first.source}) and {t!r} ({t.source}). "
-                f"Item ids must differ: give one an id (id=NAME after the target, or Target(..., id=...) in "
-                f"conftest.py), or name a distinct datamodule=/trainer= so the targets differ as written.")
+                f"Item ids must differ: {fix}.")
         seen[tid] = (n, t)

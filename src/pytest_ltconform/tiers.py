@@ -320,12 +320,22 @@ class MarkExpression:
 
     def matches(self, markers) -> bool:
         """Whether an item carrying the marker names ``markers`` (a set) is selected."""
+        return self.evaluate(lambda name: name in markers)
+
+    def matches_keywords(self, names) -> bool:
+        """Read as a ``-k`` expression: whether an item with the names ``names`` (its name, extra
+        keywords and markers) is selected; a name matches case-insensitively as a substring."""
+        lowered = [n.lower() for n in names]
+        return self.evaluate(lambda sub: any(sub.lower() in n for n in lowered))
+
+    def evaluate(self, name_matches) -> bool:
+        """The expression's value, with ``name_matches(name)`` deciding each bare name."""
         def ev(t) -> bool:
             op = t[0]
             if op == "all":
                 return True
             if op == "name":
-                return t[1] in markers
+                return name_matches(t[1])
             if op == "call":
                 return False  # generated items carry no marker arguments
             if op == "not":
