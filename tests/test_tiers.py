@@ -111,9 +111,16 @@ def _deepspeed_items(pytester) -> int:
 
 @pytest.mark.skipif(tiers.cuda_device_count() > 0 or importlib.util.find_spec("deepspeed") is None,
                     reason="needs deepspeed installed on a machine without CUDA devices")
-def test_checking_deepspeed_prints_nothing_before_the_header(pytester):
-    # -s: nothing captures what the import of deepspeed prints in this process.
-    result = pytester.runpytest_subprocess("--ltconform", BORING, "--ltconform-strategies", "deepspeed",
+@pytest.mark.parametrize("user_imports_deepspeed", [False, True])
+def test_checking_deepspeed_prints_nothing_before_the_header(pytester, user_imports_deepspeed):
+    # -s: nothing captures what the import of deepspeed prints in this process: either the
+    # availability check's import, or the user's module importing deepspeed first.
+    model = BORING
+    if user_imports_deepspeed:
+        pytester.makepyfile(dsmodel="import deepspeed\n"
+                                    "from lightning.pytorch.demos.boring_classes import BoringModel\n")
+        model = "dsmodel.py:BoringModel"
+    result = pytester.runpytest_subprocess("--ltconform", model, "--ltconform-strategies", "deepspeed",
                                            "--collect-only", "-q", "-s", "-p", "no:cacheprovider")
     out = result.stdout.str() + result.stderr.str()
     assert result.ret == pytest.ExitCode.OK and "sync-dist[deepspeed]" in out, out[-2000:]

@@ -102,12 +102,14 @@ def _validate_targets(settings) -> dict:
     two folders with a ``model.py`` each do not meet); ``{id: target.Targets}`` in order. Raises
     ``pytest.UsageError`` naming the target (and which of the list) and the fix."""
     from . import target as target_mod
+    from .tiers import quiet_deepspeed_detection
 
     validated = {}
     count = len(settings.targets)
     for n, declared in enumerate(settings.targets, 1):
         try:
-            with target_mod.own_imports():
+            # A user module that imports deepspeed would otherwise print its accelerator warning.
+            with target_mod.own_imports(), quiet_deepspeed_detection():
                 validated[declared.id] = target_mod.validate(**settings_mod.validate_args(settings, declared))
         except target_mod.TargetError as exc:
             which = f"target {n} of {count} ({declared.id}): " if count > 1 else ""

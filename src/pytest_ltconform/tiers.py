@@ -148,7 +148,7 @@ def _deepspeed_missing() -> str | None:
     if importlib.util.find_spec("deepspeed") is None:
         return "deepspeed not importable (no module named 'deepspeed'; pip install 'deepspeed>=0.16')"
     try:
-        with _quiet_cpu_detection():
+        with quiet_deepspeed_detection():
             importlib.import_module("deepspeed")
     except Exception as exc:  # a broken build raises all sorts of things at import
         return f"deepspeed not importable ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
@@ -156,10 +156,11 @@ def _deepspeed_missing() -> str | None:
 
 
 @contextlib.contextmanager
-def _quiet_cpu_detection():
+def quiet_deepspeed_detection():
     """Without a CUDA device DeepSpeed's import picks its CPU accelerator and warns that it did,
     before pytest's header; naming CPU for the import picks the same one without the warning.
-    The variable is removed again, so the user's own tests see the environment they set."""
+    The variable is removed again, so the user's own tests see the environment they set. Used
+    around the imports of this process: the availability check and the user's modules."""
     if "DS_ACCELERATOR" in os.environ or cuda_device_count() > 0:
         yield
         return
