@@ -478,7 +478,7 @@ class LtconformItem(pytest.Item):
         return super().repr_failure(excinfo, style=style)
 
     def reportinfo(self):
-        # The module's class definition: -vv prints it after the id, --junitxml as the file.
+        # The module's class definition: -vv prints its file after the id.
         targets = self.config.stash.get(ALL_TARGETS_KEY, {}).get(self.target_id)
         source = getattr(targets, "model_source", None)
         if source and source[0]:

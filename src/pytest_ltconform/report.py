@@ -168,11 +168,13 @@ def summary_text(results: list[dict], width: int, color: bool) -> str:
     same = collections.Counter(r["message"] for r in results if r.get("category") == "unavailable")
     said = set()
     for r in results:
-        if r.get("category") == "unavailable" and r["message"] in said:
+        unavailable = r.get("category") == "unavailable"
+        if unavailable and r["message"] in said:
             continue
-        said.add(r["message"])
+        if unavailable:
+            said.add(r["message"])
         if r["outcome"] in ("failed", "advisory"):
-            more = same.get(r["message"], 1) - 1 if r.get("category") == "unavailable" else 0
+            more = same[r["message"]] - 1 if unavailable else 0
             title = name(r) + (f" and {more} more item(s) of that tier" if more else "")
             console.rule(escape(title), style="" if not color else _STYLE[r["outcome"]])
             # soft_wrap: long paths stay on one line, so they can be copied.
