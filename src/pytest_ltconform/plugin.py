@@ -162,13 +162,24 @@ def _availability(config: pytest.Config):
     return avail
 
 
+def _variants(config: pytest.Config):
+    """Every (contract id, contract, tiers.Variant) the session's strategies give, in item order."""
+    from . import contracts, tiers
+    from .vocabulary import CPU_STRATEGIES
+
+    strategies = config.stash[SETTINGS_KEY].strategies
+    for cid in contracts.ids():
+        contract = contracts.get_contract(cid)
+        for variant in tiers.variants(contract, strategies, CPU_STRATEGIES):
+            yield cid, contract, variant
+
+
 def _hidden(config: pytest.Config) -> dict:
     """{(contract id, variant label): (tier, reason)} of the items not created on this machine
     (see tiers.hidden_reason); decided once per session."""
     hidden = config.stash.get(HIDDEN_KEY, None)
     if hidden is None:
-        from . import contracts, tiers
-        from .vocabulary import CPU_STRATEGIES
+        from . import tiers
 
         settings = config.stash[SETTINGS_KEY]
         try:
@@ -177,12 +188,11 @@ def _hidden(config: pytest.Config) -> dict:
             markexpr = None  # pytest reports a malformed -m itself
         hidden = {}
         with _output_swallowed(config):  # importing deepspeed to check it prints a warning to stdout
-            for cid in contracts.ids():
-                for variant in tiers.variants(contracts.get_contract(cid), settings.strategies, CPU_STRATEGIES):
-                    why = tiers.hidden_reason(variant, _availability(config), settings.require, markexpr,
-                                              settings.strategies_named)
-                    if why:
-                        hidden[(cid, variant.label)] = why
+            for cid, _contract, variant in _variants(config):
+                why = tiers.hidden_reason(variant, _availability(config), settings.require, markexpr,
+                                          settings.strategies_named)
+                if why:
+                    hidden[(cid, variant.label)] = why
         config.stash[HIDDEN_KEY] = hidden
     return hidden
 
@@ -209,25 +219,21 @@ def _hidden_records(config: pytest.Config) -> list[dict]:
     targets = config.stash.get(ALL_TARGETS_KEY, None)
     if targets is None:
         return []
-    from . import contracts, report, tiers
-    from .vocabulary import CPU_STRATEGIES
+    from . import report, tiers
 
     try:
         keyword = tiers.MarkExpression.parse(config.getoption("keyword", ""))
     except ValueError:
         keyword = tiers.MarkExpression.parse("")  # pytest reports a malformed -k itself
-    hidden, settings = _hidden(config), config.stash[SETTINGS_KEY]
+    hidden, size = _hidden(config), config.stash[SETTINGS_KEY].world_size
     records = []
     for tid, target in targets.items():
-        for cid in contracts.ids():
-            contract = contracts.get_contract(cid)
-            for variant in tiers.variants(contract, settings.strategies, CPU_STRATEGIES):
-                why = hidden.get((cid, variant.label))
-                # The names pytest's -k matches on a generated item: its name, the target's id, markers.
-                names = (f"{cid}[{variant.label}]", tid, "ltconform", *variant.markers)
-                if why and _applies(contract, variant.strategy, target) and keyword.matches_keywords(names):
-                    records.append(report.record(cid, variant.label, settings.world_size, _unavailable(why[1]),
-                                                 0.0, target=tid))
+        for cid, contract, variant in _variants(config):
+            why = hidden.get((cid, variant.label))
+            # The names pytest's -k matches on a generated item: its name, the target's id, markers.
+            names = (f"{cid}[{variant.label}]", tid, "ltconform", *variant.markers)
+            if why and _applies(contract, variant.strategy, target) and keyword.matches_keywords(names):
+                records.append(report.record(cid, variant.label, size, _unavailable(why[1]), 0.0, target=tid))
     return records
 
 
@@ -491,20 +497,14 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     # tryfirst: our items must exist before -k / -m deselection runs.
     if config.stash.get(ALL_TARGETS_KEY, None) is None:
         return
-    from . import contracts, tiers
-    from .vocabulary import CPU_STRATEGIES
-
-    settings = config.stash[SETTINGS_KEY]
     first_new = len(items)
     hidden = _hidden(config)  # tiers that cannot run here and were not asked for: said in the header
     # Target first: every id names its target, also with one target, so that adding a second
     # model never renames the first one's items; a target's runs stay together.
     for target_id, targets in config.stash[ALL_TARGETS_KEY].items():
-        for cid in contracts.ids():
-            contract = contracts.get_contract(cid)
-            for variant in tiers.variants(contract, settings.strategies, CPU_STRATEGIES):
-                if (cid, variant.label) not in hidden and _applies(contract, variant.strategy, targets):
-                    items.append(_item(session, target_id, cid, variant))
+        for cid, contract, variant in _variants(config):
+            if (cid, variant.label) not in hidden and _applies(contract, variant.strategy, targets):
+                items.append(_item(session, target_id, cid, variant))
     # Report the generated items like collected ones, so "collected N items" counts them.
     config.hook.pytest_collectreport(
         report=pytest.CollectReport("ltconform", "passed", None, items[first_new:]))
