@@ -53,3 +53,39 @@ def test_strategy_config_policy_classes():
     assert _policy_classes(ModuleWrapPolicy({Linear})) == [Linear]
     partial = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={TransformerEncoderLayer})
     assert _policy_classes(partial) == [TransformerEncoderLayer]
+
+
+def _zero_findings(tmp_path, config: dict, source: str) -> list[dict]:
+    from pytest_ltconform.contracts import strategy_config as sc
+
+    cfg = tmp_path / "cfg.py"
+    cfg.write_text(source)
+    facts = sc._deepspeed_facts(types.SimpleNamespace(config=config), types.SimpleNamespace(), {}, str(cfg))
+    return [f for f in facts if f["kind"] == "ds_zero_key_outside"]
+
+
+def test_strategy_config_offload_block_outside_zero_section(tmp_path, fake_runs):
+    config = {"zero_optimization": {"stage": 2}, "offload_optimizer": {"device": "cpu"}}
+    source = 'DS = {\n    "zero_optimization": {"stage": 2},\n    "offload_optimizer": {"device": "cpu"},\n}\n'
+    found = _zero_findings(tmp_path, config, source)
+    assert [(f["key"], f["site"]["line"]) for f in found] == [("offload_optimizer", 3)]
+    facts_seen = {"strategy": "DeepSpeedStrategy", "precision": "32-true", "accumulate": 1, "findings": found}
+    verdict = get_contract("strategy-config").judge(fake_runs.run(values=[{"probes": {"strategy-config": facts_seen}}]))
+    assert verdict.outcome == "failed"
+    assert 'key "offload_optimizer" is at the top level' in verdict.summary
+    assert "stage 2) has no offload_optimizer" in verdict.summary and "no optimizer offload" in verdict.summary
+    assert 'move "offload_optimizer" into the "zero_optimization" section' in verdict.fix
+
+
+def test_strategy_config_stage_outside_zero_section_means_zero_off(tmp_path):
+    """A variant: the stage itself written beside the section runs ZeRO stage 0."""
+    config = {"stage": 3, "stage3_max_live_parameters": 1e8, "zero_optimization": {"overlap_comm": True}}
+    found = _zero_findings(tmp_path, config, "DS = {'stage': 3, 'stage3_max_live_parameters': 1e8}\n")
+    assert [f["key"] for f in found] == ["stage", "stage3_max_live_parameters"]
+    assert "0 (ZeRO disabled)" in found[0]["in_effect"]
+
+
+def test_strategy_config_zero_keys_inside_their_section_pass(tmp_path):
+    config = {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+              "train_micro_batch_size_per_gpu": 4, "zero_allow_untested_optimizer": True}
+    assert _zero_findings(tmp_path, config, "DS = {}\n") == []

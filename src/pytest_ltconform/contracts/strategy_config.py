@@ -3,7 +3,8 @@
 Seed sections "Choose using measured memory" (DDP timeout), "FSDP" and "DeepSpeed": FSDP policy
 classes must occur in the model and ``mixed_precision`` takes a torch ``MixedPrecision``; a
 DeepSpeed dict needs real numbers (no Hugging Face "auto"), one optimizer owner, and accumulation
-and precision that agree with the Trainer; offload paths must be writable; the process-group
+and precision that agree with the Trainer, ZeRO keys inside "zero_optimization" (DeepSpeed ignores them
+anywhere else, silently); offload paths must be writable; the process-group
 timeout is ``DDPStrategy(timeout=...)``, not ``NCCL_TIMEOUT``.
 
 Judged without the hardware: an inspection run "config" loads the targets on one rank (a
@@ -24,6 +25,21 @@ NUMERIC_ZERO_KEYS = ("reduce_bucket_size", "allgather_bucket_size", "stage3_pref
                      "stage3_param_persistence_threshold", "stage3_max_live_parameters",
                      "stage3_max_reuse_distance", "sub_group_size")
 NUMERIC_TOP_KEYS = ("train_micro_batch_size_per_gpu", "train_batch_size", "gradient_accumulation_steps")
+# Keys of DeepSpeed's "zero_optimization" section (DeepSpeedZeroConfig's fields and aliases). None is
+# a top-level key too, and DeepSpeed ignores top-level keys it does not know without a word.
+ZERO_SECTION_KEYS = ("stage", "offload_optimizer", "offload_param", "cpu_offload", "cpu_offload_param",
+                     "cpu_offload_use_pin_memory", "contiguous_gradients", "reduce_scatter", "reduce_bucket_size",
+                     "allgather_partitions", "allgather_bucket_size", "overlap_comm", "sub_group_size",
+                     "round_robin_gradients", "elastic_checkpoint", "load_from_fp32_weights",
+                     "ignore_unused_parameters",
+                     "zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_gradients",
+                     "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
+                     "stage3_model_persistence_threshold", "stage3_max_live_parameters", "stage3_max_reuse_distance",
+                     "stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save")
+# What DeepSpeed uses for a ZeRO key the section leaves out, where that is the point of the finding.
+ZERO_DEFAULTS = {"stage": "0 (ZeRO disabled)", "offload_optimizer": "none (no optimizer offload)",
+                 "offload_param": "none (no parameter offload)", "cpu_offload": "false (no offload)",
+                 "reduce_bucket_size": "500000000", "allgather_bucket_size": "500000000"}
 
 # -- rank side ---------------------------------------------------------------------------------
 
@@ -174,7 +190,25 @@ def _deepspeed_facts(strategy, model, user: dict, file: str | None) -> list[dict
         return []
     zero = config.get("zero_optimization") if isinstance(config.get("zero_optimization"), dict) else {}
     return (_ds_auto(config, file) + _ds_non_numeric(config, zero, file) + _ds_optimizer_owner(config, model, file)
-            + _ds_accumulation(config, user, file) + _ds_precision(config, user, file) + _ds_offload(zero, file))
+            + _ds_accumulation(config, user, file) + _ds_precision(config, user, file)
+            + _ds_zero_key_outside(config, zero, file) + _ds_offload(zero, file))
+
+
+def _ds_zero_key_outside(config: dict, zero: dict, file: str | None) -> list[dict]:
+    """ZeRO keys written at the top level of the config, where DeepSpeed never reads them, with
+    what the "zero_optimization" section in effect holds for each."""
+    findings = []
+    for key in config:
+        if key not in ZERO_SECTION_KEYS:
+            continue
+        if key in zero:
+            in_effect = f"its own {key}={zero[key]!r}, which is the one used"
+        else:
+            in_effect = f"no {key}, so DeepSpeed uses its default: {ZERO_DEFAULTS.get(key, 'the default value')}"
+        findings.append({"kind": "ds_zero_key_outside", "key": key, "value": repr(config[key])[:80],
+                         "stage": zero.get("stage", 0), "in_effect": in_effect,
+                         "site": _config_line(file, [f'"{key}"', f"'{key}'", f"{key}="])})
+    return findings
 
 
 def _is_auto(value) -> bool:
@@ -523,6 +557,20 @@ def _render_ds_precision(f: dict, site: str | None):
     return summary, (f"{f['key']} section vs precision={f['precision']}", site), "DeepSpeed", fix
 
 
+def _render_ds_zero_key_outside(f: dict, site: str | None):
+    key = f["key"]
+    summary = (f'DeepSpeed config key "{key}" is at the top level, where DeepSpeed does not read it: ZeRO settings '
+               f'are read from "zero_optimization" only, and an unknown top-level key is ignored without a warning. '
+               f'The ZeRO section in effect (stage {f["stage"]}) has {f["in_effect"]}.')
+    fix = f'move "{key}" into the "zero_optimization" section'
+    if "offload" in key:
+        fix += (" (or use DeepSpeedStrategy's typed arguments, e.g. DeepSpeedStrategy(stage=2, "
+                "offload_optimizer=True), which Lightning places correctly)")
+    fix += "."
+    return summary, (f'"{key}": {f["value"]} at the top level is ignored; "zero_optimization" has '
+                     f'{f["in_effect"]}', site), "DeepSpeed", fix
+
+
 def _render_ds_offload_path(f: dict, site: str | None):
     summary = (f"DeepSpeed {f['section']} offloads to NVMe at {f['path']!r}, which {f['problem']}; "
                f"ZeRO-Infinity needs an explicit, writable local path on every node.")
@@ -599,6 +647,7 @@ _RENDERERS = {
     "ds_accumulation": _render_ds_accumulation,
     "ds_precision": _render_ds_precision,
     "ds_precision_off": _render_ds_precision,
+    "ds_zero_key_outside": _render_ds_zero_key_outside,
     "ds_offload_path": _render_ds_offload_path,
     "nccl_timeout": _render_nccl_timeout,
     "unknown_name": _render_unknown_name,
