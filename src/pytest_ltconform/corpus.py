@@ -1,20 +1,57 @@
 """Run the checker over the conformance corpus and measure it.
 
-    python -m pytest_ltconform.corpus [PATH ...] [--contract ID] [--json OUT] [--timeout S]
+    python -m pytest_ltconform.corpus [PATH ...] [--contract ID] [--strategies S,..] [--json OUT] [--timeout S]
+    python -m pytest_ltconform.corpus --as-user [PATH ...] [--jobs N] [--json OUT]
 
-Each case file (``conformance/<contract>/<case>.py``) defines ``Model`` (and optionally
-``DataModule`` and ``trainer_kwargs``) plus ``EXPECTED = {contract id: "pass" | "fail" | "advisory" |
-"nofail"}`` (see ``ACCEPTED``).
-Every case is judged in the same persistent world pool (one cold start for the corpus, plus
-one per world a hanging case tears down), and the command prints a table (case, contract,
-expected, got) and the detection rate: true positives and true negatives separately; while it
-runs, one line per case on stderr (``[12/111] sync-dist/monitor_rank_zero_only.py 14 s``). Exit
-status 0 when every expectation holds.
+Each case file (``conformance/<contract>/<case>.py``, or a shared case) defines ``Model`` (and
+optionally ``DataModule`` and ``trainer_kwargs``) plus ``EXPECTED = {contract id: "pass" | "fail" |
+"advisory" | "nofail"}``; a file named ``ok_*`` conforms.
+
+Which items are judged: every item a default ``pytest --ltconform`` run creates for the case, on the
+CPU tier: each contract under each of its strategies among ddp, fsdp and deepspeed (deepspeed where
+it is installed; a ``configured_only`` strategy where the case's Trainer config names it). On a
+faulty case, the contracts EXPECTED names; on an ``ok_`` case, every contract. ``--strategies``
+narrows the strategies; ``--matrix named`` keeps ddp and the strategy the case's config names (plus
+fsdp on ``ok_`` cases): the default test suite's cheaper tier, the full matrix being slow-tier
+(see tests/test_corpus.py).
+
+What each item's verdict counts as (``got``): fail, advisory, pass; notjudged (a skip that says
+"not judged" and why); skipped (the strategy does not apply to the case, or its tier cannot run
+here, with the reason); stopped (an error because the case's own code stopped the run); error.
+The rule per expected value, item by item:
+
+- "fail": the item under the strategy the case's Trainer config names (ddp when none; the
+  contract's first strategy when it has no item there) must fail; the contract's other items may
+  show anything but an error (a fault may belong to one strategy).
+- "pass": every item passes, or skips because the strategy does not apply; not judged is not a
+  pass, and a contract whose items all skipped judged nothing, which is no pass either.
+- "advisory": as "pass", advisory counting as well.
+- "nofail": anything but a failure or an error: passed, advisory, not judged or skipped with a
+  stated reason, or stopped by the case's own code (never on an ``ok_`` case).
+- a contract EXPECTED does not name, on an ``ok_`` case: anything but a failure, an error or a stop.
+
+Each item is then right, wrong, error, skipped (an accepted skip, not judged or stop) or unchecked
+(an item of a faulty case's contract that EXPECTED does not name, ``--as-user`` only). The
+command prints a table (case, contract, strategy, expected, got, status), the detection rate
+(true positives: the deciding item of each "fail"; true negatives: every other checked item), one
+line per strategy with its counts, and every skip with its reason; while it runs, one line per
+case on stderr (``[12/111] sync-dist/monitor_rank_zero_only.py 14 s``). Items that other work
+is fixing are listed in ``known_failing.txt`` beside the cases (``read_known``) and show as
+"known", with the reason. Exit status 0 when no other item is wrong or an error.
+
+By default every case is judged in this process's persistent world pool (one cold start for the
+corpus, plus one per world a hanging case tears down). ``--as-user`` instead runs
+``pytest --ltconform CASE.py:Model [--ltconform-datamodule ...] [--ltconform-trainer ...]
+--ltconform-report JSON`` per case, with default options, in an empty folder, exactly as a user
+would, and judges the report's items by the same rules: what a user sees, at the price of one
+cold start per case.
 """
+
 
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import glob
 import json
@@ -35,6 +72,11 @@ class Case:
     has_datamodule: bool
     has_trainer: bool
     strategy: str
+
+    @property
+    def conforming(self) -> bool:
+        """A case named ``ok_*`` conforms: no item of any contract may fail on it."""
+        return os.path.basename(self.path).startswith("ok_")
 
 
 def discover(paths: list[str]) -> list[str]:
@@ -71,30 +113,21 @@ def read_case(path: str) -> Case | None:
             defined.update(t.id for t in node.targets if isinstance(t, ast.Name))
     if "EXPECTED" not in names or "Model" not in defined:
         return None
-    rel = os.path.relpath(path)
-    name = os.path.splitext(rel)[0].replace(os.sep, "/")
-    if name.startswith("conformance/"):
-        name = name[len("conformance/"):]
+    # "<contract folder>/<case>", wherever the corpus lies (conformance/, shared cases).
+    name = "/".join(os.path.splitext(os.path.abspath(path))[0].split(os.sep)[-2:])
     return Case(path=os.path.abspath(path), name=name, expected=names["EXPECTED"],
                 evidence=names.get("EVIDENCE", ""), has_datamodule="DataModule" in defined,
                 has_trainer="trainer_kwargs" in defined, strategy=names.get("STRATEGY", ""))
 
 
 def judge_case(case: Case, pool, settings: Settings, only: str | None = None,
-               skipped: list | None = None) -> list[dict]:
-    """Verdicts for every registered contract the case states an expectation for; items of an
-    extra strategy that skip (the tier does not apply to the case) go to ``skipped``."""
-    skipped = [] if skipped is None else skipped
+               strategies: tuple[str, ...] | None = None, named_only: bool = False) -> list[dict]:
+    """One row per item a default ``pytest --ltconform`` run creates for the case and the corpus
+    checks: every contract EXPECTED names, and on a conforming (``ok_``) case every other contract
+    too; each under every CPU strategy of ``strategies`` (default: the ones a default run has)."""
     from . import target as target_mod
     from .session import LtconformSession
-    from .vocabulary import CPU_CORE_STRATEGIES
 
-    rows = []
-    # Registry order, as pytest orders the items: the first item judged on a run that stopped in
-    # the user's own code is the one that shows that failure.
-    wanted = [c for c in contracts.ids() if c in case.expected and (only is None or c == only)]
-    if not wanted:
-        return rows
     try:
         targets = target_mod.validate(
             f"{case.path}:Model",
@@ -102,30 +135,69 @@ def judge_case(case: Case, pool, settings: Settings, only: str | None = None,
             f"{case.path}:trainer_kwargs" if case.has_trainer else None,
         )
     except target_mod.TargetError as exc:
-        return [{"case": case.name, "contract": c, "strategy": case.strategy or "ddp", "expected": case.expected[c],
-                 "got": "error", "outcome": "error", "message": str(exc), "duration_s": 0.0} for c in wanted]
-    session = LtconformSession(settings, targets, pool=pool)
-    conforming = all(v != "fail" for v in case.expected.values())
+        return [_target_error_row(case, c, str(exc)) for c in case.expected if only in (None, c)]
     if not case.strategy:
         case.strategy = _configured_strategy(targets)
-    for cid in wanted:
-        contract = contracts.get_contract(cid)
-        if conforming:
-            # A conforming case must pass under every strategy the contract runs under; DeepSpeed
-            # only where the case's config names it (a DeepSpeed world costs more than the others).
-            strategies = [s for s in contract.strategies if s in CPU_CORE_STRATEGIES or s == case.strategy]
-        elif case.expected[cid] == "fail" and case.strategy in contract.strategies:
-            # The fault shows where the case's own config runs it (e.g. a sharded checkpoint).
-            strategies = [case.strategy]
-        else:
-            strategies = [contract.strategies[0]]
-        for strategy in strategies:
+    session = LtconformSession(settings, targets, pool=pool)
+    rows = []
+    # Registry order, as pytest orders the items: the first item judged on a run that stopped in
+    # the user's own code is the one that shows that failure.
+    for cid, item_strategies in case_items(case, targets, only, strategies, named_only):
+        group = []
+        for strategy in item_strategies:
             verdict, duration = session.verdict(cid, strategy)
-            if conforming and verdict.outcome == "skipped" and strategy != strategies[0]:
-                skipped.append(f"{case.name} {cid}[{strategy}]: {verdict.summary}")
-                continue  # a tier that does not apply to this case is not a verdict on it
-            rows.append(_row(case, cid, strategy, verdict, duration))
+            group.append(_row(case, cid, strategy, got_of(verdict), verdict.render(), duration,
+                              consequence=verdict.category == "consequence"))
+        _mark_keys(case, group)
+        rows += group
     return rows
+
+
+def item_strategies() -> tuple[str, ...]:
+    """The CPU strategies a default run has items for here (deepspeed when installed)."""
+    from .sharded import deepspeed_installed
+    from .vocabulary import CPU_STRATEGIES
+
+    return tuple(s for s in CPU_STRATEGIES if s != "deepspeed" or deepspeed_installed())
+
+
+def case_items(case: Case, targets, only: str | None, strategies: tuple[str, ...] | None = None,
+               named_only: bool = False):
+    """(contract id, [strategy, ...]) of the case's checked items, in item order, as the plugin
+    creates them (``tiers.variants`` on the CPU tier, ``configured_only`` strategies where the
+    Trainer config names them). ``named_only`` (``--matrix named``) keeps ddp and the strategy the
+    case's config names, plus fsdp on an ``ok_`` case (else the contract's first strategy)."""
+    from . import tiers
+    from .vocabulary import CPU_CORE_STRATEGIES, CPU_STRATEGIES
+
+    strategies = item_strategies() if strategies is None else strategies
+    for cid in contracts.ids():
+        if (only is not None and cid != only) or (cid not in case.expected and not case.conforming):
+            continue
+        contract = contracts.get_contract(cid)
+        found = [v.strategy for v in tiers.variants(contract, strategies, CPU_STRATEGIES) if v.tier == "cpu"
+                 and (v.strategy not in contract.configured_only or targets.configures(v.strategy))]
+        if named_only:
+            named = ("ddp", case.strategy) + (CPU_CORE_STRATEGIES if case.conforming else ())
+            found = [s for s in found if s in named] or found[:1]
+        if found:
+            yield cid, found
+
+
+def _target_error_row(case: Case, cid: str, message: str) -> dict:
+    row = _row(case, cid, case.strategy or "ddp", "error", message, 0.0)
+    row["matched"] = False
+    return row
+
+
+def _mark_keys(case: Case, group: list[dict]) -> None:
+    """Mark the item that decides a "fail" expectation, then judge the group's rows."""
+    if not group:
+        return
+    key = key_strategy(group[0]["expected"], case.strategy or "ddp", [r["strategy"] for r in group])
+    for r in group:
+        r["key"] = r["strategy"] == key
+    mark_group(group)
 
 
 def _configured_strategy(targets) -> str:
@@ -147,94 +219,121 @@ def _configured_strategy(targets) -> str:
     return "fsdp" if kind else "ddp"
 
 
-# What a verdict counts as against a case's EXPECTED value (shared/cases/README.md): "pass" needs
-# a pass; "advisory" (waste that breaks nothing) an advisory or a pass; "nofail" anything but a
-# failure or an error, a verdict not judged for a stated reason included.
-ACCEPTED = {"fail": ("fail",), "pass": ("pass",), "advisory": ("advisory", "pass"),
-            "nofail": ("pass", "advisory", "notjudged")}
+# What an item's verdict counts as against the case's EXPECTED value (shared/cases/README.md),
+# judged on every item a default run creates for the case (see the module doc for the rule).
+ACCEPTED = {"fail": ("fail",), "pass": ("pass", "skipped"), "advisory": ("advisory", "pass", "skipped"),
+            "nofail": ("pass", "advisory", "notjudged", "skipped", "stopped")}
+# An item of a faulty case's contract under a strategy other than the one that shows the fault.
+OTHER_STRATEGY = ("fail", "pass", "advisory", "notjudged", "skipped", "stopped")
+# An item of a conforming (ok_) case's contract that EXPECTED does not name.
+UNNAMED_ON_OK = ("pass", "advisory", "notjudged", "skipped")
 
 
 def got_of(verdict) -> str:
-    """The verdict as a corpus value: fail, advisory, pass, notjudged (a premise that does not
-    hold, another item's failure, or the user's own code stopping the run, each with its reason),
-    skipped (the tier does not apply) or error (the run could not be judged)."""
-    if verdict.outcome == "failed":
+    """The verdict as a corpus value (``Verdict`` or a JSON report record)."""
+    get = verdict.get if isinstance(verdict, dict) else lambda k: getattr(verdict, k)
+    return got_of_fields(get("outcome"), get("summary") or "", get("category"))
+
+
+def got_of_fields(outcome: str, summary: str, category: str | None) -> str:
+    """fail, advisory, pass; notjudged (a skip that says "not judged" and why: a premise that does
+    not hold, another item's failure); skipped (the strategy does not apply to the case, or its
+    tier cannot run here, with the reason); stopped (an error because the user's own code stopped
+    the run); error (the plugin could not judge)."""
+    if outcome == "failed":
         return "fail"
-    if verdict.outcome in ("advisory", "passed"):
-        return {"advisory": "advisory", "passed": "pass"}[verdict.outcome]
-    stated = verdict.category in ("consequence", "crash") or verdict.summary.startswith("not judged")
-    return "notjudged" if stated else verdict.outcome
+    if outcome in ("advisory", "passed"):
+        return {"advisory": "advisory", "passed": "pass"}[outcome]
+    if outcome == "skipped":
+        return "notjudged" if category == "consequence" or summary.startswith("not judged") else "skipped"
+    return "stopped" if category == "crash" else "error"
 
 
-def _row(case: Case, cid: str, strategy: str, verdict, duration: float) -> dict:
-    got = got_of(verdict)
-    expected = case.expected[cid]
-    return {"case": case.name, "contract": cid, "strategy": strategy, "expected": expected,
-            "got": got, "matched": got in ACCEPTED.get(expected, (expected,)), "outcome": verdict.outcome,
-            "consequence": verdict.category == "consequence", "message": verdict.render(),
+def accepted(expected: str | None, key: bool, conforming: bool) -> tuple[str, ...]:
+    """The corpus values that meet ``expected`` on one item; ``key`` marks the item that must show
+    a case's fault (see ``key_strategy``); a conforming case's own code never stops a run."""
+    if expected is None:
+        return UNNAMED_ON_OK if conforming else OTHER_STRATEGY + ("error",)
+    if expected == "fail" and not key:
+        return OTHER_STRATEGY
+    allowed = ACCEPTED.get(expected, (expected,))
+    return tuple(g for g in allowed if g != "stopped") if conforming else allowed
+
+
+def key_strategy(expected: str, configured: str, strategies: list[str]) -> str | None:
+    """The item of a contract whose verdict decides a "fail" expectation: the strategy the case's
+    Trainer config names (ddp when it names none), else the contract's first."""
+    if expected != "fail" or not strategies:
+        return None
+    return configured if configured in strategies else strategies[0]
+
+
+def mark_group(rows: list[dict]) -> None:
+    """Set ``matched`` on the rows of one (case, contract): each row by ``accepted``; a "pass" or
+    "advisory" expectation also needs one item that judged something (all skipped is no pass)."""
+    for r in rows:
+        r["matched"] = r["got"] in accepted(r["expected"], r.get("key", False), r.get("conforming", False))
+    if rows and rows[0]["expected"] in ("pass", "advisory") and all(r["got"] == "skipped" for r in rows):
+        for r in rows:
+            r["matched"] = False
+            r["why"] = "every item skipped: a pass that judged nothing"
+
+
+def status_of(row: dict) -> str:
+    """right, wrong, error, skipped (an accepted skip or not-judged item), unchecked (an item
+    of a faulty case's contract that EXPECTED does not name) or known (wrong or an error, and
+    listed in the corpus's known_failing.txt)."""
+    if row["expected"] is None and not row.get("conforming"):
+        return "unchecked"
+    if row.get("known") and not row["matched"]:
+        return "known"
+    if row["got"] == "error":
+        return "error"
+    if not row["matched"]:
+        return "wrong"
+    return "skipped" if row["got"] in ("skipped", "notjudged", "stopped") else "right"
+
+
+def _row(case: Case, cid: str, strategy: str, got: str, message: str, duration: float,
+         consequence: bool = False) -> dict:
+    return {"case": case.name, "contract": cid, "strategy": strategy, "expected": case.expected.get(cid),
+            "got": got, "matched": False, "key": False, "conforming": case.conforming,
+            "consequence": consequence, "message": message,
             "evidence_expected": case.evidence, "duration_s": round(duration, 3)}
 
 
 def rates(rows: list[dict]) -> dict:
-    """True positives (expected fail, got fail) and true negatives (any other expectation,
-    met), the misses and false positives, and how many verdicts were not judged because of
-    another item's failure."""
-    pos = [r for r in rows if r["expected"] == "fail"]
-    neg = [r for r in rows if r["expected"] != "fail"]
+    """True positives (the key item of a "fail" expectation failed) and true negatives (every other
+    checked item met its rule), the misses and false positives, the items not judged because of
+    another item's failure, and the count per status (``status_of``)."""
+    pos = [r for r in rows if r["expected"] == "fail" and r.get("key")]
+    neg = [r for r in rows if r["expected"] not in ("fail", None) or (r["expected"] is None and r.get("conforming"))]
+    statuses = collections.Counter(status_of(r) for r in rows)
     return {"true_positives": sum(r["got"] == "fail" for r in pos), "positives": len(pos),
             "true_negatives": sum(bool(r["matched"]) for r in neg), "negatives": len(neg),
             "false_positives": sum(r["got"] == "fail" for r in neg),
             "misses": sum(r["got"] in ("pass", "advisory") for r in pos),
             "not_judged_because_of_another_item": sum(bool(r.get("consequence")) for r in rows),
-            "errors": sum(r["got"] == "error" for r in rows)}
+            "errors": statuses["error"], "statuses": dict(statuses)}
 
 
 def _pct(a: int, b: int) -> str:
     return f"{100.0 * a / b:.0f}% ({a}/{b})" if b else "n/a (0 cases)"
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pytest_ltconform.corpus", description=__doc__.split("\n\n")[0])
-    ap.add_argument("paths", nargs="*", default=["conformance"], help="case files or folders (default: conformance)")
-    ap.add_argument("--contract", help="judge only this contract id")
-    ap.add_argument("--json", help="write the rows and rates to this file")
-    ap.add_argument("--timeout", type=float, default=60.0, help="seconds per run (default 60)")
-    ap.add_argument("--world-size", type=int, default=2)
-    ap.add_argument("--verbose", "-v", action="store_true", help="print every verdict's message")
-    args = ap.parse_args(argv)
-
-    from .world import WorldPool
-
-    cases = [c for c in map(read_case, discover(args.paths)) if c is not None]
-    if not cases:
-        print(f"no cases found under {', '.join(args.paths)} (a case defines Model and EXPECTED)", file=sys.stderr)
-        return 2
-    settings = Settings(target="corpus", world_size=args.world_size, timeout_s=args.timeout)
-    # Cases keep their unguarded script part behind CASE_TOPLEVEL_TRAIN so that run_plain.py can
-    # import them; the checker must see the module as the user wrote it (set before the pool starts).
-    os.environ.setdefault("CASE_TOPLEVEL_TRAIN", "1")
-    pool = WorldPool()
-    rows: list[dict] = []
-    skipped: list[str] = []
-    started = time.monotonic()
-    try:
-        for i, case in enumerate(cases, 1):
-            case_started = time.monotonic()
-            rows += judge_case(case, pool, settings, args.contract, skipped)
-            # Progress on stderr, a line per case, so that stdout stays the table alone.
-            print(f"[{i}/{len(cases)}] {case.name}.py {time.monotonic() - case_started:.0f} s",
-                  file=sys.stderr, flush=True)
-    finally:
-        cold = pool.cold_starts
-        pool.close()
-    elapsed = time.monotonic() - started
+def print_table(rows: list[dict], verbose: bool = False) -> None:
+    """The table (a row per item), then the rates, one line per strategy, and every skip with its
+    reason."""
     width = max([len(r["case"]) for r in rows] + [4])
-    print(f"{'case':<{width}}  {'contract':<18} {'strategy':<8} {'expected':<8} {'got':<8}")
+    print(f"{'case':<{width}}  {'contract':<18} {'strategy':<9} {'expected':<8} {'got':<9} status")
     for r in rows:
-        mark = "" if r["matched"] else "   <-- MISMATCH"
-        print(f"{r['case']:<{width}}  {r['contract']:<18} {r['strategy']:<8} {r['expected']:<8} {r['got']:<8}{mark}")
-        if args.verbose or not r["matched"]:
-            for line in r["message"].splitlines():
+        status = status_of(r)
+        mark = {"wrong": "   <-- MISMATCH", "error": "   <-- MISMATCH", "known": "   <-- known failing"}.get(status, "")
+        print(f"{r['case']:<{width}}  {r['contract']:<18} {r['strategy']:<9} {str(r['expected'] or '-'):<8} "
+              f"{r['got']:<9} {status}{mark}")
+        if verbose or status in ("wrong", "error", "known"):
+            why = [r[k] for k in ("known", "why") if r.get(k)]
+            for line in why + r["message"].splitlines():
                 print(f"    {line}")
     rate = rates(rows)
     print()
@@ -242,13 +341,222 @@ def main(argv: list[str] | None = None) -> int:
           f"true negatives {_pct(rate['true_negatives'], rate['negatives'])}; "
           f"false positives {rate['false_positives']}, misses {rate['misses']}, errors {rate['errors']}; "
           f"not judged because of another item: {rate['not_judged_because_of_another_item']}")
-    for line in skipped:
-        print(f"skipped (tier does not apply): {line}")
-    print(f"{len(cases)} cases, {len(rows)} verdicts in {elapsed:.1f} s with {cold} world start(s)")
+    for strategy in dict.fromkeys(r["strategy"] for r in rows):
+        counts = collections.Counter(status_of(r) for r in rows if r["strategy"] == strategy)
+        print(f"[{strategy}] " + ", ".join(f"{k} {counts[k]}" for k in STATUSES if counts[k]))
+    for r in rows:
+        if r["got"] in ("skipped", "notjudged", "stopped"):
+            print(f"{r['got']}: {r['case']} {r['contract']}[{r['strategy']}]: {_first_line(r['message'])}")
+
+
+STATUSES = ("right", "wrong", "error", "skipped", "unchecked", "known")
+
+
+def read_known(paths: list[str]) -> dict:
+    """{(case name, contract or "*"): why} from ``known_failing.txt`` in each folder of ``paths``:
+    lines ``<contract folder>/<case> <contract|*> <why>`` ("#" starts a comment). Such items still
+    show in the table, as "known", and do not make the command fail."""
+    known = {}
+    for folder in paths:
+        listing = os.path.join(folder, "known_failing.txt")
+        if not os.path.isfile(listing):
+            continue
+        with open(listing, encoding="utf-8") as fh:
+            for line in fh:
+                parts = line.split("#", 1)[0].split(None, 2)
+                if len(parts) == 3:
+                    known[(parts[0], parts[1])] = parts[2].strip()
+    return known
+
+
+def mark_known(rows: list[dict], known: dict) -> None:
+    for r in rows:
+        why = known.get((r["case"], r["contract"])) or known.get((r["case"], "*"))
+        if why:
+            r["known"] = why
+
+
+def _first_line(message: str) -> str:
+    return (message.strip().splitlines() or [""])[0]
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m pytest_ltconform.corpus", description=__doc__.split("\n\n")[0])
+    ap.add_argument("paths", nargs="*", default=["conformance"], help="case files or folders (default: conformance)")
+    ap.add_argument("--contract", help="judge only this contract id")
+    ap.add_argument("--json", help="write the rows and rates to this file")
+    ap.add_argument("--timeout", type=float, default=60.0, help="seconds per run (default 60)")
+    ap.add_argument("--world-size", type=int, default=2)
+    ap.add_argument("--strategies", help="comma-separated CPU strategies to judge (default: every one a "
+                                         "default run has here: ddp,fsdp and deepspeed when installed)")
+    ap.add_argument("--matrix", choices=("full", "named"), default="full",
+                    help="full (default): every item a default run has; named: ddp and the strategy the case's "
+                         "config names, plus fsdp on ok_ cases (the default test suite's cheaper tier)")
+    ap.add_argument("--as-user", action="store_true",
+                    help="run `pytest --ltconform CASE.py:Model ...` per case exactly as a user would, with "
+                         "default options, and judge its JSON report (see the module doc)")
+    ap.add_argument("--case-timeout", type=float, default=1800.0,
+                    help="--as-user: seconds one case's pytest run may take (default 1800)")
+    ap.add_argument("--keep-reports", metavar="DIR", help="--as-user: copy each case's JSON report and output here")
+    ap.add_argument("--jobs", type=int, default=1, help="--as-user: cases run at a time (default 1)")
+    ap.add_argument("--verbose", "-v", action="store_true", help="print every verdict's message")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    cases = [c for c in map(read_case, discover(args.paths)) if c is not None]
+    if not cases:
+        print(f"no cases found under {', '.join(args.paths)} (a case defines Model and EXPECTED)", file=sys.stderr)
+        return 2
+    # Cases keep their unguarded script part behind CASE_TOPLEVEL_TRAIN so that run_plain.py can
+    # import them; the checker must see the module as the user wrote it (set before the pool starts).
+    os.environ.setdefault("CASE_TOPLEVEL_TRAIN", "1")
+    strategies = _strategies(args.strategies)
+    started = time.monotonic()
+    if args.as_user:
+        rows, cold = judge_as_user(cases, args.case_timeout, args.contract, args.jobs, args.keep_reports), None
+    else:
+        rows, cold = _judge_in_pool(cases, args, strategies)
+    elapsed = time.monotonic() - started
+    mark_known(rows, read_known(args.paths))
+    print_table(rows, args.verbose)
+    starts = f" with {cold} world start(s)" if cold is not None else " (one pytest run per case)"
+    print(f"{len(cases)} cases, {len(rows)} verdicts in {elapsed:.1f} s{starts}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump({"rows": rows, "rates": rate, "elapsed_s": elapsed, "world_starts": cold}, fh, indent=2)
-    return 0 if all(r["matched"] for r in rows) else 1
+            json.dump({"rows": rows, "rates": rates(rows), "elapsed_s": elapsed, "world_starts": cold}, fh, indent=2)
+    return 0 if all(status_of(r) not in ("wrong", "error") for r in rows) else 1
+
+
+def _strategies(text: str | None) -> tuple[str, ...] | None:
+    from .vocabulary import CPU_STRATEGIES
+
+    if not text:
+        return None
+    chosen = tuple(s.strip() for s in text.split(",") if s.strip())
+    bad = [s for s in chosen if s not in CPU_STRATEGIES]
+    if bad:
+        raise SystemExit(f"--strategies {text!r}: unknown strategy {', '.join(bad)}; choose from "
+                         f"{', '.join(CPU_STRATEGIES)}")
+    return chosen
+
+
+def _judge_in_pool(cases: list[Case], args, strategies) -> tuple[list[dict], int]:
+    """Every case in one persistent world pool; a progress line per case on stderr."""
+    from .world import WorldPool
+
+    settings = Settings(target="corpus", world_size=args.world_size, timeout_s=args.timeout)
+    pool = WorldPool()
+    rows: list[dict] = []
+    try:
+        for i, case in enumerate(cases, 1):
+            case_started = time.monotonic()
+            rows += judge_case(case, pool, settings, args.contract, strategies, args.matrix == "named")
+            # Progress on stderr, a line per case, so that stdout stays the table alone.
+            print(f"[{i}/{len(cases)}] {case.name}.py {time.monotonic() - case_started:.0f} s",
+                  file=sys.stderr, flush=True)
+    finally:
+        cold = pool.cold_starts
+        pool.close()
+    return rows, cold
+
+
+# -- as a user runs it ---------------------------------------------------------------------------
+
+def user_argv(case: Case, report: str) -> list[str]:
+    """The command a user runs on the case: default options, every CPU strategy."""
+    argv = [sys.executable, "-m", "pytest", "--ltconform", f"{case.path}:Model"]
+    if case.has_datamodule:
+        argv += ["--ltconform-datamodule", f"{case.path}:DataModule"]
+    if case.has_trainer:
+        argv += ["--ltconform-trainer", f"{case.path}:trainer_kwargs"]
+    return argv + ["--ltconform-report", report]
+
+
+def judge_as_user(cases: list[Case], timeout_s: float, only: str | None = None, jobs: int = 1,
+                  keep: str | None = None) -> list[dict]:
+    """Rows from one ``pytest --ltconform`` run per case (in an empty folder of its own, as a
+    user's project), judged by the same rules as the corpus; ``jobs`` runs at a time. ``keep``: a
+    folder that gets each case's JSON report and output as soon as its run ends."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(case: Case) -> tuple[list[dict], str, float]:
+        import shutil
+        import tempfile
+
+        case_started = time.monotonic()
+        with tempfile.TemporaryDirectory(prefix="ltconform-as-user-") as folder:
+            records, problem = _user_run(case, folder, timeout_s)
+            if keep:
+                os.makedirs(keep, exist_ok=True)
+                stem = os.path.join(keep, case.name.replace("/", "__"))
+                for name in ("report.json", "output.txt"):
+                    if os.path.exists(os.path.join(folder, name)):
+                        shutil.copy(os.path.join(folder, name), f"{stem}.{name}")
+        return records, problem, time.monotonic() - case_started
+
+    rows: list[dict] = []
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as runner:
+        for i, (case, (records, problem, took)) in enumerate(zip(cases, runner.map(one, cases)), 1):
+            rows += rows_from_records(case, records, problem, only)
+            print(f"[{i}/{len(cases)}] {case.name}.py {took:.0f} s", file=sys.stderr, flush=True)
+    return rows
+
+
+def _user_run(case: Case, folder: str, timeout_s: float) -> tuple[list[dict], str]:
+    """The JSON report's records of one user run, or [] and what went wrong."""
+    import subprocess
+
+    report = os.path.join(folder, "report.json")
+    try:
+        proc = subprocess.run(user_argv(case, report), cwd=folder, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return [], f"the pytest run took longer than {timeout_s:.0f} s (--case-timeout)"
+    with open(os.path.join(folder, "output.txt"), "w", encoding="utf-8") as fh:
+        fh.write(proc.stdout)
+    if not os.path.exists(report):
+        return [], f"pytest exited {proc.returncode} without a report:\n{proc.stdout[-3000:]}"
+    with open(report, encoding="utf-8") as fh:
+        return json.load(fh).get("results", []), ""
+
+
+def rows_from_records(case: Case, records: list[dict], problem: str = "", only: str | None = None) -> list[dict]:
+    """One row per report record (every item of the run), plus an error row for each contract
+    EXPECTED names that has no item; rows of one contract are judged together."""
+    from .vocabulary import CPU_STRATEGIES
+
+    if not case.strategy:
+        case.strategy = _configured_strategy_of(case)
+    groups: dict[str, list[dict]] = {}
+    for rec in records:
+        # The JSON report also lists the GPU and multi-node items this machine did not create.
+        if rec["strategy"] in CPU_STRATEGIES and only in (None, rec["contract"]):
+            got = got_of(rec)
+            groups.setdefault(rec["contract"], []).append(
+                _row(case, rec["contract"], rec["strategy"], got, rec.get("message") or "", rec.get("duration_s", 0.0),
+                     consequence=rec.get("category") == "consequence"))
+    rows = []
+    for group in groups.values():
+        _mark_keys(case, group)
+        rows += group
+    for cid in case.expected:
+        if cid not in groups and only in (None, cid):
+            rows.append(_target_error_row(case, cid, problem or "the run has no item of this contract"))
+    return rows
+
+
+def _configured_strategy_of(case: Case) -> str:
+    from . import target as target_mod
+
+    try:
+        targets = target_mod.validate(
+            f"{case.path}:Model", f"{case.path}:DataModule" if case.has_datamodule else None,
+            f"{case.path}:trainer_kwargs" if case.has_trainer else None)
+    except target_mod.TargetError:
+        return "ddp"
+    return _configured_strategy(targets)
 
 
 if __name__ == "__main__":
