@@ -65,15 +65,17 @@ def _judge_corpus(out, *extra: str) -> dict:
 
 @pytest.fixture(scope="module")
 def corpus_rows(tmp_path_factory):
-    """The default tier: ddp and the strategy each case's config names, fsdp too on ok_ cases
-    (judging every strategy of every case takes about twice as long: see test_full_matrix)."""
+    """The default tier: the contracts EXPECTED names, under ddp and the strategy each case's config
+    names, fsdp too on ok_ cases, as before the full matrix (see test_full_matrix for the cost)."""
     return _judge_corpus(tmp_path_factory.mktemp("corpus") / "corpus.json", "--matrix", "named")
 
 
 @pytest.mark.slow
 def test_full_matrix(tmp_path):
     """Every item a default `pytest --ltconform` run creates for each case, every CPU strategy."""
-    rows = _judge_corpus(tmp_path / "corpus.json")
+    # spawn-safety's fresh import of an ok_ case may take up to 90 s at load: a run limit of 40 s
+    # would cut it (and the plugin would blame the case: see known_failing.txt).
+    rows = _judge_corpus(tmp_path / "corpus.json", "--timeout", "120")
     bad = [f"{r['case']} {r['contract']}[{r['strategy']}]: expected {r['expected']}, got {r['got']}: "
            f"{r['message'][:300]}" for (name, cid), group in rows.items() for r in group
            if not r["matched"] and (name, cid) not in KNOWN and (name, "*") not in KNOWN]
@@ -98,18 +100,6 @@ def test_case_gets_its_expected_verdict(corpus_rows, case, contract):
         missing = [t for t in _evidence_tokens(case.evidence) if t not in message]
         assert not missing, f"evidence {missing} not named in:\n{message}"
         assert "Fix:" in message
-
-
-CONFORMING = [_param(c, case=c) for c in CASES if c.conforming]
-
-
-@pytest.mark.parametrize("case", CONFORMING)
-def test_conforming_case_fails_no_item(corpus_rows, case):
-    """Every item of an ok_ case, also of the contracts its EXPECTED does not name."""
-    unnamed = [r for (name, cid), group in corpus_rows.items() if name == case.name and cid not in case.expected
-               for r in group]
-    bad = [f"{r['contract']}[{r['strategy']}] got {r['got']}: {r['message']}" for r in unnamed if not r["matched"]]
-    assert not bad, "\n".join(bad)
 
 
 def test_detection_rate_is_complete(corpus_rows):
@@ -226,7 +216,8 @@ def test_corpus_items_are_those_of_a_default_run():
     # The default suite's tier: ddp and the configured strategy; fsdp too on a conforming case.
     assert dict(case_items(faulty, targets, None, named_only=True))["sync-dist"] == ["ddp"]
     ok.strategy = "ddp"
-    assert dict(case_items(ok, targets, None, named_only=True))["sync-dist"] == ["ddp", "fsdp"]
+    named = dict(case_items(ok, targets, None, named_only=True))
+    assert list(named) == [c for c in contracts.ids() if c in ok.expected] and named["sync-dist"] == ["ddp", "fsdp"]
 
 
 def test_known_failing_items_show_as_known_not_wrong(tmp_path, capsys):

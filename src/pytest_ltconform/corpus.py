@@ -11,9 +11,9 @@ Which items are judged: every item a default ``pytest --ltconform`` run creates 
 CPU tier: each contract under each of its strategies among ddp, fsdp and deepspeed (deepspeed where
 it is installed; a ``configured_only`` strategy where the case's Trainer config names it). On a
 faulty case, the contracts EXPECTED names; on an ``ok_`` case, every contract. ``--strategies``
-narrows the strategies; ``--matrix named`` keeps ddp and the strategy the case's config names (plus
-fsdp on ``ok_`` cases): the default test suite's cheaper tier, the full matrix being slow-tier
-(see tests/test_corpus.py).
+narrows the strategies; ``--matrix named`` keeps the contracts EXPECTED names, under ddp and the
+strategy the case's config names (plus fsdp on ``ok_`` cases): the default test suite's cheaper
+tier, about today's cost, the full matrix being slow-tier (see tests/test_corpus.py).
 
 What each item's verdict counts as (``got``): fail, advisory, pass; notjudged (a skip that says
 "not judged" and why); skipped (the strategy does not apply to the case, or its tier cannot run
@@ -165,14 +165,16 @@ def case_items(case: Case, targets, only: str | None, strategies: tuple[str, ...
                named_only: bool = False):
     """(contract id, [strategy, ...]) of the case's checked items, in item order, as the plugin
     creates them (``tiers.variants`` on the CPU tier, ``configured_only`` strategies where the
-    Trainer config names them). ``named_only`` (``--matrix named``) keeps ddp and the strategy the
-    case's config names, plus fsdp on an ``ok_`` case (else the contract's first strategy)."""
+    Trainer config names them). ``named_only`` (``--matrix named``) keeps the contracts EXPECTED
+    names, each under ddp and the strategy the case's config names, plus fsdp on an ``ok_`` case
+    (else the contract's first strategy)."""
     from . import tiers
     from .vocabulary import CPU_CORE_STRATEGIES, CPU_STRATEGIES
 
     strategies = item_strategies() if strategies is None else strategies
     for cid in contracts.ids():
-        if (only is not None and cid != only) or (cid not in case.expected and not case.conforming):
+        every_contract = case.conforming and not named_only
+        if (only is not None and cid != only) or (cid not in case.expected and not every_contract):
             continue
         contract = contracts.get_contract(cid)
         found = [v.strategy for v in tiers.variants(contract, strategies, CPU_STRATEGIES) if v.tier == "cpu"
@@ -390,8 +392,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--strategies", help="comma-separated CPU strategies to judge (default: every one a "
                                          "default run has here: ddp,fsdp and deepspeed when installed)")
     ap.add_argument("--matrix", choices=("full", "named"), default="full",
-                    help="full (default): every item a default run has; named: ddp and the strategy the case's "
-                         "config names, plus fsdp on ok_ cases (the default test suite's cheaper tier)")
+                    help="full (default): every item a default run has; named: the contracts EXPECTED names, "
+                         "under ddp and the strategy the case's config names, plus fsdp on ok_ cases (the "
+                         "default test suite's cheaper tier)")
     ap.add_argument("--as-user", action="store_true",
                     help="run `pytest --ltconform CASE.py:Model ...` per case exactly as a user would, with "
                          "default options, and judge its JSON report (see the module doc)")
