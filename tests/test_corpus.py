@@ -231,3 +231,25 @@ def test_known_failing_items_show_as_known_not_wrong(tmp_path, capsys):
     assert _statuses(rows) == {("sync-dist", "ddp"): "known", ("data-sharding", "ddp"): "wrong"}
     print_table(rows)
     assert "known failing" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_as_user_judges_the_report_of_a_default_run(tmp_path):
+    """--as-user runs `pytest --ltconform CASE.py:Model` with default options and judges its report:
+    every CPU strategy's item of each named contract, the GPU and multi-node records left out."""
+    from pytest_ltconform.corpus import item_strategies
+
+    out = tmp_path / "as_user.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest_ltconform.corpus", "--as-user", str(CONFORMANCE / "sync-dist" /
+         "monitor_rank_zero_only.py"), "--json", str(out), "--keep-reports", str(tmp_path / "reports")],
+        cwd=tmp_path, stdout=subprocess.PIPE, text=True, timeout=1800,
+    )
+    rows = json.loads(out.read_text())["rows"]
+    named = [(r["contract"], r["strategy"], r["got"], status_of(r)) for r in rows if r["expected"]]
+    strategies = item_strategies()
+    assert [n for n in named if n[0] == "sync-dist"] == [("sync-dist", s, "fail", "right") for s in strategies]
+    assert [n for n in named if n[0] == "all-rank-save"] == [("all-rank-save", s, "pass", "right") for s in strategies]
+    assert all(r["strategy"] in strategies for r in rows)
+    assert (tmp_path / "reports" / "sync-dist__monitor_rank_zero_only.report.json").exists()
+    assert proc.returncode == 0 and "[ddp] right" in proc.stdout
