@@ -215,6 +215,9 @@ def test_corpus_items_are_those_of_a_default_run():
         [c for c in contracts.ids() if c in faulty.expected]
     # The default suite's tier: ddp and the configured strategy; fsdp too on a conforming case.
     assert dict(case_items(faulty, targets, None, named_only=True))["sync-dist"] == ["ddp"]
+    faulty.strategy = "fsdp"  # as if its config named FSDP: the fault decided there, passes under both
+    named = dict(case_items(faulty, targets, None, named_only=True))
+    assert named["sync-dist"] == ["fsdp"] and named["all-rank-save"] == ["ddp", "fsdp"]
     ok.strategy = "ddp"
     named = dict(case_items(ok, targets, None, named_only=True))
     assert list(named) == [c for c in contracts.ids() if c in ok.expected] and named["sync-dist"] == ["ddp", "fsdp"]

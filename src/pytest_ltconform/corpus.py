@@ -11,9 +11,10 @@ Which items are judged: every item a default ``pytest --ltconform`` run creates 
 CPU tier: each contract under each of its strategies among ddp, fsdp and deepspeed (deepspeed where
 it is installed; a ``configured_only`` strategy where the case's Trainer config names it). On a
 faulty case, the contracts EXPECTED names; on an ``ok_`` case, every contract. ``--strategies``
-narrows the strategies; ``--matrix named`` keeps the contracts EXPECTED names, under ddp and the
-strategy the case's config names (plus fsdp on ``ok_`` cases): the default test suite's cheaper
-tier, about today's cost, the full matrix being slow-tier (see tests/test_corpus.py).
+narrows the strategies; ``--matrix named`` keeps the contracts EXPECTED names, a "fail" under the
+strategy that decides it, any other under ddp and the strategy the case's config names (plus fsdp
+on ``ok_`` cases): the default test suite's cheaper tier, the full matrix being slow-tier (see
+tests/test_corpus.py).
 
 What each item's verdict counts as (``got``): fail, advisory, pass; notjudged (a skip that says
 "not judged" and why); skipped (the strategy does not apply to the case, or its tier cannot run
@@ -166,8 +167,8 @@ def case_items(case: Case, targets, only: str | None, strategies: tuple[str, ...
     """(contract id, [strategy, ...]) of the case's checked items, in item order, as the plugin
     creates them (``tiers.variants`` on the CPU tier, ``configured_only`` strategies where the
     Trainer config names them). ``named_only`` (``--matrix named``) keeps the contracts EXPECTED
-    names, each under ddp and the strategy the case's config names, plus fsdp on an ``ok_`` case
-    (else the contract's first strategy)."""
+    names: a "fail" under the strategy that decides it (``key_strategy``), any other under ddp and
+    the strategy the case's config names, plus fsdp on an ``ok_`` case (else its first strategy)."""
     from . import tiers
     from .vocabulary import CPU_CORE_STRATEGIES, CPU_STRATEGIES
 
@@ -179,7 +180,9 @@ def case_items(case: Case, targets, only: str | None, strategies: tuple[str, ...
         contract = contracts.get_contract(cid)
         found = [v.strategy for v in tiers.variants(contract, strategies, CPU_STRATEGIES) if v.tier == "cpu"
                  and (v.strategy not in contract.configured_only or targets.configures(v.strategy))]
-        if named_only:
+        if named_only and case.expected.get(cid) == "fail":
+            found = [key_strategy("fail", case.strategy or "ddp", found)] if found else []
+        elif named_only:
             named = ("ddp", case.strategy) + (CPU_CORE_STRATEGIES if case.conforming else ())
             found = [s for s in found if s in named] or found[:1]
         if found:
