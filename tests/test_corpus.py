@@ -179,6 +179,12 @@ def test_every_item_of_a_conforming_case_must_not_fail_and_its_code_never_stops_
         ("sync-dist", "ddp"): "skipped", ("shared-writes", "fsdp"): "unchecked", ("shared-writes", "ddp"): "unchecked"}
 
 
+def test_a_case_expecting_only_passes_conforms():
+    assert _case("demo", {"sync-dist": "pass", "unused-parameters": "advisory"}).conforming
+    assert not _case("raises", {"data-sharding": "nofail"}).conforming
+    assert _case("ok_raises", {"data-sharding": "nofail"}).conforming
+
+
 def test_a_named_contract_without_items_is_an_error():
     rows = rows_from_records(_case("none", {"sync-dist": "pass"}), [], "pytest exited 4 without a report")
     assert [(r["contract"], status_of(r), r["message"]) for r in rows] == [

@@ -5,7 +5,8 @@
 
 Each case file (``conformance/<contract>/<case>.py``, or a shared case) defines ``Model`` (and
 optionally ``DataModule`` and ``trainer_kwargs``) plus ``EXPECTED = {contract id: "pass" | "fail" |
-"advisory" | "nofail"}``; a file named ``ok_*`` conforms.
+"advisory" | "nofail"}``; a file named ``ok_*`` conforms, as does one whose EXPECTED says only
+"pass" or "advisory" (the demos).
 
 Which items are judged: every item a default ``pytest --ltconform`` run creates for the case, on the
 CPU tier: each contract under each of its strategies among ddp, fsdp and deepspeed (deepspeed where
@@ -76,8 +77,10 @@ class Case:
 
     @property
     def conforming(self) -> bool:
-        """A case named ``ok_*`` conforms: no item of any contract may fail on it."""
-        return os.path.basename(self.path).startswith("ok_")
+        """A case named ``ok_*``, or whose EXPECTED says only "pass" or "advisory" (a demo), conforms:
+        no item of any contract may fail on it."""
+        return os.path.basename(self.path).startswith("ok_") or \
+            all(v in ("pass", "advisory") for v in self.expected.values())
 
 
 def discover(paths: list[str]) -> list[str]:
