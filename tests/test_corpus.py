@@ -133,12 +133,34 @@ def test_pass_expectation_of_a_faulty_case_is_judged_under_every_strategy():
     case = _case("faulty", {"all-rank-save": "fail", "sync-dist": "pass"})
     records = [_rec("all-rank-save", "ddp", "failed"), _rec("all-rank-save", "fsdp", "passed"),
                _rec("sync-dist", "ddp", "passed"), _rec("sync-dist", "fsdp", "failed"),
-               _rec("sync-dist", "deepspeed", "skipped", "not judged: the fit stopped (see all-rank-save[ddp])",
-                    "consequence"),
+               _rec("sync-dist", "deepspeed", "skipped", "not judged: cannot tell samples apart"),
                _rec("sync-dist", "ddp-gpu", "skipped", "needs 2 CUDA devices", "unavailable")]
     assert _statuses(rows_from_records(case, records)) == {
         ("all-rank-save", "ddp"): "right", ("all-rank-save", "fsdp"): "right",
         ("sync-dist", "ddp"): "right", ("sync-dist", "fsdp"): "wrong", ("sync-dist", "deepspeed"): "wrong"}
+
+
+def test_a_faulty_case_may_stop_its_own_runs_a_conforming_one_may_not():
+    """Another item's failure that stops the shared run leaves a "pass" not judged under that
+    strategy: on a faulty case the fault's doing (judged elsewhere), on an ok_ case a wrong item."""
+    stopped = _rec("sync-dist", "deepspeed", "skipped", "not judged: the fit stopped (see strategy-config[deepspeed])",
+                   "consequence")
+    records = [_rec("sync-dist", "ddp", "passed"), stopped, _rec("strategy-config", "deepspeed", "failed")]
+    faulty = rows_from_records(_case("faulty", {"sync-dist": "pass", "strategy-config": "fail"}), records)
+    assert _statuses(faulty) == {("sync-dist", "ddp"): "right", ("sync-dist", "deepspeed"): "skipped",
+                                 ("strategy-config", "deepspeed"): "right"}
+    ok = rows_from_records(_case("ok_same", {"sync-dist": "pass"}), records)
+    assert _statuses(ok)[("sync-dist", "deepspeed")] == "wrong"
+    alone = rows_from_records(_case("faulty", {"sync-dist": "pass", "strategy-config": "fail"}), [stopped])
+    assert _statuses(alone)[("sync-dist", "deepspeed")] == "wrong"
+
+
+def test_a_contract_whose_tier_cannot_run_here_is_skipped_with_the_reason():
+    """launch-env has multi-node items only: a default run here hides them and says why."""
+    hidden = _rec("launch-env", "ddp-multinode", "skipped", "not inside a multi-node world", "unavailable")
+    rows = rows_from_records(_case("slurm", {"launch-env": "fail"}), [hidden])
+    assert [(r["strategy"], r["got"], status_of(r)) for r in rows] == [("ddp-multinode", "unavailable", "skipped")]
+    assert rows[0]["message"] == "not inside a multi-node world"
 
 
 def test_fail_expectation_is_decided_by_the_strategy_the_config_names():
@@ -164,7 +186,7 @@ def test_skips_count_by_expected_value():
 def test_pass_that_only_skipped_judged_nothing():
     case = _case("skips", {"sync-dist": "pass"})
     rows = rows_from_records(case, [_rec("sync-dist", "ddp", "skipped", "the tier does not apply")])
-    assert [status_of(r) for r in rows] == ["wrong"] and "judged nothing" in rows[0]["why"]
+    assert [status_of(r) for r in rows] == ["wrong"] and "compared nothing" in rows[0]["why"]
 
 
 def test_every_item_of_a_conforming_case_must_not_fail_and_its_code_never_stops_a_run():

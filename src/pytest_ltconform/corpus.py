@@ -17,20 +17,26 @@ strategy that decides it, any other under ddp and the strategy the case's config
 on ``ok_`` cases): the default test suite's cheaper tier, the full matrix being slow-tier (see
 tests/test_corpus.py).
 
-What each item's verdict counts as (``got``): fail, advisory, pass; notjudged (a skip that says
-"not judged" and why); skipped (the strategy does not apply to the case, or its tier cannot run
-here, with the reason); stopped (an error because the case's own code stopped the run); error.
-The rule per expected value, item by item:
+What each item's verdict counts as (``got``): fail, advisory, pass; consequence (not judged because
+another item's failure stopped the shared run); notjudged (a skip that says "not judged" and why);
+skipped (the strategy does not apply to the case); unavailable (the item's tier cannot run on this
+machine: accepted whatever is expected, and listed with the reason); stopped (an error because the
+case's own code stopped the run); error. The rule per expected value, item by item:
 
 - "fail": the item under the strategy the case's Trainer config names (ddp when none; the
   contract's first strategy when it has no item there) must fail; the contract's other items may
   show anything but an error (a fault may belong to one strategy).
-- "pass": every item passes, or skips because the strategy does not apply; not judged is not a
-  pass, and a contract whose items all skipped judged nothing, which is no pass either.
+- "pass": every item passes, or skips because the strategy does not apply, or (on a faulty case)
+  is a consequence of that case's own fault stopping the run; a not-judged premise is no pass, and
+  a contract none of whose items judged anything compared nothing, which is no pass either.
 - "advisory": as "pass", advisory counting as well.
 - "nofail": anything but a failure or an error: passed, advisory, not judged or skipped with a
   stated reason, or stopped by the case's own code (never on an ``ok_`` case).
-- a contract EXPECTED does not name, on an ``ok_`` case: anything but a failure, an error or a stop.
+- a contract EXPECTED does not name, on a conforming case: anything but a failure, an error or a
+  stop. On a conforming case no "pass" may be left unjudged by another item's failure either.
+
+A contract with no CPU item (launch-env: multi-node only) is judged in the local world as before;
+``--as-user`` shows it as the run's hidden record (unavailable, with the reason).
 
 Each item is then right, wrong, error, skipped (an accepted skip, not judged or stop) or unchecked
 (an item of a faulty case's contract that EXPECTED does not name, ``--as-user`` only). The
@@ -183,7 +189,10 @@ def case_items(case: Case, targets, only: str | None, strategies: tuple[str, ...
         contract = contracts.get_contract(cid)
         found = [v.strategy for v in tiers.variants(contract, strategies, CPU_STRATEGIES) if v.tier == "cpu"
                  and (v.strategy not in contract.configured_only or targets.configures(v.strategy))]
-        if named_only and case.expected.get(cid) == "fail":
+        if not found and cid in case.expected:
+            # No CPU item (launch-env is multi-node only): judged in the local world as before.
+            found = list(contract.strategies[:1])
+        elif named_only and case.expected.get(cid) == "fail":
             found = [key_strategy("fail", case.strategy or "ddp", found)] if found else []
         elif named_only:
             named = ("ddp", case.strategy) + (CPU_CORE_STRATEGIES if case.conforming else ())
@@ -229,12 +238,16 @@ def _configured_strategy(targets) -> str:
 
 # What an item's verdict counts as against the case's EXPECTED value (shared/cases/README.md),
 # judged on every item a default run creates for the case (see the module doc for the rule).
-ACCEPTED = {"fail": ("fail",), "pass": ("pass", "skipped"), "advisory": ("advisory", "pass", "skipped"),
-            "nofail": ("pass", "advisory", "notjudged", "skipped", "stopped")}
+ACCEPTED = {"fail": ("fail", "unavailable"),
+            "pass": ("pass", "skipped", "consequence", "unavailable"),
+            "advisory": ("advisory", "pass", "skipped", "consequence", "unavailable"),
+            "nofail": ("pass", "advisory", "notjudged", "consequence", "skipped", "stopped", "unavailable")}
 # An item of a faulty case's contract under a strategy other than the one that shows the fault.
-OTHER_STRATEGY = ("fail", "pass", "advisory", "notjudged", "skipped", "stopped")
+OTHER_STRATEGY = ("fail", "pass", "advisory", "notjudged", "consequence", "skipped", "stopped", "unavailable")
 # An item of a conforming (ok_) case's contract that EXPECTED does not name.
-UNNAMED_ON_OK = ("pass", "advisory", "notjudged", "skipped")
+UNNAMED_ON_OK = ("pass", "advisory", "notjudged", "consequence", "skipped", "unavailable")
+# Values that judged nothing: a contract whose items all have one of these passed nothing.
+NOTHING_JUDGED = ("skipped", "notjudged", "consequence", "stopped", "unavailable")
 
 
 def got_of(verdict) -> str:
@@ -244,16 +257,19 @@ def got_of(verdict) -> str:
 
 
 def got_of_fields(outcome: str, summary: str, category: str | None) -> str:
-    """fail, advisory, pass; notjudged (a skip that says "not judged" and why: a premise that does
-    not hold, another item's failure); skipped (the strategy does not apply to the case, or its
-    tier cannot run here, with the reason); stopped (an error because the user's own code stopped
-    the run); error (the plugin could not judge)."""
+    """fail, advisory, pass; consequence (not judged because another item's failure stopped the
+    shared run); notjudged (a skip that says "not judged" and why: a premise that does not hold);
+    skipped (the strategy does not apply to the case); unavailable (the item's tier cannot run on
+    this machine); stopped (an error because the user's own code stopped the run); error (the
+    plugin could not judge)."""
     if outcome == "failed":
         return "fail"
     if outcome in ("advisory", "passed"):
         return {"advisory": "advisory", "passed": "pass"}[outcome]
     if outcome == "skipped":
-        return "notjudged" if category == "consequence" or summary.startswith("not judged") else "skipped"
+        if category in ("consequence", "unavailable"):
+            return category
+        return "notjudged" if summary.startswith("not judged") else "skipped"
     return "stopped" if category == "crash" else "error"
 
 
@@ -265,7 +281,10 @@ def accepted(expected: str | None, key: bool, conforming: bool) -> tuple[str, ..
     if expected == "fail" and not key:
         return OTHER_STRATEGY
     allowed = ACCEPTED.get(expected, (expected,))
-    return tuple(g for g in allowed if g != "stopped") if conforming else allowed
+    if not conforming:
+        return allowed
+    # Nothing may stop a conforming case's run, nor leave its "pass" unjudged.
+    return tuple(g for g in allowed if g != "stopped" and (expected == "nofail" or g != "consequence"))
 
 
 def key_strategy(expected: str, configured: str, strategies: list[str]) -> str | None:
@@ -281,10 +300,12 @@ def mark_group(rows: list[dict]) -> None:
     "advisory" expectation also needs one item that judged something (all skipped is no pass)."""
     for r in rows:
         r["matched"] = r["got"] in accepted(r["expected"], r.get("key", False), r.get("conforming", False))
-    if rows and rows[0]["expected"] in ("pass", "advisory") and all(r["got"] == "skipped" for r in rows):
+    if all(r["got"] == "unavailable" for r in rows):
+        return  # no item of it can run on this machine: said, with the reason, as skipped
+    if rows and rows[0]["expected"] in ("pass", "advisory") and all(r["got"] in NOTHING_JUDGED for r in rows):
         for r in rows:
             r["matched"] = False
-            r["why"] = "every item skipped: a pass that judged nothing"
+            r["why"] = "no item judged anything: a pass that compared nothing"
 
 
 def status_of(row: dict) -> str:
@@ -299,7 +320,7 @@ def status_of(row: dict) -> str:
         return "error"
     if not row["matched"]:
         return "wrong"
-    return "skipped" if row["got"] in ("skipped", "notjudged", "stopped") else "right"
+    return "skipped" if row["got"] in NOTHING_JUDGED else "right"
 
 
 def _row(case: Case, cid: str, strategy: str, got: str, message: str, duration: float,
@@ -353,7 +374,7 @@ def print_table(rows: list[dict], verbose: bool = False) -> None:
         counts = collections.Counter(status_of(r) for r in rows if r["strategy"] == strategy)
         print(f"[{strategy}] " + ", ".join(f"{k} {counts[k]}" for k in STATUSES if counts[k]))
     for r in rows:
-        if r["got"] in ("skipped", "notjudged", "stopped"):
+        if r["got"] in NOTHING_JUDGED:
             print(f"{r['got']}: {r['case']} {r['contract']}[{r['strategy']}]: {_first_line(r['message'])}")
 
 
@@ -546,6 +567,11 @@ def rows_from_records(case: Case, records: list[dict], problem: str = "", only: 
             groups.setdefault(rec["contract"], []).append(
                 _row(case, rec["contract"], rec["strategy"], got, rec.get("message") or "", rec.get("duration_s", 0.0),
                      consequence=rec.get("category") == "consequence"))
+    for cid in case.expected:
+        # A contract without CPU items (launch-env: multi-node only) shows as its hidden record.
+        hidden = [r for r in records if r["contract"] == cid and r.get("category") == "unavailable"]
+        if cid not in groups and hidden and only in (None, cid):
+            groups[cid] = [_row(case, cid, hidden[0]["strategy"], "unavailable", hidden[0].get("message") or "", 0.0)]
     rows = []
     for group in groups.values():
         _mark_keys(case, group)
