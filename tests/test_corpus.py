@@ -22,6 +22,7 @@ from pytest_ltconform.corpus import (
     discover,
     mark_known,
     print_table,
+    rates,
     read_case,
     read_known,
     rows_from_records,
@@ -161,6 +162,7 @@ def test_a_contract_whose_tier_cannot_run_here_is_skipped_with_the_reason():
     rows = rows_from_records(_case("slurm", {"launch-env": "fail"}), [hidden])
     assert [(r["strategy"], r["got"], status_of(r)) for r in rows] == [("ddp-multinode", "unavailable", "skipped")]
     assert rows[0]["message"] == "not inside a multi-node world"
+    assert rates(rows)["positives"] == 0
 
 
 def test_fail_expectation_is_decided_by_the_strategy_the_config_names():

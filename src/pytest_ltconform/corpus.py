@@ -335,8 +335,9 @@ def rates(rows: list[dict]) -> dict:
     """True positives (the key item of a "fail" expectation failed) and true negatives (every other
     checked item met its rule), the misses and false positives, the items not judged because of
     another item's failure, and the count per status (``status_of``)."""
-    pos = [r for r in rows if r["expected"] == "fail" and r.get("key")]
-    neg = [r for r in rows if r["expected"] not in ("fail", None) or (r["expected"] is None and r.get("conforming"))]
+    judged = [r for r in rows if r["got"] != "unavailable"]  # items this machine cannot run count in neither
+    pos = [r for r in judged if r["expected"] == "fail" and r.get("key")]
+    neg = [r for r in judged if r["expected"] not in ("fail", None) or (r["expected"] is None and r.get("conforming"))]
     statuses = collections.Counter(status_of(r) for r in rows)
     return {"true_positives": sum(r["got"] == "fail" for r in pos), "positives": len(pos),
             "true_negatives": sum(bool(r["matched"]) for r in neg), "negatives": len(neg),
