@@ -89,3 +89,18 @@ def test_strategy_config_zero_keys_inside_their_section_pass(tmp_path):
     config = {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
               "train_micro_batch_size_per_gpu": 4, "zero_allow_untested_optimizer": True}
     assert _zero_findings(tmp_path, config, "DS = {}\n") == []
+
+
+def test_lightning_rejecting_the_deepspeed_config_is_a_config_failure():
+    """Lightning's own check of the DeepSpeed dict (accumulation in the config) stops the fit before
+    DeepSpeed sees it: strategy-config claims that stop, so its other items are not judged."""
+    from pytest_ltconform.contracts.strategy_config import deepspeed_config_raise
+
+    site = "/venv/lib/python3.11/site-packages/lightning/pytorch"
+    tb = (f'Traceback (most recent call last):\n  File "{site}/trainer/trainer.py", line 584, in fit\n'
+          f'  File "{site}/strategies/deepspeed.py", line 325, in setup_environment\n'
+          f'  File "{site}/strategies/deepspeed.py", line 924, in _format_batch_size_and_grad_accum_config\n'
+          "lightning.fabric.utilities.exceptions.MisconfigurationException: Do not set `gradient_accumulation_steps`")
+    assert deepspeed_config_raise(tb)
+    checkpoint = tb.replace("_format_batch_size_and_grad_accum_config", "load_checkpoint")
+    assert not deepspeed_config_raise(checkpoint)  # not a config check: the user's checkpoint

@@ -622,13 +622,22 @@ def first_line(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit].rsplit(" ", 1)[0] + " ..."
 
 
+# Lightning's DeepSpeedStrategy methods that check the user's config dict before DeepSpeed sees it
+# (e.g. "Do not set `gradient_accumulation_steps` in the DeepSpeed config").
+LIGHTNING_DS_CONFIG_CHECKS = ("_load_config", "_format_config", "_format_batch_size_and_grad_accum_config")
+
+
 def deepspeed_config_raise(traceback_text: str | None) -> bool:
-    """Whether a rank's traceback ends inside DeepSpeed's config class (its validation raised),
-    with no user frame after it."""
+    """Whether a rank's traceback ends inside DeepSpeed's config class (its validation raised), or in
+    Lightning's check of the DeepSpeed config, with no user frame after it."""
     import re
 
-    frames = re.findall(r'File "([^"]+)", line \d+', traceback_text or "")
+    found = re.findall(r'File "([^"]+)", line \d+(?:, in (\w+))?', traceback_text or "")
+    frames = [path for path, _ in found]
     hits = [i for i, path in enumerate(frames) if path.replace("\\", "/").endswith("deepspeed/runtime/config.py")]
+    if not hits and found and found[-1][0].replace("\\", "/").endswith("strategies/deepspeed.py") and \
+            found[-1][1] in LIGHTNING_DS_CONFIG_CHECKS:
+        return True  # Lightning's own frame raised last: no user frame can follow it
     if not hits:
         return False
     from ..sites import is_user_file
