@@ -109,6 +109,7 @@ def _indices(loader, num_batches) -> dict:
             for b, batch in enumerate(batch_sampler):
                 if limit is not None and b >= limit:
                     break
+                info["batches"] = b + 1
                 out.extend(int(i) for i in batch)
                 if len(out) > _MAX_INDICES:
                     break
@@ -116,6 +117,7 @@ def _indices(loader, num_batches) -> dict:
             for k, i in enumerate(sampler):
                 if limit is not None and k >= limit:
                     break
+                info["batches"] = k + 1
                 out.append(int(i))
                 if len(out) > _MAX_INDICES:
                     break
