@@ -184,6 +184,18 @@ def _mode_words(modes: set[str]) -> str:
     return "opened for writing"
 
 
+def _staged_writes(events: list[dict]) -> list[dict]:
+    """A rank's ``write`` events, each with the stage it was made in ("fit", "test", "predict",
+    from the run's ``stage`` events) when the run recorded stages."""
+    out, stage = [], None
+    for e in events:
+        if e.get("ev") == "stage":
+            stage = e.get("name")
+        elif e.get("ev") == "write":
+            out.append({**e, "stage": stage} if stage else e)
+    return out
+
+
 class SharedWrites(Contract):
     id = "shared-writes"
     title = "Plain shared-file writes happen on one rank (rank-zero guard), checkpoints on all"
@@ -194,7 +206,7 @@ class SharedWrites(Contract):
     def judge(self, run: Run) -> Verdict:
         by_path: dict[str, dict[int, list[dict]]] = {}
         for r in range(run.world_size):
-            for e in run.events(r, "write"):
+            for e in _staged_writes(run.events(r)):
                 by_path.setdefault(e["path"], {}).setdefault(r, []).append(e)
         shared = {p: ranks for p, ranks in by_path.items() if len(ranks) > 1}
         if not shared:
@@ -216,7 +228,9 @@ class SharedWrites(Contract):
         per_rank = ", ".join(f"rank {r}: {len(v)}" for r, v in sorted(ranks.items()))
         epochs = sorted({e.get("epoch") for evs in ranks.values() for e in evs if e.get("epoch") is not None})
         how = _mode_words(modes)
-        summary = (f"{name} {how} by {who} in {', '.join(hooks)} at {site}, outside checkpoint saving "
+        stages = sorted({e["stage"] for evs in ranks.values() for e in evs if e.get("stage")})
+        during = f" during {' and '.join(stages)}" if stages else ""
+        summary = (f"{name} {how} by {who} in {', '.join(hooks)}{during} at {site}, outside checkpoint saving "
                    f"({total} writes: {per_rank}")
         if len(epochs) > 1:
             summary += f"; {len(epochs)} epoch{'s' if len(epochs) != 1 else ''}"
@@ -248,8 +262,9 @@ class SharedWrites(Contract):
 
     def _passed(self, run: Run, by_path) -> Verdict:
         if not by_path:
-            return self.verdict("passed", "user code opened no file for writing during fit (outside checkpoint "
-                                          "saving) on any rank.")
+            stages = [e.get("name") for e in run.events(0, "stage") if e.get("name")] or ["fit"]
+            return self.verdict("passed", f"user code opened no file for writing during {' and '.join(stages)} "
+                                          f"(outside checkpoint saving) on any rank.")
         parts = []
         for path, ranks in sorted(by_path.items())[:5]:
             (r, evs), = ranks.items()
