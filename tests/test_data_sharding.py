@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import pytest
+from conftest import case
+
 from pytest_ltconform.contracts import get_contract
 
 
@@ -298,3 +301,54 @@ def test_classify_rank_reads_by_what_the_line_does(tmp_path):
     assert uses == {4: "select", 5: "gate", 7: "select", 9: "select", 10: "other", 11: "select"}
     assert classify(str(src), 9)[1] == "an argument of narrow() (it picks this rank's part)"
     assert classify(str(tmp_path / "missing.py"), 3)[0] == "other"
+
+
+def _fetched(rank_keys: list[list], epoch: int = 0, ds: int = 7) -> list[dict]:
+    """data-sharding's ``ds_index`` events for one rank: one fetch per list of dataset keys."""
+    return [{"ev": "ds_index", "stage": "train", "keys": keys, "ds": ds, "epoch": epoch} for keys in rank_keys]
+
+
+def test_samples_are_the_dataset_keys_fetched_not_tensor_rows(fake_runs):
+    """Collated graphs: one-hot atom rows repeat within a rank (the tensor fingerprint calls that a
+    replay), but the molecules each rank fetched are disjoint: a pass. The same fetches on every
+    rank fail, named by their indices."""
+    contract = get_contract("data-sharding")
+    atoms = fake_runs.batches([["C", "H", "H", "O"], ["C", "C", "H", "H"]])
+    r0 = atoms + _fetched([[0, 2], [4, 6]])
+    r1 = [dict(e) for e in atoms] + _fetched([[1, 3], [5, 7]])
+    assert contract.judge(fake_runs.run([atoms, [dict(e) for e in atoms]])).outcome == "failed"  # rows only
+    verdict = contract.judge(fake_runs.run([r0, r1]))
+    assert verdict.outcome == "passed", verdict.render()
+    same = contract.judge(fake_runs.run([atoms + _fetched([[0, 2], [4, 6]]),
+                                         [dict(e) for e in atoms] + _fetched([[0, 2], [4, 6]])]))
+    assert same.outcome == "failed"
+    assert "batches compared by the dataset indices they fetched" in same.summary
+    assert "sample ids 0, 2, 4, 6 in the same order on every rank" in same.summary
+
+
+def test_batches_without_keys_or_tensors_are_not_judged(fake_runs):
+    contract = get_contract("data-sharding")
+    opaque = [{"ev": "batch", "stage": "train", "idx": i, "dl": 0, "epoch": 0, "n": None} for i in range(3)]
+    verdict = contract.judge(fake_runs.run([opaque, [dict(e) for e in opaque]]))
+    assert verdict.outcome == "skipped"
+    assert verdict.summary.startswith("not judged: cannot tell samples apart in the train loader over the DataLoader")
+
+
+def test_keys_of_a_fetch():
+    from pytest_ltconform.contracts.data_sharding import _keys
+
+    assert _keys(3) == [3] and _keys([4, 5]) == [4, 5] and _keys(None) is None
+    assert _keys(("a", 1)) == ["'a'", 1]
+
+
+@pytest.mark.slow
+def test_index_lists_fetched_by_every_rank_fail_in_a_real_world(pytester, no_leftover_ranks):
+    """Batches the fingerprint cannot read (slotted objects) from a sampler yielding index lists:
+    the indices __getitem__ receives are recorded on each rank and compared."""
+    path = case("data-sharding/index_list_sampler_ignores_rank.py").rsplit(":", 1)[0]
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ltconform", f"{path}:Model",
+                                           "--ltconform-trainer", f"{path}:trainer_kwargs",
+                                           "-k", "data-sharding[ and ddp", "-v")
+    out = result.stdout.str()
+    result.assert_outcomes(failed=1)
+    assert "batches compared by the dataset indices they fetched" in out

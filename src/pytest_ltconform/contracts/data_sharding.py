@@ -283,6 +283,69 @@ class _Draws:
             self.busy = False
 
 
+INDEX_GROUPS = 64          # index groups (one per batch the loader fetches) recorded per stage and epoch
+INDEX_KEYS = 256           # dataset keys recorded per group
+_STAGE_NAMES = {"train": "train", "validate": "val", "test": "test", "predict": "predict"}
+
+
+def _keys(index) -> list | None:
+    """The dataset keys one fetch hands ``__getitem__``/``__getitems__``: one key, or the list a
+    batch sampler yields; None for an iterable dataset's placeholder (no key)."""
+    if index is None:
+        return None
+    items = index if isinstance(index, (list, tuple)) else [index]
+    out = []
+    for k in items[:INDEX_KEYS]:
+        try:
+            out.append(int(k))
+        except (TypeError, ValueError):
+            out.append(repr(k)[:60])  # a key that is not an integer (a string, a tuple) still names one sample
+    return out
+
+
+class _Indices:
+    """Records, per stage and epoch, the keys every fetch of a map-style dataset receives: the
+    source of its samples. Read in the main process where the DataLoader iterator draws them from
+    its sampler, so DataLoader workers (num_workers>0), batch samplers yielding index lists and
+    collated graphs are all read the same way; one ``ds_index`` event per fetch."""
+
+    def __init__(self, recorder):
+        self.recorder = recorder
+        self.counts: dict = defaultdict(int)
+
+    def install(self) -> None:
+        from torch.utils.data import dataloader
+
+        self.recorder.patch(dataloader._BaseDataLoaderIter, "_next_index", self._wrap)
+
+    def _wrap(self, original):
+        indices = self
+
+        def _next_index(it):
+            index = original(it)
+            try:
+                indices.record(it, index)
+            except Exception:
+                pass  # a key that cannot be read is not recorded
+            return index
+
+        return _next_index
+
+    def record(self, it, index) -> None:
+        trainer = self.recorder.trainer
+        if trainer is None or trainer.sanity_checking or getattr(it, "_dataset_kind", 0) != 0:
+            return  # 0: a map-style dataset (torch's _DatasetKind.Map)
+        stage = _STAGE_NAMES.get(str(getattr(trainer.state.stage, "value", trainer.state.stage)))
+        keys = _keys(index)
+        if stage is None or keys is None:
+            return
+        key = (stage, int(trainer.current_epoch))
+        self.counts[key] += 1
+        if self.counts[key] <= INDEX_GROUPS:
+            self.recorder.emit({"ev": "ds_index", "stage": stage, "keys": keys, "ds": id(it._dataset),
+                                "dataset": type(it._dataset).__qualname__})
+
+
 class DataShardingProbe(Probe):
     """Records one ``batch`` event per batch, one ``ds_loader`` event per stage and epoch, the
     item count of a train IterableDataset (``ds_stream``), random draws in training_step and the
@@ -301,6 +364,7 @@ class DataShardingProbe(Probe):
 
         self._draws = _Draws(recorder)
         self._draws.install()
+        _Indices(recorder).install()
         RankReads(recorder.emit, lambda: step_hook(recorder.trainer)).install(loaded.ns, recorder)
 
         def factory(original):
@@ -560,6 +624,29 @@ def _draws_by_site(run: Run) -> dict[str, dict[int, dict[tuple, list]]]:
     return out
 
 
+def _index_groups(run: Run, rank: int) -> dict[tuple, list[list]]:
+    """(stage, epoch) -> the key groups ``rank``'s fetches received, of the first dataset that
+    stage fetched from (a second loader of the stage is not dataloader 0's)."""
+    first: dict = {}
+    out: dict = defaultdict(list)
+    for e in run.events(rank, "ds_index"):
+        stage = e.get("stage")
+        if first.setdefault(stage, e.get("ds")) == e.get("ds"):
+            out[(stage, e.get("epoch", 0))].append(e.get("keys") or [])
+    return out
+
+
+def _from_keys(keys: list) -> dict:
+    """The fields of a batch event whose samples are the dataset keys ``keys``."""
+    import hashlib
+
+    out = {"n": len(keys), "rows": [str(k) for k in keys[:ROWS_PER_BATCH]], "src": "index",
+           "fp": hashlib.blake2b(repr(keys).encode(), digest_size=8).hexdigest()}
+    if all(isinstance(k, int) for k in keys):
+        out["ids"] = keys[:ROWS_PER_BATCH]
+    return out
+
+
 _STEP_OF = {"train": ("training_step",), "val": ("validation_step",)}
 
 
@@ -620,17 +707,38 @@ class DataSharding(Contract):
                 first.notes.append("the world did not finish; the batches each rank recorded up to then are "
                                    "the evidence (the item's report says where each rank was).")
             return first
+        unread = self._unreadable(run, batches, loaders)
+        if unread is not None:
+            return unread
         return self._passed(run, batches, loaders, split)
+
+    def _unreadable(self, run: Run, batches, loaders) -> Verdict | None:
+        """Not judged when train batches ran but no rank's samples could be told apart: no dataset
+        key was read at the source and no batch had a tensor to fingerprint."""
+        train = batches.get("train", {})
+        events = [e for r in train.values() for ep in r.values() for e in ep]
+        if not events or any(e.get("fp") for e in events):
+            return None
+        loader = loaders.get("train") or {}
+        what = f"{loader.get('type') or 'the train loader'} over {self._what(loader)}"
+        return self.verdict("skipped", f"not judged: cannot tell samples apart in {what}: its fetches hand the "
+                                       f"dataset no keys this check can read and its batches hold no tensors, "
+                                       f"so nothing was compared across ranks.")
 
     # -- data ----------------------------------------------------------------------------------
     @staticmethod
     def _batches(run: Run) -> dict[str, dict[int, dict[int, list[dict]]]]:
-        """stage -> rank -> epoch -> batch events (dataloader 0), in order."""
+        """stage -> rank -> epoch -> batch events (dataloader 0), in order. Where the rank recorded
+        the dataset keys of its fetches, a batch's samples are those keys (``src`` "index"), not
+        rows of its tensors: a collated graph's atoms or a loader's positions are not samples."""
         out: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
         for r in range(run.world_size):
             for e in run.events(r, "batch"):
                 if e.get("dl", 0) == 0:
-                    out[e["stage"]][r][e.get("epoch", 0)].append(e)
+                    out[e["stage"]][r][e.get("epoch", 0)].append(dict(e))
+            for (stage, epoch), groups in _index_groups(run, r).items():
+                for event, keys in zip(out.get(stage, {}).get(r, {}).get(epoch, []), groups):
+                    event.update(_from_keys(keys))
         return out
 
     @staticmethod
@@ -739,7 +847,9 @@ class DataSharding(Contract):
         every = "in every step" if same == compared else f"in {same} of {compared} steps"
         ids = [i for e in per_rank[0][first_ep] for i in e.get("ids", [])]
         id_text = f"; sample ids {_ranges(ids)} in the same order on every rank" if ids else ""
-        summary = (f"{ranks} drew identical {stage} batches {every} ({compared} fingerprinted batches, "
+        how = "batches compared by the dataset indices they fetched" if per_rank[0][first_ep] and all(
+            e.get("src") == "index" for e in per_rank[0][first_ep]) else "fingerprinted batches"
+        summary = (f"{ranks} drew identical {stage} batches {every} ({compared} {how}, "
                    f"{len(samples)} distinct samples{id_text}), so the world trains on one rank's data "
                    f"{run.world_size} times; {self._what(loader)} is not sharded by rank.")
         evidence = [Evidence(f"{stage} epoch {first_ep}: {_n_batches(steps[r].get(first_ep, 0))} of sizes "
