@@ -495,9 +495,14 @@ def traced_fit(ctx, targets: target_mod.Targets, strategy_name: str, probes: lis
         trainer = run.build_trainer(kwargs)
         run.emit({"ev": "stage", "name": "fit"})
         trainer.fit(objects.model, datamodule=objects.datamodule)
-        if overrides is None:
+        # Later stages run traced before the probes' own (untraced) Trainer calls, except on the
+        # sharded tier, whose save-and-resume check needs the trainer as fit left it.
+        sharded_tier = bool(getattr(strategy, "ltconform_cpu_tier", False))
+        if overrides is None and not sharded_tier:
             run_later_stages(run)
         run.after_fit()
+        if overrides is None and sharded_tier:
+            run_later_stages(run)
         return {"probes": run.collected()}
 
 
