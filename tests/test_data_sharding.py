@@ -138,10 +138,16 @@ def test_replacement_sampler_repeats_are_not_a_fault(fake_runs):
 
 # -- random inputs identical on every rank ----------------------------------------------------------
 
-def _draws(hashes: list[str], line: int = 42) -> list[dict]:
-    return [{"ev": "ds_draw", "fn": "torch.randn", "key": [0, i], "hash": h, "shape": [8, 3], "epoch": 0,
-             "site": {"file": "/u/gan.py", "line": line, "func": "Model.training_step"}}
-            for i, h in enumerate(hashes)]
+def _draws(hashes: list[str], line: int = 42, use: str | None = "input") -> list[dict]:
+    """``ds_draw`` events of one line, one per step, each followed by its ``ds_draw_use`` (none
+    when ``use`` is None)."""
+    out = []
+    for i, h in enumerate(hashes):
+        out.append({"ev": "ds_draw", "fn": "torch.randn", "key": [0, i], "hash": h, "shape": [8, 3], "epoch": 0,
+                    "id": i + 1, "site": {"file": "/u/gan.py", "line": line, "func": "Model.training_step"}})
+        if use:
+            out.append({"ev": "ds_draw_use", "id": i + 1, "use": use, "op": "linear" if use == "input" else "mul"})
+    return out
 
 
 def test_noise_identical_across_ranks_fails_with_the_draw_site(fake_runs):
@@ -154,6 +160,20 @@ def test_noise_identical_across_ranks_fails_with_the_draw_site(fake_runs):
                                       "the same values on every rank at every recorded step (3 steps compared")
     assert [e.site for e in verdict.evidence] == ["/u/gan.py:42 (Model.training_step)"] * 2
     assert "seed + self.global_rank" in verdict.fix
+    assert "the draw is itself the model's input (it reaches linear with only weights" in verdict.summary
+
+
+def test_noise_combined_with_each_ranks_data_or_never_used_passes(fake_runs):
+    """A VAE's eps * std or a dropout mask times the batch: the same noise on every rank still
+    meets different data, so each rank's samples stay its own."""
+    contract = get_contract("data-sharding")
+    for use in ("combined", None):
+        r0 = fake_runs.batches([["a"], ["b"], ["c"]]) + _draws(["h1", "h2", "h3"], use=use)
+        r1 = fake_runs.batches([["d"], ["e"], ["f"]]) + _draws(["h1", "h2", "h3"], use=use)
+        verdict = contract.judge(fake_runs.run([r0, r1]))
+        assert verdict.outcome == "passed", (use, verdict.render())
+        said = "the random draws at /u/gan.py:42 (Model.training_step) are the same on every rank, but each meets"
+        assert (said in " ".join(verdict.notes)) == (use == "combined")
 
 
 def test_noise_that_differs_per_rank_or_is_drawn_once_passes(fake_runs):
@@ -352,3 +372,53 @@ def test_index_lists_fetched_by_every_rank_fail_in_a_real_world(pytester, no_lef
     out = result.stdout.str()
     result.assert_outcomes(failed=1)
     assert "batches compared by the dataset indices they fetched" in out
+
+
+class _Emits:
+    def __init__(self):
+        self.events = []
+
+    def emit(self, event):
+        self.events.append(event)
+
+
+def _uses_of(step) -> list[tuple[int, str]]:
+    """The ``ds_draw_use`` (draw id, use) events a step makes with draw 1 tracked."""
+    from pytest_ltconform.contracts.data_sharding import _Draws
+
+    recorder = _Emits()
+    draws = _Draws(recorder)
+    draws.key = [0, 0]
+    draws.enter()
+    try:
+        step(lambda t: draws._track(t, 1))
+    finally:
+        draws.leave()
+    return [(e["id"], e["use"]) for e in recorder.events]
+
+
+def test_a_latent_fed_to_weights_is_input_and_noise_on_data_is_combined():
+    import torch
+
+    generator = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    data = torch.randn(8, 2)
+
+    def gan(track):  # z, labels next to it, then the generator: the latent is the sample
+        z = torch.randn(8, 3)
+        track(z)
+        generator(torch.cat([z[:, :2], torch.zeros(8, 1)], dim=1).float())
+
+    def vae(track):  # mu + eps * std: the noise meets each rank's own encoding
+        mu, std = data * 2, (data * 0.5).exp()
+        eps = torch.randn_like(std)
+        track(eps)
+        return mu + eps * std
+
+    def dropout(track):  # a mask from the noise, then the batch times the mask
+        mask = torch.rand_like(data)
+        track(mask)
+        return data * (mask > 0.3).float()
+
+    assert _uses_of(gan) == [(1, "input")]
+    assert _uses_of(vae) == [(1, "combined")]
+    assert _uses_of(dropout) == [(1, "combined")]

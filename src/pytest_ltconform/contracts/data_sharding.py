@@ -220,10 +220,58 @@ RANDOM_FACTORIES = ("randn", "rand", "randn_like", "rand_like", "normal")
 RANDOM_METHODS = ("normal_", "uniform_")
 
 
+# Ops whose output carries a draw on without deciding its use: shape and dtype changes,
+# concatenation (a conditional GAN's latent next to its labels is still the latent).
+_CARRIES = frozenset({"cat", "concat", "concatenate", "stack", "hstack", "vstack", "float", "double", "half",
+                      "to", "view", "reshape", "unsqueeze", "squeeze", "expand", "expand_as", "repeat",
+                      "flatten", "transpose", "permute", "contiguous", "clone", "detach", "type_as", "__getitem__"})
+
+
+def _tensors(obj, out: list, depth: int = 0) -> list:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        out.append(obj)
+    elif depth < 3 and isinstance(obj, (list, tuple)):
+        for item in obj:
+            _tensors(item, out, depth + 1)
+    elif depth < 3 and isinstance(obj, dict):
+        for item in obj.values():
+            _tensors(item, out, depth + 1)
+    return out
+
+
+def _is_weight(t) -> bool:
+    import torch
+
+    return isinstance(t, torch.nn.Parameter) or (t.is_leaf and t.requires_grad)
+
+
+def _uses_mode(draws):
+    """A TorchFunctionMode that follows each recorded draw to the first op that decides its use
+    (see :meth:`_Draws.follow`); built lazily (no torch import at module level)."""
+    from torch.overrides import TorchFunctionMode
+
+    class DrawUses(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if draws.tracked:
+                try:
+                    draws.follow(func, args, kwargs or {}, out)
+                except Exception:
+                    pass  # following a draw must never change the step
+            return out
+
+    return DrawUses()
+
+
 class _Draws:
     """Fingerprints what torch's random factories return to user code inside training_step, for
     the first DRAW_STEPS steps: one ``ds_draw`` event (the user's file:line, a 64-bit hash of the
-    first 64 values) per draw, at most DRAWS_PER_STEP per step."""
+    first 64 values) per draw, at most DRAWS_PER_STEP per step. Each draw is followed to the first
+    op that meets another tensor: only weights there means the draw is the model's input (a GAN's
+    latent); a tensor of the rank's own data means noise combined with it (a VAE's
+    reparameterisation, a dropout mask): one ``ds_draw_use`` event says which."""
 
     def __init__(self, recorder):
         self.recorder = recorder
@@ -232,6 +280,47 @@ class _Draws:
         self.steps = 0
         self.count = 0
         self.busy = False
+        self.ids = 0
+        self.tracked: dict = {}   # id(tensor) -> (weakref to it, draw id)
+        self.mode = None
+
+    def follow(self, func, args, kwargs, out) -> None:
+        tensors = _tensors(kwargs, _tensors(args, []))
+        hits, others = set(), []
+        for t in tensors:
+            draw = self.tracked.get(id(t))
+            if draw is not None and draw[0]() is t:
+                hits.add(draw[1])
+            elif t.numel() > 1:
+                others.append(t)
+        if not hits:
+            return
+        name = getattr(func, "__name__", str(func))
+        if name in _CARRIES or not others:
+            for o in _tensors(out, []):
+                self._track(o, min(hits))
+            return
+        use = "input" if all(_is_weight(t) for t in others) else "combined"
+        for draw_id in hits:
+            self.recorder.emit({"ev": "ds_draw_use", "id": draw_id, "use": use, "op": name})
+        self.tracked = {k: v for k, v in self.tracked.items() if v[1] not in hits}
+
+    def _track(self, tensor, draw_id: int) -> None:
+        import weakref
+
+        self.tracked[id(tensor)] = (weakref.ref(tensor), draw_id)
+
+    def enter(self) -> None:
+        if self.key is not None and self.mode is None:
+            self.mode = _uses_mode(self)
+            self.mode.__enter__()
+
+    def leave(self) -> None:
+        self.key = None
+        self.tracked = {}
+        if self.mode is not None:
+            mode, self.mode = self.mode, None
+            mode.__exit__(None, None, None)
 
     def install(self) -> None:
         import torch
@@ -275,8 +364,10 @@ class _Draws:
             if site is not None:
                 self.count += 1
                 digest = hashlib.blake2b(_row_bytes(out.detach().reshape(-1)[:64]), digest_size=8).hexdigest()
+                self.ids += 1
                 self.recorder.emit({"ev": "ds_draw", "fn": label, "site": site, "key": self.key, "hash": digest,
-                                    "shape": list(out.shape)})
+                                    "shape": list(out.shape), "id": self.ids})
+                self._track(out, self.ids)
         except Exception:
             pass  # a fingerprint that cannot be taken is not recorded
         finally:
@@ -471,9 +562,13 @@ class DataShardingProbe(Probe):
             def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
                 self._batch(trainer, "train", batch, batch_idx)
                 probe._draws.step(pl_module, int(trainer.current_epoch), int(batch_idx))
+                probe._draws.enter()
 
             def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-                probe._draws.key = None
+                probe._draws.leave()
+
+            def on_exception(self, trainer, pl_module, exception):
+                probe._draws.leave()
 
             def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
                 if not trainer.sanity_checking:
@@ -611,6 +706,24 @@ def _completed_epochs(run: Run) -> dict[int, set]:
         ended = {e["epoch"] for e in events if e.get("ev") == "hook" and str(e.get("name", "")).endswith(
             "on_train_epoch_end")}
         out[r] = {ep for ep in seen if ep < last} | ended
+    return out
+
+
+def _draw_uses(run: Run) -> dict[str, dict]:
+    """user file:line -> {"use": "input" | "combined", "op": the op that decided}: how the draws
+    made there are used. "input" only when every decided draw of that line, on every rank, reached
+    an op with weights alone (the draw is itself the sample, a GAN's latent); one draw combined
+    with the rank's data (noise on a VAE's mean, a dropout mask) makes the line "combined"."""
+    out: dict = {}
+    for r in range(run.world_size):
+        sites = {e.get("id"): fmt_site(e["site"]) for e in run.events(r, "ds_draw") if e.get("site")}
+        for e in run.events(r, "ds_draw_use"):
+            where = sites.get(e.get("id"))
+            if where is None:
+                continue
+            known = out.setdefault(where, {"use": e.get("use"), "op": e.get("op")})
+            if e.get("use") == "combined":
+                known.update(use="combined", op=e.get("op"))
     return out
 
 
@@ -1061,9 +1174,10 @@ class DataSharding(Contract):
         every recorded step (two or more) while the ranks' batches differ."""
         ws = run.world_size
         train = batches.get("train", {})
+        uses = _draw_uses(run)
         for where, per_rank in _draws_by_site(run).items():
-            if len(per_rank) < ws:
-                continue
+            if len(per_rank) < ws or uses.get(where, {}).get("use") != "input":
+                continue  # noise combined with each rank's own data, or never fed on: not a sample
             steps = sorted(set.intersection(*(set(per_rank[r]) for r in range(ws))))
             if len(steps) < 2 or any(len({tuple(per_rank[r][k]) for r in range(ws)}) > 1 for k in steps):
                 continue
@@ -1078,9 +1192,11 @@ class DataSharding(Contract):
         first = {r: next(e for e in run.events(r, "ds_draw") if fmt_site(e["site"]) == where)
                  for r in range(run.world_size)}
         fn, shape = first[0]["fn"], first[0]["shape"]
+        op = _draw_uses(run).get(where, {}).get("op")
         summary = (f"{fn} at {where} in training_step draws the same values on every rank at every recorded step "
                    f"({len(steps)} steps compared, identical {shape} tensors on ranks "
-                   f"{', '.join(str(r) for r in range(run.world_size))}) while the ranks' batches differ: every "
+                   f"{', '.join(str(r) for r in range(run.world_size))}) while the ranks' batches differ, and the "
+                   f"draw is itself the model's input (it reaches {op} with only weights, no data of the rank): every "
                    f"rank's global RNG starts from the same seed and is consumed the same way, so the world repeats "
                    f"one rank's random input {run.world_size} times and more ranks add no new random samples.")
         evidence = []
@@ -1113,8 +1229,23 @@ class DataSharding(Contract):
         what = f" ({self._what(loader)}, sampler {loader.get('sampler')})" if loader else ""
         summary = ("; ".join(parts) or "no batches were recorded") + \
             f"{what}; the same number of train batches per epoch on every rank."
-        return self.verdict("passed", summary, notes=[_split_note(stage, read) for stage, read in split.items()],
-                            empty=not parts)
+        return self.verdict("passed", summary, notes=[_split_note(stage, read) for stage, read in split.items()]
+                            + _combined_noise_notes(run), empty=not parts)
+
+
+def _combined_noise_notes(run: Run) -> list[str]:
+    """One note per user line whose draws are the same on every rank but meet each rank's own
+    data: said, so that a pass does not hide what was seen."""
+    notes = []
+    for where, use in _draw_uses(run).items():
+        per_rank = _draws_by_site(run).get(where, {})
+        if use.get("use") != "combined" or len(per_rank) < run.world_size:
+            continue
+        steps = set.intersection(*(set(per_rank[r]) for r in range(run.world_size)))
+        if steps and all(len({tuple(per_rank[r][k]) for r in range(run.world_size)}) == 1 for k in steps):
+            notes.append(f"the random draws at {where} are the same on every rank, but each meets the rank's own "
+                         f"data (in {use.get('op')}): noise on each rank's samples, not a sample of its own.")
+    return notes
 
 
 CONTRACT = DataSharding()
