@@ -422,3 +422,89 @@ def test_a_latent_fed_to_weights_is_input_and_noise_on_data_is_combined():
     assert _uses_of(gan) == [(1, "input")]
     assert _uses_of(vae) == [(1, "combined")]
     assert _uses_of(dropout) == [(1, "combined")]
+
+
+# -- iterable datasets: the items the iterator yields ----------------------------------------------
+
+class _Stage:
+    value = "train"
+
+
+class _Trainer:
+    sanity_checking = False
+    current_epoch = 0
+
+    class state:  # noqa: N801 (Lightning's attribute name)
+        stage = _Stage()
+
+
+class _FileRecorder:
+    """The parts of the trace Recorder that _Items uses: emit (main process) and the file a
+    worker appends to, and patch/undo."""
+
+    def __init__(self, path):
+        import json
+
+        self.trainer = _Trainer()
+        self._fh = open(path, "a", buffering=1)
+        self._json = json
+        self._patches = []
+
+    def emit(self, event):
+        self._fh.write(self._json.dumps(event) + "\n")
+
+    def patch(self, owner, name, factory):
+        original = owner.__dict__[name]
+        setattr(owner, name, factory(original))
+        self._patches.append((owner, name, original))
+
+    def undo(self):
+        for owner, name, original in reversed(self._patches):
+            setattr(owner, name, original)
+        self._fh.close()
+
+
+def test_items_of_an_iterable_are_recorded_in_dataloader_workers(tmp_path):
+    import json
+
+    import torch
+    from torch.utils.data import DataLoader, IterableDataset
+
+    from pytest_ltconform.contracts.data_sharding import _item_hash, _Items
+
+    class Stream(IterableDataset):  # every worker replays the same 6 items
+        def __iter__(self):
+            return iter([torch.tensor([float(i)]) for i in range(6)])
+
+    recorder = _FileRecorder(tmp_path / "trace.jsonl")
+    try:
+        _Items(recorder).install()
+        batches = list(DataLoader(Stream(), batch_size=3, num_workers=2))
+    finally:
+        recorder.undo()
+    events = [json.loads(line) for line in (tmp_path / "trace.jsonl").read_text().splitlines()]
+    assert len(batches) == 4
+    assert sorted({(e["w"], e["nw"]) for e in events}) == [(0, 2), (1, 2)]
+    per_worker = [[e["h"] for e in events if e["w"] == w] for w in (0, 1)]
+    assert per_worker[0] == per_worker[1] == [_item_hash(torch.tensor([float(i)])) for i in range(6)]
+
+
+def test_iterable_items_fill_the_batches_they_were_collated_into(fake_runs):
+    """Batch k came from worker k % workers: a replay across workers shows as repeated items,
+    whatever the collated tensors' rows hold."""
+    contract = get_contract("data-sharding")
+    loader = {"ev": "ds_loader", "stage": "train", "epoch": 0, "batch_size": 2, "iterable": True,
+              "num_workers": 2, "dataset": "Stream"}
+
+    def rank(items_by_worker):
+        batches = fake_runs.batches([[f"atom{k}{j}" for j in range(2)] for k in range(4)])
+        items = [{"ev": "ds_item", "stage": "train", "epoch": 0, "w": w, "nw": 2, "h": h}
+                 for w, hs in enumerate(items_by_worker) for h in hs]
+        return [loader] + batches + items
+
+    replayed = contract.judge(fake_runs.run([rank([["a", "b", "c", "d"]] * 2), rank([["e", "f", "g", "h"]] * 2)]))
+    assert replayed.outcome == "failed", replayed.render()
+    assert "rank 0 saw 4 of its 8 fingerprinted train samples more than once" in replayed.summary
+    sharded = contract.judge(fake_runs.run([rank([["a", "b", "c", "d"], ["e", "f", "g", "h"]]),
+                                            rank([["i", "j", "k", "l"], ["m", "n", "o", "p"]])]))
+    assert sharded.outcome == "passed", sharded.render()

@@ -437,6 +437,84 @@ class _Indices:
                                 "dataset": type(it._dataset).__qualname__})
 
 
+ITEMS_PER_ITERATOR = 256   # items hashed per iterator of an IterableDataset (per worker, stage and epoch)
+
+
+def _item_hash(item) -> str:
+    """A 64-bit hash of one item an IterableDataset yields: its tensor and plain leaves."""
+    import hashlib
+
+    import torch
+
+    leaves: list = []
+    batch_leaves(item, leaves)
+    h = hashlib.blake2b(digest_size=8)
+    for leaf in leaves:
+        h.update(_row_bytes(leaf) if isinstance(leaf, torch.Tensor) and leaf.numel() <= 1_000_000
+                 else repr(leaf).encode()[:1000])
+    return h.hexdigest()
+
+
+class _Items:
+    """Records what an IterableDataset's iterator yields, item by item, per stage, epoch and
+    DataLoader worker: the source of its samples (``ds_item`` events). A worker process writes
+    its line straight to the rank's trace file (one append each), not through the recorder, whose
+    lock may have been held by another thread when the worker was forked."""
+
+    def __init__(self, recorder):
+        import os
+
+        self.recorder = recorder
+        self.pid = os.getpid()
+
+    def install(self) -> None:
+        from torch.utils.data._utils import fetch
+
+        self.recorder.patch(fetch._IterableDatasetFetcher, "__init__", self._wrap)
+
+    def _wrap(self, original):
+        items = self
+
+        def __init__(fetcher, *args, **kwargs):
+            original(fetcher, *args, **kwargs)
+            try:
+                where = items.where()
+                if where is not None:
+                    fetcher.dataset_iter = items.tap(fetcher.dataset_iter, where)
+            except Exception:
+                pass  # an iterator that cannot be followed is fingerprinted by its batches instead
+
+        return __init__
+
+    def where(self) -> dict | None:
+        from torch.utils.data import get_worker_info
+
+        trainer = self.recorder.trainer
+        if trainer is None or trainer.sanity_checking:
+            return None
+        stage = _STAGE_NAMES.get(str(getattr(trainer.state.stage, "value", trainer.state.stage)))
+        if stage is None:
+            return None
+        info = get_worker_info()
+        return {"ev": "ds_item", "stage": stage, "epoch": int(trainer.current_epoch),
+                "w": info.id if info is not None else 0, "nw": info.num_workers if info is not None else 1}
+
+    def tap(self, iterator, where: dict):
+        for n, item in enumerate(iterator):
+            if n < ITEMS_PER_ITERATOR:
+                self.emit({**where, "h": _item_hash(item)})
+            yield item
+
+    def emit(self, event: dict) -> None:
+        import json
+        import os
+
+        if os.getpid() == self.pid:
+            self.recorder.emit(event)
+        else:
+            os.write(self.recorder._fh.fileno(), (json.dumps(event) + "\n").encode())
+
+
 class DataShardingProbe(Probe):
     """Records one ``batch`` event per batch, one ``ds_loader`` event per stage and epoch, the
     item count of a train IterableDataset (``ds_stream``), random draws in training_step and the
@@ -456,6 +534,7 @@ class DataShardingProbe(Probe):
         self._draws = _Draws(recorder)
         self._draws.install()
         _Indices(recorder).install()
+        _Items(recorder).install()
         RankReads(recorder.emit, lambda: step_hook(recorder.trainer)).install(loaded.ns, recorder)
 
         def factory(original):
@@ -749,6 +828,29 @@ def _index_groups(run: Run, rank: int) -> dict[tuple, list[list]]:
     return out
 
 
+def _items_into_batches(run: Run, rank: int, out: dict) -> None:
+    """Give ``rank``'s batches of an IterableDataset the items its iterators yielded: batch k
+    came from worker k % workers, as its (k // workers)-th chunk of batch_size items (the order
+    in which a DataLoader hands out the workers' batches)."""
+    import hashlib
+
+    per: dict = defaultdict(lambda: defaultdict(list))
+    workers: dict = {}
+    for e in run.events(rank, "ds_item"):
+        key = (e.get("stage"), e.get("epoch", 0))
+        per[key][e.get("w", 0)].append(e.get("h"))
+        workers[key] = max(1, int(e.get("nw") or 1))
+    sizes = {e.get("stage"): e.get("batch_size") or 1 for e in run.events(rank, "ds_loader")}
+    for (stage, epoch), by_worker in per.items():
+        nw, bs = workers[(stage, epoch)], sizes.get(stage, 1)
+        for k, event in enumerate(out.get(stage, {}).get(rank, {}).get(epoch, [])):
+            chunk = by_worker.get(k % nw, [])[(k // nw) * bs:(k // nw + 1) * bs]
+            if chunk:
+                event.update(n=len(chunk), rows=chunk[:ROWS_PER_BATCH], src="item",
+                             fp=hashlib.blake2b(repr(chunk).encode(), digest_size=8).hexdigest())
+                event.pop("ids", None)  # integers in an item are not its identity
+
+
 def _from_keys(keys: list) -> dict:
     """The fields of a batch event whose samples are the dataset keys ``keys``."""
     import hashlib
@@ -852,6 +954,7 @@ class DataSharding(Contract):
             for (stage, epoch), groups in _index_groups(run, r).items():
                 for event, keys in zip(out.get(stage, {}).get(r, {}).get(epoch, []), groups):
                     event.update(_from_keys(keys))
+            _items_into_batches(run, r, out)
         return out
 
     @staticmethod
@@ -960,8 +1063,10 @@ class DataSharding(Contract):
         every = "in every step" if same == compared else f"in {same} of {compared} steps"
         ids = [i for e in per_rank[0][first_ep] for i in e.get("ids", [])]
         id_text = f"; sample ids {_ranges(ids)} in the same order on every rank" if ids else ""
-        how = "batches compared by the dataset indices they fetched" if per_rank[0][first_ep] and all(
-            e.get("src") == "index" for e in per_rank[0][first_ep]) else "fingerprinted batches"
+        srcs = {e.get("src") for e in per_rank[0][first_ep]}
+        how = {"index": "batches compared by the dataset indices they fetched",
+               "item": "batches compared by the items the dataset's iterator yielded"}.get(
+            srcs.pop() if len(srcs) == 1 else None, "fingerprinted batches")
         summary = (f"{ranks} drew identical {stage} batches {every} ({compared} {how}, "
                    f"{len(samples)} distinct samples{id_text}), so the world trains on one rank's data "
                    f"{run.world_size} times; {self._what(loader)} is not sharded by rank.")
