@@ -173,3 +173,13 @@ def test_whole_set_with_fewer_batches_than_ranks_passes_with_a_note(fake_runs):
     v = judge(fake_runs.run(values=_values(ranks), kind="eval", reference=ref))
     assert v.outcome == "passed", v.render()
     assert "every rank evaluates all 8 samples and the published values equal the single-device ones" in v.summary
+
+
+def test_an_iterable_evaluation_set_alone_is_not_judged(fake_runs):
+    stream = {"iterable": True, "dataset": "RecordStream", "sampler": "_InfiniteConstantSampler",
+              "indices": None, "dataset_len": None}
+    ranks = [{"validate": _stage([dict(stream)], {"val_loss": 0.5})} for _ in range(2)]
+    v = judge(fake_runs.run(values=_values(ranks), kind="eval"))
+    assert v.outcome == "skipped", v.render()
+    assert v.summary == ("not judged: cannot tell samples apart in validation: IterableDataset RecordStream "
+                         "(no dataset indices to read).")

@@ -76,6 +76,7 @@ class Findings:
     fixes: set[str] = dataclasses.field(default_factory=set)
     good: list[str] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
+    unread: list[str] = dataclasses.field(default_factory=list)  # loaders whose samples could not be told apart
 
     def fail(self, text: str, fix: str) -> None:
         self.failures.append(text)
@@ -122,6 +123,9 @@ class EvalDuplication(Contract):
         if found.failures:
             return self.verdict("failed", " ".join(found.failures), evidence=found.evidence,
                                 fix=" ".join(sorted(found.fixes)), category="silent", notes=found.notes)
+        if found.unread and not found.good:  # nothing compared: never a pass
+            return self.verdict("skipped", "not judged: cannot tell samples apart in " + "; ".join(found.unread)
+                                + " (no dataset indices to read).", notes=found.notes)
         return self.verdict("passed", " ".join(found.good), evidence=found.evidence, notes=found.notes)
 
 
@@ -182,9 +186,12 @@ class _StageCheck:
         infos = [r["loaders"][i] if i < len(r.get("loaders", [])) else {} for r in self.recs]
         tag = f"{self.word}" + (f" (dataloader {i})" if n_loaders > 1 else "")
         if any(info.get("iterable") for info in infos):
+            self.found.unread.append(f"{tag}: IterableDataset {infos[0].get('dataset') or ''}".rstrip())
             self.found.notes.append(f"{tag}: an IterableDataset has no indices to compare; not checked.")
             return
         if any(info.get("indices") is None for info in infos):
+            self.found.unread.append(f"{tag}: {infos[0].get('dataset') or 'a dataset'} behind "
+                                     f"{infos[0].get('sampler') or 'no sampler'}")
             self.found.notes.append(f"{tag}: the sampler's indices could not be read "
                                     f"({next((x.get('error') for x in infos if x.get('error')), 'no sampler')}).")
             return

@@ -81,6 +81,7 @@ def _indices(loader, num_batches) -> dict:
     """The dataset indices ``loader`` hands this rank in one pass of ``num_batches`` batches."""
     info: dict[str, Any] = {"sampler": None, "indices": None, "dataset_len": None}
     dataset = getattr(loader, "dataset", None)
+    info["dataset"] = type(dataset).__qualname__ if dataset is not None else type(loader).__qualname__
     try:
         info["dataset_len"] = len(dataset)
     except Exception:
