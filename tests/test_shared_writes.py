@@ -82,6 +82,11 @@ def test_a_write_in_a_later_stage_names_the_stage(fake_runs):
             "during predict at /u/m.py:9") in verdict.summary
     quiet = [{"ev": "stage", "name": "fit"}, {"ev": "stage", "name": "test"}]
     assert "during fit and test" in contract.judge(fake_runs.run([quiet, quiet])).summary
+    raised = quiet + [{"ev": "stage_error", "name": "test", "exc_type": "FileNotFoundError", "message": "gone.pt"}]
+    verdict = contract.judge(fake_runs.run([raised, quiet]))
+    assert verdict.outcome == "passed"
+    assert verdict.notes == ["the test stage raised FileNotFoundError on rank 0 (gone.pt), so writes after that "
+                             "point were not recorded."]
 
 
 @pytest.mark.slow

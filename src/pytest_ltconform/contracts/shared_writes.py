@@ -196,6 +196,17 @@ def _staged_writes(events: list[dict]) -> list[dict]:
     return out
 
 
+def _stage_error_notes(run: Run) -> list[str]:
+    """A later stage (test, predict) that raised on some rank: what it wrote after that point was
+    not recorded, so say so rather than pass in silence."""
+    notes = []
+    for r in range(run.world_size):
+        for e in run.events(r, "stage_error"):
+            notes.append(f"the {e.get('name')} stage raised {e.get('exc_type')} on rank {r} ({e.get('message')}), "
+                         f"so writes after that point were not recorded.")
+    return notes[:2]
+
+
 class SharedWrites(Contract):
     id = "shared-writes"
     title = "Plain shared-file writes happen on one rank (rank-zero guard), checkpoints on all"
@@ -210,11 +221,13 @@ class SharedWrites(Contract):
                 by_path.setdefault(e["path"], {}).setdefault(r, []).append(e)
         shared = {p: ranks for p, ranks in by_path.items() if len(ranks) > 1}
         if not shared:
-            return self._passed(run, by_path)
+            verdict = self._passed(run, by_path)
+            verdict.notes += _stage_error_notes(run)
+            return verdict
         verdicts = [self._shared(run, path, ranks) for path, ranks in sorted(shared.items())]
         first = verdicts[0]
         first.evidence = [e for v in verdicts for e in v.evidence]
-        first.notes = [v.summary for v in verdicts[1:]] + first.notes
+        first.notes = [v.summary for v in verdicts[1:]] + first.notes + _stage_error_notes(run)
         return first
 
     def _shared(self, run: Run, path: str, ranks: dict[int, list[dict]]) -> Verdict:
