@@ -508,3 +508,24 @@ def test_iterable_items_fill_the_batches_they_were_collated_into(fake_runs):
     sharded = contract.judge(fake_runs.run([rank([["a", "b", "c", "d"], ["e", "f", "g", "h"]]),
                                             rank([["i", "j", "k", "l"], ["m", "n", "o", "p"]])]))
     assert sharded.outcome == "passed", sharded.render()
+
+
+def test_an_item_that_cannot_be_hashed_never_breaks_the_stream(tmp_path, monkeypatch):
+    from torch.utils.data import DataLoader, IterableDataset
+
+    from pytest_ltconform.contracts import data_sharding
+
+    def refuse(item):
+        raise TypeError("unhashable")
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(range(4))
+
+    monkeypatch.setattr(data_sharding, "_item_hash", refuse)
+    recorder = _FileRecorder(tmp_path / "trace.jsonl")
+    try:
+        data_sharding._Items(recorder).install()
+        assert [int(b) for b in DataLoader(Stream(), batch_size=None)] == [0, 1, 2, 3]
+    finally:
+        recorder.undo()

@@ -502,7 +502,10 @@ class _Items:
     def tap(self, iterator, where: dict):
         for n, item in enumerate(iterator):
             if n < ITEMS_PER_ITERATOR:
-                self.emit({**where, "h": _item_hash(item)})
+                try:
+                    self.emit({**where, "h": _item_hash(item)})
+                except Exception:
+                    pass  # an item that cannot be hashed is not recorded; the user's stream goes on
             yield item
 
     def emit(self, event: dict) -> None:
