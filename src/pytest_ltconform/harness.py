@@ -495,8 +495,67 @@ def traced_fit(ctx, targets: target_mod.Targets, strategy_name: str, probes: lis
         trainer = run.build_trainer(kwargs)
         run.emit({"ev": "stage", "name": "fit"})
         trainer.fit(objects.model, datamodule=objects.datamodule)
+        # Later stages run traced before the probes' own (untraced) Trainer calls, except on the
+        # sharded tier, whose save-and-resume check needs the trainer as fit left it.
+        sharded_tier = bool(getattr(strategy, "ltconform_cpu_tier", False))
+        if overrides is None and not sharded_tier:
+            run_later_stages(run)
         run.after_fit()
+        if overrides is None and sharded_tier:
+            run_later_stages(run)
         return {"probes": run.collected()}
+
+
+# Stages run after fit in the same traced world: (trainer method, dataloader hook, step methods).
+LATER_STAGES = (("test", "test_dataloader", ("test_step",)),
+                ("predict", "predict_dataloader", ("predict_step", "forward")))
+
+
+def later_stages(objects: UserObjects) -> list[str]:
+    """The stages after fit the user's module can run: a dataloader hook on the module or its
+    datamodule and a step method the stage calls, each defined by the user."""
+    ns, model, dm = objects.ns, type(objects.model), objects.datamodule
+    out = []
+    for stage, loader, steps in LATER_STAGES:
+        has_loader = getattr(model, loader, None) is not getattr(ns.LightningModule, loader) or (
+            dm is not None and getattr(type(dm), loader, None) is not getattr(ns.LightningDataModule, loader))
+        has_step = any(getattr(model, s, None) is not getattr(ns.LightningModule, s, None) for s in steps)
+        if has_loader and has_step:
+            out.append(stage)
+    return out
+
+
+def run_later_stages(run: RankRun) -> None:
+    """trainer.test / trainer.predict after fit, traced like fit, so that writes, saves and
+    collectives of every stage are judged (seed section "Sampling, metrics and writes": rank zero
+    alone sees only its shard). A stage that raises is recorded as a ``stage_error`` event and
+    ends the later stages on every rank (the ranks agree first, so none waits inside the next)."""
+    for stage in later_stages(run.objects):
+        run.emit({"ev": "stage", "name": stage})
+        failed = False
+        try:
+            kwargs = {"verbose": False} if stage == "test" else {}  # a writer needs predict's returned rows
+            getattr(run.trainer, stage)(run.objects.model, datamodule=run.objects.datamodule, **kwargs)
+        except Exception as exc:  # the user's later stage: evidence, never the end of the fit run
+            failed = True
+            run.emit({"ev": "stage_error", "name": stage, "exc_type": type(exc).__name__,
+                      "message": str(exc)[:500]})
+        if _any_rank(failed):
+            break
+
+
+def _any_rank(flag: bool) -> bool:
+    """Whether ``flag`` is true on any rank of the initialised process group (this rank's own
+    outside one)."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return flag
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    value = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.all_reduce(value)
+    return value.item() > 0
 
 
 def traced_fit_without_validation(ctx, targets: target_mod.Targets, strategy_name: str, probes: list,
