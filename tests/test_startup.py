@@ -65,6 +65,23 @@ def test_ini_values_apply_and_command_line_wins(pytester):
         ("ltconform_world_size = two", [], "*ini option 'ltconform_world_size'*expected a whole number*'two'*"),
         ("", ["--ltconform-timeout", "-3"], "*--ltconform-timeout: the timeout must be positive*"),
         ("", ["--ltconform-require", "tpu"], "*--ltconform-require: unknown value(s) 'tpu'; choose from cpu, gpu*"),
+        # An empty value is refused, not read as "all" or "none".
+        ("", ["--ltconform", ""], "ERROR: --ltconform '': empty target. Pass pkg.mod.Class, pkg.mod:factory or "
+         "path/to/file.py:Name*"),
+        ("ltconform_strategies = fsdp", ["--ltconform-strategies", ""], "ERROR: --ltconform-strategies: empty value "
+         "''. Name one or more of ddp, fsdp, deepspeed (comma-separated), or leave the option out for its default."),
+        ("ltconform_strategies = ,", [], "ERROR: ini option 'ltconform_strategies' in *: no value in ','; choose "
+         "from ddp, fsdp, deepspeed."),
+        # One rank cannot show a cross-rank fault: refused, not judged as passes.
+        ("", ["--ltconform-world-size", "1"], "ERROR: --ltconform-world-size: a one-rank world cannot show a "
+         "cross-rank fault * so every contract would pass without comparing anything. Use "
+         "--ltconform-world-size 2 (the default) or more."),
+        ("ltconform_world_size = 1", [], "ERROR: ini option 'ltconform_world_size' in *: a one-rank world cannot*"),
+        # A misspelt key of ours is an error with the right key, not pytest's warning and a green job.
+        ("ltconform_targt = m.Model", [], "ERROR: ini option 'ltconform_targt' in *: pytest-ltconform has no such "
+         "option, so it would be ignored. Did you mean 'ltconform_target'? Its options are ltconform_target, *"),
+        ("ltconfrom_strategies = ddp", [], "ERROR: ini option 'ltconfrom_strategies' in *: * Did you mean "
+         "'ltconform_strategies'?*"),
     ],
 )
 def test_bad_settings_name_where_they_came_from(pytester, ini, args, message):
@@ -72,6 +89,18 @@ def test_bad_settings_name_where_they_came_from(pytester, ini, args, message):
     result = pytester.runpytest(*args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([message])
+
+
+def test_misspelt_key_in_pyproject_is_refused_and_other_keys_are_left_to_pytest(pytester):
+    pytester.makepyprojecttoml('[tool.pytest.ini_options]\nltconform_strategy = "ddp"\n')
+    pytester.makepyfile("def test_user():\n    pass\n")
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: ini option 'ltconform_strategy' in *pyproject.toml: pytest-ltconform has no "
+                                 "such option, so it would be ignored. Did you mean 'ltconform_strategies'?*"])
+    # A key far from ours is pytest's to warn about (and to refuse under --strict-config).
+    pytester.makepyprojecttoml('[tool.pytest.ini_options]\ntimeout_method = "thread"\n')
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
 
 
 TARGETS = '''
