@@ -231,6 +231,38 @@ def test_command_line_target_runs_contracts_alone_unless_paths_are_given(pyteste
     both.stdout.fnmatch_lines(["test_user.py::test_user_code", f"ltconform::{path}:Good::all-rank-save[[]ddp[]]"])
 
 
+NOTHING_HEAVY = """
+import sys
+
+def test_user_code():
+    assert not {"torch", "lightning", "pytorch_lightning"} & set(sys.modules)
+"""
+
+
+def test_selecting_your_own_tests_with_ini_targets_costs_nothing_extra(pytester):
+    """Targets in the ini file (or from the conftest hook) join a run that names no test path, or
+    whose -m names an ltconform marker; a run of your own tests imports nothing heavy, validates
+    no target and adds no contract item."""
+    pytester.makepyfile(targets_mod=TARGETS)
+    pytester.makeini("[pytest]\nltconform_target = targets_mod.Good\nltconform_strategies = ddp\n")
+    pytester.makepyfile(test_user=NOTHING_HEAVY)
+    for args in (["-m", "not ltconform"], ["test_user.py::test_user_code"], ["test_user.py"],
+                 ["test_user.py", "-m", "not slow"]):
+        result = pytester.runpytest_subprocess(*args, "-p", "no:cacheprovider")
+        assert result.parseoutcomes() == {"passed": 1}, args  # nothing deselected: no contract item exists
+        result.stdout.fnmatch_lines(["collected 1 item"])
+        assert "ltconform:" not in result.stdout.str()  # no header line of a validated target
+    # The whole run, and a path run that asks for the contracts by marker, still get them.
+    for args in ([], ["test_user.py", "-m", "ltconform"]):
+        ids = _ids(pytester.runpytest_subprocess(*args, "--collect-only", "-q", "-p", "no:cacheprovider"))
+        assert "ltconform::targets_mod.Good::sync-dist[ddp]" in ids, args
+        assert ("test_user.py::test_user_code" in ids) == (not args), args
+
+
+def _ids(result) -> list[str]:
+    return [line for line in result.stdout.lines if "::" in line]
+
+
 def test_importing_target_for_conftest_imports_no_torch_or_lightning():
     import subprocess
     import sys

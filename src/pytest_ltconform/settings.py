@@ -347,15 +347,17 @@ def check_ini_keys(config: pytest.Config) -> None:
                                 f"it would be ignored. {hint}Its options are {', '.join(INI_NAMES)}.")
 
 
-def resolve(config: pytest.Config) -> Settings:
-    """Read every ltconform setting from ``config``.
+def resolve(config: pytest.Config, project_targets: bool = True) -> Settings:
+    """Read every ltconform setting from ``config``; ``project_targets`` False leaves out the
+    targets the project declares (ini list, ``pytest_ltconform_targets``) unless ``--ltconform``
+    is given (see :func:`resolve_targets`).
 
     Raises ``pytest.UsageError`` naming the option (or ini key) that holds a bad value.
     """
     check_ini_keys(config)
     datamodule, dm_from = _lookup(config, OPT_DATAMODULE)
     trainer, tr_from = _lookup(config, OPT_TRAINER)
-    targets = resolve_targets(config)
+    targets = resolve_targets(config, project_targets)
     target = targets[0].model if targets else None
     kwargs: dict = {"datamodule_from": dm_from, "trainer_from": tr_from}
     raw, where = _lookup(config, OPT_WORLD_SIZE)
@@ -409,9 +411,10 @@ def parse_target(text: str, source: str):
     return found
 
 
-def resolve_targets(config: pytest.Config) -> tuple:
+def resolve_targets(config: pytest.Config, project_targets: bool = True) -> tuple:
     """Every target of the session: ``--ltconform`` values (or else the ini list) then the
-    ``pytest_ltconform_targets`` hooks' results. Raises
+    ``pytest_ltconform_targets`` hooks' results. Without ``--ltconform`` and with
+    ``project_targets`` False there are none (the run selects no contract item). Raises
     ``pytest.UsageError`` for a malformed value, a hook result that is not a Target, or two
     targets with the same id."""
     values, source = config.getoption(OPT_TARGET) or [], "--ltconform"
@@ -420,6 +423,8 @@ def resolve_targets(config: pytest.Config) -> tuple:
                                 f"pkg.mod.Class, pkg.mod:factory or path/to/file.py:Name (quoted when it carries "
                                 f"datamodule=, trainer= or id=), or leave the option out.")
     if not values:
+        if not project_targets:
+            return ()
         values = config.getini(INI_TARGET) or []
         source = f"ini option {INI_TARGET!r}"
     found = [parse_target(v, source) for v in values if v.strip()]
