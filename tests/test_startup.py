@@ -213,6 +213,97 @@ def test_bad_target_fails_the_session_at_start_without_traceback(pytester):
     assert "Traceback" not in result.stderr.str()
 
 
+TRAINERS = """
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+strategy_int = {"strategy": 42}
+strategy_unknown = {"strategy": "horovod", "max_epochs": 2}
+epochs_text = {"max_epochs": "ten"}
+callbacks_text = {"callbacks": "ModelCheckpoint"}
+no_accumulation = {"accumulate_grad_batches": 0}
+precision_unknown = {"precision": "fp8-magic"}
+no_train_batches = {"limit_train_batches": 0}
+negative_epochs = {"max_epochs": -5}
+
+def checkpoint_off():
+    return {"callbacks": [ModelCheckpoint(monitor="loss")], "enable_checkpointing": False}
+
+def production():
+    return {"accelerator": "gpu", "devices": 8, "strategy": "ddp_find_unused_parameters_true", "max_epochs": 100,
+            "precision": "bf16-mixed", "accumulate_grad_batches": 2, "gradient_clip_val": 1.0,
+            "callbacks": [ModelCheckpoint(dirpath="checkpoints/", monitor="loss")]}
+"""
+
+WHERE = "ERROR: trainer= of --ltconform 'trainers:{}' (the Trainer kwargs of 'targets_mod.Good'): "
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ("strategy_int", "strategy=42 is not what Trainer(strategy=...) takes: lightning.pytorch.Trainer declares a str "
+     "or a Strategy. Give strategy such a value, or leave it out."),
+    ("strategy_unknown", "strategy='horovod' is not a strategy Lightning knows (its StrategyRegistry has no such "
+     "name). Give a registered name (ddp, ddp_find_unused_parameters_true, fsdp, deepspeed_stage_2, ... * in all) or "
+     "a Strategy instance such as DDPStrategy(...)."),
+    ("epochs_text", "max_epochs='ten' is not what Trainer(max_epochs=...) takes: lightning.pytorch.Trainer declares "
+     "an int or None. Give max_epochs such a value, or leave it out."),
+    ("callbacks_text", "callbacks='ModelCheckpoint' is not what Trainer(callbacks=...) takes: * declares a list of "
+     "Callback or a Callback or None.*"),
+    ("no_accumulation", "accumulate_grad_batches=0: Lightning refuses it as an accumulation factor (Accumulation "
+     "factor should be an int greater than 0. Got [[]0[]].) and its training loop divides by it. Use 1 for no "
+     "accumulation, or the number of batches per optimizer step."),
+    ("precision_unknown", "precision='fp8-magic' is not what Trainer(precision=...) takes: * declares one of 64, 32, "
+     "16, 'transformer-engine', *'bf16-mixed'* or None.*"),
+    ("no_train_batches", "limit_train_batches=0 trains on no batch, so no contract could see a training step and "
+     "every item would pass having compared nothing. Leave it out *"),
+    ("negative_epochs", "Lightning refuses max_epochs=-5: building a Trainer with it raised "
+     "MisconfigurationException: `max_epochs` must be a non-negative integer or -1. You passed in -5. Fix the value: "
+     "every rank builds its Trainer from the same kwargs and would stop there."),
+    ("checkpoint_off", "Lightning refuses these Trainer kwargs together (callbacks, enable_checkpointing): building "
+     "a Trainer with it raised MisconfigurationException: Trainer was configured with `enable_checkpointing=False` "
+     "but found `ModelCheckpoint` in callbacks list. Fix the combination: *"),
+])
+def test_trainer_kwargs_lightning_refuses_are_named_with_the_fix(tmp_path, monkeypatch, kwargs, message):
+    # In this process: a Trainer built inside an in-process pytester run imports torch modules that
+    # the run's sys.modules snapshot then drops, and a later run crashes re-importing them.
+    from fnmatch import fnmatch
+
+    from pytest_ltconform import target
+
+    (tmp_path / "targets_mod.py").write_text(TARGETS)
+    (tmp_path / "trainers.py").write_text(TRAINERS)
+    monkeypatch.syspath_prepend(tmp_path)
+    for name in ("targets_mod", "trainers"):
+        monkeypatch.delitem(__import__("sys").modules, name, raising=False)
+    with pytest.raises(target.TargetError) as info:
+        target.validate("targets_mod.Good", trainer=f"trainers:{kwargs}", options=(
+            "--ltconform", "--ltconform-datamodule", "trainer= of --ltconform"))
+    assert fnmatch(f"ERROR: {info.value}", WHERE.format(kwargs) + message), str(info.value)
+
+
+def test_production_trainer_kwargs_pass_the_check_and_leave_no_files(pytester):
+    pytester.makepyfile(targets_mod=TARGETS, trainers=TRAINERS)
+    result = pytester.runpytest_subprocess("--ltconform", "targets_mod.Good trainer=trainers:production",
+                                           "--collect-only", "-q", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(["ltconform::targets_mod.Good trainer=trainers:production::sync-dist[[]ddp[]]"])
+    assert "GPU available" not in result.stdout.str()  # the Trainer built for the check says nothing
+    assert not {"checkpoints", "lightning_logs"} & {p.name for p in pytester.path.iterdir()}
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ("epochs_text", "max_epochs='ten' is not what Trainer(max_epochs=...) takes*"),  # was an INTERNALERROR
+    ("strategy_int", "strategy=42 is not what Trainer(strategy=...) takes*"),  # passed every item
+    ("strategy_unknown", "strategy='horovod' is not a strategy Lightning knows*"),  # failed after the whole run
+])
+def test_bad_trainer_kwargs_are_a_usage_error_before_any_world(pytester, kwargs, message):
+    pytester.makepyfile(targets_mod=TARGETS, trainers=TRAINERS)
+    result = pytester.runpytest_subprocess("--ltconform", f"targets_mod.Good trainer=trainers:{kwargs}",
+                                           "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([WHERE.format(kwargs) + message])
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+    assert "ltconform-world" not in result.stdout.str()  # nothing ran
+
+
 def test_file_path_target_and_collect_only_start_no_world(pytester):
     path = pytester.makepyfile(targets_mod=TARGETS)
     result = pytester.runpytest_subprocess("--ltconform", f"{path}:Good", "--collect-only", "-q")

@@ -548,7 +548,7 @@ def validate(model: str, datamodule: str | None = None, trainer: str | dict | No
         kwargs = trainer_kwargs(tr_spec) if tr_spec else trainer_dict
         if trainer_dict is not None:
             _check_plain_dict(trainer_dict, where, "Trainer kwargs")
-        keys = _check_trainer_keys(kwargs, namespace, where)
+        keys = _check_trainer_keys(kwargs, namespace, where, model_spec.text)
     return Targets(
         model=model_spec, datamodule=dm_spec, trainer=tr_spec, namespace=namespace,
         model_name=type(module).__qualname__, trainer_keys=keys,
@@ -575,7 +575,10 @@ def _strategy_names(strategy: Any) -> tuple[str, ...]:
     return tuple(k.__name__.lower() for k in type(strategy).__mro__ if k is not object)
 
 
-def _check_trainer_keys(kwargs: dict, namespace: str, where: str) -> tuple[str, ...]:
+def _check_trainer_keys(kwargs: dict, namespace: str, where: str, model: str) -> tuple[str, ...]:
+    """The sorted keys of ``kwargs`` once each is a Trainer argument whose value Lightning accepts
+    (see :mod:`.trainer_check`); raises :class:`TargetError` naming ``where``, the target
+    ``model``, the key, the value and the fix."""
     trainer_cls = importlib.import_module(namespace).Trainer
     accepted = set(inspect.signature(trainer_cls.__init__).parameters) - {"self"}
     unknown = sorted(set(kwargs) - accepted)
@@ -585,6 +588,12 @@ def _check_trainer_keys(kwargs: dict, namespace: str, where: str) -> tuple[str, 
             f"{'is not a Trainer argument' if len(unknown) == 1 else 'are not Trainer arguments'} "
             f"of {namespace} (check the spelling against Trainer.__init__)."
         )
+    from . import trainer_check
+
+    try:
+        trainer_check.check_values(kwargs, namespace, f"{where} (the Trainer kwargs of {model!r})")
+    except trainer_check.TrainerKwargsError as exc:
+        raise TargetError(str(exc)) from None
     return tuple(sorted(kwargs))
 
 
