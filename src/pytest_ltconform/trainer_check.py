@@ -29,6 +29,9 @@ _NOT_BUILT = ("deterministic", "benchmark")
 _TRAINS_NOTHING = {"limit_train_batches": "trains on no batch", "max_steps": "stops before the first step"}
 
 
+_LOGGERS = ("lightning.pytorch", "pytorch_lightning", "lightning.fabric", "lightning_fabric")
+
+
 class TrainerKwargsError(ValueError):
     """A value Lightning refuses; the message names the key, the value and the fix."""
 
@@ -185,16 +188,19 @@ def _build(kwargs: dict, namespace: str) -> str | None:
 
 @contextlib.contextmanager
 def _quiet(namespace: str):
-    """No 'GPU available' lines or rank-zero warnings from a Trainer nobody runs."""
-    logger = logging.getLogger(namespace)
-    level = logger.level
-    logger.setLevel(logging.ERROR)
+    """No 'GPU available' lines or rank-zero warnings from a Trainer nobody runs. Both packages'
+    loggers: with both installed, one namespace's Trainer can log under the other's name."""
+    loggers = [logging.getLogger(n) for n in dict.fromkeys((namespace, *_LOGGERS))]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             yield
     finally:
-        logger.setLevel(level)
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 def _short(value: Any, limit: int = 120) -> str:
