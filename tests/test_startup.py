@@ -119,6 +119,14 @@ class Good(L.LightningModule):
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
+class ZeroBatches(Good):
+    def train_dataloader(self):
+        return DataLoader(TensorDataset(torch.randn(3, 2)), batch_size=4, drop_last=True)
+
+class NeedsSetup(Good):
+    def train_dataloader(self):
+        return DataLoader(self.train_set, batch_size=2)  # made in setup(): not measured at start
+
 class NoData(L.LightningModule):
     def training_step(self, batch, batch_idx):
         return None
@@ -157,6 +165,9 @@ class DataNeedsRoot(L.LightningDataModule):
         ("targets_mod.NotAModule", None, "is a class but not a LightningModule subclass"),
         ("targets_mod:broken_factory", None, "broken_factory() raised ValueError: checkpoint path not set (at "),
         ("targets_mod.NoData", None, "no train_dataloader is defined on NoData"),
+        ("targets_mod.ZeroBatches", None, "--ltconform 'targets_mod.ZeroBatches': ZeroBatches.train_dataloader() "
+         "returned an empty DataLoader (3 sample(s), batch_size=4, drop_last=True), so no training step would "
+         "run and every contract would pass having compared nothing. Give it at least one batch per rank."),
         ("targets_mod.NeedsArgs", None, "cannot be constructed without arguments (__init__ requires hidden). "
          "Write a zero-argument factory that returns a configured instance and pass it as "
          "targets_mod:make_needs_args, or declare the target in conftest.py as "
@@ -202,6 +213,24 @@ def test_bad_datamodule_targets_name_the_candidates(tmp_path, monkeypatch, datam
     with pytest.raises(target.TargetError) as info:
         target.validate("targets_mod.Good", datamodule)
     assert str(info.value).endswith(expected)
+
+
+def test_a_loader_that_needs_setup_is_left_to_the_ranks(tmp_path, monkeypatch):
+    from pytest_ltconform import target
+
+    (tmp_path / "targets_mod.py").write_text(TARGETS)
+    monkeypatch.syspath_prepend(tmp_path)
+    monkeypatch.delitem(__import__("sys").modules, "targets_mod", raising=False)
+    assert target.validate("targets_mod.NeedsSetup").model_name == "NeedsSetup"
+
+
+def test_an_empty_training_loader_stops_the_session_instead_of_passing(pytester):
+    pytester.makepyfile(targets_mod=TARGETS)
+    result = pytester.runpytest_subprocess("--ltconform", "targets_mod.ZeroBatches", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: --ltconform 'targets_mod.ZeroBatches': ZeroBatches.train_dataloader() "
+                                 "returned an empty DataLoader (3 sample(s), batch_size=4, drop_last=True)*"])
+    assert "passed" not in result.stdout.str()
 
 
 def test_bad_target_fails_the_session_at_start_without_traceback(pytester):

@@ -25,6 +25,7 @@ import re
 import sys
 import sysconfig
 import traceback
+import warnings
 from typing import Any
 
 from . import tripwire  # Trainer.fit at import time trips instead of training
@@ -540,6 +541,8 @@ def validate(model: str, datamodule: str | None = None, trainer: str | dict | No
             f"train_dataloader (and val_dataloader) on the module, or pass the LightningDataModule "
             f"that provides them with --ltconform-datamodule pkg.mod.DataModule."
         )
+    _check_train_batches(module, dm if dm is not None and defines(dm, "train_dataloader", namespace) else None,
+                         model_spec)
     trainer_dict = dict(trainer) if isinstance(trainer, dict) else None
     keys: tuple[str, ...] = ()
     kwargs: dict = {}
@@ -558,6 +561,32 @@ def validate(model: str, datamodule: str | None = None, trainer: str | dict | No
         strategy_names=_strategy_names(kwargs.get("strategy")),
         model_source=_source_of(type(module)),
     )
+
+
+def _check_train_batches(module: Any, dm: Any, spec: TargetSpec) -> None:
+    """Refuse a training DataLoader with no batches: Lightning then skips training with a warning,
+    and every contract would pass having compared nothing. Only a loader that ``train_dataloader``
+    returns here, before any ``setup`` or Trainer, is measured; one that needs them is left to the
+    ranks."""
+    from torch.utils.data import DataLoader
+
+    owner = dm if dm is not None else module
+    try:
+        with contextlib.redirect_stdout(None), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            loader = owner.train_dataloader()
+        empty = isinstance(loader, DataLoader) and len(loader) == 0
+    except Exception:
+        return  # it needs setup() or a Trainer: the ranks call it and report what it raises
+    if not empty:
+        return
+    dataset = loader.dataset
+    size = f"{len(dataset)} sample(s)" if hasattr(dataset, "__len__") else "no samples"
+    drop = ", drop_last=True" if loader.drop_last else ""
+    raise TargetError(
+        f"{spec.option} {spec.text!r}: {type(owner).__qualname__}.train_dataloader() returned an empty "
+        f"DataLoader ({size}, batch_size={loader.batch_size}{drop}), so no training step would run and every "
+        f"contract would pass having compared nothing. Give it at least one batch per rank.")
 
 
 def _source_of(klass: type) -> tuple[str, int] | None:
