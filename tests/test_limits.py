@@ -60,7 +60,7 @@ def test_world_larger_than_the_machine_is_refused_at_start(pytester, monkeypatch
     result = pytester.runpytest("--ltconform", BORING, "--ltconform-world-size", "2", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: --ltconform-world-size: a world of 2 ranks needs 2 CPUs, but this machine "
-                                 "gives pytest 1; * Use --ltconform-world-size 1 or fewer, or add "
+                                 "gives pytest 1; ranks that share CPUs make healthy collectives time out. Add "
                                  "--ltconform-oversubscribe to start them anyway."])
     pytester.makeini("[pytest]\nltconform_world_size = 3\n")
     result = pytester.runpytest("--ltconform", BORING, "-p", "no:cacheprovider")

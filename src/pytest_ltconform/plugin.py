@@ -73,7 +73,7 @@ def pytest_cmdline_main(config: pytest.Config) -> int | None:
 def pytest_configure(config: pytest.Config) -> None:
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
-    settings = settings_mod.resolve(config)
+    settings = settings_mod.resolve(config, project_targets=_selects_project_contracts(config))
     config.stash[SETTINGS_KEY] = settings
     config.pluginmanager.register(ResultsCollector(config), "ltconform-results")
     reporter = config.pluginmanager.get_plugin("terminalreporter")
@@ -95,6 +95,27 @@ def pytest_configure(config: pytest.Config) -> None:
     # with the target in the ini file, the contract items join the normal test run.
     from_command_line = config.getoption(settings_mod.OPT_TARGET) not in (None, "")
     config.stash[ONLY_CONTRACTS_KEY] = from_command_line and config.args_source != pytest.Config.ArgsSource.ARGS
+
+
+def _selects_project_contracts(config: pytest.Config) -> bool:
+    """Whether this run selects the contract items of targets the project declares (ini list,
+    ``pytest_ltconform_targets``): yes for a run that names no test path (``pytest``, ``pytest -k
+    ...``) or whose ``-m`` names an ltconform marker; never when ``-m`` deselects every contract
+    item. So ``pytest tests/test_x.py::test_y`` and ``pytest -m "not ltconform"`` cost what they
+    cost without the plugin: no torch or Lightning import, no target validated, no item added."""
+    from types import SimpleNamespace
+
+    from . import tiers
+    from .vocabulary import CPU_STRATEGIES, STRATEGIES
+
+    try:
+        markexpr = tiers.MarkExpression.parse(config.getoption("markexpr", ""))
+    except ValueError:
+        return True  # pytest reports a malformed -m itself
+    every_tier = tiers.variants(SimpleNamespace(strategies=STRATEGIES, tiers=None), STRATEGIES, CPU_STRATEGIES)
+    if not any(markexpr.matches({"ltconform", *variant.markers}) for variant in every_tier):
+        return False
+    return config.args_source != pytest.Config.ArgsSource.ARGS or any(markexpr.names(m) for m in MARKERS)
 
 
 def _validate_targets(settings) -> dict:
