@@ -213,28 +213,29 @@ def _output_swallowed(config: pytest.Config):
         capman.read_global_capture()
 
 
-def _hidden_records(config: pytest.Config) -> list[dict]:
-    """The JSON report's records of the items not created here: skipped, with the reason. Those
-    that ``-k`` would have deselected are left out, as ``-m`` leaves out the tiers it deselects."""
+def _not_run(config: pytest.Config) -> list[dict]:
+    """The JSON report's ``not_run``: per tier whose items were not created here, the reason and how
+    many items it would have had (one record each would bury the verdicts). Items that ``-k``
+    would have deselected are not counted, as ``-m`` leaves out the tiers it deselects."""
     targets = config.stash.get(ALL_TARGETS_KEY, None)
     if targets is None:
         return []
-    from . import report, tiers
+    from . import tiers
 
     try:
         keyword = tiers.MarkExpression.parse(config.getoption("keyword", ""))
     except ValueError:
         keyword = tiers.MarkExpression.parse("")  # pytest reports a malformed -k itself
-    hidden, size = _hidden(config), config.stash[SETTINGS_KEY].world_size
-    records = []
+    hidden = _hidden(config)
+    counts: dict = {}  # (tier, reason) -> items, in item order
     for tid, target in targets.items():
         for cid, contract, variant in _variants(config):
             why = hidden.get((cid, variant.label))
             # The names pytest's -k matches on a generated item: its name, the target's id, markers.
             names = (f"{cid}[{variant.label}]", tid, "ltconform", *variant.markers)
             if why and _applies(contract, variant.strategy, target) and keyword.matches_keywords(names):
-                records.append(report.record(cid, variant.label, size, _unavailable(why[1]), 0.0, target=tid))
-    return records
+                counts[why] = counts.get(why, 0) + 1
+    return [{"tier": tier, "reason": reason, "items": n} for (tier, reason), n in counts.items()]
 
 
 def _applies(contract, strategy: str, targets) -> bool:
@@ -594,8 +595,8 @@ class ResultsCollector:
     def __init__(self, config: pytest.Config):
         self.config = config
         self.results: list[dict] = []
-
         self.report_error: str | None = None
+        self.report_line: str | None = None  # where the report went, or why it was left as it was
 
     def pytest_runtest_logreport(self, report) -> None:
         from . import report as report_mod
@@ -623,28 +624,42 @@ class ResultsCollector:
                     terminalreporter.write_line(line)
         if self.report_error:
             terminalreporter.write_line(self.report_error, red=True, bold=True)
+        if self.report_line and self.report_line.startswith("ltconform:"):
+            terminalreporter.write_line(self.report_line, yellow=True)
+        elif self.report_line:
+            terminalreporter.write_sep("-", self.report_line)  # as --junitxml says where its file went
 
-    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus) -> None:
         settings = self.config.stash.get(SETTINGS_KEY, None)
         if settings is None or not settings.report or hasattr(self.config, "workerinput"):
             return
         attached = _attached(self.config)
         if attached is not None and attached.rank != 0:
             return  # rank 0 writes the report for every rank
+        if all(r["outcome"] == "skipped" for r in self.results) and os.path.exists(settings.report):
+            # `pytest -m "not ltconform"` with the report in the ini file must not wipe the last verdicts.
+            self.report_line = (f"ltconform: nothing was judged, so the JSON report {settings.report} was left "
+                                f"as an earlier session wrote it")
+            return
         from . import report as report_mod
 
         pool = self.config.stash.get(POOL_KEY, None)
+        status = int(exitstatus)
         try:
-            report_mod.write_json(settings.report, settings.target, settings.world_size,
-                                  list(self.results) + _hidden_records(self.config),
+            report_mod.write_json(settings.report, settings.target, settings.world_size, list(self.results),
                                   targets=list(self.config.stash.get(ALL_TARGETS_KEY, {}).values()),
-                                  cold_starts=pool.cold_starts if pool is not None else None)
+                                  cold_starts=pool.cold_starts if pool is not None else None,
+                                  not_run=_not_run(self.config),
+                                  interrupted=status == pytest.ExitCode.INTERRUPTED or bool(session.shouldstop),
+                                  exitstatus=status)
         except OSError as exc:
             # Checked at start-up, yet the disk can fill or the folder go: the summary still prints.
             self.report_error = (f"pytest-ltconform: could not write the JSON report to {settings.report}: "
                                  f"{exc.strerror or exc}; the verdicts are in the summary above.")
             if self.config.pluginmanager.get_plugin("terminalreporter") is None:
                 sys.stderr.write(self.report_error + "\n")
+            return
+        self.report_line = f"generated ltconform report file: {os.path.abspath(settings.report)}"
 
 
 # -- progress of long runs ---------------------------------------------------------------------
