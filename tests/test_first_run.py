@@ -304,4 +304,7 @@ def test_a_long_run_shows_live_progress(pytester, monkeypatch, no_leftover_ranks
     assert any(re.search(r"waiting for .*rank 1 \(no progress for \d+ s\)", ln) for ln in lines), lines
     seconds = [int(re.search(r"running, (\d+) s", ln).group(1)) for ln in lines]
     assert seconds == sorted(seconds) and seconds[0] >= 2 and len(set(seconds)) == len(seconds), seconds
+    # pytest's progress line goes on after the live lines with its prefix: no outcome letter alone on a line.
+    after = result.stdout.lines[result.stdout.lines.index(lines[-1]) + 1]
+    assert re.fullmatch(r"ltconform \.\s+\[100%\]", after), out[-3000:]
     assert "your Trainer kwargs" not in out  # max_epochs=1 is kept: nothing to say

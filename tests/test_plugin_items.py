@@ -18,6 +18,9 @@ def test_plugin_fails_shared_writes_and_spawn_safety_items(pytester, no_leftover
     out = result.stdout.str()
     result.assert_outcomes(failed=1, passed=2)
     assert "Model.loss_fn does not pickle: it is a lambda" in out and "DataModule.log" in out
+    # The failure's block is printed once, in FAILURES; the summary names the item in one line.
+    assert out.count("\nFix: ") == 1, out
+    assert "failed (each block is in FAILURES above)" in out
 
 
 def test_an_advisory_item_does_not_fail_the_run(pytester, no_leftover_ranks):

@@ -74,3 +74,33 @@ def test_callback_reprs_carry_no_memory_address(tmp_path):
     callbacks = docs[0]["targets"][0]["trainer"]["callbacks"]
     assert callbacks == ["<lightning.pytorch.callbacks.model_checkpoint.ModelCheckpoint object>",
                          "<lightning.pytorch.callbacks.early_stopping.EarlyStopping object>"]
+
+
+# -- what the terminal shows ---------------------------------------------------------------------
+
+DIES = '''
+import os
+
+from lightning.pytorch.demos.boring_classes import BoringModel
+
+
+class Model(BoringModel):
+    def training_step(self, batch, batch_idx):
+        out = super().training_step(batch, batch_idx)
+        self.log("train_loss", out["loss"])  # a tensor that requires grad
+        if self.global_rank == 1 and batch_idx == 2:
+            print("USER-OUTPUT of rank 1", flush=True)
+            os._exit(3)
+        return out
+'''
+
+
+def test_a_ranks_output_shows_no_warning_the_plugin_caused(pytester, no_leftover_ranks):
+    pytester.makepyfile(dies=DIES)
+    result = pytester.runpytest_subprocess("--ltconform", "dies.Model", "--ltconform-strategies", "ddp",
+                                           "-k", "all-rank-save", "-p", "no:cacheprovider")
+    out = result.stdout.str()
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, out[-3000:]
+    assert "USER-OUTPUT of rank 1" in out  # the rank's own output is shown
+    # The recorder's float() of the logged tensor is not the user's doing.
+    assert "Converting a tensor with requires_grad=True" not in out, out[-5000:]

@@ -27,6 +27,7 @@ AVAILABILITY_KEY = pytest.StashKey["object"]()
 ONLY_CONTRACTS_KEY = pytest.StashKey[bool]()
 SIGTERM_KEY = pytest.StashKey["SigtermAsInterrupt"]()
 HIDDEN_KEY = pytest.StashKey[dict]()
+LIVE_OPEN_KEY = pytest.StashKey[bool]()  # a live progress line was written and not yet ended
 
 # Live progress of a long contract run: a first line once it has run this long, then one line
 # this often (seconds); LTCONFORM_PROGRESS_S overrides it, 0 turns the lines off.
@@ -598,13 +599,19 @@ class ResultsCollector:
         self.report_error: str | None = None
         self.report_line: str | None = None  # where the report went, or why it was left as it was
 
+    @pytest.hookimpl(tryfirst=True)  # before the terminal reporter writes the outcome
     def pytest_runtest_logreport(self, report) -> None:
         from . import report as report_mod
 
+        _end_live_line(self.config, report.nodeid)
         rec = report_mod.from_report(report)
         # One record per item: the call phase, or the setup phase when setup did not pass.
         if rec is not None and (report.when == "call" or (report.when == "setup" and not report.passed)):
             self.results.append(rec)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_keyboard_interrupt(self) -> None:
+        _end_live_line(self.config)  # Ctrl-C or SIGTERM during a run: pytest's banner starts a line
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if self.results:
@@ -619,7 +626,9 @@ class ResultsCollector:
                 terminalreporter.write_line(f"ltconform: nothing was judged: every selected item needs a tier that "
                                             f"cannot run here: {reasons}", yellow=True, bold=True)
             else:
-                text = report_mod.summary_text(self.results, width=width, color=tw.hasmarkup)
+                # Each failure's block is printed once: in FAILURES, or here when --tb=no leaves it out.
+                text = report_mod.summary_text(self.results, width=width, color=tw.hasmarkup,
+                                               blocks=self.config.getoption("tbstyle", "auto") == "no")
                 for line in text.splitlines():
                     terminalreporter.write_line(line)
         if self.report_error:
@@ -707,12 +716,34 @@ def progress_line(label: str, elapsed_s: float, idle_s: dict, stalled_after_s: f
 
 
 def _write_live(config: pytest.Config, reporter, line: str) -> None:
-    """Write ``line`` now, also while pytest captures output (item setup): with its global capture
-    suspended, and flushed before capture resumes."""
+    """Write ``line`` now on a line of its own, also while pytest captures output (item setup): with
+    its global capture suspended, and flushed before capture resumes. The line is left open;
+    ``_end_live_line`` ends it before pytest writes the item's outcome, so that outcome keeps its
+    prefix instead of standing alone on a line."""
     capman = config.pluginmanager.get_plugin("capturemanager")
     with capman.global_and_fixture_disabled() if capman is not None else contextlib.nullcontext():
-        reporter.write_line(line)
+        reporter.ensure_newline()
+        if config.get_terminal_writer().width_of_current_line:  # -q's dots, or our previous line
+            reporter.write("\n")
+        reporter.write(line)
         reporter.flush()
+    config.stash[LIVE_OPEN_KEY] = True
+
+
+def _end_live_line(config: pytest.Config, nodeid: str | None = None) -> None:
+    """After a live line, pytest's next output starts a line of its own: under the default
+    verbosity with the item's file prefix (``ltconform ``) before its outcome letter; under -v
+    pytest writes the item's id again itself."""
+    if not config.stash.get(LIVE_OPEN_KEY, False):
+        return
+    config.stash[LIVE_OPEN_KEY] = False
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None:
+        return
+    if nodeid is not None and config.get_verbosity() == 0 and reporter.showfspath:
+        reporter.write_fspath_result(nodeid, "")
+    elif nodeid is None or config.get_verbosity() < 0:
+        reporter.write("\n")
 
 
 # -- fixtures ------------------------------------------------------------------------------------

@@ -146,10 +146,11 @@ def unknown_contract(contract: str) -> str:
 _STYLE = {"passed": "green", "failed": "red", "advisory": "yellow", "error": "magenta", "skipped": "yellow"}
 
 
-def summary_text(results: list[dict], width: int, color: bool) -> str:
+def summary_text(results: list[dict], width: int, color: bool, blocks: bool = False) -> str:
     """Per target, a heading line with its id and its contract x strategy table; then each
-    failure's evidence block once (without the hang diagnosis, which the item's own report
-    carries), then one line per item not judged. Blocks and lines name the target
+    advisory's evidence block (a passed item has no FAILURES entry), one line per failed item (its
+    block is in pytest's FAILURES; ``blocks``: here too, for ``--tb=no``, without the hang
+    diagnosis), then one line per item not judged. Blocks and lines name the target
     (``<id>::<contract>[<strategy>]``) when there are several."""
     from rich.console import Console
     from rich.markup import escape
@@ -176,26 +177,35 @@ def summary_text(results: list[dict], width: int, color: bool) -> str:
 
     # A required tier missing here fails each of its items with one message: said once.
     same = collections.Counter(r["message"] for r in results if r.get("category") == "unavailable")
-    said = set()
+    said, failed = set(), []
     for r in results:
         unavailable = r.get("category") == "unavailable"
         if unavailable and r["message"] in said:
             continue
         if unavailable:
             said.add(r["message"])
-        if r["outcome"] in ("failed", "advisory"):
-            more = same[r["message"]] - 1 if unavailable else 0
-            title = name(r) + (f" and {more} more item(s) of that tier" if more else "")
+        more = same[r["message"]] - 1 if unavailable else 0
+        title = name(r) + (f" and {more} more item(s) of that tier" if more else "")
+        if r["outcome"] == "failed" and not blocks:
+            failed.append(f"{title}: {_first_line(r)}")
+        elif r["outcome"] in ("failed", "advisory"):
             console.rule(escape(title), style="" if not color else _STYLE[r["outcome"]])
             # soft_wrap: long paths stay on one line, so they can be copied.
             console.print(r.get("block") or r["message"], markup=False, highlight=False, soft_wrap=True)
-    errors = [r for r in results if r["outcome"] == "error"]
-    if errors:
-        console.rule("not judged")
-        for r in errors:
-            first = (r.get("summary") or r["message"]).splitlines()[0]
-            console.print(f"{name(r)}: {first}", markup=False, highlight=False, soft_wrap=True)
+    _lines(console, "failed (each block is in FAILURES above)", failed)
+    _lines(console, "not judged", [f"{name(r)}: {_first_line(r)}" for r in results if r["outcome"] == "error"])
     return buf.getvalue().rstrip("\n")
+
+
+def _first_line(r: dict) -> str:
+    return (r.get("summary") or r["message"]).splitlines()[0]
+
+
+def _lines(console, title: str, lines: list[str]) -> None:
+    if lines:
+        console.rule(title)
+        for line in lines:
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def _table(console, results: list[dict], color: bool) -> bool:
