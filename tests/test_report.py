@@ -104,3 +104,48 @@ def test_a_ranks_output_shows_no_warning_the_plugin_caused(pytester, no_leftover
     assert "USER-OUTPUT of rank 1" in out  # the rank's own output is shown
     # The recorder's float() of the logged tensor is not the user's doing.
     assert "Converting a tensor with requires_grad=True" not in out, out[-5000:]
+
+
+RAISES = '''
+from lightning.pytorch.demos.boring_classes import BoringModel
+
+
+class Model(BoringModel):
+    def training_step(self, batch, batch_idx):
+        if batch_idx == 1:
+            raise ZeroDivisionError("the user's own bug")
+        return super().training_step(batch, batch_idx)
+'''
+
+
+def test_a_users_exception_is_reported_once_on_the_item_named_for_the_run(pytester, no_leftover_ranks):
+    pytester.makepyfile(raises=RAISES)
+    result = pytester.runpytest_subprocess("--ltconform", "raises.Model", "--ltconform-strategies", "ddp",
+                                           "-k", "all-rank-save or sync-dist", "-p", "no:cacheprovider", "-v", "-rs")
+    out = result.stdout.str()
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, out[-3000:]
+    result.assert_outcomes(failed=1, skipped=2, deselected=result.parseoutcomes()["deselected"])
+    result.stdout.fnmatch_lines(["*collected * items / * deselected / 3 selected*",
+                                 "ltconform::raises.Model::fit[[]ddp[]] FAILED*",
+                                 "ltconform::raises.Model::all-rank-save[[]ddp[]] SKIPPED*",
+                                 "ltconform::raises.Model::sync-dist[[]ddp[]] SKIPPED*"])
+    # The run's item leads with the rank's exception at the user's line; the contracts point at it.
+    result.stdout.fnmatch_lines(["*[[]fit[[]ddp[]][]] the run did not finish: rank * raised ZeroDivisionError at "
+                                 "*raises.py:7 (training_step)*"])
+    assert out.count("raise ZeroDivisionError(\"the user's own bug\")") == 1, out
+    for contract in ("all-rank-save", "sync-dist"):
+        result.stdout.fnmatch_lines([f"SKIPPED*ltconform::raises.Model::{contract}[[]ddp[]]*not judged*"
+                                     f"(see fit[[]ddp[]])*"])
+
+
+def test_a_run_item_passes_when_its_run_finished_and_follows_k(pytester, no_leftover_ranks):
+    result = pytester.runpytest_subprocess("--ltconform", BORING, "--ltconform-strategies", "ddp", "-k",
+                                           "all-rank-save or sync-dist or strategy-config", "-p", "no:cacheprovider",
+                                           "-v")
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines([f"ltconform::{BORING}::fit[[]ddp[]] PASSED*"])
+    result.assert_outcomes(passed=4, deselected=result.parseoutcomes()["deselected"])
+    # One contract item of a run: no run item (-k sync-dist selects one item, and it is judged as before).
+    one = pytester.runpytest_subprocess("--ltconform", BORING, "--ltconform-strategies", "ddp", "-k", "sync-dist",
+                                        "--collect-only", "-q", "-p", "no:cacheprovider")
+    assert [ln for ln in one.stdout.lines if ln.startswith("ltconform::")] == [f"ltconform::{BORING}::sync-dist[ddp]"]

@@ -77,6 +77,7 @@ def pytest_configure(config: pytest.Config) -> None:
     settings = settings_mod.resolve(config)
     config.stash[SETTINGS_KEY] = settings
     config.pluginmanager.register(ResultsCollector(config), "ltconform-results")
+    config.pluginmanager.register(RunItems(), "ltconform-run-items")
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None and config.get_verbosity() >= 1:
         config.pluginmanager.register(PassedReasons(reporter), "ltconform-passed-reasons")
@@ -494,6 +495,99 @@ class LtconformItem(pytest.Item):
         return self.path, None, f"ltconform {self.target_id}::{self.name}"
 
 
+class RunFailed(Exception):
+    """Raised by a run item whose run a rank's own failure stopped; carries the text."""
+
+
+class LtconformRunItem(pytest.Item):
+    """The run ``kind`` (e.g. the traced fit) of one target under one variant, shared by the
+    contract items after it: a user's exception that stops the run is reported here, once, and
+    those items are not judged and point here (DESIGN.md, "Blame"). It passes when the run
+    finished, or stopped because of a contract's failure (that contract's item fails)."""
+
+    def __init__(self, *, kind: str, contract_id: str, variant, target_id: str, **kwargs):
+        super().__init__(**kwargs)
+        self.kind, self.variant, self.target_id = kind, variant, target_id
+        self.contract_id = contract_id  # the first contract item after it that needs the run
+
+    def setup(self) -> None:
+        first = _availability(self.config).first_missing(self.variant)
+        if first:
+            pytest.skip(first[1])
+
+    def runtest(self) -> None:
+        from .world import WorldStartError
+
+        session = _session(self.config, self.target_id)
+        try:
+            said = session.run_failure(self.contract_id, self.variant.strategy, self.variant.tier, self.name)
+        except WorldStartError as exc:
+            said = ("error", f"[{self.name}] could not start a world: {exc}")
+        if said is None:
+            return
+        outcome, text = said
+        if outcome == "skipped":
+            pytest.skip(text)
+        from . import report
+
+        summary = text.splitlines()[0].removeprefix(f"[{self.name}] ")
+        rec = report.record(self.kind, self.variant.label, self.config.stash[SETTINGS_KEY].world_size,
+                            {"outcome": "error", "message": text, "summary": summary, "category": "crash"}, 0.0,
+                            target=self.target_id)
+        self.user_properties.append((report.PROPERTY, json.dumps({**rec, "run": True})))
+        raise RunFailed(text)
+
+    def repr_failure(self, excinfo, style=None):
+        if isinstance(excinfo.value, RunFailed):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style=style)
+
+    def reportinfo(self):
+        return self.path, None, f"ltconform {self.target_id}::{self.name}"
+
+
+class RunItems:
+    """Adds, after -k and -m deselected, one run item before the first selected contract item of
+    each run that several selected items share (the traced fit): one place for a failure of the
+    run itself. A run that one item needs is reported on that item, as before."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, session: pytest.Session, config: pytest.Config, items: list) -> None:
+        if config.stash.get(ALL_TARGETS_KEY, None) is None:
+            return
+        from . import contracts
+
+        users: dict = {}  # (target id, variant label, kind) -> [index of each contract item needing it]
+        for n, item in enumerate(items):
+            if isinstance(item, LtconformItem) and item.variant is not None:
+                kind = contracts.get_contract(item.contract_id).run_spec.name
+                users.setdefault((item.target_id, item.variant.label, kind), []).append(n)
+        added, avail = {}, _availability(config)
+        for (tid, _label, kind), where in users.items():
+            # A tier that cannot run here skips (or fails) each of its items with the reason: no run.
+            # The multinode tier is decided once the launched world agreed on the collection.
+            variant = items[where[0]].variant
+            if len(where) > 1 and variant.tier != "multinode" and not avail.first_missing(variant):
+                added[where[0]] = _run_item(session, tid, kind, items[where[0]].contract_id, variant)
+        if not added:
+            return
+        items[:] = [x for n, item in enumerate(items) for x in ((added[n], item) if n in added else (item,))]
+        # Counted as collected, so pytest's "collected N items / M selected" adds up.
+        config.hook.pytest_collectreport(report=pytest.CollectReport("ltconform-runs", "passed", None,
+                                                                     list(added.values())))
+
+
+def _run_item(parent, target_id: str, kind: str, contract_id: str, variant) -> LtconformRunItem:
+    name = f"{kind}[{variant.label}]"
+    item = LtconformRunItem.from_parent(parent, name=name, nodeid=f"ltconform::{target_id}::{name}", kind=kind,
+                                        contract_id=contract_id, variant=variant, target_id=target_id)
+    item.extra_keyword_matches.add(target_id)
+    item.add_marker("ltconform")
+    for marker in variant.markers:
+        item.add_marker(marker)
+    return item
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
     # tryfirst: our items must exist before -k / -m deselection runs.
@@ -541,6 +635,8 @@ def pytest_runtest_makereport(item, call):
         first, _, rest = item.verdict_dict.get("message", "").partition("\n")
         plain = first == f"[{item.contract_id}] passed: {item.verdict_dict.get('summary')}"
         report.sections.append(("ltconform", (rest if plain else f"{first}\n{rest}").strip() or "(no notes)"))
+    elif isinstance(item, LtconformRunItem) and report.skipped and isinstance(report.longrepr, tuple):
+        report.longrepr = (item.nodeid, None, report.longrepr[2])  # -rs: the item, not the plugin's file
     elif isinstance(item, LtconformItem) and report.skipped and isinstance(report.longrepr, tuple):
         # -rs names where a skip was raised: the plugin's own file means nothing to a user. A tier
         # that cannot run here reads "SKIPPED [n] ltconform: <reason>" (one line for all its
