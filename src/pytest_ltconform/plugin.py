@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import sys
+import time
 
 import pytest
 
@@ -516,26 +517,26 @@ class LtconformRunItem(pytest.Item):
             pytest.skip(first[1])
 
     def runtest(self) -> None:
+        from . import report
         from .world import WorldStartError
 
+        started = time.monotonic()
         session = _session(self.config, self.target_id)
         try:
-            said = session.run_failure(self.contract_id, self.variant.strategy, self.variant.tier, self.name)
+            outcome, text = session.run_failure(self.contract_id, self.variant.strategy, self.variant.tier, self.name)
         except WorldStartError as exc:
-            said = ("error", f"[{self.name}] could not start a world: {exc}")
-        if said is None:
-            return
-        outcome, text = said
+            outcome, text = "error", f"[{self.name}] could not start a world: {exc}"
+        summary = text.splitlines()[0].removeprefix(f"[{self.name}] ")
+        # Its record carries the run's time (the contract items after it only judge).
+        rec = report.record(self.kind, self.variant.label, self.config.stash[SETTINGS_KEY].world_size,
+                            {"outcome": outcome, "message": text, "summary": summary,
+                             "category": "crash" if outcome == "error" else None},
+                            time.monotonic() - started, target=self.target_id)
+        self.user_properties.append((report.PROPERTY, json.dumps({**rec, "run": True})))
         if outcome == "skipped":
             pytest.skip(text)
-        from . import report
-
-        summary = text.splitlines()[0].removeprefix(f"[{self.name}] ")
-        rec = report.record(self.kind, self.variant.label, self.config.stash[SETTINGS_KEY].world_size,
-                            {"outcome": "error", "message": text, "summary": summary, "category": "crash"}, 0.0,
-                            target=self.target_id)
-        self.user_properties.append((report.PROPERTY, json.dumps({**rec, "run": True})))
-        raise RunFailed(text)
+        if outcome == "error":
+            raise RunFailed(text)
 
     def repr_failure(self, excinfo, style=None):
         if isinstance(excinfo.value, RunFailed):

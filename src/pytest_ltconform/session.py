@@ -55,10 +55,10 @@ class LtconformSession:
             raise cached
         return cached
 
-    def run_failure(self, contract_id: str, strategy: str, tier: str, item: str) -> tuple[str, str] | None:
+    def run_failure(self, contract_id: str, strategy: str, tier: str, item: str) -> tuple[str, str]:
         """Make (or take from the cache) the run that ``contract_id`` and others need, for the item
-        named after it (``item``, e.g. ``fit[ddp]``), and say what that item reports: None when the
-        run finished or a contract claims its stop (that contract's item reports it); ("skipped",
+        named after it (``item``, e.g. ``fit[ddp]``), and say what that item reports: ("passed",
+        why) when the run finished or a contract claims its stop (that contract's item reports it); ("skipped",
         reason) when it cannot apply or would run into an earlier hang; ("error", text) when a rank
         failed on its own (raised, died, hung), with that rank's exception at the user's line,
         once. Items judged on the run later point at ``item``. Raises WorldStartError."""
@@ -69,8 +69,11 @@ class LtconformSession:
         run = self.run_for(contract.run_spec.name, strategy, tier)
         if run.job.status == "skip":
             return "skipped", next((r.message for r in run.job.ranks if r.message), "skipped inside the ranks")
-        if run.finished or contracts.blamed(run) is not None:
-            return None
+        if run.finished:
+            return "passed", "the run finished."
+        owner = contracts.blamed(run)
+        if owner is not None:
+            return "passed", f"the run stopped because of the {owner}[{strategy}] failure (see that item)."
         cause = first_cause(run.job)
         headline = cause.headline() if cause is not None else "the run did not finish"
         configured = any(e.get("configured") for e in run.events(0, "strategy"))
