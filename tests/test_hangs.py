@@ -61,18 +61,19 @@ def test_one_hung_rank_costs_one_timeout_not_one_per_item(pytester, no_leftover_
         "-p", "no:cacheprovider", "-rA")
     elapsed = time.monotonic() - started
     out = result.stdout.str()
-    # all-rank-save[ddp] leads with the hang; sync-dist[ddp] shares its fit and is not judged; 4 items are never
-    # started (eval-duplication[ddp] and effective-batch[ddp] make runs of their own, and the two [fsdp] ones).
-    result.assert_outcomes(errors=1, skipped=5)
+    # The fit[ddp] run item leads with the hang; all-rank-save[ddp] and sync-dist[ddp] share that fit and are
+    # not judged; 5 items are never started (eval-duplication[ddp] and effective-batch[ddp] make runs of their
+    # own, and the fit[fsdp] run item with the two [fsdp] contract items).
+    result.assert_outcomes(failed=1, skipped=7)
     assert "rank 1 hung at sleepy.py:15 (training_step): it was still running at the timeout " \
            "(--ltconform-timeout=10) and was killed" in out, out[-4000:]
     # Each item left not judged names itself in -rs (its reason names another item).
     not_started = re.findall(
         r"^SKIPPED \[1\] ltconform::sleepy\.Model::(\S+): not judged: not started: the fit\[ddp\] run of this "
         r"target hung \(rank 1 at sleepy\.py:15 \(training_step\) stopped making progress until "
-        r"--ltconform-timeout=10\), and this run would reach the same code \(see all-rank-save\[ddp\]\)\.$", out, re.M)
+        r"--ltconform-timeout=10\), and this run would reach the same code \(see fit\[ddp\]\)\.$", out, re.M)
     assert sorted(not_started) == ["all-rank-save[fsdp]", "effective-batch[ddp]", "eval-duplication[ddp]",
-                                   "sync-dist[fsdp]"], out[-4000:]
+                                   "fit[fsdp]", "sync-dist[fsdp]"], out[-4000:]
     # The peer's collective error is named once, as a consequence. Only the ERRORS section is counted:
     # pytest's short summary repeats the whole message when it runs on CI (the CI variable is set).
     body = out.split("short test summary info")[0]

@@ -116,7 +116,10 @@ def test_existing_report_is_untouched_until_the_end(pytester):
     pytester.makepyfile(test_x="def test_x():\n    assert open('r.json').read() == 'old'\n")
     result = pytester.runpytest("--ltconform-report", str(report), "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
-    assert json.loads(report.read_text())["results"] == []
+    # Nothing was judged (no contract item ran), so the earlier report is kept, and the terminal says so.
+    assert report.read_text() == "old"
+    result.stdout.fnmatch_lines([f"ltconform: nothing was judged, so the JSON report {report} was left as an "
+                                 f"earlier session wrote it"])
 
 
 RECORDING = '''

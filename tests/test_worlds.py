@@ -26,21 +26,23 @@ def test_boring_model_passes_with_json_report(pytester, no_leftover_ranks):
     assert outcomes.get("passed", 0) >= 2 and not outcomes.get("failed") and not outcomes.get("errors"), outcomes
     result.stdout.fnmatch_lines(["*ltconform summary*", "*all-rank-save*passed*", "*sync-dist*passed*"])
     doc = json.loads(report.read_text())
-    assert list(doc) == ["target", "world_size", "versions", "results", "targets", "cold_starts"]
+    assert list(doc) == ["target", "world_size", "versions", "results", "targets", "cold_starts", "not_run",
+                         "interrupted", "exitstatus"]
     assert doc["target"] == BORING and doc["world_size"] == 2
     assert [(t["id"], t["model"], t["results"]) for t in doc["targets"]] == [(BORING, BORING, doc["results"])]
     assert {"python", "torch", "lightning"} <= set(doc["versions"])
-    judged = [r for r in doc["results"] if r["category"] != "unavailable"]
-    assert len(judged) == outcomes["passed"]
+    judged = doc["results"]  # tiers not run here are counted in not_run, not listed here
+    assert len(judged) == outcomes["passed"]  # the fit[ddp] run item's record included
     for rec in doc["results"]:
         assert {"contract", "strategy", "world_size", "outcome", "message", "evidence", "duration_s"} <= set(rec)
         assert rec["target"] == BORING
     assert {r["outcome"] for r in judged} == {"passed"}
-    # The ddp items of tiers this machine cannot run are not collected; the report lists them as skipped.
-    hidden = {r["strategy"]: r["message"] for r in doc["results"] if r["category"] == "unavailable"}
-    assert hidden["ddp-multinode"].startswith("not inside a multi-node world")
-    if "ddp-gpu" in hidden:
-        assert hidden["ddp-gpu"].startswith("needs 2 CUDA devices, found")
+    # The ddp items of tiers this machine cannot run are not collected; the report counts them per tier.
+    hidden = {entry["tier"]: entry for entry in doc["not_run"]}
+    assert hidden["multinode"]["reason"].startswith("not inside a multi-node world")
+    if "gpu" in hidden:
+        assert hidden["gpu"]["reason"].startswith("needs 2 CUDA devices, found")
+    assert (doc["interrupted"], doc["exitstatus"]) == (False, 0)
 
 
 PL_MODULE = '''

@@ -55,6 +55,36 @@ class LtconformSession:
             raise cached
         return cached
 
+    def run_failure(self, contract_id: str, strategy: str, tier: str, item: str) -> tuple[str, str]:
+        """Make (or take from the cache) the run that ``contract_id`` and others need, for the item
+        named after it (``item``, e.g. ``fit[ddp]``), and say what that item reports: ("passed",
+        why) when the run finished or a contract claims its stop (that contract's item reports it); ("skipped",
+        reason) when it cannot apply or would run into an earlier hang; ("error", text) when a rank
+        failed on its own (raised, died, hung), with that rank's exception at the user's line,
+        once. Items judged on the run later point at ``item``. Raises WorldStartError."""
+        contract = contracts.get_contract(contract_id)
+        hung = self._hung_before(contract.run_spec, strategy, tier)
+        if hung is not None:
+            return "skipped", hung_verdict(contract, hung).summary
+        run = self.run_for(contract.run_spec.name, strategy, tier)
+        if run.job.status == "skip":
+            return "skipped", next((r.message for r in run.job.ranks if r.message), "skipped inside the ranks")
+        if run.finished:
+            return "passed", "the run finished."
+        owner = contracts.blamed(run)
+        if owner is not None:
+            return "passed", f"the run stopped because of the {owner}[{strategy}] failure (see that item)."
+        cause = first_cause(run.job)
+        headline = cause.headline() if cause is not None else "the run did not finish"
+        configured = any(e.get("configured") for e in run.events(0, "strategy"))
+        if strategy in SHARDED_STRATEGIES and not configured:
+            return "skipped", (f"the module does not run under {STRATEGY_NAMES.get(strategy, strategy)} on CPU "
+                               f"({headline}); the Trainer config does not name it, so this tier does not apply.")
+        run.cause_item = item
+        run.first_item = getattr(run, "first_item", None) or item
+        parts = [cause_text(cause), run.job.diagnosis_after(cause)] if cause is not None else [run.job.failure_text()]
+        return "error", "\n".join([f"[{item}] the run did not finish: {headline}."] + [p for p in parts if p])
+
     def _key(self, kind: str, strategy: str, tier: str) -> tuple:
         """The run cache's key: (kind, strategy, world size), plus the tier when it is not 'cpu'."""
         return (kind, strategy, self.settings.world_size) + (() if tier == "cpu" else (tier,))

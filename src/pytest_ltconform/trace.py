@@ -322,7 +322,8 @@ class Recorder:
         }
         if vtype in ("tensor", "float"):
             try:
-                event["value"] = float(value)
+                # detached: float() of a tensor that requires grad warns, as if the user's code did
+                event["value"] = float(value.detach() if hasattr(value, "detach") else value)
             except Exception:
                 pass
         for tap in self._log_taps:
