@@ -360,7 +360,7 @@ def _replacement(key: str, value: Any, world_size: int, accelerator: str, num_no
     if key == "num_nodes" and num_nodes is not None and value != num_nodes:
         return repr(num_nodes)
     if key == "default_root_dir" and value is not None:
-        return "a temporary folder per run"
+        return "a temporary folder per run, shared by its ranks"
     if key == "strategy" and "ddp" in strategies:
         ran = _strategy_replaced(value)
         return f"{ran} on the [ddp] items" if ran and len(strategies) > 1 else ran
@@ -412,7 +412,7 @@ class RankRun:
         :func:`build_trainer_kwargs` for ``world_size`` ranks (default: this world's)."""
         user = self.objects.user_kwargs if user is None else user
         world_size = self.ctx.world_size if world_size is None else world_size
-        return build_trainer_kwargs(user, strategy, world_size, self.ctx.job_dir)
+        return build_trainer_kwargs(user, strategy, world_size, self.ctx.run_dir or self.ctx.job_dir)
 
     def build_trainer(self, kwargs: dict, callbacks: tuple = ()) -> Any:
         """The Trainer for ``kwargs`` plus ``callbacks``, with the recorder's profiler and the
