@@ -468,9 +468,11 @@ class RankRun:
 
     def build_trainer(self, kwargs: dict, callbacks: tuple = ()) -> Any:
         """The Trainer for ``kwargs`` plus ``callbacks``, with the recorder's profiler and the
-        probes' ``before_trainer``/``before_fit`` hooks; traced calls are bound to it."""
-        kwargs["callbacks"] = list(kwargs.get("callbacks") or []) + list(callbacks)
+        probes' ``before_trainer``/``before_fit`` hooks; traced calls are bound to it. A traced
+        run also records the first non-finite training loss (:func:`_finite_loss_watch`)."""
         recorder = self.recorder
+        watch = (_finite_loss_watch(self.objects.ns, recorder),) if recorder is not None else ()
+        kwargs["callbacks"] = list(kwargs.get("callbacks") or []) + list(callbacks) + list(watch)
         if recorder is not None and kwargs.get("profiler") is None:
             kwargs["profiler"] = _make_profiler(self.objects.ns, recorder)
         for probe in self.probes.values():
@@ -499,6 +501,48 @@ class RankRun:
     def collected(self) -> dict:
         """``{contract_id: probe.collect(...)}`` for every probe of the run."""
         return {cid: probe.collect(self.objects, self.trainer, self.recorder) for cid, probe in self.probes.items()}
+
+
+def _finite_loss_watch(ns: Any, recorder: Recorder) -> Any:
+    """A callback that emits one ``nonfinite`` event at the first training loss that is nan or
+    inf on this rank (its value, step, epoch, batch and the user's ``training_step``): values
+    compared on top of it mean nothing, and the session says so instead of judging them."""
+
+    class FiniteLossWatch(ns.Callback):
+        seen = False
+        step = 0
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            self.step = int(trainer.global_step)  # the optimizer step this batch computes
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+            if self.seen or not hasattr(loss, "isfinite") or bool(loss.detach().isfinite().all()):
+                return
+            self.seen = True
+            recorder.emit({"ev": "nonfinite", "loss": str(float(loss.detach().float().flatten()[0])),
+                           "step": self.step, "epoch": int(trainer.current_epoch),
+                           "batch_idx": int(batch_idx), "site": _step_site(type(pl_module))})
+
+    return FiniteLossWatch()
+
+
+def _step_site(cls: type) -> dict | None:
+    """The user's ``training_step`` of ``cls`` as a site: its last ``return`` line, else its ``def``."""
+    import ast
+    import inspect
+    import textwrap
+
+    fn = getattr(cls, "training_step", None)
+    try:
+        lines, start = inspect.getsourcelines(fn)
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+        path = inspect.getsourcefile(fn)
+    except (TypeError, OSError, SyntaxError):
+        return None
+    returns = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Return) and n.value is not None]
+    line = start + (max(returns) if returns else 1) - 1
+    return {"file": path, "line": line, "func": f"{cls.__name__}.training_step"}
 
 
 @contextlib.contextmanager

@@ -81,6 +81,7 @@ class Findings:
 
 class EvalDuplication(Contract):
     id = "eval-duplication"
+    needs_finite_loss = True
     title = "Evaluation counts every sample exactly once and publishes the whole set"
     rule_section = "Sampling, metrics and writes"
     run_spec = RunSpec("eval", "pytest_ltconform.contracts.eval_duplication.probe:evaluate",
