@@ -351,9 +351,10 @@ class _Resume:
         trainer = self.trainer
         user = {k: v for k, v in _fresh_user_kwargs(self.objects).items()
                 if k not in ("strategy", "max_steps", "profiler", "plugins")}
+        user["limit_train_batches"] = 1  # given here, so a validation interval is bounded by it too
         kwargs = build_trainer_kwargs(user, self.strategy(), trainer.world_size,
                                       os.path.join(trainer.default_root_dir, "ltconform-resume"))
-        kwargs.update(max_epochs=int(trainer.current_epoch) + 1, max_steps=-1, limit_train_batches=1,
+        kwargs.update(max_epochs=int(trainer.current_epoch) + 1, max_steps=-1,
                       callbacks=list(kwargs.get("callbacks") or []) + [self.callback()])
         return kwargs
 
