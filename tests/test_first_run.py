@@ -143,7 +143,7 @@ def test_overridden_lists_every_replaced_value_and_matches_what_is_built(tmp_pat
         "logger=True -> off", "enable_progress_bar=True -> False", "enable_model_summary=True -> False",
         "max_time='00:01:00:00' -> no time limit (runs are bounded by epochs and batches)",
         "max_steps=1000 -> 16 (the cap)", "limit_val_batches=1.0 -> 4 (the cap)", "default_root_dir='/runs' -> "
-        "a temporary folder per run", "callbacks: TQDMProgressBar removed (no progress bar)"]
+        "a temporary folder per run, shared by its ranks", "callbacks: TQDMProgressBar removed (no progress bar)"]
     # The same keys are the ones build_trainer_kwargs changes (the strategy is built by adapt_strategy).
     built = harness.build_trainer_kwargs(user, "ddp", 2, str(tmp_path), accelerator="cpu", num_nodes=1)
     changed = {k for k in user if k != "strategy" and built.get(k, "<removed>") != user[k]}

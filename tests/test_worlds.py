@@ -123,7 +123,7 @@ def observe(ctx):
     from pytest_ltconform.world.rank import current_context
     return {"pid": os.getpid(), "env": os.environ.get("LTC_LEAK"), "counter": helper_state.COUNTER,
             "rand": float(torch.rand(1)), "py": random.random(), "path": "/nonexistent/leak" in sys.path,
-            "cwd_is_job_dir": os.getcwd().endswith(f"rank{ctx.rank}"), "current": current_context() is ctx}
+            "cwd_is_run_dir": os.getcwd() == ctx.run_dir, "current": current_context() is ctx}
 
 def sum_ranks(ctx, offset):
     import torch, torch.distributed as dist
@@ -144,6 +144,7 @@ def test_jobs_share_ranks_but_not_state(ltconform_world):
     assert [o["pid"] for o in after] == pids == [o["pid"] for o in clean]   # same processes: no cold start
     assert after == clean, (clean, after)                                   # and nothing leaked
     assert all(o["current"] for o in clean)  # the job functions see the runner's context
+    assert all(o["cwd_is_run_dir"] for o in clean)  # the ranks share the job's folder, as on one node
     assert world.run(sum_ranks, 10) == [21, 21]
 
 def test_failed_rank_is_reported_with_its_traceback(ltconform_world):

@@ -143,6 +143,7 @@ class LtconformSession:
             verdict = self._judged_without_validation(contract, run, verdict, tier) or verdict
         if verdict.outcome == "error" and contract.run_spec.name != FIT.name:
             verdict = self._explained_by_fit(contract, strategy) or verdict
+        verdict = self._on_nonfinite_loss(contract, run, strategy, tier) or verdict
         # The first item that needs a run pays for it; later items only for their judgement.
         return verdict, time.monotonic() - started
 
@@ -175,6 +176,24 @@ class LtconformSession:
         second.notes.append(f"judged on a second fit with validation switched off ({switched}): the shared fit "
                             f"stopped in validation because of the {owner}[{fit.strategy}] failure (see that item).")
         return second
+
+    def _on_nonfinite_loss(self, contract, run: Run, strategy: str, tier: str) -> Verdict | None:
+        """Not judged, naming the loss, its rank, step and the user's line, when a contract that
+        compares values (``needs_finite_loss``) is judged on a run (or a traced fit of the same
+        strategy) whose training loss was nan or inf: nothing compared on top of it means anything."""
+        if not contract.needs_finite_loss:
+            return None
+        for made in (run, self._runs.get(self._key(FIT.name, strategy, tier))):
+            found = first_nonfinite(made) if isinstance(made, Run) else None
+            if found is not None:
+                rank, e = found
+                return not_judged(contract, (
+                    f"the training loss was {e.get('loss')} on rank {rank} at step {e.get('step')} (epoch "
+                    f"{e.get('epoch')}, batch {e.get('batch_idx')}), returned at {fmt_site(e.get('site'))}: "
+                    f"values compared across ranks or runs mean nothing on top of a non-finite loss, so "
+                    f"{contract.id} judged none. Fix the loss first (a log or division of zero, an overflow, a "
+                    f"learning rate too high), then run again."))
+        return None
 
     def _hung_before(self, spec: RunSpec, strategy: str, tier: str) -> Run | None:
         """An earlier run of this target that was killed at its time limit with no contract
@@ -235,6 +254,17 @@ def not_judged(contract, reason: str) -> Verdict:
     """The verdict of an item that cannot be judged because of another item's failure: skipped,
     with the reason in one line naming that item, and no traceback of its own."""
     return contract.verdict("skipped", f"not judged: {reason}", category="consequence")
+
+
+def first_nonfinite(run: Run) -> tuple[int, dict] | None:
+    """(rank, event) of the earliest non-finite training loss a rank recorded (lowest step,
+    then rank); None when every loss was finite."""
+    found = [(e.get("step", 0), r, e) for r, trace in enumerate(run.traces) for e in trace
+             if e.get("ev") == "nonfinite"]
+    if not found:
+        return None
+    _, rank, event = min(found, key=lambda f: (f[0], f[1]))
+    return rank, event
 
 
 def hung_verdict(contract, hung: Run) -> Verdict:

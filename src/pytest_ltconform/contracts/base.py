@@ -198,6 +198,9 @@ class Contract:
     # Strategies whose items exist only for targets whose Trainer config names them (there is
     # nothing of theirs to judge otherwise).
     configured_only: tuple[str, ...] = ()
+    # Whether the verdict compares values (metrics, gradients, weights): not judged on top of a
+    # non-finite training loss (nan never equals nan).
+    needs_finite_loss: bool = False
 
     def probe_ref(self) -> str | None:
         """The probe's class as "module:Class", which the harness loads on the ranks; None without one."""

@@ -54,7 +54,9 @@ class RankContext:
     """What a job function gets: ``rank``, ``world_size``, its own ``job_dir``, the path of the
     per-rank ``trace_path`` (JSON lines), and the world it runs in: ``accelerator`` ('cpu' or
     'gpu'), ``num_nodes`` the ranks span, and ``world_kind`` ('local' for ranks the plugin started,
-    'attached' inside a torchrun or SLURM world)."""
+    'attached' inside a torchrun or SLURM world). ``run_dir`` is the job's folder that its ranks
+    share, as processes of one node share theirs: the working directory of the job and the
+    Trainer's ``default_root_dir``."""
 
     rank: int
     world_size: int
@@ -65,6 +67,7 @@ class RankContext:
     accelerator: str = "cpu"
     num_nodes: int = 1
     world_kind: str = "local"
+    run_dir: str = ""
 
 
 _CURRENT: RankContext | None = None
@@ -146,7 +149,7 @@ def _context(job: Job, rank: int, world_size: int, local_rank: int, store) -> Ra
     return RankContext(rank, world_size, local_rank, os.path.join(job.dir, f"rank{rank}"),
                        os.path.join(job.dir, f"rank{rank}.trace.jsonl"), store,
                        accelerator=job.accelerator or ("gpu" if job.backend == "nccl" else "cpu"),
-                       num_nodes=int(job.num_nodes), world_kind=job.world_kind)
+                       num_nodes=int(job.num_nodes), world_kind=job.world_kind, run_dir=job.dir)
 
 
 def run_job(job: Job, rank: int, world_size: int, local_rank: int, store, gen: int) -> dict:
@@ -166,7 +169,7 @@ def run_job(job: Job, rank: int, world_size: int, local_rank: int, store, gen: i
     os.makedirs(ctx.job_dir, exist_ok=True)
     result: dict = {"rank": rank, "status": "ok"}
     started = time.monotonic()
-    with _isolated(ctx.job_dir):
+    with _isolated(ctx.run_dir):
         _seed(job.seed)
         if job.backend == "nccl":
             torch.cuda.set_device(local_rank)

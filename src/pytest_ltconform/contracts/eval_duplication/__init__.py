@@ -85,6 +85,7 @@ class Findings:
 
 class EvalDuplication(Contract):
     id = "eval-duplication"
+    needs_finite_loss = True
     title = "Evaluation counts every sample exactly once and publishes the whole set"
     rule_section = "Sampling, metrics and writes"
     run_spec = RunSpec("eval", "pytest_ltconform.contracts.eval_duplication.probe:evaluate",
@@ -398,7 +399,7 @@ class _StageCheck:
             return
         n = infos[0].get("dataset_len") or len(set(own) | set(rest))
         for path, w in by_rank[0].items():
-            if path in others or gathered:
+            if path in others or gathered or _publishes_synced_metrics(self.run, stage, w.get("site")):
                 continue
             site = w.get("site")
             guard = rank_guard(site)
@@ -429,6 +430,31 @@ def _log_event(run, key) -> dict | None:
         if e.get("name") == key and e.get("user"):
             return e
     return None
+
+
+def _publishes_synced_metrics(run, stage, site) -> bool:
+    """Whether rank 0's write publishes Lightning's reduced metrics: the writing function reads
+    ``trainer.callback_metrics`` (or ``logged_metrics``) and every value the stage logged on rank 0
+    was reduced across ranks (``sync_dist=True`` or a TorchMetrics metric), so the file holds
+    whole-set values, not rank 0's shard (shared case ok_callback_metrics_read_before_guard)."""
+    import ast
+
+    from ..base import _parse
+
+    tree = _parse(site["file"]) if site and site.get("file") else None
+    line = (site or {}).get("line", 0)
+    funcs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+             and n.lineno <= line <= (n.end_lineno or n.lineno)] if tree is not None else []
+    text = ast.unparse(max(funcs, key=lambda n: n.lineno)) if funcs else ""
+    if "callback_metrics" not in text and "logged_metrics" not in text:
+        return False
+    logs, inside = [], False
+    for e in run.events(0):
+        if e.get("ev") == "eval_stage" and e.get("name") == stage:
+            inside = e.get("at") == "start"
+        elif inside and e.get("ev") == "log" and e.get("user"):
+            logs.append(e)
+    return bool(logs) and all(e.get("sync_dist") or e.get("vtype") == "metric" for e in logs)
 
 
 def _gathered(run, stage) -> bool:
