@@ -28,6 +28,7 @@ AVAILABILITY_KEY = pytest.StashKey["object"]()
 ONLY_CONTRACTS_KEY = pytest.StashKey[bool]()
 SIGTERM_KEY = pytest.StashKey["SigtermAsInterrupt"]()
 HIDDEN_KEY = pytest.StashKey[dict]()
+UNSELECTED_KEY = pytest.StashKey[str]()  # why the project's own targets add no item to this run
 LIVE_OPEN_KEY = pytest.StashKey[bool]()  # a live progress line was written and not yet ended
 
 # Live progress of a long contract run: a first line once it has run this long, then one line
@@ -75,7 +76,13 @@ def pytest_cmdline_main(config: pytest.Config) -> int | None:
 def pytest_configure(config: pytest.Config) -> None:
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
-    settings = settings_mod.resolve(config, project_targets=_selects_project_contracts(config))
+    selected = _selects_project_contracts(config)
+    settings = settings_mod.resolve(config, project_targets=selected)
+    if not selected and config.args_source == pytest.Config.ArgsSource.ARGS and config.getini(settings_mod.INI_TARGET):
+        # Paths named, contract items not deselected: say so, or a CI job running `pytest tests/` reads as checked.
+        config.stash[UNSELECTED_KEY] = (
+            f"ltconform: the {settings_mod.INI_TARGET} targets are not checked in this run: it names test paths "
+            f"(run `pytest -m ltconform`, or pytest without paths, to check them)")
     config.stash[SETTINGS_KEY] = settings
     config.pluginmanager.register(ResultsCollector(config), "ltconform-results")
     config.pluginmanager.register(RunItems(), "ltconform-run-items")
@@ -358,7 +365,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
-    lines = []
+    lines = [config.stash[UNSELECTED_KEY]] if UNSELECTED_KEY in config.stash else []
     attached = _attached(config)
     if attached is not None:
         lines.append(f"ltconform: pytest is {attached.info.describe()} (Lightning {attached.info.environment}); "
