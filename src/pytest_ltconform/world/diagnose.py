@@ -285,6 +285,15 @@ def _user_path(frames: list) -> tuple:
     return tuple((f, ln) for f, ln, _ in frames or [] if is_user_file(f))
 
 
+def _different_calls(entries: dict) -> bool:
+    """Whether the ranks made this collective from different places in user code *and* through
+    different calls (another operation, or another library function): two branches that each
+    broadcast from their own line are the same call, paired as the user meant."""
+    paths = {_user_path(e.get("frames")) for e in entries.values()}
+    calls = {(e.get("op"), (call_of(e.get("frames"))["via"] or {}).get("func")) for e in entries.values()}
+    return len(paths) > 1 and len(calls) > 1
+
+
 def collective_mismatch(ranks: list) -> dict | None:
     """The first collective the ranks issued differently, from torch's Flight Recorder.
 
@@ -311,8 +320,7 @@ def collective_mismatch(ranks: list) -> dict | None:
         if key[0] != broke[0] or (key[1] or 0) > (broke[1] or 0):
             continue
         present = {r: e[key] for r, e in per_rank.items() if key in e}
-        paths = {_user_path(e.get("frames")) for e in present.values() if e.get("frames")}
-        if len(present) > 1 and len(paths) > 1 and all(e.get("frames") for e in present.values()):
+        if len(present) > 1 and all(e.get("frames") for e in present.values()) and _different_calls(present):
             first = key
             break
     calls = {}
