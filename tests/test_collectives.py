@@ -185,7 +185,7 @@ def test_a_library_check_that_raised_is_not_user_code():
 # -- real worlds ----------------------------------------------------------------------------------
 
 CALLBACK_METRICS = CONFORMANCE / "all-rank-save" / "callback_metrics_read_under_rank_guard.py"
-SYNC_BN = CONFORMANCE / "all-rank-save" / "sync_batchnorm_preview_rank_zero.py"
+HELPER = CONFORMANCE / "all-rank-save" / "autograd_all_reduce_helper_rank_zero.py"
 
 
 def _run_case(pytester, path, *extra):
@@ -216,12 +216,13 @@ def test_callback_metrics_read_on_rank_zero_fails_all_rank_save_at_the_users_lin
 
 
 @pytest.mark.slow
-def test_a_sync_batchnorm_forward_on_rank_zero_is_found_without_a_tap(pytester, no_leftover_ranks):
-    result = _run_case(pytester, SYNC_BN, "-k", "all-rank-save")
+def test_a_collective_a_torch_helper_makes_on_rank_zero_is_found_without_a_tap(pytester, no_leftover_ranks):
+    result = _run_case(pytester, HELPER, "-k", "all-rank-save")
     assert result.parseoutcomes().get("failed") == 1, result.parseoutcomes()
     result.stdout.fnmatch_lines([
-        "*all-rank-save*FAILED (deadlocks the world): * called on rank 0 under an `if self.global_rank == 0:` "
-        "guard, at case_under_test.py:40 (on_train_epoch_end)*",
+        "*all-rank-save*FAILED (deadlocks the world): all_reduce (functional.py:*; its all_reduce was this "
+        "collective) called on rank 0 under an `if self.global_rank == 0:` guard, at "
+        "case_under_test.py:40 (on_train_epoch_end)*",
     ])
 
 
@@ -291,3 +292,20 @@ def test_rank_branches_that_make_the_same_collective_are_not_the_first_mismatch(
              for r, t in enumerate((r0, r1))]
     mm = JobResult.of(ranks, 1.0).mismatch
     assert (mm["seq"], mm["broke_at"]) == (2, 2)
+
+
+def test_only_an_exception_out_of_torch_distributed_pays_for_a_dump_with_frames():
+    from pytest_ltconform.trace import _collective_raised
+
+    namespace: dict = {}
+    exec(compile("def wait():\n    raise RuntimeError('Timed out waiting 30000ms for recv')\n",
+                 os.path.join("site-packages", "torch", "distributed", "distributed_c10d.py"), "exec"), namespace)
+    try:
+        namespace["wait"]()
+    except RuntimeError as exc:
+        timed_out = exc
+    try:
+        raise ValueError("corrupt sample 3")
+    except ValueError as exc:
+        user = exc
+    assert _collective_raised(timed_out) and not _collective_raised(user) and not _collective_raised(None)

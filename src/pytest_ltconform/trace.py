@@ -20,7 +20,7 @@ collective-bearing ``call`` event (all-rank-save's metric syncs and DDP forwards
 torch's Flight Recorder sees every collective a process group runs, including the ones no tap
 knows (a metric sync behind ``trainer.callback_metrics``, FSDP's unsharding, DDP's gradient
 all-reduce): :meth:`Recorder.dump_collectives` writes its entries for this job as one
-``collectives`` event: when the job raised, and, without the Python frames (symbolising them
+``collectives`` event: when a collective raised, and, without the Python frames (symbolising them
 waits on a lock the blocked collective holds), from a thread when the rank has been blocked in a
 collective for a second or the supervisor asks it for its stack.
 
@@ -292,7 +292,9 @@ class Recorder:
 
     def uninstall(self) -> None:
         self._stop.set()
-        if sys.exc_info()[0] is not None:  # the job raised: its collectives show where ranks parted
+        # A collective raised (a timeout, a peer gone): the ranks' collectives show where they parted.
+        # Only then: symbolising the frames costs seconds for a full buffer.
+        if _collective_raised(sys.exc_info()[1]):
             self.dump_collectives(frames=True, why="raised")
         for owner, name, original in reversed(self._patches):
             if original is None:
@@ -382,6 +384,20 @@ class Recorder:
         for tap in self._log_taps:
             tap(event, value)
         self.emit(event)
+
+
+_DISTRIBUTED = os.sep + os.path.join("torch", "distributed") + os.sep
+
+
+def _collective_raised(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (or the exception it was raised from) came out of torch.distributed."""
+    for err in (exc, getattr(exc, "__cause__", None) or getattr(exc, "__context__", None)):
+        tb = getattr(err, "__traceback__", None)
+        while tb is not None:
+            if _DISTRIBUTED in tb.tb_frame.f_code.co_filename:
+                return True
+            tb = tb.tb_next
+    return False
 
 
 # A collective still open after this long is a wait, not a transfer.
