@@ -99,6 +99,26 @@ def test_a_stuck_rank_without_frames_gets_its_stack_for_the_collective_it_waits_
     assert mm["calls"][0]["site"]["line"] == 3 and mm["calls"][1]["site"] is None
 
 
+def test_a_metrics_read_names_the_values_it_syncs(tmp_path, fake_runs):
+    user = tmp_path / "history.py"
+    user.write_text("def on_validation_epoch_end(self, trainer, pl_module):\n"
+                    "    if trainer.is_global_zero:\n"
+                    "        metrics = trainer.callback_metrics\n")
+    log = {"ev": "log", "name": "val_loss", "sync_dist": True, "rank_zero_only": False, "seq": 1}
+    metrics = [[LIGHTNING, 1714, "callback_metrics"], [str(user), 3, "on_validation_epoch_end"]]
+    barrier = [[LIGHTNING, 300, "barrier"], [str(user), 9, "on_validation_epoch_end"]]
+    ranks = [RankOutcome(r, "error", exc_type="RuntimeError", message="Timed out waiting 30000ms",
+                         trace=[log, _dump([_entry(1, "barrier", frames), _entry(2, op, frames)])])
+             for r, frames, op in ((0, metrics, "all_reduce"), (1, barrier, "barrier"))]
+    run = fake_runs.of(ranks, status="error")
+    run.job = JobResult.of(ranks, 1.0)
+    verdict = judge(contracts.get_contract("all-rank-save"), run)
+    assert verdict.summary.startswith("callback_metrics (trainer.py:1714; its barrier was this collective) called "
+                                      "on rank 0 under an `if trainer.is_global_zero:` guard")
+    assert any(e.rank == 0 and e.detail.endswith("sync_dist=True is a collective: 'val_loss'")
+               for e in verdict.evidence)
+
+
 def test_call_of_names_the_library_function_the_user_called():
     frames = [[_installed("lightning", "fabric/utilities/distributed.py"), 214, "_sync_ddp"],
               [LIGHTNING, 1714, "callback_metrics"], ["/home/me/cb.py", 27, "on_validation_epoch_end"],
@@ -211,6 +231,7 @@ def test_callback_metrics_read_on_rank_zero_fails_all_rank_save_at_the_users_lin
         "case_under_test.py:27 (on_validation_epoch_end)*",
         "*rank 1 at case_under_test.py:45 (on_validation_epoch_end): collective #*: barrier (*",
     ])
+    assert "sync_dist=True is a collective: 'val_loss'" in text
     assert "the run stopped in your code" not in text
     assert "sync-dist[ddp] FAILED" not in text and "unused-parameters[ddp] FAILED" not in text
 
@@ -309,3 +330,60 @@ def test_only_an_exception_out_of_torch_distributed_pays_for_a_dump_with_frames(
     except ValueError as exc:
         user = exc
     assert _collective_raised(timed_out) and not _collective_raised(user) and not _collective_raised(None)
+
+
+RAISES_IN_VALIDATION = """
+import lightning.pytorch as L
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def _rows(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 6, generator=g)
+    return TensorDataset(x, x[:, :2].sum(1, keepdim=True))
+
+
+class Model(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(6, 1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.net(x), y)
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        if self.global_rank == 1 and batch_idx == 1:
+            raise ValueError("corrupt validation sample on rank 1")
+        self.log("val_loss", torch.nn.functional.mse_loss(self.net(x), y), sync_dist=True)
+
+    def train_dataloader(self):
+        return DataLoader(_rows(32, 1), batch_size=4)
+
+    def val_dataloader(self):
+        return DataLoader(_rows(16, 2), batch_size=4)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+"""
+
+
+@pytest.mark.slow
+def test_a_validation_step_that_raised_on_one_rank_leads_with_its_line(pytester, no_leftover_ranks):
+    pytester.makepyfile(val_raise=RAISES_IN_VALIDATION)
+    pytester.syspathinsert()
+    result = pytester.runpytest_subprocess("--ltconform", "val_raise.py:Model", "--ltconform-strategies", "ddp",
+                                           "-m", "ltconform_cpu", "-p", "no:cacheprovider",
+                                           "-k", "all-rank-save or sync-dist or data-sharding")
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("errors") == 1 and not outcomes.get("failed"), outcomes  # no sync-dist "deadlock"
+    result.stdout.fnmatch_lines([
+        "*NOT JUDGED (the run stopped in your code): the run did not finish: rank 1 raised ValueError at "
+        "val_raise.py:24 (validation_step): corrupt validation sample on rank 1.",
+        "*Consequences, not causes: rank 0 then failed in a collective*",
+    ])
+    text = result.stdout.str()
+    assert text.count("[rank1] ValueError: corrupt validation sample on rank 1") == 1  # its traceback, once
+    assert "self.log" not in text

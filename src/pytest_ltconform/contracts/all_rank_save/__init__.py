@@ -242,6 +242,11 @@ class AllRankSave(Contract):
         if guard:
             evidence.append(Evidence(f"the call is guarded by `{guard}`" if rank_based else
                                      f"the call is guarded by `{guard}`, a condition on rank-local state", site=site))
+        synced = _synced_keys(run, cause_rank) if "metrics" in str((call.get("via") or {}).get("func")) else []
+        if synced:
+            evidence.append(Evidence(f"reading the trainer's metrics computes the epoch values, and syncing a value "
+                                     f"logged with sync_dist=True is a collective: {', '.join(map(repr, synced))}",
+                                     rank=cause_rank))
         notes = ["every collective was recorded by torch's Flight Recorder on each rank; the first one the ranks "
                  "issued from different places in your code is named (a library call such as "
                  "trainer.callback_metrics or summon_full_params makes collectives inside it)."]
@@ -316,6 +321,12 @@ def _collective_name(call: dict) -> str:
     if not via:
         return f"torch.distributed.{op}"
     return f"{via['func']} ({os.path.basename(via['file'])}:{via['line']}; its {op} was this collective)"
+
+
+def _synced_keys(run: Run, rank: int) -> list[str]:
+    """The keys rank ``rank`` logged with sync_dist=True (what a read of the trainer's metrics syncs)."""
+    return list(dict.fromkeys(str(e.get("name")) for e in run.events(rank, "log")
+                              if e.get("sync_dist") and not e.get("rank_zero_only")))
 
 
 def mismatch_cause(run: Run) -> tuple[int, dict] | None:
