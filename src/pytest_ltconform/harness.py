@@ -26,7 +26,7 @@ from typing import Any
 from . import target as target_mod
 from .sharded import sharded_kind
 from .trace import HOOK_PREFIXES, Recorder
-from .world.rank import current_context
+from .world.rank import current_context, stack_path
 
 # Bounds that keep a conformance run small whatever the production config says.
 MAX_EPOCHS = 4
@@ -554,6 +554,7 @@ def rank_run(ctx, targets, probes: list, pg_timeout_s: float, traced: bool = Tru
     recorder = None
     if traced:
         recorder = Recorder(ctx.trace_path, ctx.rank)
+        recorder.watch_collectives(stack_path())
         namespaces = [targets.namespace] + [ns for ns in target_mod.NAMESPACES
                                             if ns != targets.namespace and ns in sys.modules]
         recorder.install(tuple(namespaces))

@@ -298,10 +298,11 @@ def judge(contract, run: Run) -> Verdict:
     verdict.notes[:0] = [t for t in tier_notes if t not in verdict.notes]
     if run.finished:
         return verdict
-    if verdict.failed:
+    owner = contracts.blamed(run)
+    # A rank that raised in the user's code leads: what its peers did next is no finding.
+    if verdict.failed and (owner == contract.id or not run.raised_in_user_code()):
         verdict.diagnosis = job.diagnosis
         return verdict
-    owner = contracts.blamed(run)
     if owner is not None and owner != contract.id:
         return _after_owned_failure(contract, run, verdict, owner)
     # Whether the user's config asks for what this item ran (traced runs say; others never do).

@@ -168,6 +168,13 @@ class Run:
         div = self.job.divergence
         return {e.get("ev") for evs in div["events"].values() for e in evs} if div else set()
 
+    def raised_in_user_code(self) -> bool:
+        """Whether a rank raised in the user's own code (not in a collective, not in a library
+        check): that rank's exception leads, and what its peers did after it is a consequence."""
+        from ..world.causes import raised_in_user_code
+
+        return not self.finished and any(raised_in_user_code(r) for r in self.job.ranks)
+
     def raised_owner(self) -> str | None:
         """The contract owning a failure that every failed rank raised inside a recorded user call
         (trace event ``{"ev": "raised", "owner": ...}``, e.g. load_from_checkpoint on a sharded

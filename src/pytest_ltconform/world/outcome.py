@@ -61,6 +61,7 @@ class JobResult:
     job_dir: str | None = None
     early_stop: str | None = None
     timed_out_by: str | None = None  # the limit that stopped the world, e.g. '--ltconform-timeout=120'
+    mismatch: dict | None = None  # the first collective the ranks issued differently (Flight Recorder)
 
     @classmethod
     def of(cls, ranks: list[RankOutcome], duration_s: float, *, timeout_s: float | None = None,
@@ -72,6 +73,7 @@ class JobResult:
                      timeout_s=timeout_s, job_dir=job_dir, early_stop=early_stop, timed_out_by=timed_out_by)
         if status in ("hung", "died", "error"):
             result.divergence = diagnose.first_divergence([r.trace for r in ranks])
+            result.mismatch = diagnose.collective_mismatch(ranks)
             result.diagnosis = diagnose.describe(result)
         return result
 

@@ -227,15 +227,29 @@ def _connect(gen: int, rank: int):
     return store
 
 
+def stack_path() -> str | None:
+    """The faulthandler file the supervisor asks this rank to dump its stack into (SIGUSR1);
+    None outside a rank process of a local world."""
+    workdir, gen = os.environ.get("LTCONFORM_WORLD_DIR"), os.environ.get("LTCONFORM_GENERATION")
+    rank = os.environ.get("RANK")
+    if not (workdir and gen and rank):
+        return None
+    return os.path.join(workdir, f"g{gen}-rank{rank}.stack")
+
+
 def main() -> int:
     rank = int(os.environ["RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     gen = int(os.environ["LTCONFORM_GENERATION"])
-    workdir = os.environ["LTCONFORM_WORLD_DIR"]
     _die_with_parent(int(os.environ["LTCONFORM_SUPERVISOR_PID"]))
+    # torch's Flight Recorder (every collective, with its Python frames) is what finds a mismatch
+    # no tap knows; a user's environment that switched it off would leave it blind. 1000 entries
+    # (torch's default is 2000) reach back over several steps and halve the cost of a dump.
+    if os.environ.get("TORCH_FR_BUFFER_SIZE", "").strip() in ("", "0"):
+        os.environ["TORCH_FR_BUFFER_SIZE"] = "1000"
 
-    stack_file = open(os.path.join(workdir, f"g{gen}-rank{rank}.stack"), "w")
+    stack_file = open(stack_path(), "w")
     faulthandler.enable(file=stack_file, all_threads=True)
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True, chain=False)
     keep_library_roots()
