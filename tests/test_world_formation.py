@@ -7,6 +7,7 @@ this session down.
 from __future__ import annotations
 
 import pytest
+from conftest import BORING
 
 pytest_plugins = ["pytester"]
 
@@ -79,3 +80,66 @@ def test_hundreds_of_back_to_back_short_jobs_under_load_never_fail(pytester, mon
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-k", "back_to_back")
     result.assert_outcomes(passed=1)
 
+
+FORMATION = '''
+import pytest
+
+from pytest_ltconform.world import LocalWorld, WorldStartError
+
+NO_SUCH_INTERFACE = {"GLOO_SOCKET_IFNAME": "ltconform-no-such-if"}  # gloo cannot form a group on it
+
+
+def rank_of(ctx):
+    return ctx.rank
+
+
+class FirstWorldCannotForm(LocalWorld):
+    """The first generation of ranks fails inside gloo's init_process_group; later ones do not."""
+
+    def _rank_env(self, rank):
+        env = super()._rank_env(rank)
+        if self.generation == 0:
+            env.update(NO_SUCH_INTERFACE)
+        return env
+
+
+def test_a_world_that_did_not_form_is_started_once_more():
+    world = FirstWorldCannotForm(2, preload=())
+    try:
+        assert world.run("test_formation:rank_of", timeout_s=120).values == [0, 1]
+    finally:
+        world.close()
+    assert world.cold_starts == 2
+
+
+def test_a_world_that_never_forms_says_why_and_runs_nothing():
+    world = LocalWorld(2, preload=(), env=NO_SUCH_INTERFACE)
+    try:
+        with pytest.raises(WorldStartError) as info:
+            world.run("test_formation:rank_of", timeout_s=120)
+    finally:
+        world.close()
+    assert world.cold_starts == 2
+    message = str(info.value)
+    assert "did not form, in two fresh worlds, before the job's code ran" in message, message
+    assert "rank(s) 0, 1 raised RuntimeError" in message and "ltconform-no-such-if" in message, message
+'''
+
+
+def test_world_formation_failures_are_retried_once_then_named(pytester):
+    """A real gloo failure inside init_process_group: a fresh world is started once; a world that
+    fails twice raises WorldStartError with what the ranks said, and no job code ran."""
+    pytester.makepyfile(test_formation=FORMATION)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)
+
+
+def test_an_item_whose_world_never_forms_says_so_not_that_the_code_stopped(pytester, monkeypatch,
+                                                                           no_leftover_ranks):
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "ltconform-no-such-if")
+    result = pytester.runpytest_subprocess("--ltconform", BORING, "--ltconform-strategies", "ddp", "-k", "sync-dist",
+                                           "-p", "no:cacheprovider", "-rA")
+    result.assert_outcomes(errors=1)
+    out = result.stdout.str()
+    assert "could not start a world: the process group of a world of 2 gloo ranks did not form" in out, out[-3000:]
+    assert "ltconform-no-such-if" in out and "stopped in your code" not in out, out[-3000:]

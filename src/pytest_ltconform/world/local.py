@@ -198,14 +198,30 @@ class LocalWorld:
 
         ``progress``, when given, is called about every ``_JobWatch.PROGRESS_EVERY_S`` seconds while
         ranks are still running, as ``progress(elapsed_s, {rank: seconds since its trace last
-        grew})`` (float seconds; only the ranks still running). An exception it raises is ignored."""
-        if not self.alive:
-            if self._procs:
-                self.kill()
-            self.start()
-        job = self._submit(fn_ref, args, kwargs or {}, seed)
-        watch = _JobWatch(self, job, timeout_s, progress)
-        hung, early = watch.wait()
+        grew})`` (float seconds; only the ranks still running). An exception it raises is ignored.
+
+        A world whose process group fails to form (before ``fn_ref`` runs) is started once more; a
+        second failure raises :class:`WorldStartError` with what each failing rank said."""
+        first_failure = None
+        while True:
+            if not self.alive:
+                if self._procs:
+                    self.kill()
+                self.start()
+            job = self._submit(fn_ref, args, kwargs or {}, seed)
+            watch = _JobWatch(self, job, timeout_s, progress)
+            hung, early = watch.wait()
+            failure = watch.formation_failure()
+            if failure is None:
+                break
+            # Nothing of the job ran: a world whose process group did not form is started once more.
+            self.kill()
+            if first_failure is not None:
+                said = failure if failure == first_failure else f"first {first_failure}; then {failure}"
+                raise WorldStartError(
+                    f"the process group of a world of {self.world_size} {self.backend} ranks did not form, in two "
+                    f"fresh worlds, before the job's code ran: {said}")
+            first_failure = failure
         limit = f"{timeout_name or self.timeout_name}={timeout_s:g}" if watch.at_deadline else None
         return self._assemble(job, watch, hung, early, timeout_s, limit)
 
@@ -309,6 +325,8 @@ class _JobWatch:
             waiting = [r for r in range(self.world.world_size) if r not in self.outcomes]
             if not waiting:
                 return [], None
+            if self.formation_failure() is not None:
+                return waiting, None  # the rest are still forming the group: none runs the job's code
             if now >= self.next_look:
                 self.next_look = now + self.LOOK_EVERY_S
                 early = self._stuck_after_divergence(now, waiting)
@@ -321,6 +339,16 @@ class _JobWatch:
                     or self._failed_peer_waited_out(now) or self._finished_peer_waited_out(now)):
                 return waiting, None
             time.sleep(self.POLL_S)
+
+    def formation_failure(self) -> str | None:
+        """What the ranks that failed to form the job's process group said (the first rank whose
+        own error it was leads; a peer that only heard of it comes last); None when none failed."""
+        failed = sorted((o for o in self.outcomes.values() if o.stage == "formation" and o.status == "error"),
+                        key=lambda o: (o.exc_type == "FormationError", o.rank))
+        said: dict[str, list[int]] = {}
+        for o in failed:  # gloo's own messages put the reason after an "[enforce fail at ...]" sentence
+            said.setdefault(f"{o.exc_type}: {' '.join((o.message or '').split())[:300]}", []).append(o.rank)
+        return "; ".join(f"rank(s) {', '.join(map(str, ranks))} raised {text}" for text, ranks in said.items()) or None
 
     def _report_progress(self, now: float, waiting: list[int]) -> None:
         try:

@@ -34,6 +34,7 @@ class RankOutcome:
     log_tail: str | None = None
     trace: list = dataclasses.field(default_factory=list)
     duration_s: float | None = None
+    stage: str | None = None  # 'formation': it failed forming the process group, before the job's code
 
     @classmethod
     def from_wire(cls, wire: dict) -> RankOutcome:
@@ -42,7 +43,7 @@ class RankOutcome:
         return cls(rank=wire["rank"], status=wire.get("status", "error"), value=wire.get("value"),
                    exc_type=wire.get("exc_type"), message=wire.get("message"),
                    traceback=wire.get("traceback"), duration_s=wire.get("duration_s"),
-                   trace=wire.get("trace") or [])
+                   trace=wire.get("trace") or [], stage=wire.get("stage"))
 
 
 @dataclasses.dataclass
