@@ -222,7 +222,7 @@ class LocalWorld:
                     f"the process group of a world of {self.world_size} {self.backend} ranks did not form, in two "
                     f"fresh worlds, before the job's code ran: {said}")
             first_failure = failure
-        limit = f"{timeout_name or self.timeout_name}={timeout_s:g}" if watch.at_deadline else None
+        limit = f"{timeout_name or self.timeout_name}={timeout_s:g}"
         return self._assemble(job, watch, hung, early, timeout_s, limit)
 
     def _submit(self, fn_ref: str, args: tuple, kwargs: dict, seed: int) -> Job:
@@ -238,7 +238,7 @@ class LocalWorld:
         return job
 
     def _assemble(self, job: Job, watch: _JobWatch, hung: list[int], early: str | None,
-                  timeout_s: float, limit: str | None = None) -> JobResult:
+                  timeout_s: float, limit: str) -> JobResult:
         """The job's result once every rank reported or was declared hung: hung and dead ranks
         get their stacks and log tails, every rank its trace; a failed world is killed."""
         gen, outcomes = self.generation, watch.outcomes
@@ -252,8 +252,10 @@ class LocalWorld:
             r.trace = read_trace(os.path.join(job.dir, f"rank{r.rank}.trace.jsonl"))
             if r.status in ("died", "hung", "error"):
                 r.log_tail = self._log_tail(r.rank, gen)
+        # A world stopped by a heuristic below names the time limit it did not wait for.
+        killed_early = f"{watch.gave_up}, before the time limit ({limit})" if hung and watch.gave_up else None
         result = JobResult.of(ranks, duration, timeout_s=timeout_s, job_dir=job.dir, early_stop=early,
-                              timed_out_by=limit)
+                              timed_out_by=limit if watch.at_deadline else None, killed_early=killed_early)
         if result.status != "ok" and not all(r.status == "skip" for r in ranks):
             self.kill()
         return result
@@ -315,6 +317,7 @@ class _JobWatch:
         self.sizes = {r: (-1, self.started) for r in range(world.world_size)}  # (trace size, when it last grew)
         self.next_look = self.started + 1.0
         self.at_deadline = False  # the job's own time limit stopped it (not a heuristic below)
+        self.gave_up: str | None = None  # why a heuristic below stopped it: '40 s after rank(s) 0 failed'
 
     def wait(self) -> tuple[list[int], str | None]:
         """Poll until every rank reported or the rest are hung: (hung ranks, early-stop reason)."""
@@ -335,8 +338,7 @@ class _JobWatch:
             if self.progress is not None and now >= self.next_progress:
                 self.next_progress = now + self.PROGRESS_EVERY_S
                 self._report_progress(now, waiting)
-            if (self._past_deadline(now) or self._dead_peer_waited_out(now)
-                    or self._failed_peer_waited_out(now) or self._finished_peer_waited_out(now)):
+            if self._past_deadline(now) or self._waited_out(now):
                 return waiting, None
             time.sleep(self.POLL_S)
 
@@ -389,6 +391,19 @@ class _JobWatch:
         """The job's own wall-clock limit."""
         self.at_deadline = now > self.deadline
         return self.at_deadline
+
+    def _waited_out(self, now: float) -> bool:
+        """Whether the ranks still running are waited out (see the three rules below); sets
+        ``gave_up`` to how long after what."""
+        for since, rule, what, statuses in (
+                (self.first_dead_at, self._dead_peer_waited_out, "died", ("died",)),
+                (self.first_error_at, self._failed_peer_waited_out, "failed", ("error",)),
+                (self.first_done_at, self._finished_peer_waited_out, "finished", ("ok", "skip"))):
+            if rule(now):
+                ranks = ", ".join(str(r) for r, o in sorted(self.outcomes.items()) if o.status in statuses)
+                self.gave_up = f"{now - since:.0f} s after rank(s) {ranks} {what}"
+                return True
+        return False
 
     def _dead_peer_waited_out(self, now: float) -> bool:
         """A dead rank never joins another collective: its peers get a few seconds to report."""

@@ -62,15 +62,18 @@ class JobResult:
     job_dir: str | None = None
     early_stop: str | None = None
     timed_out_by: str | None = None  # the limit that stopped the world, e.g. '--ltconform-timeout=120'
+    # Why ranks were killed before that limit: '40 s after rank(s) 0 failed, before the time limit (...)'.
+    killed_early: str | None = None
 
     @classmethod
     def of(cls, ranks: list[RankOutcome], duration_s: float, *, timeout_s: float | None = None,
            job_dir: str | None = None, early_stop: str | None = None,
-           timed_out_by: str | None = None) -> JobResult:
+           timed_out_by: str | None = None, killed_early: str | None = None) -> JobResult:
         """The result of ``ranks`` (in rank order), diagnosed when any rank hung, died or raised."""
         status = max((r.status for r in ranks), key=SEVERITY.__getitem__)
         result = cls(status=status, ranks=ranks, duration_s=round(duration_s, 3), world_size=len(ranks),
-                     timeout_s=timeout_s, job_dir=job_dir, early_stop=early_stop, timed_out_by=timed_out_by)
+                     timeout_s=timeout_s, job_dir=job_dir, early_stop=early_stop, timed_out_by=timed_out_by,
+                     killed_early=killed_early)
         if status in ("hung", "died", "error"):
             result.divergence = diagnose.first_divergence([r.trace for r in ranks])
             result.diagnosis = diagnose.describe(result)
