@@ -102,6 +102,9 @@ class LocalWorld:
             LTCONFORM_GENERATION=str(self.generation), LTCONFORM_WORLD_DIR=self.root,
             LTCONFORM_SUPERVISOR_PID=str(os.getpid()), LTCONFORM_PRELOAD=",".join(self.preload),
             PYTHONUNBUFFERED="1",
+            # Temp files of the ranks and their children (a DataLoader worker's pymp-* folder, left
+            # when it is killed) live in the world folder, which goes with the world.
+            TMPDIR=self._tmp_dir(),
         )
         env.update(self.env)
         # Two ranks on a small machine: one intra-op thread each avoids oversubscription.
@@ -109,6 +112,11 @@ class LocalWorld:
         src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = os.pathsep.join([src, os.getcwd()] + [p for p in sys.path if p and os.path.isdir(p)])
         return env
+
+    def _tmp_dir(self) -> str:
+        path = os.path.join(self.root, "tmp")
+        os.makedirs(path, exist_ok=True)
+        return path
 
     def start(self) -> None:
         if self.closed:

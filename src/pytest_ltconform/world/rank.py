@@ -30,15 +30,42 @@ from .job import Job
 PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """Make sure no rank outlives the pytest process (Ctrl-C, crash, SIGKILL of pytest)."""
+_LIBC = None
+_FORKED_BY = 0  # the pid of the process that forked this one last (see _children_die_with_rank)
+
+
+def _set_death_signal() -> None:
+    """SIGKILL this process when its parent (the thread that started it) ends."""
+    global _LIBC
     try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        _LIBC = _LIBC or ctypes.CDLL("libc.so.6", use_errno=True)
+        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except OSError:
         pass
+
+
+def _children_die_with_rank() -> None:
+    """Processes a rank forks (DataLoader workers) die with it, as the rank dies with pytest: a
+    death signal is not inherited across fork, and a rank killed by SIGKILL cannot stop them."""
+    def before() -> None:
+        global _FORKED_BY
+        _FORKED_BY = os.getpid()
+
+    def in_child() -> None:
+        _set_death_signal()
+        if os.getppid() != _FORKED_BY:  # the parent died before the signal was set
+            os._exit(3)
+
+    os.register_at_fork(before=before, after_in_child=in_child)
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Make sure no rank, nor a process it forked, outlives the pytest process (Ctrl-C, crash,
+    SIGKILL of pytest)."""
+    _set_death_signal()
     if os.getppid() != parent_pid:
         os._exit(3)
+    _children_die_with_rank()
 
     def watch() -> None:  # portable fallback for platforms without prctl
         while True:
