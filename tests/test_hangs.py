@@ -15,6 +15,7 @@ from pytest_ltconform.world.causes import first_cause, stack_user_site
 pytest_plugins = ["pytester"]
 
 SLEEPY = '''
+import time
 
 import lightning.pytorch as L
 import torch
