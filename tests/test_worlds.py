@@ -13,7 +13,7 @@ import sys
 import time
 
 import pytest
-from conftest import BORING, CONFORMANCE, case, rank_pids, wait_until
+from conftest import BORING, CONFORMANCE, case, wait_until
 
 pytest_plugins = ["pytester"]
 
@@ -196,28 +196,105 @@ def test_ltconform_world_fixture_reuses_ranks_and_isolates_jobs(pytester, no_lef
     assert time.monotonic() - start < 8 + 30 + 90
 
 
-HANGING = str(CONFORMANCE / "sync-dist" / "epoch_end_log_rank_zero_gate.py")
+# Each rank's DataLoader has 2 workers, which block in the dataset after their first batch: a worker busy
+# in user code never checks for its parent, so only the plugin can take it down.
+WORKERS = '''
+import time
+
+import lightning.pytorch as L
+import torch
+from torch.utils.data import DataLoader, Dataset, get_worker_info
+
+
+class Slow(Dataset):
+    fetched = 0  # per process: each worker has its own copy
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        self.fetched += 1
+        if get_worker_info() is not None and self.fetched > 4:  # a worker's first batch (4 items) only
+            time.sleep(900)
+        x = torch.full((4,), float(i))
+        return x, x[:1]
+
+
+class Model(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.net(x), y)
+
+    def train_dataloader(self):
+        return DataLoader(Slow(), batch_size=4, num_workers=2)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+'''
+
+
+def _tagged(tag: str, but: int) -> list[int]:
+    """Live processes (not zombies) whose environment carries LTCONFORM_TEST_TAG=tag, except ``but``."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                tagged = f"LTCONFORM_TEST_TAG={tag}".encode() in fh.read().split(b"\0")
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                zombie = fh.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+        except OSError:
+            continue
+        if tagged and not zombie and int(entry) != but:
+            found.append(int(entry))
+    return found
+
+
+def _pymp_folders(base) -> list[str]:
+    return [str(p) for p in base.rglob("pymp-*")]
 
 
 @pytest.mark.parametrize("how", ["SIGINT", "SIGTERM", "SIGKILL"])
-def test_interrupted_or_crashed_pytest_leaves_no_rank_behind(pytester, how):
-    """Ctrl-C, a polite kill and a crash of the pytest process mid-run all take the ranks down."""
+def test_interrupted_or_crashed_pytest_leaves_no_rank_behind(pytester, how, monkeypatch):
+    """Ctrl-C, a polite kill and a crash of the pytest process mid-run all take the ranks down, with
+    their DataLoader workers and the workers' pymp-* folders."""
+    from pytest_ltconform.world import remove_stale_worlds
+
+    pytester.makepyfile(workers=WORKERS)
+    tmp = pytester.mkdir("tmp")
+    tag = f"{how}-{os.getpid()}-{time.monotonic_ns()}"
+    monkeypatch.setenv("TMPDIR", str(tmp))  # the session's, its ranks' and their workers'
+    monkeypatch.setenv("LTCONFORM_TEST_TAG", tag)
     devnull = open(os.devnull, "w")
     # A child inherits an ignored SIGINT (a suite started with `&` by a non-interactive shell), and
     # Python then keeps ignoring it: give the pytest under test the default disposition a terminal has.
-    proc = pytester.popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--ltconform", f"{HANGING}:Model",
-                           "--ltconform-timeout", "120", "--ltconform-strategies", "ddp"],
+    proc = pytester.popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--ltconform",
+                           f"{pytester.path / 'workers.py'}:Model", "--ltconform-timeout", "300",
+                           "--ltconform-strategies", "ddp", "-k", "all-rank-save"],
                           stdout=devnull, stderr=devnull,
                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
-        assert wait_until(lambda: len(rank_pids(proc.pid)) == 2, 90), "ranks never started"
-        time.sleep(2.0)  # let them get into the run
+        # 2 ranks and their 4 workers.
+        assert wait_until(lambda: len(_tagged(tag, but=proc.pid)) >= 6, 240), f"workers never started ({how})"
+        # A worker makes its pymp-* folder when it sends its first batch; the next one blocks.
+        assert wait_until(lambda: len(_pymp_folders(tmp)) >= 2, 120), f"no batch was sent ({how})"
+        time.sleep(1.0)
         os.kill(proc.pid, getattr(signal, how))
         proc.wait(timeout=60)
-        assert wait_until(lambda: not rank_pids(proc.pid), 15), f"ranks left after {how}: {rank_pids(proc.pid)}"
+        assert wait_until(lambda: not _tagged(tag, but=proc.pid), 15), \
+            f"processes left after {how}: {_tagged(tag, but=proc.pid)}"
+        # A killed pytest leaves its world folder (with the pymp-* folders in it) to the next session.
+        if how == "SIGKILL":
+            remove_stale_worlds(str(tmp))
+        assert _pymp_folders(tmp) == [], f"left after {how}"
     finally:
         if proc.poll() is None:
             proc.kill()
+        for pid in _tagged(tag, but=proc.pid):
+            os.kill(pid, signal.SIGKILL)
         devnull.close()
 
 

@@ -196,8 +196,9 @@ class LtconformSession:
         return None
 
     def _hung_before(self, spec: RunSpec, strategy: str, tier: str) -> Run | None:
-        """An earlier run of this target that was killed at its time limit with no contract
-        claiming why, when the run ``spec`` would run into the same hang; None otherwise.
+        """An earlier run of this target that was killed for a hung rank with no contract claiming
+        why (at its time limit, or before it once the peers had failed or finished), when the run
+        ``spec`` would run into the same hang; None otherwise.
 
         It holds for every later run that trains under the same strategy in the same tier, and
         under any strategy when the hung rank was running the user's own code (a sleep or loop of
@@ -208,7 +209,9 @@ class LtconformSession:
         if spec.fn == INSPECT_FN or own_key in self._runs:
             return None  # made already: its items are judged on it
         for key, run in self._runs.items():
-            if not isinstance(run, Run) or run.finished or run.job.timed_out_by is None:
+            # Killed at the time limit, or before it once its peers had failed or finished: a rank
+            # was still running either way (a divergence stopped early is not a hang of this kind).
+            if not isinstance(run, Run) or run.finished or not (run.job.timed_out_by or run.job.killed_early):
                 continue
             if (key[3] if len(key) > 3 else "cpu") != tier:
                 continue
@@ -274,8 +277,9 @@ def hung_verdict(contract, hung: Run) -> Verdict:
     where = f"rank {cause.rank} at {fmt_site(cause.site)}" if cause and cause.site else \
         f"rank {cause.rank}" if cause else "a rank"
     item = getattr(hung, "cause_item", None) or getattr(hung, "first_item", None) or f"{hung.kind}[{hung.strategy}]"
+    until = f"until {hung.job.timed_out_by}" if hung.job.timed_out_by else f"and was killed {hung.job.killed_early}"
     return not_judged(contract, f"not started: the {hung.kind}[{hung.strategy}] run of this target hung "
-                                f"({where} stopped making progress until {hung.job.timed_out_by}), and this run "
+                                f"({where} stopped making progress {until}), and this run "
                                 f"would reach the same code (see {item}).")
 
 

@@ -159,10 +159,10 @@ def first_cause(result) -> Cause | None:
         return Cause(first.rank, "died", None, f"it exited without a result (exit code {first.exit_code})",
                      None, first.log_tail, others)
     if first.status == "hung":
-        limit = getattr(result, "timed_out_by", None)
+        limit, early = getattr(result, "timed_out_by", None), getattr(result, "killed_early", None)
+        when = f"at the timeout ({limit})" if limit else f"{early}," if early else "at the timeout"
         site, _ = stack_user_site(first.stack)
-        return Cause(first.rank, "hung", None, f"it was still running at the timeout{f' ({limit})' if limit else ''} "
-                     f"and was killed", site, None, others)
+        return Cause(first.rank, "hung", None, f"it was still running {when} and was killed", site, None, others)
     return Cause(first.rank, "raised", first.exc_type, first_sentence(first.message),
                  user_raise_site(first.traceback), first.traceback, others)
 

@@ -195,8 +195,9 @@ def describe(result, *, consequences_named: bool = False) -> str:
             lines.append(f"The world did not finish: rank(s) {ranks} were {result.early_stop}, and were killed "
                          f"(SIGKILL) after {result.duration_s:.1f} s.")
         else:
-            limit = getattr(result, "timed_out_by", None)
-            limit = f" at the time limit ({limit}; raise it if the run is only slow)" if limit else ""
+            limit, early = getattr(result, "timed_out_by", None), getattr(result, "killed_early", None)
+            limit = f" at the time limit ({limit}; raise it if the run is only slow)" if limit else \
+                f" {early}" if early else ""
             lines.append(f"The world did not finish: rank(s) {ranks} were still running after "
                          f"{result.duration_s:.1f} s and were killed (SIGKILL){limit}.")
     if statuses.get("died"):
