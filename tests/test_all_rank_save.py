@@ -259,3 +259,16 @@ def test_a_rank_that_raised_on_its_own_is_not_a_one_sided_call(fake_runs, user_f
                               message="[gloo] Connection closed by peer")
     run = fake_runs.of(ranks, status="error", divergence=first_divergence(traces))
     assert CONTRACT.blames(run) == Blame.CALL
+
+
+@pytest.mark.slow
+def test_all_gather_under_a_rank_guard_in_the_test_stage_fails(pytester, no_leftover_ranks):
+    from conftest import case
+
+    path = case("all-rank-save/all_gather_rank_zero_guard_test_epoch_end.py")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ltconform", path,
+                                           "-k", "all-rank-save[ and ddp", "-v")
+    out = result.stdout.str()
+    result.assert_outcomes(failed=1)
+    assert "LightningModule.all_gather called on rank 0 only" in out and "Model.on_test_epoch_end" in out
+    assert "all_gather_rank_zero_guard_test_epoch_end.py:40" in out

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import pytest
+from conftest import case
+
 from pytest_ltconform.contracts import get_contract
 
 
@@ -135,10 +138,16 @@ def test_replacement_sampler_repeats_are_not_a_fault(fake_runs):
 
 # -- random inputs identical on every rank ----------------------------------------------------------
 
-def _draws(hashes: list[str], line: int = 42) -> list[dict]:
-    return [{"ev": "ds_draw", "fn": "torch.randn", "key": [0, i], "hash": h, "shape": [8, 3], "epoch": 0,
-             "site": {"file": "/u/gan.py", "line": line, "func": "Model.training_step"}}
-            for i, h in enumerate(hashes)]
+def _draws(hashes: list[str], line: int = 42, use: str | None = "input") -> list[dict]:
+    """``ds_draw`` events of one line, one per step, each followed by its ``ds_draw_use`` (none
+    when ``use`` is None)."""
+    out = []
+    for i, h in enumerate(hashes):
+        out.append({"ev": "ds_draw", "fn": "torch.randn", "key": [0, i], "hash": h, "shape": [8, 3], "epoch": 0,
+                    "id": i + 1, "site": {"file": "/u/gan.py", "line": line, "func": "Model.training_step"}})
+        if use:
+            out.append({"ev": "ds_draw_use", "id": i + 1, "use": use, "op": "linear" if use == "input" else "mul"})
+    return out
 
 
 def test_noise_identical_across_ranks_fails_with_the_draw_site(fake_runs):
@@ -151,6 +160,20 @@ def test_noise_identical_across_ranks_fails_with_the_draw_site(fake_runs):
                                       "the same values on every rank at every recorded step (3 steps compared")
     assert [e.site for e in verdict.evidence] == ["/u/gan.py:42 (Model.training_step)"] * 2
     assert "seed + self.global_rank" in verdict.fix
+    assert "the draw is itself the model's input (it reaches linear with only weights" in verdict.summary
+
+
+def test_noise_combined_with_each_ranks_data_or_never_used_passes(fake_runs):
+    """A VAE's eps * std or a dropout mask times the batch: the same noise on every rank still
+    meets different data, so each rank's samples stay its own."""
+    contract = get_contract("data-sharding")
+    for use in ("combined", None):
+        r0 = fake_runs.batches([["a"], ["b"], ["c"]]) + _draws(["h1", "h2", "h3"], use=use)
+        r1 = fake_runs.batches([["d"], ["e"], ["f"]]) + _draws(["h1", "h2", "h3"], use=use)
+        verdict = contract.judge(fake_runs.run([r0, r1]))
+        assert verdict.outcome == "passed", (use, verdict.render())
+        said = "the random draws at /u/gan.py:42 (Model.training_step) are the same on every rank, but each meets"
+        assert (said in " ".join(verdict.notes)) == (use == "combined")
 
 
 def test_noise_that_differs_per_rank_or_is_drawn_once_passes(fake_runs):
@@ -298,3 +321,211 @@ def test_classify_rank_reads_by_what_the_line_does(tmp_path):
     assert uses == {4: "select", 5: "gate", 7: "select", 9: "select", 10: "other", 11: "select"}
     assert classify(str(src), 9)[1] == "an argument of narrow() (it picks this rank's part)"
     assert classify(str(tmp_path / "missing.py"), 3)[0] == "other"
+
+
+def _fetched(rank_keys: list[list], epoch: int = 0, ds: int = 7) -> list[dict]:
+    """data-sharding's ``ds_index`` events for one rank: one fetch per list of dataset keys."""
+    return [{"ev": "ds_index", "stage": "train", "keys": keys, "ds": ds, "epoch": epoch} for keys in rank_keys]
+
+
+def test_samples_are_the_dataset_keys_fetched_not_tensor_rows(fake_runs):
+    """Collated graphs: one-hot atom rows repeat within a rank (the tensor fingerprint calls that a
+    replay), but the molecules each rank fetched are disjoint: a pass. The same fetches on every
+    rank fail, named by their indices."""
+    contract = get_contract("data-sharding")
+    atoms = fake_runs.batches([["C", "H", "H", "O"], ["C", "C", "H", "H"]])
+    r0 = atoms + _fetched([[0, 2], [4, 6]])
+    r1 = [dict(e) for e in atoms] + _fetched([[1, 3], [5, 7]])
+    assert contract.judge(fake_runs.run([atoms, [dict(e) for e in atoms]])).outcome == "failed"  # rows only
+    verdict = contract.judge(fake_runs.run([r0, r1]))
+    assert verdict.outcome == "passed", verdict.render()
+    same = contract.judge(fake_runs.run([atoms + _fetched([[0, 2], [4, 6]]),
+                                         [dict(e) for e in atoms] + _fetched([[0, 2], [4, 6]])]))
+    assert same.outcome == "failed"
+    assert "batches compared by the dataset indices they fetched" in same.summary
+    assert "sample ids 0, 2, 4, 6 in the same order on every rank" in same.summary
+
+
+def test_batches_without_keys_or_tensors_are_not_judged(fake_runs):
+    contract = get_contract("data-sharding")
+    opaque = [{"ev": "batch", "stage": "train", "idx": i, "dl": 0, "epoch": 0, "n": None} for i in range(3)]
+    verdict = contract.judge(fake_runs.run([opaque, [dict(e) for e in opaque]]))
+    assert verdict.outcome == "skipped"
+    assert verdict.summary.startswith("not judged: cannot tell samples apart in the train loader over the DataLoader")
+
+
+def test_keys_of_a_fetch():
+    from pytest_ltconform.contracts.data_sharding import _keys
+
+    assert _keys(3) == [3] and _keys([4, 5]) == [4, 5] and _keys(None) is None
+    assert _keys(("a", 1)) == ["'a'", 1]
+
+
+@pytest.mark.slow
+def test_index_lists_fetched_by_every_rank_fail_in_a_real_world(pytester, no_leftover_ranks):
+    """Batches the fingerprint cannot read (slotted objects) from a sampler yielding index lists:
+    the indices __getitem__ receives are recorded on each rank and compared."""
+    path = case("data-sharding/index_list_sampler_ignores_rank.py").rsplit(":", 1)[0]
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ltconform", f"{path}:Model",
+                                           "--ltconform-trainer", f"{path}:trainer_kwargs",
+                                           "-k", "data-sharding[ and ddp", "-v")
+    out = result.stdout.str()
+    result.assert_outcomes(failed=1)
+    assert "batches compared by the dataset indices they fetched" in out
+
+
+class _Emits:
+    def __init__(self):
+        self.events = []
+
+    def emit(self, event):
+        self.events.append(event)
+
+
+def _uses_of(step) -> list[tuple[int, str]]:
+    """The ``ds_draw_use`` (draw id, use) events a step makes with draw 1 tracked."""
+    from pytest_ltconform.contracts.data_sharding import _Draws
+
+    recorder = _Emits()
+    draws = _Draws(recorder)
+    draws.key = [0, 0]
+    draws.enter()
+    try:
+        step(lambda t: draws._track(t, 1))
+    finally:
+        draws.leave()
+    return [(e["id"], e["use"]) for e in recorder.events]
+
+
+def test_a_latent_fed_to_weights_is_input_and_noise_on_data_is_combined():
+    import torch
+
+    generator = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    data = torch.randn(8, 2)
+
+    def gan(track):  # z, labels next to it, then the generator: the latent is the sample
+        z = torch.randn(8, 3)
+        track(z)
+        generator(torch.cat([z[:, :2], torch.zeros(8, 1)], dim=1).float())
+
+    def vae(track):  # mu + eps * std: the noise meets each rank's own encoding
+        mu, std = data * 2, (data * 0.5).exp()
+        eps = torch.randn_like(std)
+        track(eps)
+        return mu + eps * std
+
+    def dropout(track):  # a mask from the noise, then the batch times the mask
+        mask = torch.rand_like(data)
+        track(mask)
+        return data * (mask > 0.3).float()
+
+    assert _uses_of(gan) == [(1, "input")]
+    assert _uses_of(vae) == [(1, "combined")]
+    assert _uses_of(dropout) == [(1, "combined")]
+
+
+# -- iterable datasets: the items the iterator yields ----------------------------------------------
+
+class _Stage:
+    value = "train"
+
+
+class _Trainer:
+    sanity_checking = False
+    current_epoch = 0
+
+    class state:  # noqa: N801 (Lightning's attribute name)
+        stage = _Stage()
+
+
+class _FileRecorder:
+    """The parts of the trace Recorder that _Items uses: emit (main process) and the file a
+    worker appends to, and patch/undo."""
+
+    def __init__(self, path):
+        import json
+
+        self.trainer = _Trainer()
+        self._fh = open(path, "a", buffering=1)
+        self._json = json
+        self._patches = []
+
+    def emit(self, event):
+        self._fh.write(self._json.dumps(event) + "\n")
+
+    def patch(self, owner, name, factory):
+        original = owner.__dict__[name]
+        setattr(owner, name, factory(original))
+        self._patches.append((owner, name, original))
+
+    def undo(self):
+        for owner, name, original in reversed(self._patches):
+            setattr(owner, name, original)
+        self._fh.close()
+
+
+def test_items_of_an_iterable_are_recorded_in_dataloader_workers(tmp_path):
+    import json
+
+    import torch
+    from torch.utils.data import DataLoader, IterableDataset
+
+    from pytest_ltconform.contracts.data_sharding import _item_hash, _Items
+
+    class Stream(IterableDataset):  # every worker replays the same 6 items
+        def __iter__(self):
+            return iter([torch.tensor([float(i)]) for i in range(6)])
+
+    recorder = _FileRecorder(tmp_path / "trace.jsonl")
+    try:
+        _Items(recorder).install()
+        batches = list(DataLoader(Stream(), batch_size=3, num_workers=2))
+    finally:
+        recorder.undo()
+    events = [json.loads(line) for line in (tmp_path / "trace.jsonl").read_text().splitlines()]
+    assert len(batches) == 4
+    assert sorted({(e["w"], e["nw"]) for e in events}) == [(0, 2), (1, 2)]
+    per_worker = [[e["h"] for e in events if e["w"] == w] for w in (0, 1)]
+    assert per_worker[0] == per_worker[1] == [_item_hash(torch.tensor([float(i)])) for i in range(6)]
+
+
+def test_iterable_items_fill_the_batches_they_were_collated_into(fake_runs):
+    """Batch k came from worker k % workers: a replay across workers shows as repeated items,
+    whatever the collated tensors' rows hold."""
+    contract = get_contract("data-sharding")
+    loader = {"ev": "ds_loader", "stage": "train", "epoch": 0, "batch_size": 2, "iterable": True,
+              "num_workers": 2, "dataset": "Stream"}
+
+    def rank(items_by_worker):
+        batches = fake_runs.batches([[f"atom{k}{j}" for j in range(2)] for k in range(4)])
+        items = [{"ev": "ds_item", "stage": "train", "epoch": 0, "w": w, "nw": 2, "h": h}
+                 for w, hs in enumerate(items_by_worker) for h in hs]
+        return [loader] + batches + items
+
+    replayed = contract.judge(fake_runs.run([rank([["a", "b", "c", "d"]] * 2), rank([["e", "f", "g", "h"]] * 2)]))
+    assert replayed.outcome == "failed", replayed.render()
+    assert "rank 0 saw 4 of its 8 fingerprinted train samples more than once" in replayed.summary
+    sharded = contract.judge(fake_runs.run([rank([["a", "b", "c", "d"], ["e", "f", "g", "h"]]),
+                                            rank([["i", "j", "k", "l"], ["m", "n", "o", "p"]])]))
+    assert sharded.outcome == "passed", sharded.render()
+
+
+def test_an_item_that_cannot_be_hashed_never_breaks_the_stream(tmp_path, monkeypatch):
+    from torch.utils.data import DataLoader, IterableDataset
+
+    from pytest_ltconform.contracts import data_sharding
+
+    def refuse(item):
+        raise TypeError("unhashable")
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(range(4))
+
+    monkeypatch.setattr(data_sharding, "_item_hash", refuse)
+    recorder = _FileRecorder(tmp_path / "trace.jsonl")
+    try:
+        data_sharding._Items(recorder).install()
+        assert [int(b) for b in DataLoader(Stream(), batch_size=None)] == [0, 1, 2, 3]
+    finally:
+        recorder.undo()

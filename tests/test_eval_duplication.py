@@ -8,8 +8,11 @@ from conftest import case
 from pytest_ltconform.contracts import get_contract
 
 
-def _loader(indices, n, sampler="DistributedSampler", total=None):
-    return {"indices": indices, "dataset_len": n, "sampler": sampler, "total_size": total or n}
+def _loader(indices, n, sampler="DistributedSampler", total=None, batches=None):
+    out = {"indices": indices, "dataset_len": n, "sampler": sampler, "total_size": total or n}
+    if batches is not None:
+        out["batches"] = batches
+    return out
 
 
 def _stage(loaders, returned=None, metric_samples=None, writes=None):
@@ -143,3 +146,40 @@ def test_same_indices_without_a_selecting_read_stay_duplicates(fake_runs):
         v = judge(fake_runs.run(values=_values(_same_indices(reads)), kind="eval"))
         assert v.outcome == "failed", v.render()
         assert "8 sample indices evaluated more than once across ranks: 16 evaluations for 8 distinct" in v.summary
+
+
+def _whole_set(batches):
+    """Both ranks evaluate all 8 samples in ``batches`` batches; val_loss equals the one-device value."""
+    ref_stages = {"validate": _stage([_loader(list(range(8)), 8, "SequentialSampler", batches=batches)],
+                                     {"val_loss": 0.5})}
+    ranks = [{"validate": _stage([_loader(list(range(8)), 8, "SequentialSampler", batches=batches)],
+                                 {"val_loss": 0.5})} for _ in range(2)]
+    return ranks, ref_stages
+
+
+def test_whole_set_on_every_rank_with_a_batch_per_rank_fails(fake_runs):
+    ranks, ref_stages = _whole_set(batches=4)
+    ref = fake_runs.run(values=_values([ref_stages]), kind="eval-reference")
+    v = judge(fake_runs.run(values=_values(ranks), kind="eval", reference=ref))
+    assert v.outcome == "failed", v.render()
+    assert ("every rank evaluates the whole set: all 8 samples on each of the 2 ranks (4 batches per rank, "
+            "SequentialSampler), so each sample is evaluated 2 times") in v.summary
+    assert "val_loss 0.5" in v.summary and "use_distributed_sampler=True" in v.fix
+
+
+def test_whole_set_with_fewer_batches_than_ranks_passes_with_a_note(fake_runs):
+    ranks, ref_stages = _whole_set(batches=1)
+    ref = fake_runs.run(values=_values([ref_stages]), kind="eval-reference")
+    v = judge(fake_runs.run(values=_values(ranks), kind="eval", reference=ref))
+    assert v.outcome == "passed", v.render()
+    assert "every rank evaluates all 8 samples and the published values equal the single-device ones" in v.summary
+
+
+def test_an_iterable_evaluation_set_alone_is_not_judged(fake_runs):
+    stream = {"iterable": True, "dataset": "RecordStream", "sampler": "_InfiniteConstantSampler",
+              "indices": None, "dataset_len": None}
+    ranks = [{"validate": _stage([dict(stream)], {"val_loss": 0.5})} for _ in range(2)]
+    v = judge(fake_runs.run(values=_values(ranks), kind="eval"))
+    assert v.outcome == "skipped", v.render()
+    assert v.summary == ("not judged: cannot tell samples apart in validation: IterableDataset RecordStream "
+                         "(no dataset indices to read).")

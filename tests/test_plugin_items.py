@@ -16,8 +16,11 @@ def test_plugin_fails_shared_writes_and_spawn_safety_items(pytester, no_leftover
         # "contract[ddp]": the target's id (its path, under conformance/spawn-safety/) matches -k too.
         "-k", "spawn-safety[ddp] or shared-writes[ddp] or data-sharding[ddp]", "-v")
     out = result.stdout.str()
-    result.assert_outcomes(failed=1, passed=2)
+    result.assert_outcomes(failed=1, passed=3)  # and the fit[ddp] run item that shared-writes and data-sharding share
     assert "Model.loss_fn does not pickle: it is a lambda" in out and "DataModule.log" in out
+    # The failure's block is printed once, in FAILURES; the summary names the item in one line.
+    assert out.count("\nFix: ") == 1, out
+    assert "failed (each block is in FAILURES above)" in out
 
 
 def test_an_advisory_item_does_not_fail_the_run(pytester, no_leftover_ranks):

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import os
 
+import pytest
+from conftest import case
+
 from pytest_ltconform.contracts import get_contract
 
 
@@ -65,3 +68,35 @@ def test_shared_writes_verdicts(fake_runs):
     verdict = contract.judge(fake_runs.run([[write], [write]]))
     assert verdict.outcome == "failed" and "val.csv opened for appending by rank 0 and rank 1" in verdict.summary
     assert contract.judge(fake_runs.run([[write], []])).outcome == "passed"
+
+
+def test_a_write_in_a_later_stage_names_the_stage(fake_runs):
+    contract = get_contract("shared-writes")
+    site = {"file": "/u/m.py", "line": 9, "func": "Writer.write_on_epoch_end"}
+    write = {"ev": "write", "path": "<default_root_dir>/predictions/predictions.pt", "mode": "torch.save",
+             "site": site, "hook": "[Callback]Writer.on_predict_epoch_end"}
+    trace = [{"ev": "stage", "name": "fit"}, {"ev": "stage", "name": "predict"}, write]
+    verdict = contract.judge(fake_runs.run([trace, trace]))
+    assert verdict.outcome == "failed"
+    assert ("predictions.pt written with torch.save by rank 0 and rank 1 in [Callback]Writer.on_predict_epoch_end "
+            "during predict at /u/m.py:9") in verdict.summary
+    quiet = [{"ev": "stage", "name": "fit"}, {"ev": "stage", "name": "test"}]
+    assert "during fit and test" in contract.judge(fake_runs.run([quiet, quiet])).summary
+    raised = quiet + [{"ev": "stage_error", "name": "test", "exc_type": "FileNotFoundError", "message": "gone.pt"}]
+    verdict = contract.judge(fake_runs.run([raised, quiet]))
+    assert verdict.outcome == "passed"
+    assert verdict.notes == ["the test stage raised FileNotFoundError on rank 0 (gone.pt), so writes after that "
+                             "point were not recorded."]
+
+
+@pytest.mark.slow
+def test_prediction_writer_saving_one_path_on_every_rank_fails_in_a_real_world(pytester, no_leftover_ranks):
+    path = case("shared-writes/prediction_writer_same_file_every_rank.py").rsplit(":", 1)[0]
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ltconform", f"{path}:Model",
+                                           "--ltconform-datamodule", f"{path}:DataModule",
+                                           "--ltconform-trainer", f"{path}:trainer_kwargs",
+                                           "-k", "shared-writes[ and ddp", "-v")
+    out = result.stdout.str()
+    result.assert_outcomes(failed=1)
+    assert "predictions.pt written with torch.save by rank 0 and rank 1" in out and "during predict" in out
+    assert "prediction_writer_same_file_every_rank.py:33" in out  # the user's torch.save line

@@ -65,6 +65,23 @@ def test_ini_values_apply_and_command_line_wins(pytester):
         ("ltconform_world_size = two", [], "*ini option 'ltconform_world_size'*expected a whole number*'two'*"),
         ("", ["--ltconform-timeout", "-3"], "*--ltconform-timeout: the timeout must be positive*"),
         ("", ["--ltconform-require", "tpu"], "*--ltconform-require: unknown value(s) 'tpu'; choose from cpu, gpu*"),
+        # An empty value is refused, not read as "all" or "none".
+        ("", ["--ltconform", ""], "ERROR: --ltconform '': empty target. Pass pkg.mod.Class, pkg.mod:factory or "
+         "path/to/file.py:Name*"),
+        ("ltconform_strategies = fsdp", ["--ltconform-strategies", ""], "ERROR: --ltconform-strategies: empty value "
+         "''. Name one or more of ddp, fsdp, deepspeed (comma-separated), or leave the option out for its default."),
+        ("ltconform_strategies = ,", [], "ERROR: ini option 'ltconform_strategies' in *: no value in ','; choose "
+         "from ddp, fsdp, deepspeed."),
+        # One rank cannot show a cross-rank fault: refused, not judged as passes.
+        ("", ["--ltconform-world-size", "1"], "ERROR: --ltconform-world-size: a one-rank world cannot show a "
+         "cross-rank fault * so every contract would pass without comparing anything. Use "
+         "--ltconform-world-size 2 (the default) or more."),
+        ("ltconform_world_size = 1", [], "ERROR: ini option 'ltconform_world_size' in *: a one-rank world cannot*"),
+        # A misspelt key of ours is an error with the right key, not pytest's warning and a green job.
+        ("ltconform_targt = m.Model", [], "ERROR: ini option 'ltconform_targt' in *: pytest-ltconform has no such "
+         "option, so it would be ignored. Did you mean 'ltconform_target'? Its options are ltconform_target, *"),
+        ("ltconfrom_strategies = ddp", [], "ERROR: ini option 'ltconfrom_strategies' in *: * Did you mean "
+         "'ltconform_strategies'?*"),
     ],
 )
 def test_bad_settings_name_where_they_came_from(pytester, ini, args, message):
@@ -72,6 +89,18 @@ def test_bad_settings_name_where_they_came_from(pytester, ini, args, message):
     result = pytester.runpytest(*args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([message])
+
+
+def test_misspelt_key_in_pyproject_is_refused_and_other_keys_are_left_to_pytest(pytester):
+    pytester.makepyprojecttoml('[tool.pytest.ini_options]\nltconform_strategy = "ddp"\n')
+    pytester.makepyfile("def test_user():\n    pass\n")
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: ini option 'ltconform_strategy' in *pyproject.toml: pytest-ltconform has no "
+                                 "such option, so it would be ignored. Did you mean 'ltconform_strategies'?*"])
+    # A key far from ours is pytest's to warn about (and to refuse under --strict-config).
+    pytester.makepyprojecttoml('[tool.pytest.ini_options]\ntimeout_method = "thread"\n')
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
 
 
 TARGETS = '''
@@ -89,6 +118,14 @@ class Good(L.LightningModule):
         return DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=2)
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1)
+
+class ZeroBatches(Good):
+    def train_dataloader(self):
+        return DataLoader(TensorDataset(torch.randn(3, 2)), batch_size=4, drop_last=True)
+
+class NeedsSetup(Good):
+    def train_dataloader(self):
+        return DataLoader(self.train_set, batch_size=2)  # made in setup(): not measured at start
 
 class NoData(L.LightningModule):
     def training_step(self, batch, batch_idx):
@@ -128,6 +165,9 @@ class DataNeedsRoot(L.LightningDataModule):
         ("targets_mod.NotAModule", None, "is a class but not a LightningModule subclass"),
         ("targets_mod:broken_factory", None, "broken_factory() raised ValueError: checkpoint path not set (at "),
         ("targets_mod.NoData", None, "no train_dataloader is defined on NoData"),
+        ("targets_mod.ZeroBatches", None, "--ltconform 'targets_mod.ZeroBatches': ZeroBatches.train_dataloader() "
+         "returned an empty DataLoader (3 sample(s), batch_size=4, drop_last=True), so no training step would "
+         "run and every contract would pass having compared nothing. Give it at least one batch per rank."),
         ("targets_mod.NeedsArgs", None, "cannot be constructed without arguments (__init__ requires hidden). "
          "Write a zero-argument factory that returns a configured instance and pass it as "
          "targets_mod:make_needs_args, or declare the target in conftest.py as "
@@ -175,6 +215,24 @@ def test_bad_datamodule_targets_name_the_candidates(tmp_path, monkeypatch, datam
     assert str(info.value).endswith(expected)
 
 
+def test_a_loader_that_needs_setup_is_left_to_the_ranks(tmp_path, monkeypatch):
+    from pytest_ltconform import target
+
+    (tmp_path / "targets_mod.py").write_text(TARGETS)
+    monkeypatch.syspath_prepend(tmp_path)
+    monkeypatch.delitem(__import__("sys").modules, "targets_mod", raising=False)
+    assert target.validate("targets_mod.NeedsSetup").model_name == "NeedsSetup"
+
+
+def test_an_empty_training_loader_stops_the_session_instead_of_passing(pytester):
+    pytester.makepyfile(targets_mod=TARGETS)
+    result = pytester.runpytest_subprocess("--ltconform", "targets_mod.ZeroBatches", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: --ltconform 'targets_mod.ZeroBatches': ZeroBatches.train_dataloader() "
+                                 "returned an empty DataLoader (3 sample(s), batch_size=4, drop_last=True)*"])
+    assert "passed" not in result.stdout.str()
+
+
 def test_bad_target_fails_the_session_at_start_without_traceback(pytester):
     pytester.makepyfile(targets_mod=TARGETS)
     result = pytester.runpytest_subprocess("--ltconform", "targets_mod:broken_factory", "-p", "no:cacheprovider")
@@ -182,6 +240,97 @@ def test_bad_target_fails_the_session_at_start_without_traceback(pytester):
     result.stderr.fnmatch_lines(["ERROR: --ltconform 'targets_mod:broken_factory': calling broken_factory() raised "
                                  "ValueError: checkpoint path not set (at *targets_mod.py:*"])
     assert "Traceback" not in result.stderr.str()
+
+
+TRAINERS = """
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+strategy_int = {"strategy": 42}
+strategy_unknown = {"strategy": "horovod", "max_epochs": 2}
+epochs_text = {"max_epochs": "ten"}
+callbacks_text = {"callbacks": "ModelCheckpoint"}
+no_accumulation = {"accumulate_grad_batches": 0}
+precision_unknown = {"precision": "fp8-magic"}
+no_train_batches = {"limit_train_batches": 0}
+negative_epochs = {"max_epochs": -5}
+
+def checkpoint_off():
+    return {"callbacks": [ModelCheckpoint(monitor="loss")], "enable_checkpointing": False}
+
+def production():
+    return {"accelerator": "gpu", "devices": 8, "strategy": "ddp_find_unused_parameters_true", "max_epochs": 100,
+            "precision": "bf16-mixed", "accumulate_grad_batches": 2, "gradient_clip_val": 1.0,
+            "callbacks": [ModelCheckpoint(dirpath="checkpoints/", monitor="loss")]}
+"""
+
+WHERE = "ERROR: trainer= of --ltconform 'trainers:{}' (the Trainer kwargs of 'targets_mod.Good'): "
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ("strategy_int", "strategy=42 is not what Trainer(strategy=...) takes: lightning.pytorch.Trainer declares a str "
+     "or a Strategy. Give strategy such a value, or leave it out."),
+    ("strategy_unknown", "strategy='horovod' is not a strategy Lightning knows (its StrategyRegistry has no such "
+     "name). Give a registered name (ddp, ddp_find_unused_parameters_true, fsdp, deepspeed_stage_2, ... * in all) or "
+     "a Strategy instance such as DDPStrategy(...)."),
+    ("epochs_text", "max_epochs='ten' is not what Trainer(max_epochs=...) takes: lightning.pytorch.Trainer declares "
+     "an int or None. Give max_epochs such a value, or leave it out."),
+    ("callbacks_text", "callbacks='ModelCheckpoint' is not what Trainer(callbacks=...) takes: * declares a list of "
+     "Callback or a Callback or None.*"),
+    ("no_accumulation", "accumulate_grad_batches=0: Lightning refuses it as an accumulation factor (Accumulation "
+     "factor should be an int greater than 0. Got [[]0[]].) and its training loop divides by it. Use 1 for no "
+     "accumulation, or the number of batches per optimizer step."),
+    ("precision_unknown", "precision='fp8-magic' is not what Trainer(precision=...) takes: * declares one of 64, 32, "
+     "16, 'transformer-engine', *'bf16-mixed'* or None.*"),
+    ("no_train_batches", "limit_train_batches=0 trains on no batch, so no contract could see a training step and "
+     "every item would pass having compared nothing. Leave it out *"),
+    ("negative_epochs", "Lightning refuses max_epochs=-5: building a Trainer with it raised "
+     "MisconfigurationException: `max_epochs` must be a non-negative integer or -1. You passed in -5. Fix the value: "
+     "every rank builds its Trainer from the same kwargs and would stop there."),
+    ("checkpoint_off", "Lightning refuses these Trainer kwargs together (callbacks, enable_checkpointing): building "
+     "a Trainer with it raised MisconfigurationException: Trainer was configured with `enable_checkpointing=False` "
+     "but found `ModelCheckpoint` in callbacks list. Fix the combination: *"),
+])
+def test_trainer_kwargs_lightning_refuses_are_named_with_the_fix(tmp_path, monkeypatch, kwargs, message):
+    # In this process: a Trainer built inside an in-process pytester run imports torch modules that
+    # the run's sys.modules snapshot then drops, and a later run crashes re-importing them.
+    from fnmatch import fnmatch
+
+    from pytest_ltconform import target
+
+    (tmp_path / "targets_mod.py").write_text(TARGETS)
+    (tmp_path / "trainers.py").write_text(TRAINERS)
+    monkeypatch.syspath_prepend(tmp_path)
+    for name in ("targets_mod", "trainers"):
+        monkeypatch.delitem(__import__("sys").modules, name, raising=False)
+    with pytest.raises(target.TargetError) as info:
+        target.validate("targets_mod.Good", trainer=f"trainers:{kwargs}", options=(
+            "--ltconform", "--ltconform-datamodule", "trainer= of --ltconform"))
+    assert fnmatch(f"ERROR: {info.value}", WHERE.format(kwargs) + message), str(info.value)
+
+
+def test_production_trainer_kwargs_pass_the_check_and_leave_no_files(pytester):
+    pytester.makepyfile(targets_mod=TARGETS, trainers=TRAINERS)
+    result = pytester.runpytest_subprocess("--ltconform", "targets_mod.Good trainer=trainers:production",
+                                           "--collect-only", "-q", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(["ltconform::targets_mod.Good trainer=trainers:production::sync-dist[[]ddp[]]"])
+    assert "GPU available" not in result.stdout.str() + result.stderr.str()  # the check's Trainer says nothing
+    assert not {"checkpoints", "lightning_logs"} & {p.name for p in pytester.path.iterdir()}
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ("epochs_text", "max_epochs='ten' is not what Trainer(max_epochs=...) takes*"),  # was an INTERNALERROR
+    ("strategy_int", "strategy=42 is not what Trainer(strategy=...) takes*"),  # passed every item
+    ("strategy_unknown", "strategy='horovod' is not a strategy Lightning knows*"),  # failed after the whole run
+])
+def test_bad_trainer_kwargs_are_a_usage_error_before_any_world(pytester, kwargs, message):
+    pytester.makepyfile(targets_mod=TARGETS, trainers=TRAINERS)
+    result = pytester.runpytest_subprocess("--ltconform", f"targets_mod.Good trainer=trainers:{kwargs}",
+                                           "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([WHERE.format(kwargs) + message])
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+    assert "ltconform-world" not in result.stdout.str()  # nothing ran
 
 
 def test_file_path_target_and_collect_only_start_no_world(pytester):
@@ -200,6 +349,43 @@ def test_command_line_target_runs_contracts_alone_unless_paths_are_given(pyteste
     alone.stdout.fnmatch_lines([f"ltconform::{path}:Good::all-rank-save[[]ddp[]]"])
     both = pytester.runpytest_subprocess("--ltconform", f"{path}:Good", "--collect-only", "-q", "test_user.py")
     both.stdout.fnmatch_lines(["test_user.py::test_user_code", f"ltconform::{path}:Good::all-rank-save[[]ddp[]]"])
+
+
+NOTHING_HEAVY = """
+import sys
+
+def test_user_code():
+    assert not {"torch", "lightning", "pytorch_lightning"} & set(sys.modules)
+"""
+
+
+def test_selecting_your_own_tests_with_ini_targets_costs_nothing_extra(pytester):
+    """Targets in the ini file (or from the conftest hook) join a run that names no test path, or
+    whose -m names an ltconform marker; a run of your own tests imports nothing heavy, validates
+    no target and adds no contract item."""
+    pytester.makepyfile(targets_mod=TARGETS)
+    pytester.makeini("[pytest]\nltconform_target = targets_mod.Good\nltconform_strategies = ddp\n")
+    pytester.makepyfile(test_user=NOTHING_HEAVY)
+    for args in (["-m", "not ltconform"], ["test_user.py::test_user_code"], ["test_user.py"],
+                 ["test_user.py", "-m", "not slow"]):
+        result = pytester.runpytest_subprocess(*args, "-p", "no:cacheprovider")
+        assert result.parseoutcomes() == {"passed": 1}, args  # nothing deselected: no contract item exists
+        result.stdout.fnmatch_lines(["collected 1 item"])
+        out = result.stdout.str()
+        unchecked = "ltconform: the ltconform_target targets are not checked in this run: it names test paths"
+        # A run naming paths says its ini targets went unchecked (a CI job must not read as checked);
+        # a run that deselects them with -m does not. No other ltconform line: nothing was validated.
+        assert (unchecked in out) == (args[0] != "-m"), args
+        assert "ltconform:" not in out.replace(unchecked, ""), args
+    # The whole run, and a path run that asks for the contracts by marker, still get them.
+    for args in ([], ["test_user.py", "-m", "ltconform"]):
+        ids = _ids(pytester.runpytest_subprocess(*args, "--collect-only", "-q", "-p", "no:cacheprovider"))
+        assert "ltconform::targets_mod.Good::sync-dist[ddp]" in ids, args
+        assert ("test_user.py::test_user_code" in ids) == (not args), args
+
+
+def _ids(result) -> list[str]:
+    return [line for line in result.stdout.lines if "::" in line]
 
 
 def test_importing_target_for_conftest_imports_no_torch_or_lightning():

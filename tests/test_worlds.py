@@ -13,7 +13,7 @@ import sys
 import time
 
 import pytest
-from conftest import BORING, CONFORMANCE, case, rank_pids, wait_until
+from conftest import BORING, CONFORMANCE, case, wait_until
 
 pytest_plugins = ["pytester"]
 
@@ -26,21 +26,23 @@ def test_boring_model_passes_with_json_report(pytester, no_leftover_ranks):
     assert outcomes.get("passed", 0) >= 2 and not outcomes.get("failed") and not outcomes.get("errors"), outcomes
     result.stdout.fnmatch_lines(["*ltconform summary*", "*all-rank-save*passed*", "*sync-dist*passed*"])
     doc = json.loads(report.read_text())
-    assert list(doc) == ["target", "world_size", "versions", "results", "targets", "cold_starts"]
+    assert list(doc) == ["target", "world_size", "versions", "results", "targets", "cold_starts", "not_run",
+                         "interrupted", "exitstatus"]
     assert doc["target"] == BORING and doc["world_size"] == 2
     assert [(t["id"], t["model"], t["results"]) for t in doc["targets"]] == [(BORING, BORING, doc["results"])]
     assert {"python", "torch", "lightning"} <= set(doc["versions"])
-    judged = [r for r in doc["results"] if r["category"] != "unavailable"]
-    assert len(judged) == outcomes["passed"]
+    judged = doc["results"]  # tiers not run here are counted in not_run, not listed here
+    assert len(judged) == outcomes["passed"]  # the fit[ddp] run item's record included
     for rec in doc["results"]:
         assert {"contract", "strategy", "world_size", "outcome", "message", "evidence", "duration_s"} <= set(rec)
         assert rec["target"] == BORING
     assert {r["outcome"] for r in judged} == {"passed"}
-    # The ddp items of tiers this machine cannot run are not collected; the report lists them as skipped.
-    hidden = {r["strategy"]: r["message"] for r in doc["results"] if r["category"] == "unavailable"}
-    assert hidden["ddp-multinode"].startswith("not inside a multi-node world")
-    if "ddp-gpu" in hidden:
-        assert hidden["ddp-gpu"].startswith("needs 2 CUDA devices, found")
+    # The ddp items of tiers this machine cannot run are not collected; the report counts them per tier.
+    hidden = {entry["tier"]: entry for entry in doc["not_run"]}
+    assert hidden["multinode"]["reason"].startswith("not inside a multi-node world")
+    if "gpu" in hidden:
+        assert hidden["gpu"]["reason"].startswith("needs 2 CUDA devices, found")
+    assert (doc["interrupted"], doc["exitstatus"]) == (False, 0)
 
 
 PL_MODULE = '''
@@ -121,7 +123,7 @@ def observe(ctx):
     from pytest_ltconform.world.rank import current_context
     return {"pid": os.getpid(), "env": os.environ.get("LTC_LEAK"), "counter": helper_state.COUNTER,
             "rand": float(torch.rand(1)), "py": random.random(), "path": "/nonexistent/leak" in sys.path,
-            "cwd_is_job_dir": os.getcwd().endswith(f"rank{ctx.rank}"), "current": current_context() is ctx}
+            "cwd_is_run_dir": os.getcwd() == ctx.run_dir, "current": current_context() is ctx}
 
 def sum_ranks(ctx, offset):
     import torch, torch.distributed as dist
@@ -142,6 +144,7 @@ def test_jobs_share_ranks_but_not_state(ltconform_world):
     assert [o["pid"] for o in after] == pids == [o["pid"] for o in clean]   # same processes: no cold start
     assert after == clean, (clean, after)                                   # and nothing leaked
     assert all(o["current"] for o in clean)  # the job functions see the runner's context
+    assert all(o["cwd_is_run_dir"] for o in clean)  # the ranks share the job's folder, as on one node
     assert world.run(sum_ranks, 10) == [21, 21]
 
 def test_failed_rank_is_reported_with_its_traceback(ltconform_world):
@@ -193,28 +196,105 @@ def test_ltconform_world_fixture_reuses_ranks_and_isolates_jobs(pytester, no_lef
     assert time.monotonic() - start < 8 + 30 + 90
 
 
-HANGING = str(CONFORMANCE / "sync-dist" / "epoch_end_log_rank_zero_gate.py")
+# Each rank's DataLoader has 2 workers, which block in the dataset after their first batch: a worker busy
+# in user code never checks for its parent, so only the plugin can take it down.
+WORKERS = '''
+import time
+
+import lightning.pytorch as L
+import torch
+from torch.utils.data import DataLoader, Dataset, get_worker_info
+
+
+class Slow(Dataset):
+    fetched = 0  # per process: each worker has its own copy
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        self.fetched += 1
+        if get_worker_info() is not None and self.fetched > 4:  # a worker's first batch (4 items) only
+            time.sleep(900)
+        x = torch.full((4,), float(i))
+        return x, x[:1]
+
+
+class Model(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.net(x), y)
+
+    def train_dataloader(self):
+        return DataLoader(Slow(), batch_size=4, num_workers=2)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+'''
+
+
+def _tagged(tag: str, but: int) -> list[int]:
+    """Live processes (not zombies) whose environment carries LTCONFORM_TEST_TAG=tag, except ``but``."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                tagged = f"LTCONFORM_TEST_TAG={tag}".encode() in fh.read().split(b"\0")
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                zombie = fh.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+        except OSError:
+            continue
+        if tagged and not zombie and int(entry) != but:
+            found.append(int(entry))
+    return found
+
+
+def _pymp_folders(base) -> list[str]:
+    return [str(p) for p in base.rglob("pymp-*")]
 
 
 @pytest.mark.parametrize("how", ["SIGINT", "SIGTERM", "SIGKILL"])
-def test_interrupted_or_crashed_pytest_leaves_no_rank_behind(pytester, how):
-    """Ctrl-C, a polite kill and a crash of the pytest process mid-run all take the ranks down."""
+def test_interrupted_or_crashed_pytest_leaves_no_rank_behind(pytester, how, monkeypatch):
+    """Ctrl-C, a polite kill and a crash of the pytest process mid-run all take the ranks down, with
+    their DataLoader workers and the workers' pymp-* folders."""
+    from pytest_ltconform.world import remove_stale_worlds
+
+    pytester.makepyfile(workers=WORKERS)
+    tmp = pytester.mkdir("tmp")
+    tag = f"{how}-{os.getpid()}-{time.monotonic_ns()}"
+    monkeypatch.setenv("TMPDIR", str(tmp))  # the session's, its ranks' and their workers'
+    monkeypatch.setenv("LTCONFORM_TEST_TAG", tag)
     devnull = open(os.devnull, "w")
     # A child inherits an ignored SIGINT (a suite started with `&` by a non-interactive shell), and
     # Python then keeps ignoring it: give the pytest under test the default disposition a terminal has.
-    proc = pytester.popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--ltconform", f"{HANGING}:Model",
-                           "--ltconform-timeout", "120", "--ltconform-strategies", "ddp"],
+    proc = pytester.popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--ltconform",
+                           f"{pytester.path / 'workers.py'}:Model", "--ltconform-timeout", "300",
+                           "--ltconform-strategies", "ddp", "-k", "all-rank-save"],
                           stdout=devnull, stderr=devnull,
                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
-        assert wait_until(lambda: len(rank_pids(proc.pid)) == 2, 90), "ranks never started"
-        time.sleep(2.0)  # let them get into the run
+        # 2 ranks and their 4 workers.
+        assert wait_until(lambda: len(_tagged(tag, but=proc.pid)) >= 6, 240), f"workers never started ({how})"
+        # A worker makes its pymp-* folder when it sends its first batch; the next one blocks.
+        assert wait_until(lambda: len(_pymp_folders(tmp)) >= 2, 120), f"no batch was sent ({how})"
+        time.sleep(1.0)
         os.kill(proc.pid, getattr(signal, how))
         proc.wait(timeout=60)
-        assert wait_until(lambda: not rank_pids(proc.pid), 15), f"ranks left after {how}: {rank_pids(proc.pid)}"
+        assert wait_until(lambda: not _tagged(tag, but=proc.pid), 15), \
+            f"processes left after {how}: {_tagged(tag, but=proc.pid)}"
+        # A killed pytest leaves its world folder (with the pymp-* folders in it) to the next session.
+        if how == "SIGKILL":
+            remove_stale_worlds(str(tmp))
+        assert _pymp_folders(tmp) == [], f"left after {how}"
     finally:
         if proc.poll() is None:
             proc.kill()
+        for pid in _tagged(tag, but=proc.pid):
+            os.kill(pid, signal.SIGKILL)
         devnull.close()
 
 

@@ -6,15 +6,17 @@ training_step and validation_step read self.global_rank, but only in `if self.gl
 A rank that gates a side effect selects no data, so both ranks train on the same windows in every step
 and the world trains on one rank's data twice. data-sharding must still fail ("identical train batches"),
 and its evidence should name the read and say it does not split the batch. Validation is evaluated whole on
-every rank too, but its mean loss weighs every sample the same on every rank and equals the single-device value:
-repeated work, not a wrong number, so eval-duplication passes (with a note).
+every rank too (8 batches per rank, no sampler splits them): its mean loss equals the single-device value, but
+every sample is evaluated twice, so eval-duplication fails, as it does for the shared case
+eval-duplication/no_sampler_replacement_full_val_set_every_rank (issue 19, section 3; was "pass" with a
+"wasted work" note before that rule).
 """
 import lightning.pytorch as L
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 SOURCE = "variant of neuralforecast 3.3.0 common/_base_model.py:1465 (_shard_multivariate_windows) without the shard"
-EXPECTED = {"data-sharding": "fail", "eval-duplication": "pass"}
+EXPECTED = {"data-sharding": "fail", "eval-duplication": "fail"}
 EVIDENCE = ("rank 0 and rank 1 drew identical train batches in every step; training_step reads self.global_rank "
             "as the test of an if (it gates what runs, it selects no data), so it does not split the batch")
 N_SERIES, WINDOWS, CTX = 4, 16, 6

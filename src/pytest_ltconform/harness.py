@@ -26,7 +26,7 @@ from typing import Any
 from . import target as target_mod
 from .sharded import sharded_kind
 from .trace import HOOK_PREFIXES, Recorder
-from .world.rank import current_context
+from .world.rank import current_context, stack_path
 
 # Bounds that keep a conformance run small whatever the production config says.
 MAX_EPOCHS = 4
@@ -277,6 +277,38 @@ def _callbacks(value: Any) -> list:
     return list(value) if isinstance(value, (list, tuple)) else ([] if value is None else [value])
 
 
+# Lightning callbacks that refuse a Trainer without a logger.
+_NEEDS_LOGGER = ("LearningRateMonitor", "DeviceStatsMonitor")
+RUN_LOGS = "ltconform-logs"
+
+
+def _needing_logger(callbacks: Any) -> list:
+    """The callbacks among ``callbacks`` that need a logger (Lightning raises without one)."""
+    return [c for c in _callbacks(callbacks) if any(k.__name__ in _NEEDS_LOGGER for k in type(c).__mro__)]
+
+
+def _run_logger(callback: Any, root: str) -> Any:
+    """A CSVLogger in the run's folder that keeps what is logged and writes no file (a file of the
+    plugin's own would be judged as the user's), from the Lightning namespace ``callback`` comes from."""
+    lightning_cls = next(k for k in type(callback).__mro__ if k.__name__ in _NEEDS_LOGGER)
+    ns = "pytorch_lightning" if lightning_cls.__module__.startswith("pytorch_lightning") else "lightning.pytorch"
+
+    class RunLogger(importlib.import_module(f"{ns}.loggers").CSVLogger):
+        def save(self) -> None:
+            pass
+
+    # A fixed version: every rank names the same folder (a counted one could differ across ranks).
+    return RunLogger(save_dir=root, name=RUN_LOGS, version=0)
+
+
+def _val_interval(value: Any, limit_train: Any) -> Any:
+    """``val_check_interval`` within the bounded epoch: Lightning refuses an interval in batches
+    beyond the epoch's length, which the cap on training batches would make it."""
+    if isinstance(value, int) and not isinstance(value, bool) and isinstance(limit_train, int) and value > limit_train:
+        return limit_train
+    return value
+
+
 def build_trainer_kwargs(user: dict, strategy: Any, world_size: int, root: str, *,
                          accelerator: str | None = None, num_nodes: int | None = None) -> dict:
     """Merge the user's Trainer kwargs with what a conformance world needs (its accelerator,
@@ -303,8 +335,13 @@ def build_trainer_kwargs(user: dict, strategy: Any, world_size: int, root: str, 
     # need enable_checkpointing left on (Lightning refuses them next to False).
     kwargs.setdefault("enable_checkpointing", any(_is_checkpoint(c) for c in kwargs.get("callbacks") or ()))
     kwargs.setdefault("num_sanity_val_steps", 2)
+    if "val_check_interval" in kwargs:
+        kwargs["val_check_interval"] = _val_interval(kwargs["val_check_interval"], kwargs["limit_train_batches"])
     kwargs.update(accelerator=accelerator, devices=max(1, world_size // num_nodes), num_nodes=num_nodes,
                   strategy=strategy, default_root_dir=root, **_FORCED)
+    needing = _needing_logger(kwargs.get("callbacks"))
+    if needing:
+        kwargs["logger"] = _run_logger(needing[0], root)
     return kwargs
 
 
@@ -327,18 +364,26 @@ def overridden(user: dict, world_size: int, *, accelerator: str = "cpu", num_nod
     strategies that run ('deepspeed' runs fp32 on CPU). Pure: builds nothing, imports nothing."""
     out: list[str] = []
     for key, value in user.items():
-        ran = _replacement(key, value, world_size, accelerator, num_nodes, strategies)
+        ran = _replacement(key, value, user, world_size, accelerator, num_nodes, strategies)
         if ran is not None:
             out.append(f"{key}={_shown(value)} -> {ran}")
     bars = [type(c).__name__ for c in _callbacks(user.get("callbacks")) if _is_progress_bar(c)]
     if bars:
         out.append(f"callbacks: {', '.join(bars)} removed (no progress bar)")
+    needing = _needing_logger(user.get("callbacks"))
+    if needing and "logger" not in user:
+        out.append(f"callbacks: {', '.join(type(c).__name__ for c in needing)} {_logger_given(needing)}")
     return out
 
 
-def _replacement(key: str, value: Any, world_size: int, accelerator: str, num_nodes: int | None,
+def _logger_given(needing: list) -> str:
+    verb = "needs" if len(needing) == 1 else "need"
+    return f"{verb} a logger: each run gives it a CSVLogger that writes no file"
+
+
+def _replacement(key: str, value: Any, user: dict, world_size: int, accelerator: str, num_nodes: int | None,
                  strategies: tuple[str, ...]) -> str | None:
-    """What runs in place of the user's ``key=value`` (see :func:`overridden`), or None."""
+    """What runs in place of the user's ``key=value`` of ``user`` (see :func:`overridden`), or None."""
     if key == "max_epochs" and value is not None:
         ran = _epochs(value)
         return None if ran == value else f"{ran} ({'the cap' if value > MAX_EPOCHS else 'bounded'})"
@@ -350,8 +395,15 @@ def _replacement(key: str, value: Any, world_size: int, accelerator: str, num_no
         return "no time limit (runs are bounded by epochs and batches)"
     if key == "precision" and accelerator == "cpu" and "deepspeed" in strategies and value not in _FP32:
         return "'32-true' on the [deepspeed] items (half precision under DeepSpeed needs a GPU)"
+    if key == "logger" and value not in (None, False):
+        needing = _needing_logger(user.get("callbacks"))
+        return f"a CSVLogger (callbacks {', '.join(type(c).__name__ for c in needing)} {_logger_given(needing)})" \
+            if needing else "off"
     if key in _FORCED and value not in (None, _FORCED[key]):
-        return "off" if key == "logger" else repr(_FORCED[key])
+        return repr(_FORCED[key])
+    limit = _limit(user.get("limit_train_batches"))
+    if key == "val_check_interval" and _val_interval(value, limit) != value:
+        return f"{limit} (within the bounded epoch of {limit} training batches)"
     if key == "accelerator" and value not in (None, "auto", accelerator) and not (
             accelerator == "gpu" and value == "cuda"):
         return f"{accelerator!r} (the {accelerator.upper()} tier)"
@@ -360,7 +412,7 @@ def _replacement(key: str, value: Any, world_size: int, accelerator: str, num_no
     if key == "num_nodes" and num_nodes is not None and value != num_nodes:
         return repr(num_nodes)
     if key == "default_root_dir" and value is not None:
-        return "a temporary folder per run"
+        return "a temporary folder per run, shared by its ranks"
     if key == "strategy" and "ddp" in strategies:
         ran = _strategy_replaced(value)
         return f"{ran} on the [ddp] items" if ran and len(strategies) > 1 else ran
@@ -412,13 +464,15 @@ class RankRun:
         :func:`build_trainer_kwargs` for ``world_size`` ranks (default: this world's)."""
         user = self.objects.user_kwargs if user is None else user
         world_size = self.ctx.world_size if world_size is None else world_size
-        return build_trainer_kwargs(user, strategy, world_size, self.ctx.job_dir)
+        return build_trainer_kwargs(user, strategy, world_size, self.ctx.run_dir or self.ctx.job_dir)
 
     def build_trainer(self, kwargs: dict, callbacks: tuple = ()) -> Any:
         """The Trainer for ``kwargs`` plus ``callbacks``, with the recorder's profiler and the
-        probes' ``before_trainer``/``before_fit`` hooks; traced calls are bound to it."""
-        kwargs["callbacks"] = list(kwargs.get("callbacks") or []) + list(callbacks)
+        probes' ``before_trainer``/``before_fit`` hooks; traced calls are bound to it. A traced
+        run also records the first non-finite training loss (:func:`_finite_loss_watch`)."""
         recorder = self.recorder
+        watch = (_finite_loss_watch(self.objects.ns, recorder),) if recorder is not None else ()
+        kwargs["callbacks"] = list(kwargs.get("callbacks") or []) + list(callbacks) + list(watch)
         if recorder is not None and kwargs.get("profiler") is None:
             kwargs["profiler"] = _make_profiler(self.objects.ns, recorder)
         for probe in self.probes.values():
@@ -449,6 +503,48 @@ class RankRun:
         return {cid: probe.collect(self.objects, self.trainer, self.recorder) for cid, probe in self.probes.items()}
 
 
+def _finite_loss_watch(ns: Any, recorder: Recorder) -> Any:
+    """A callback that emits one ``nonfinite`` event at the first training loss that is nan or
+    inf on this rank (its value, step, epoch, batch and the user's ``training_step``): values
+    compared on top of it mean nothing, and the session says so instead of judging them."""
+
+    class FiniteLossWatch(ns.Callback):
+        seen = False
+        step = 0
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            self.step = int(trainer.global_step)  # the optimizer step this batch computes
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+            if self.seen or not hasattr(loss, "isfinite") or bool(loss.detach().isfinite().all()):
+                return
+            self.seen = True
+            recorder.emit({"ev": "nonfinite", "loss": str(float(loss.detach().float().flatten()[0])),
+                           "step": self.step, "epoch": int(trainer.current_epoch),
+                           "batch_idx": int(batch_idx), "site": _step_site(type(pl_module))})
+
+    return FiniteLossWatch()
+
+
+def _step_site(cls: type) -> dict | None:
+    """The user's ``training_step`` of ``cls`` as a site: its last ``return`` line, else its ``def``."""
+    import ast
+    import inspect
+    import textwrap
+
+    fn = getattr(cls, "training_step", None)
+    try:
+        lines, start = inspect.getsourcelines(fn)
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+        path = inspect.getsourcefile(fn)
+    except (TypeError, OSError, SyntaxError):
+        return None
+    returns = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Return) and n.value is not None]
+    line = start + (max(returns) if returns else 1) - 1
+    return {"file": path, "line": line, "func": f"{cls.__name__}.training_step"}
+
+
 @contextlib.contextmanager
 def rank_run(ctx, targets, probes: list, pg_timeout_s: float, traced: bool = True, strategy_name: str | None = None):
     """The :class:`RankRun` of one job on this rank. ``probes``: ``[(contract_id, "module:Class")]``
@@ -458,6 +554,7 @@ def rank_run(ctx, targets, probes: list, pg_timeout_s: float, traced: bool = Tru
     recorder = None
     if traced:
         recorder = Recorder(ctx.trace_path, ctx.rank)
+        recorder.watch_collectives(stack_path())
         namespaces = [targets.namespace] + [ns for ns in target_mod.NAMESPACES
                                             if ns != targets.namespace and ns in sys.modules]
         recorder.install(tuple(namespaces))
@@ -495,8 +592,67 @@ def traced_fit(ctx, targets: target_mod.Targets, strategy_name: str, probes: lis
         trainer = run.build_trainer(kwargs)
         run.emit({"ev": "stage", "name": "fit"})
         trainer.fit(objects.model, datamodule=objects.datamodule)
+        # Later stages run traced before the probes' own (untraced) Trainer calls, except on the
+        # sharded tier, whose save-and-resume check needs the trainer as fit left it.
+        sharded_tier = bool(getattr(strategy, "ltconform_cpu_tier", False))
+        if overrides is None and not sharded_tier:
+            run_later_stages(run)
         run.after_fit()
+        if overrides is None and sharded_tier:
+            run_later_stages(run)
         return {"probes": run.collected()}
+
+
+# Stages run after fit in the same traced world: (trainer method, dataloader hook, step methods).
+LATER_STAGES = (("test", "test_dataloader", ("test_step",)),
+                ("predict", "predict_dataloader", ("predict_step", "forward")))
+
+
+def later_stages(objects: UserObjects) -> list[str]:
+    """The stages after fit the user's module can run: a dataloader hook on the module or its
+    datamodule and a step method the stage calls, each defined by the user."""
+    ns, model, dm = objects.ns, type(objects.model), objects.datamodule
+    out = []
+    for stage, loader, steps in LATER_STAGES:
+        has_loader = getattr(model, loader, None) is not getattr(ns.LightningModule, loader) or (
+            dm is not None and getattr(type(dm), loader, None) is not getattr(ns.LightningDataModule, loader))
+        has_step = any(getattr(model, s, None) is not getattr(ns.LightningModule, s, None) for s in steps)
+        if has_loader and has_step:
+            out.append(stage)
+    return out
+
+
+def run_later_stages(run: RankRun) -> None:
+    """trainer.test / trainer.predict after fit, traced like fit, so that writes, saves and
+    collectives of every stage are judged (seed section "Sampling, metrics and writes": rank zero
+    alone sees only its shard). A stage that raises is recorded as a ``stage_error`` event and
+    ends the later stages on every rank (the ranks agree first, so none waits inside the next)."""
+    for stage in later_stages(run.objects):
+        run.emit({"ev": "stage", "name": stage})
+        failed = False
+        try:
+            kwargs = {"verbose": False} if stage == "test" else {}  # a writer needs predict's returned rows
+            getattr(run.trainer, stage)(run.objects.model, datamodule=run.objects.datamodule, **kwargs)
+        except Exception as exc:  # the user's later stage: evidence, never the end of the fit run
+            failed = True
+            run.emit({"ev": "stage_error", "name": stage, "exc_type": type(exc).__name__,
+                      "message": str(exc)[:500]})
+        if _any_rank(failed):
+            break
+
+
+def _any_rank(flag: bool) -> bool:
+    """Whether ``flag`` is true on any rank of the initialised process group (this rank's own
+    outside one)."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return flag
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    value = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.all_reduce(value)
+    return value.item() > 0
 
 
 def traced_fit_without_validation(ctx, targets: target_mod.Targets, strategy_name: str, probes: list,

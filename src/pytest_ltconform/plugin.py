@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import sys
+import time
 
 import pytest
 
@@ -27,6 +28,8 @@ AVAILABILITY_KEY = pytest.StashKey["object"]()
 ONLY_CONTRACTS_KEY = pytest.StashKey[bool]()
 SIGTERM_KEY = pytest.StashKey["SigtermAsInterrupt"]()
 HIDDEN_KEY = pytest.StashKey[dict]()
+UNSELECTED_KEY = pytest.StashKey[str]()  # why the project's own targets add no item to this run
+LIVE_OPEN_KEY = pytest.StashKey[bool]()  # a live progress line was written and not yet ended
 
 # Live progress of a long contract run: a first line once it has run this long, then one line
 # this often (seconds); LTCONFORM_PROGRESS_S overrides it, 0 turns the lines off.
@@ -73,9 +76,16 @@ def pytest_cmdline_main(config: pytest.Config) -> int | None:
 def pytest_configure(config: pytest.Config) -> None:
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
-    settings = settings_mod.resolve(config)
+    selected = _selects_project_contracts(config)
+    settings = settings_mod.resolve(config, project_targets=selected)
+    if not selected and config.args_source == pytest.Config.ArgsSource.ARGS and config.getini(settings_mod.INI_TARGET):
+        # Paths named, contract items not deselected: say so, or a CI job running `pytest tests/` reads as checked.
+        config.stash[UNSELECTED_KEY] = (
+            f"ltconform: the {settings_mod.INI_TARGET} targets are not checked in this run: it names test paths "
+            f"(run `pytest -m ltconform`, or pytest without paths, to check them)")
     config.stash[SETTINGS_KEY] = settings
     config.pluginmanager.register(ResultsCollector(config), "ltconform-results")
+    config.pluginmanager.register(RunItems(), "ltconform-run-items")
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None and config.get_verbosity() >= 1:
         config.pluginmanager.register(PassedReasons(reporter), "ltconform-passed-reasons")
@@ -95,6 +105,27 @@ def pytest_configure(config: pytest.Config) -> None:
     # with the target in the ini file, the contract items join the normal test run.
     from_command_line = config.getoption(settings_mod.OPT_TARGET) not in (None, "")
     config.stash[ONLY_CONTRACTS_KEY] = from_command_line and config.args_source != pytest.Config.ArgsSource.ARGS
+
+
+def _selects_project_contracts(config: pytest.Config) -> bool:
+    """Whether this run selects the contract items of targets the project declares (ini list,
+    ``pytest_ltconform_targets``): yes for a run that names no test path (``pytest``, ``pytest -k
+    ...``) or whose ``-m`` names an ltconform marker; never when ``-m`` deselects every contract
+    item. So ``pytest tests/test_x.py::test_y`` and ``pytest -m "not ltconform"`` cost what they
+    cost without the plugin: no torch or Lightning import, no target validated, no item added."""
+    from types import SimpleNamespace
+
+    from . import tiers
+    from .vocabulary import CPU_STRATEGIES, STRATEGIES
+
+    try:
+        markexpr = tiers.MarkExpression.parse(config.getoption("markexpr", ""))
+    except ValueError:
+        return True  # pytest reports a malformed -m itself
+    every_tier = tiers.variants(SimpleNamespace(strategies=STRATEGIES, tiers=None), STRATEGIES, CPU_STRATEGIES)
+    if not any(markexpr.matches({"ltconform", *variant.markers}) for variant in every_tier):
+        return False
+    return config.args_source != pytest.Config.ArgsSource.ARGS or any(markexpr.names(m) for m in MARKERS)
 
 
 def _validate_targets(settings) -> dict:
@@ -213,28 +244,29 @@ def _output_swallowed(config: pytest.Config):
         capman.read_global_capture()
 
 
-def _hidden_records(config: pytest.Config) -> list[dict]:
-    """The JSON report's records of the items not created here: skipped, with the reason. Those
-    that ``-k`` would have deselected are left out, as ``-m`` leaves out the tiers it deselects."""
+def _not_run(config: pytest.Config) -> list[dict]:
+    """The JSON report's ``not_run``: per tier whose items were not created here, the reason and how
+    many items it would have had (one record each would bury the verdicts). Items that ``-k``
+    would have deselected are not counted, as ``-m`` leaves out the tiers it deselects."""
     targets = config.stash.get(ALL_TARGETS_KEY, None)
     if targets is None:
         return []
-    from . import report, tiers
+    from . import tiers
 
     try:
         keyword = tiers.MarkExpression.parse(config.getoption("keyword", ""))
     except ValueError:
         keyword = tiers.MarkExpression.parse("")  # pytest reports a malformed -k itself
-    hidden, size = _hidden(config), config.stash[SETTINGS_KEY].world_size
-    records = []
+    hidden = _hidden(config)
+    counts: dict = {}  # (tier, reason) -> items, in item order
     for tid, target in targets.items():
         for cid, contract, variant in _variants(config):
             why = hidden.get((cid, variant.label))
             # The names pytest's -k matches on a generated item: its name, the target's id, markers.
             names = (f"{cid}[{variant.label}]", tid, "ltconform", *variant.markers)
             if why and _applies(contract, variant.strategy, target) and keyword.matches_keywords(names):
-                records.append(report.record(cid, variant.label, size, _unavailable(why[1]), 0.0, target=tid))
-    return records
+                counts[why] = counts.get(why, 0) + 1
+    return [{"tier": tier, "reason": reason, "items": n} for (tier, reason), n in counts.items()]
 
 
 def _applies(contract, strategy: str, targets) -> bool:
@@ -333,7 +365,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
-    lines = []
+    lines = [config.stash[UNSELECTED_KEY]] if UNSELECTED_KEY in config.stash else []
     attached = _attached(config)
     if attached is not None:
         lines.append(f"ltconform: pytest is {attached.info.describe()} (Lightning {attached.info.environment}); "
@@ -492,6 +524,99 @@ class LtconformItem(pytest.Item):
         return self.path, None, f"ltconform {self.target_id}::{self.name}"
 
 
+class RunFailed(Exception):
+    """Raised by a run item whose run a rank's own failure stopped; carries the text."""
+
+
+class LtconformRunItem(pytest.Item):
+    """The run ``kind`` (e.g. the traced fit) of one target under one variant, shared by the
+    contract items after it: a user's exception that stops the run is reported here, once, and
+    those items are not judged and point here (DESIGN.md, "Blame"). It passes when the run
+    finished, or stopped because of a contract's failure (that contract's item fails)."""
+
+    def __init__(self, *, kind: str, contract_id: str, variant, target_id: str, **kwargs):
+        super().__init__(**kwargs)
+        self.kind, self.variant, self.target_id = kind, variant, target_id
+        self.contract_id = contract_id  # the first contract item after it that needs the run
+
+    def setup(self) -> None:
+        first = _availability(self.config).first_missing(self.variant)
+        if first:
+            pytest.skip(first[1])
+
+    def runtest(self) -> None:
+        from . import report
+        from .world import WorldStartError
+
+        started = time.monotonic()
+        session = _session(self.config, self.target_id)
+        try:
+            outcome, text = session.run_failure(self.contract_id, self.variant.strategy, self.variant.tier, self.name)
+        except WorldStartError as exc:
+            outcome, text = "error", f"[{self.name}] could not start a world: {exc}"
+        summary = text.splitlines()[0].removeprefix(f"[{self.name}] ")
+        # Its record carries the run's time (the contract items after it only judge).
+        rec = report.record(self.kind, self.variant.label, self.config.stash[SETTINGS_KEY].world_size,
+                            {"outcome": outcome, "message": text, "summary": summary,
+                             "category": "crash" if outcome == "error" else None},
+                            time.monotonic() - started, target=self.target_id)
+        self.user_properties.append((report.PROPERTY, json.dumps({**rec, "run": True})))
+        if outcome == "skipped":
+            pytest.skip(text)
+        if outcome == "error":
+            raise RunFailed(text)
+
+    def repr_failure(self, excinfo, style=None):
+        if isinstance(excinfo.value, RunFailed):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style=style)
+
+    def reportinfo(self):
+        return self.path, None, f"ltconform {self.target_id}::{self.name}"
+
+
+class RunItems:
+    """Adds, after -k and -m deselected, one run item before the first selected contract item of
+    each run that several selected items share (the traced fit): one place for a failure of the
+    run itself. A run that one item needs is reported on that item, as before."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, session: pytest.Session, config: pytest.Config, items: list) -> None:
+        if config.stash.get(ALL_TARGETS_KEY, None) is None:
+            return
+        from . import contracts
+
+        users: dict = {}  # (target id, variant label, kind) -> [index of each contract item needing it]
+        for n, item in enumerate(items):
+            if isinstance(item, LtconformItem) and item.variant is not None:
+                kind = contracts.get_contract(item.contract_id).run_spec.name
+                users.setdefault((item.target_id, item.variant.label, kind), []).append(n)
+        added, avail = {}, _availability(config)
+        for (tid, _label, kind), where in users.items():
+            # A tier that cannot run here skips (or fails) each of its items with the reason: no run.
+            # The multinode tier is decided once the launched world agreed on the collection.
+            variant = items[where[0]].variant
+            if len(where) > 1 and variant.tier != "multinode" and not avail.first_missing(variant):
+                added[where[0]] = _run_item(session, tid, kind, items[where[0]].contract_id, variant)
+        if not added:
+            return
+        items[:] = [x for n, item in enumerate(items) for x in ((added[n], item) if n in added else (item,))]
+        # Counted as collected, so pytest's "collected N items / M selected" adds up.
+        config.hook.pytest_collectreport(report=pytest.CollectReport("ltconform-runs", "passed", None,
+                                                                     list(added.values())))
+
+
+def _run_item(parent, target_id: str, kind: str, contract_id: str, variant) -> LtconformRunItem:
+    name = f"{kind}[{variant.label}]"
+    item = LtconformRunItem.from_parent(parent, name=name, nodeid=f"ltconform::{target_id}::{name}", kind=kind,
+                                        contract_id=contract_id, variant=variant, target_id=target_id)
+    item.extra_keyword_matches.add(target_id)
+    item.add_marker("ltconform")
+    for marker in variant.markers:
+        item.add_marker(marker)
+    return item
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
     # tryfirst: our items must exist before -k / -m deselection runs.
@@ -539,6 +664,8 @@ def pytest_runtest_makereport(item, call):
         first, _, rest = item.verdict_dict.get("message", "").partition("\n")
         plain = first == f"[{item.contract_id}] passed: {item.verdict_dict.get('summary')}"
         report.sections.append(("ltconform", (rest if plain else f"{first}\n{rest}").strip() or "(no notes)"))
+    elif isinstance(item, LtconformRunItem) and report.skipped and isinstance(report.longrepr, tuple):
+        report.longrepr = (item.nodeid, None, report.longrepr[2])  # -rs: the item, not the plugin's file
     elif isinstance(item, LtconformItem) and report.skipped and isinstance(report.longrepr, tuple):
         # -rs names where a skip was raised: the plugin's own file means nothing to a user. A tier
         # that cannot run here reads "SKIPPED [n] ltconform: <reason>" (one line for all its
@@ -594,16 +721,22 @@ class ResultsCollector:
     def __init__(self, config: pytest.Config):
         self.config = config
         self.results: list[dict] = []
-
         self.report_error: str | None = None
+        self.report_line: str | None = None  # where the report went, or why it was left as it was
 
+    @pytest.hookimpl(tryfirst=True)  # before the terminal reporter writes the outcome
     def pytest_runtest_logreport(self, report) -> None:
         from . import report as report_mod
 
+        _end_live_line(self.config, report.nodeid)
         rec = report_mod.from_report(report)
         # One record per item: the call phase, or the setup phase when setup did not pass.
         if rec is not None and (report.when == "call" or (report.when == "setup" and not report.passed)):
             self.results.append(rec)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_keyboard_interrupt(self) -> None:
+        _end_live_line(self.config)  # Ctrl-C or SIGTERM during a run: pytest's banner starts a line
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if self.results:
@@ -618,33 +751,49 @@ class ResultsCollector:
                 terminalreporter.write_line(f"ltconform: nothing was judged: every selected item needs a tier that "
                                             f"cannot run here: {reasons}", yellow=True, bold=True)
             else:
-                text = report_mod.summary_text(self.results, width=width, color=tw.hasmarkup)
+                # Each failure's block is printed once: in FAILURES, or here when --tb=no leaves it out.
+                text = report_mod.summary_text(self.results, width=width, color=tw.hasmarkup,
+                                               blocks=self.config.getoption("tbstyle", "auto") == "no")
                 for line in text.splitlines():
                     terminalreporter.write_line(line)
         if self.report_error:
             terminalreporter.write_line(self.report_error, red=True, bold=True)
+        if self.report_line and self.report_line.startswith("ltconform:"):
+            terminalreporter.write_line(self.report_line, yellow=True)
+        elif self.report_line:
+            terminalreporter.write_sep("-", self.report_line)  # as --junitxml says where its file went
 
-    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus) -> None:
         settings = self.config.stash.get(SETTINGS_KEY, None)
         if settings is None or not settings.report or hasattr(self.config, "workerinput"):
             return
         attached = _attached(self.config)
         if attached is not None and attached.rank != 0:
             return  # rank 0 writes the report for every rank
+        if all(r["outcome"] == "skipped" for r in self.results) and os.path.exists(settings.report):
+            # `pytest -m "not ltconform"` with the report in the ini file must not wipe the last verdicts.
+            self.report_line = (f"ltconform: nothing was judged, so the JSON report {settings.report} was left "
+                                f"as an earlier session wrote it")
+            return
         from . import report as report_mod
 
         pool = self.config.stash.get(POOL_KEY, None)
+        status = int(exitstatus)
         try:
-            report_mod.write_json(settings.report, settings.target, settings.world_size,
-                                  list(self.results) + _hidden_records(self.config),
+            report_mod.write_json(settings.report, settings.target, settings.world_size, list(self.results),
                                   targets=list(self.config.stash.get(ALL_TARGETS_KEY, {}).values()),
-                                  cold_starts=pool.cold_starts if pool is not None else None)
+                                  cold_starts=pool.cold_starts if pool is not None else None,
+                                  not_run=_not_run(self.config),
+                                  interrupted=status == pytest.ExitCode.INTERRUPTED or bool(session.shouldstop),
+                                  exitstatus=status)
         except OSError as exc:
             # Checked at start-up, yet the disk can fill or the folder go: the summary still prints.
             self.report_error = (f"pytest-ltconform: could not write the JSON report to {settings.report}: "
                                  f"{exc.strerror or exc}; the verdicts are in the summary above.")
             if self.config.pluginmanager.get_plugin("terminalreporter") is None:
                 sys.stderr.write(self.report_error + "\n")
+            return
+        self.report_line = f"generated ltconform report file: {os.path.abspath(settings.report)}"
 
 
 # -- progress of long runs ---------------------------------------------------------------------
@@ -692,12 +841,34 @@ def progress_line(label: str, elapsed_s: float, idle_s: dict, stalled_after_s: f
 
 
 def _write_live(config: pytest.Config, reporter, line: str) -> None:
-    """Write ``line`` now, also while pytest captures output (item setup): with its global capture
-    suspended, and flushed before capture resumes."""
+    """Write ``line`` now on a line of its own, also while pytest captures output (item setup): with
+    its global capture suspended, and flushed before capture resumes. The line is left open;
+    ``_end_live_line`` ends it before pytest writes the item's outcome, so that outcome keeps its
+    prefix instead of standing alone on a line."""
     capman = config.pluginmanager.get_plugin("capturemanager")
     with capman.global_and_fixture_disabled() if capman is not None else contextlib.nullcontext():
-        reporter.write_line(line)
+        reporter.ensure_newline()
+        if config.get_terminal_writer().width_of_current_line:  # -q's dots, or our previous line
+            reporter.write("\n")
+        reporter.write(line)
         reporter.flush()
+    config.stash[LIVE_OPEN_KEY] = True
+
+
+def _end_live_line(config: pytest.Config, nodeid: str | None = None) -> None:
+    """After a live line, pytest's next output starts a line of its own: under the default
+    verbosity with the item's file prefix (``ltconform ``) before its outcome letter; under -v
+    pytest writes the item's id again itself."""
+    if not config.stash.get(LIVE_OPEN_KEY, False):
+        return
+    config.stash[LIVE_OPEN_KEY] = False
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None:
+        return
+    if nodeid is not None and config.get_verbosity() == 0 and reporter.showfspath:
+        reporter.write_fspath_result(nodeid, "")
+    elif nodeid is None or config.get_verbosity() < 0:
+        reporter.write("\n")
 
 
 # -- fixtures ------------------------------------------------------------------------------------

@@ -9,12 +9,15 @@ The JSON keys are a stable interface for CI jobs and dashboards::
                   "evidence", "duration_s", ...}],          # every item of every target
      "targets": [{"id", "model", "datamodule", "trainer", "init",
                   "results": [...]}],                       # the same records, per target, in order
-     "cold_starts": int | null}  # worlds this process started (null: none of its own, e.g. xdist)
+     "cold_starts": int | null,  # worlds this process started (null: none of its own, e.g. xdist)
+     "not_run": [{"tier", "reason", "items"}],  # tiers not run here and not asked for: a count each
+     "interrupted": bool, "exitstatus": int}    # Ctrl-C, SIGTERM, -x or pytest.exit; pytest's exit code
 
 ``outcome`` is one of 'passed', 'failed', 'advisory', 'skipped', 'error'; a record's ``target`` is
 its target's id (the middle part of the item id ``ltconform::<id>::<contract>[<strategy>]``).
 ``trainer`` is the trainer target string, or for a dict given in ``conftest.py`` the dict with
-values that are not plain JSON written as their ``repr``; ``init`` likewise (null when absent).
+values that are not plain JSON written as their ``repr`` without its memory address (two reports of
+one config compare equal); ``init`` likewise (null when absent).
 """
 
 from __future__ import annotations
@@ -25,10 +28,14 @@ import io
 import json
 import os
 import platform
+import re
 import tempfile
 from importlib import metadata, resources
 
 PROPERTY = "ltconform"
+
+# "<pkg.Callback object at 0x7f..>": the address differs in every process.
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
 def record(contract: str, strategy: str, world_size: int, verdict_dict: dict, duration_s: float,
@@ -71,7 +78,7 @@ def _plain(value):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
-    return repr(value)
+    return _ADDRESS.sub("", repr(value))
 
 
 def target_entries(targets: list, results: list[dict]) -> list[dict]:
@@ -87,13 +94,16 @@ def target_entries(targets: list, results: list[dict]) -> list[dict]:
 
 
 def write_json(path: str, target: str | None, world_size: int, results: list[dict], targets: list | None = None,
-               cold_starts: int | None = None) -> None:
+               cold_starts: int | None = None, not_run: list[dict] | None = None, interrupted: bool = False,
+               exitstatus: int = 0) -> None:
     """Write the report to ``path`` (creating its folder) through a temporary file beside it, so
     that a failed write leaves the previous report, not half of a new one. ``targets`` are the
-    validated ``target.Targets`` of the session; ``cold_starts`` the worlds it started. Raises
+    validated ``target.Targets`` of the session; ``cold_starts`` the worlds it started;
+    ``not_run`` the tiers whose items were not created here (see the module doc). Raises
     ``OSError``."""
     doc = {"target": target, "world_size": world_size, "versions": versions(), "results": results,
-           "targets": target_entries(targets or [], results), "cold_starts": cold_starts}
+           "targets": target_entries(targets or [], results), "cold_starts": cold_starts,
+           "not_run": not_run or [], "interrupted": interrupted, "exitstatus": exitstatus}
     folder = os.path.dirname(path) or "."
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".ltconform-report-", suffix=".json")
@@ -136,10 +146,11 @@ def unknown_contract(contract: str) -> str:
 _STYLE = {"passed": "green", "failed": "red", "advisory": "yellow", "error": "magenta", "skipped": "yellow"}
 
 
-def summary_text(results: list[dict], width: int, color: bool) -> str:
+def summary_text(results: list[dict], width: int, color: bool, blocks: bool = False) -> str:
     """Per target, a heading line with its id and its contract x strategy table; then each
-    failure's evidence block once (without the hang diagnosis, which the item's own report
-    carries), then one line per item not judged. Blocks and lines name the target
+    advisory's evidence block (a passed item has no FAILURES entry), one line per failed item (its
+    block is in pytest's FAILURES; ``blocks``: here too, for ``--tb=no``, without the hang
+    diagnosis), then one line per item not judged. Blocks and lines name the target
     (``<id>::<contract>[<strategy>]``) when there are several."""
     from rich.console import Console
     from rich.markup import escape
@@ -166,26 +177,35 @@ def summary_text(results: list[dict], width: int, color: bool) -> str:
 
     # A required tier missing here fails each of its items with one message: said once.
     same = collections.Counter(r["message"] for r in results if r.get("category") == "unavailable")
-    said = set()
+    said, failed = set(), []
     for r in results:
         unavailable = r.get("category") == "unavailable"
         if unavailable and r["message"] in said:
             continue
         if unavailable:
             said.add(r["message"])
-        if r["outcome"] in ("failed", "advisory"):
-            more = same[r["message"]] - 1 if unavailable else 0
-            title = name(r) + (f" and {more} more item(s) of that tier" if more else "")
+        more = same[r["message"]] - 1 if unavailable else 0
+        title = name(r) + (f" and {more} more item(s) of that tier" if more else "")
+        if r["outcome"] == "failed" and not blocks:
+            failed.append(f"{title}: {_first_line(r)}")
+        elif r["outcome"] in ("failed", "advisory"):
             console.rule(escape(title), style="" if not color else _STYLE[r["outcome"]])
             # soft_wrap: long paths stay on one line, so they can be copied.
             console.print(r.get("block") or r["message"], markup=False, highlight=False, soft_wrap=True)
-    errors = [r for r in results if r["outcome"] == "error"]
-    if errors:
-        console.rule("not judged")
-        for r in errors:
-            first = (r.get("summary") or r["message"]).splitlines()[0]
-            console.print(f"{name(r)}: {first}", markup=False, highlight=False, soft_wrap=True)
+    _lines(console, "failed (each block is in FAILURES above)", failed)
+    _lines(console, "not judged", [f"{name(r)}: {_first_line(r)}" for r in results if r["outcome"] == "error"])
     return buf.getvalue().rstrip("\n")
+
+
+def _first_line(r: dict) -> str:
+    return (r.get("summary") or r["message"]).splitlines()[0]
+
+
+def _lines(console, title: str, lines: list[str]) -> None:
+    if lines:
+        console.rule(title)
+        for line in lines:
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def _table(console, results: list[dict], color: bool) -> bool:

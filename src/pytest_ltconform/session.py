@@ -55,6 +55,36 @@ class LtconformSession:
             raise cached
         return cached
 
+    def run_failure(self, contract_id: str, strategy: str, tier: str, item: str) -> tuple[str, str]:
+        """Make (or take from the cache) the run that ``contract_id`` and others need, for the item
+        named after it (``item``, e.g. ``fit[ddp]``), and say what that item reports: ("passed",
+        why) when the run finished or a contract claims its stop (that contract's item reports it); ("skipped",
+        reason) when it cannot apply or would run into an earlier hang; ("error", text) when a rank
+        failed on its own (raised, died, hung), with that rank's exception at the user's line,
+        once. Items judged on the run later point at ``item``. Raises WorldStartError."""
+        contract = contracts.get_contract(contract_id)
+        hung = self._hung_before(contract.run_spec, strategy, tier)
+        if hung is not None:
+            return "skipped", hung_verdict(contract, hung).summary
+        run = self.run_for(contract.run_spec.name, strategy, tier)
+        if run.job.status == "skip":
+            return "skipped", next((r.message for r in run.job.ranks if r.message), "skipped inside the ranks")
+        if run.finished:
+            return "passed", "the run finished."
+        owner = contracts.blamed(run)
+        if owner is not None:
+            return "passed", f"the run stopped because of the {owner}[{strategy}] failure (see that item)."
+        cause = first_cause(run.job)
+        headline = cause.headline() if cause is not None else "the run did not finish"
+        configured = any(e.get("configured") for e in run.events(0, "strategy"))
+        if strategy in SHARDED_STRATEGIES and not configured:
+            return "skipped", (f"the module does not run under {STRATEGY_NAMES.get(strategy, strategy)} on CPU "
+                               f"({headline}); the Trainer config does not name it, so this tier does not apply.")
+        run.cause_item = item
+        run.first_item = getattr(run, "first_item", None) or item
+        parts = [cause_text(cause), run.job.diagnosis_after(cause)] if cause is not None else [run.job.failure_text()]
+        return "error", "\n".join([f"[{item}] the run did not finish: {headline}."] + [p for p in parts if p])
+
     def _key(self, kind: str, strategy: str, tier: str) -> tuple:
         """The run cache's key: (kind, strategy, world size), plus the tier when it is not 'cpu'."""
         return (kind, strategy, self.settings.world_size) + (() if tier == "cpu" else (tier,))
@@ -113,6 +143,7 @@ class LtconformSession:
             verdict = self._judged_without_validation(contract, run, verdict, tier) or verdict
         if verdict.outcome == "error" and contract.run_spec.name != FIT.name:
             verdict = self._explained_by_fit(contract, strategy) or verdict
+        verdict = self._on_nonfinite_loss(contract, run, strategy, tier) or verdict
         # The first item that needs a run pays for it; later items only for their judgement.
         return verdict, time.monotonic() - started
 
@@ -146,9 +177,28 @@ class LtconformSession:
                             f"stopped in validation because of the {owner}[{fit.strategy}] failure (see that item).")
         return second
 
+    def _on_nonfinite_loss(self, contract, run: Run, strategy: str, tier: str) -> Verdict | None:
+        """Not judged, naming the loss, its rank, step and the user's line, when a contract that
+        compares values (``needs_finite_loss``) is judged on a run (or a traced fit of the same
+        strategy) whose training loss was nan or inf: nothing compared on top of it means anything."""
+        if not contract.needs_finite_loss:
+            return None
+        for made in (run, self._runs.get(self._key(FIT.name, strategy, tier))):
+            found = first_nonfinite(made) if isinstance(made, Run) else None
+            if found is not None:
+                rank, e = found
+                return not_judged(contract, (
+                    f"the training loss was {e.get('loss')} on rank {rank} at step {e.get('step')} (epoch "
+                    f"{e.get('epoch')}, batch {e.get('batch_idx')}), returned at {fmt_site(e.get('site'))}: "
+                    f"values compared across ranks or runs mean nothing on top of a non-finite loss, so "
+                    f"{contract.id} judged none. Fix the loss first (a log or division of zero, an overflow, a "
+                    f"learning rate too high), then run again."))
+        return None
+
     def _hung_before(self, spec: RunSpec, strategy: str, tier: str) -> Run | None:
-        """An earlier run of this target that was killed at its time limit with no contract
-        claiming why, when the run ``spec`` would run into the same hang; None otherwise.
+        """An earlier run of this target that was killed for a hung rank with no contract claiming
+        why (at its time limit, or before it once the peers had failed or finished), when the run
+        ``spec`` would run into the same hang; None otherwise.
 
         It holds for every later run that trains under the same strategy in the same tier, and
         under any strategy when the hung rank was running the user's own code (a sleep or loop of
@@ -159,7 +209,9 @@ class LtconformSession:
         if spec.fn == INSPECT_FN or own_key in self._runs:
             return None  # made already: its items are judged on it
         for key, run in self._runs.items():
-            if not isinstance(run, Run) or run.finished or run.job.timed_out_by is None:
+            # Killed at the time limit, or before it once its peers had failed or finished: a rank
+            # was still running either way (a divergence stopped early is not a hang of this kind).
+            if not isinstance(run, Run) or run.finished or not (run.job.timed_out_by or run.job.killed_early):
                 continue
             if (key[3] if len(key) > 3 else "cpu") != tier:
                 continue
@@ -207,6 +259,17 @@ def not_judged(contract, reason: str) -> Verdict:
     return contract.verdict("skipped", f"not judged: {reason}", category="consequence")
 
 
+def first_nonfinite(run: Run) -> tuple[int, dict] | None:
+    """(rank, event) of the earliest non-finite training loss a rank recorded (lowest step,
+    then rank); None when every loss was finite."""
+    found = [(e.get("step", 0), r, e) for r, trace in enumerate(run.traces) for e in trace
+             if e.get("ev") == "nonfinite"]
+    if not found:
+        return None
+    _, rank, event = min(found, key=lambda f: (f[0], f[1]))
+    return rank, event
+
+
 def hung_verdict(contract, hung: Run) -> Verdict:
     """Not judged, without starting a run, because an earlier run of the target hung (one line
     naming the first item judged on it and where the hung rank was)."""
@@ -214,8 +277,9 @@ def hung_verdict(contract, hung: Run) -> Verdict:
     where = f"rank {cause.rank} at {fmt_site(cause.site)}" if cause and cause.site else \
         f"rank {cause.rank}" if cause else "a rank"
     item = getattr(hung, "cause_item", None) or getattr(hung, "first_item", None) or f"{hung.kind}[{hung.strategy}]"
+    until = f"until {hung.job.timed_out_by}" if hung.job.timed_out_by else f"and was killed {hung.job.killed_early}"
     return not_judged(contract, f"not started: the {hung.kind}[{hung.strategy}] run of this target hung "
-                                f"({where} stopped making progress until {hung.job.timed_out_by}), and this run "
+                                f"({where} stopped making progress {until}), and this run "
                                 f"would reach the same code (see {item}).")
 
 
@@ -238,10 +302,11 @@ def judge(contract, run: Run) -> Verdict:
     verdict.notes[:0] = [t for t in tier_notes if t not in verdict.notes]
     if run.finished:
         return verdict
-    if verdict.failed:
+    owner = contracts.blamed(run)
+    # A rank that raised in the user's code leads: what its peers did next is no finding.
+    if verdict.failed and (owner == contract.id or not run.raised_in_user_code()):
         verdict.diagnosis = job.diagnosis
         return verdict
-    owner = contracts.blamed(run)
     if owner is not None and owner != contract.id:
         return _after_owned_failure(contract, run, verdict, owner)
     # Whether the user's config asks for what this item ran (traced runs say; others never do).

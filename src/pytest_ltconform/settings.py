@@ -27,6 +27,9 @@ OPT_OVERSUBSCRIBE = "ltconform_oversubscribe"
 OPT_EXPLAIN = "ltconform_explain"
 
 INI_TARGET = "ltconform_target"
+# Every ini key of the plugin (the others share their option's dest).
+INI_NAMES = (INI_TARGET, OPT_DATAMODULE, OPT_TRAINER, OPT_WORLD_SIZE, OPT_TIMEOUT, OPT_REPORT, OPT_REQUIRE,
+             OPT_STRATEGIES, OPT_OVERSUBSCRIBE)
 
 
 DEFAULT_WORLD_SIZE = 2
@@ -144,10 +147,15 @@ def add_options(parser: pytest.Parser) -> None:
 
 
 def _lookup(config: pytest.Config, dest: str, ini: str | None = None) -> tuple[str | None, str]:
-    """Return (raw value, where it came from); the command line wins over the ini file."""
+    """Return (raw value, where it came from); the command line wins over the ini file. An empty
+    value on the command line is refused: it would otherwise fall back to the ini file or the
+    default, which is not what the user wrote."""
     value = config.getoption(dest)
     flag = "--" + dest.replace("_", "-")
-    if value not in (None, ""):
+    if isinstance(value, str) and not value.strip():
+        raise pytest.UsageError(f"{flag}: empty value {value!r}. {_EMPTY_FIX.get(dest, 'Give a value')}, or leave "
+                                f"the option out for its default.")
+    if value is not None:
         return str(value), flag
     ini = ini or dest
     value = config.getini(ini)
@@ -156,13 +164,33 @@ def _lookup(config: pytest.Config, dest: str, ini: str | None = None) -> tuple[s
     return None, flag
 
 
-def _validate_positive_int(raw: str, where: str) -> int:
+# What to give instead of an empty command-line value.
+_EMPTY_FIX = {
+    OPT_STRATEGIES: f"Name one or more of {', '.join(STRATEGIES)} (comma-separated)",
+    OPT_REQUIRE: f"Name one or more of {', '.join(TIERS)} (comma-separated)",
+    OPT_WORLD_SIZE: f"Give a number of ranks, 2 or more (default {DEFAULT_WORLD_SIZE})",
+    OPT_TIMEOUT: f"Give seconds, at least {MIN_TIMEOUT_S:g} (default {DEFAULT_TIMEOUT_S:g})",
+    OPT_REPORT: "Give the path of the JSON file to write",
+    OPT_DATAMODULE: "Name a LightningDataModule (pkg.mod.DataModule, pkg.mod:factory or path/to/file.py:Name)",
+    OPT_TRAINER: "Name a dict of Trainer kwargs or a zero-argument callable returning one (pkg.mod:kwargs)",
+}
+
+
+def _validate_world_size(raw: str, where: str) -> int:
+    """A local world of 2 ranks or more. One rank is refused rather than judged: every contract
+    compares ranks (seed: Sampling, metrics and writes; FSDP), so a one-rank world would
+    pass a deadlock that needs two."""
     try:
         value = int(raw)
     except ValueError:
         raise pytest.UsageError(f"{where}: expected a whole number of ranks, got {raw!r}.") from None
+    if value == 1:
+        raise pytest.UsageError(
+            f"{where}: a one-rank world cannot show a cross-rank fault (a collective on one rank only, ranks "
+            f"that disagree, duplicated samples), so every contract would pass without comparing anything. "
+            f"Use --ltconform-world-size {DEFAULT_WORLD_SIZE} (the default) or more.")
     if value < 1:
-        raise pytest.UsageError(f"{where}: the world size must be at least 1, got {value}.")
+        raise pytest.UsageError(f"{where}: the world size must be at least {DEFAULT_WORLD_SIZE}, got {value}.")
     return value
 
 
@@ -182,6 +210,8 @@ def _validate_seconds(raw: str, where: str) -> float:
 
 def _validate_choices(raw: str, where: str, choices: tuple[str, ...]) -> tuple[str, ...]:
     values = tuple(v.strip().lower() for v in raw.split(",") if v.strip())
+    if not values:
+        raise pytest.UsageError(f"{where}: no value in {raw!r}; choose from {', '.join(choices)}.")
     unknown = [v for v in values if v not in choices]
     if unknown:
         raise pytest.UsageError(
@@ -257,10 +287,11 @@ def check_capacity(settings: Settings, cpus: int | None = None, memory_mb: int |
     where = settings.world_size_from or f"--ltconform-world-size (default {DEFAULT_WORLD_SIZE})"
     cpus = cpu_count() if cpus is None else cpus
     if n > cpus:
+        # A world has at least 2 ranks (see _validate_world_size): on one CPU only oversubscribing helps.
+        fix = f"Use --ltconform-world-size {cpus} or fewer, or add" if cpus >= 2 else "Add"
         raise pytest.UsageError(
             f"{where}: a world of {n} ranks needs {n} CPUs, but this machine gives pytest {cpus}; ranks that share "
-            f"CPUs make healthy collectives time out. Use --ltconform-world-size {cpus} or fewer, or add "
-            f"--ltconform-oversubscribe to start them anyway.")
+            f"CPUs make healthy collectives time out. {fix} --ltconform-oversubscribe to start them anyway.")
     memory_mb = available_memory_mb() if memory_mb is None else memory_mb
     need = n * RANK_MEMORY_MB
     if memory_mb is not None and need > memory_mb:
@@ -270,19 +301,68 @@ def check_capacity(settings: Settings, cpus: int | None = None, memory_mb: int |
             f"Use fewer ranks, or add --ltconform-oversubscribe to start them anyway.")
 
 
-def resolve(config: pytest.Config) -> Settings:
-    """Read every ltconform setting from ``config``.
+def _ini_file_keys(path) -> list[str]:
+    """The keys of pytest's section in the config file ``path`` (pytest.ini, tox.ini, setup.cfg,
+    pyproject.toml, pytest.toml), read here because pytest keeps its parsed copy private."""
+    if path is None or not os.path.isfile(path):
+        return []
+    name = os.path.basename(str(path))
+    if name.endswith(".toml"):
+        try:
+            import tomllib
+        except ImportError:  # Python 3.10: pytest's own dependency
+            import tomli as tomllib
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+        table = data.get("tool", {}).get("pytest", {}) if name == "pyproject.toml" else data.get("pytest", {})
+        return [k for k in table if k != "ini_options"] + list(table.get("ini_options", {}))
+    import configparser
+
+    parser = configparser.ConfigParser(interpolation=None, strict=False)
+    parser.optionxform = str  # keys as written
+    parser.read(path, encoding="utf-8")
+    section = "tool:pytest" if name.endswith(".cfg") else "pytest"
+    return list(parser[section]) if parser.has_section(section) else []
+
+
+def check_ini_keys(config: pytest.Config) -> None:
+    """Refuse an unknown key of the config file that is meant for this plugin (it starts with
+    ``ltconform`` or is one typo away from a key of ours): pytest only warns about unknown keys,
+    and a misspelt ``ltconform_target`` would leave the check off with a green job."""
+    import difflib
+
+    for key in _ini_file_keys(config.inipath):
+        if key in INI_NAMES:
+            continue
+        close = difflib.get_close_matches(key, INI_NAMES, n=1, cutoff=0.8)
+        if not (key.lower().startswith("ltconform") or close):
+            continue
+        try:
+            config.getini(key)
+            continue  # another plugin registered it
+        except ValueError:
+            pass
+        hint = f"Did you mean {close[0]!r}? " if close else ""
+        raise pytest.UsageError(f"ini option {key!r} in {config.inipath}: pytest-ltconform has no such option, so "
+                                f"it would be ignored. {hint}Its options are {', '.join(INI_NAMES)}.")
+
+
+def resolve(config: pytest.Config, project_targets: bool = True) -> Settings:
+    """Read every ltconform setting from ``config``; ``project_targets`` False leaves out the
+    targets the project declares (ini list, ``pytest_ltconform_targets``) unless ``--ltconform``
+    is given (see :func:`resolve_targets`).
 
     Raises ``pytest.UsageError`` naming the option (or ini key) that holds a bad value.
     """
+    check_ini_keys(config)
     datamodule, dm_from = _lookup(config, OPT_DATAMODULE)
     trainer, tr_from = _lookup(config, OPT_TRAINER)
-    targets = resolve_targets(config)
+    targets = resolve_targets(config, project_targets)
     target = targets[0].model if targets else None
     kwargs: dict = {"datamodule_from": dm_from, "trainer_from": tr_from}
     raw, where = _lookup(config, OPT_WORLD_SIZE)
     if raw is not None:
-        kwargs["world_size"] = _validate_positive_int(raw, where)
+        kwargs["world_size"] = _validate_world_size(raw, where)
         kwargs["world_size_from"] = where
     raw, where = _lookup(config, OPT_TIMEOUT)
     if raw is not None:
@@ -331,13 +411,20 @@ def parse_target(text: str, source: str):
     return found
 
 
-def resolve_targets(config: pytest.Config) -> tuple:
+def resolve_targets(config: pytest.Config, project_targets: bool = True) -> tuple:
     """Every target of the session: ``--ltconform`` values (or else the ini list) then the
-    ``pytest_ltconform_targets`` hooks' results. Raises
+    ``pytest_ltconform_targets`` hooks' results. Without ``--ltconform`` and with
+    ``project_targets`` False there are none (the run selects no contract item). Raises
     ``pytest.UsageError`` for a malformed value, a hook result that is not a Target, or two
     targets with the same id."""
     values, source = config.getoption(OPT_TARGET) or [], "--ltconform"
-    if not any(v.strip() for v in values):
+    if any(not v.strip() for v in values):
+        raise pytest.UsageError(f"--ltconform {next(v for v in values if not v.strip())!r}: empty target. Pass "
+                                f"pkg.mod.Class, pkg.mod:factory or path/to/file.py:Name (quoted when it carries "
+                                f"datamodule=, trainer= or id=), or leave the option out.")
+    if not values:
+        if not project_targets:
+            return ()
         values = config.getini(INI_TARGET) or []
         source = f"ini option {INI_TARGET!r}"
     found = [parse_target(v, source) for v in values if v.strip()]

@@ -25,6 +25,7 @@ import re
 import sys
 import sysconfig
 import traceback
+import warnings
 from typing import Any
 
 from . import tripwire  # Trainer.fit at import time trips instead of training
@@ -540,6 +541,8 @@ def validate(model: str, datamodule: str | None = None, trainer: str | dict | No
             f"train_dataloader (and val_dataloader) on the module, or pass the LightningDataModule "
             f"that provides them with --ltconform-datamodule pkg.mod.DataModule."
         )
+    _check_train_batches(module, dm if dm is not None and defines(dm, "train_dataloader", namespace) else None,
+                         model_spec)
     trainer_dict = dict(trainer) if isinstance(trainer, dict) else None
     keys: tuple[str, ...] = ()
     kwargs: dict = {}
@@ -548,7 +551,7 @@ def validate(model: str, datamodule: str | None = None, trainer: str | dict | No
         kwargs = trainer_kwargs(tr_spec) if tr_spec else trainer_dict
         if trainer_dict is not None:
             _check_plain_dict(trainer_dict, where, "Trainer kwargs")
-        keys = _check_trainer_keys(kwargs, namespace, where)
+        keys = _check_trainer_keys(kwargs, namespace, where, model_spec.text)
     return Targets(
         model=model_spec, datamodule=dm_spec, trainer=tr_spec, namespace=namespace,
         model_name=type(module).__qualname__, trainer_keys=keys,
@@ -558,6 +561,32 @@ def validate(model: str, datamodule: str | None = None, trainer: str | dict | No
         strategy_names=_strategy_names(kwargs.get("strategy")),
         model_source=_source_of(type(module)),
     )
+
+
+def _check_train_batches(module: Any, dm: Any, spec: TargetSpec) -> None:
+    """Refuse a training DataLoader with no batches: Lightning then skips training with a warning,
+    and every contract would pass having compared nothing. Only a loader that ``train_dataloader``
+    returns here, before any ``setup`` or Trainer, is measured; one that needs them is left to the
+    ranks."""
+    from torch.utils.data import DataLoader
+
+    owner = dm if dm is not None else module
+    try:
+        with contextlib.redirect_stdout(None), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            loader = owner.train_dataloader()
+        empty = isinstance(loader, DataLoader) and len(loader) == 0
+    except Exception:
+        return  # it needs setup() or a Trainer: the ranks call it and report what it raises
+    if not empty:
+        return
+    dataset = loader.dataset
+    size = f"{len(dataset)} sample(s)" if hasattr(dataset, "__len__") else "no samples"
+    drop = ", drop_last=True" if loader.drop_last else ""
+    raise TargetError(
+        f"{spec.option} {spec.text!r}: {type(owner).__qualname__}.train_dataloader() returned an empty "
+        f"DataLoader ({size}, batch_size={loader.batch_size}{drop}), so no training step would run and every "
+        f"contract would pass having compared nothing. Give it at least one batch per rank.")
 
 
 def _source_of(klass: type) -> tuple[str, int] | None:
@@ -575,7 +604,10 @@ def _strategy_names(strategy: Any) -> tuple[str, ...]:
     return tuple(k.__name__.lower() for k in type(strategy).__mro__ if k is not object)
 
 
-def _check_trainer_keys(kwargs: dict, namespace: str, where: str) -> tuple[str, ...]:
+def _check_trainer_keys(kwargs: dict, namespace: str, where: str, model: str) -> tuple[str, ...]:
+    """The sorted keys of ``kwargs`` once each is a Trainer argument whose value Lightning accepts
+    (see :mod:`.trainer_check`); raises :class:`TargetError` naming ``where``, the target
+    ``model``, the key, the value and the fix."""
     trainer_cls = importlib.import_module(namespace).Trainer
     accepted = set(inspect.signature(trainer_cls.__init__).parameters) - {"self"}
     unknown = sorted(set(kwargs) - accepted)
@@ -585,6 +617,12 @@ def _check_trainer_keys(kwargs: dict, namespace: str, where: str) -> tuple[str, 
             f"{'is not a Trainer argument' if len(unknown) == 1 else 'are not Trainer arguments'} "
             f"of {namespace} (check the spelling against Trainer.__init__)."
         )
+    from . import trainer_check
+
+    try:
+        trainer_check.check_values(kwargs, namespace, f"{where} (the Trainer kwargs of {model!r})")
+    except trainer_check.TrainerKwargsError as exc:
+        raise TargetError(str(exc)) from None
     return tuple(sorted(kwargs))
 
 

@@ -17,6 +17,13 @@ annotate each ``log`` event before it is written (sync-dist's metric producers),
 collective-bearing ``call`` event (all-rank-save's metric syncs and DDP forwards), and
 :meth:`Recorder.emit` writes an event of their own.
 
+torch's Flight Recorder sees every collective a process group runs, including the ones no tap
+knows (a metric sync behind ``trainer.callback_metrics``, FSDP's unsharding, DDP's gradient
+all-reduce): :meth:`Recorder.dump_collectives` writes its entries for this job as one
+``collectives`` event: when a collective raised, and, without the Python frames (symbolising them
+waits on a lock the blocked collective holds), from a thread when the rank has been blocked in a
+collective for a second or the supervisor asks it for its stack.
+
 Each event carries ``site``, the first frame outside torch, lightning, torchmetrics and this
 package ("user code"), and ``user``, whether the call came *directly* from user code (only those
 are the user's own collective-bearing calls; the ones Lightning makes internally are nested).
@@ -28,6 +35,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import sys
 import threading
 import time
 from typing import Any
@@ -70,6 +78,8 @@ class Recorder:
         self.t0 = time.monotonic()
         self._log_taps: list = []
         self._paused = 0
+        self._since_ns = time.time_ns()  # Flight Recorder entries of earlier jobs are not this one's
+        self._stop = threading.Event()
 
     @property
     def closed(self) -> bool:
@@ -228,6 +238,47 @@ class Recorder:
             self.patch(mod.LightningModule, "log", self._log_wrapper)
             self.patch(mod.LightningModule, "log_dict", self._log_dict_wrapper)
 
+    # -- every collective (torch's Flight Recorder) -------------------------------------------------
+    def dump_collectives(self, frames: bool, why: str) -> None:
+        """Write this job's Flight Recorder entries as one ``collectives`` event: per entry the
+        process group, ``seq`` (collective sequence id), ``p2p``, ``op``, sizes and, with
+        ``frames``, the Python frames of the call (innermost first)."""
+        try:
+            entries = _flight_recorder_entries(frames)
+        except Exception as exc:  # an older torch, or a build without it: nothing to add
+            self.emit({"ev": "trace_error", "where": "flight recorder", "error": repr(exc)})
+            return
+        mine = [_compact_entry(e) for e in entries if (e.get("time_created_ns") or 0) >= self._since_ns]
+        with self._lock:
+            if self._fh.closed:
+                return
+            # Written without the trainer's position: a dump at the end is not a place in the run.
+            self._seq += 1
+            event = {"ev": "collectives", "why": why, "frames": frames, "entries": mine, "seq": self._seq}
+            self._fh.write(json.dumps(event, default=repr) + "\n")
+
+    def watch_collectives(self, stack_path: str | None) -> None:
+        """Dump the collectives (without frames) from a thread when this rank has been blocked in
+        one collective for a second, and whenever the supervisor asks for its stack (the
+        faulthandler file grows): a rank blocked in a collective cannot do it itself, and a
+        supervisor may kill it at any moment after."""
+
+        def watch():
+            size, blocked, since, dumped = _size(stack_path), None, 0.0, None
+            while not self._stop.wait(0.05):
+                now = _size(stack_path)
+                if now > size:
+                    size = now
+                    self.dump_collectives(frames=False, why="stuck")
+                state = _in_flight()
+                if state != blocked:
+                    blocked, since = state, time.monotonic()
+                elif state and state != dumped and time.monotonic() - since >= _BLOCKED_S:
+                    dumped = state
+                    self.dump_collectives(frames=False, why="blocked")
+
+        threading.Thread(target=watch, name="ltconform-collectives", daemon=True).start()
+
     def attach(self, trainer) -> None:
         """Bind the Trainer: positions come from it, and its strategy's collectives are traced."""
         self.trainer = trainer
@@ -240,6 +291,11 @@ class Recorder:
                 self._patches.append((strategy, name, None))
 
     def uninstall(self) -> None:
+        self._stop.set()
+        # A collective raised (a timeout, a peer gone): the ranks' collectives show where they parted.
+        # Only then: symbolising the frames costs seconds for a full buffer.
+        if _collective_raised(sys.exc_info()[1]):
+            self.dump_collectives(frames=True, why="raised")
         for owner, name, original in reversed(self._patches):
             if original is None:
                 try:
@@ -322,12 +378,79 @@ class Recorder:
         }
         if vtype in ("tensor", "float"):
             try:
-                event["value"] = float(value)
+                # detached: float() of a tensor that requires grad warns, as if the user's code did
+                event["value"] = float(value.detach() if hasattr(value, "detach") else value)
             except Exception:
                 pass
         for tap in self._log_taps:
             tap(event, value)
         self.emit(event)
+
+
+_DISTRIBUTED = os.sep + os.path.join("torch", "distributed") + os.sep
+
+
+def _collective_raised(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (or the exception it was raised from) came out of torch.distributed."""
+    for err in (exc, getattr(exc, "__cause__", None) or getattr(exc, "__context__", None)):
+        tb = getattr(err, "__traceback__", None)
+        while tb is not None:
+            if _DISTRIBUTED in tb.tb_frame.f_code.co_filename:
+                return True
+            tb = tb.tb_next
+    return False
+
+
+# A collective still open after this long is a wait, not a transfer.
+_BLOCKED_S = 1.0
+
+
+def _in_flight() -> tuple | None:
+    """The process groups' collectives enqueued but not completed (``((pg, last enqueued), ...)``),
+    from the Flight Recorder's status alone (cheap); None when nothing is open."""
+    import pickle
+
+    try:
+        from torch._C._distributed_c10d import _dump_fr_trace
+
+        status = pickle.loads(_dump_fr_trace(includeCollectives=False, includeStackTraces=False,
+                                             onlyActive=True)).get("pg_status") or {}
+    except Exception:
+        return None
+    open_ = tuple(sorted((str(pg), s.get("last_enqueued_collective")) for pg, s in status.items()
+                         if (s.get("last_enqueued_collective") or 0) > (s.get("last_completed_collective") or 0)))
+    return open_ or None
+
+
+def _size(path: str | None) -> int:
+    if not path:
+        return -1
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return -1
+
+
+def _flight_recorder_entries(frames: bool) -> list[dict]:
+    import pickle
+
+    from torch._C._distributed_c10d import _dump_fr_trace
+
+    dump = pickle.loads(_dump_fr_trace(includeCollectives=True, includeStackTraces=frames, onlyActive=False))
+    return list(dump.get("entries") or [])
+
+
+# Frames of torch.distributed's own wrappers are the same for every collective.
+_FR_SKIP = (os.sep + "distributed_c10d.py", os.sep + "c10d_logger.py")
+
+
+def _compact_entry(entry: dict) -> dict:
+    group = entry.get("process_group") or ("", "")
+    frames = [[f.get("filename"), f.get("line"), f.get("name")] for f in entry.get("frames") or []
+              if not str(f.get("filename", "")).endswith(_FR_SKIP)]
+    return {"pg": str(group[0]), "seq": entry.get("collective_seq_id"), "p2p": entry.get("p2p_seq_id"),
+            "is_p2p": bool(entry.get("is_p2p")), "op": str(entry.get("profiling_name", "")).split(":", 1)[-1],
+            "sizes": entry.get("input_sizes"), "frames": frames[:40]}
 
 
 def _value_type(value) -> str:

@@ -62,10 +62,15 @@ def probes_for(name: str) -> list[tuple[str, str]]:
 
 def blamed(run) -> str | None:
     """The contract named as the cause of an unfinished ``run``: the lowest claim of every
-    contract's ``blames(run)`` (see :class:`~.base.Blame`); None when no contract claims it."""
+    contract's ``blames(run)`` (see :class:`~.base.Blame`); None when no contract claims it.
+    When a rank raised in the user's own code, the collectives and logs its peers were left
+    waiting in are consequences: only a contract its probe named the owner of the raise claims."""
+    from .base import Blame
+
+    crashed = run.raised_in_user_code()
     claims = []
     for order, cid in enumerate(_MODULES):
         claim = get_contract(cid).blames(run)
-        if claim is not None:
+        if claim is not None and not (crashed and claim != Blame.RAISED):
             claims.append((claim, order, cid))
     return min(claims)[2] if claims else None

@@ -168,6 +168,13 @@ class Run:
         div = self.job.divergence
         return {e.get("ev") for evs in div["events"].values() for e in evs} if div else set()
 
+    def raised_in_user_code(self) -> bool:
+        """Whether a rank raised in the user's own code (not in a collective, not in a library
+        check): that rank's exception leads, and what its peers did after it is a consequence."""
+        from ..world.causes import raised_in_user_code
+
+        return not self.finished and any(raised_in_user_code(r) for r in self.job.ranks)
+
     def raised_owner(self) -> str | None:
         """The contract owning a failure that every failed rank raised inside a recorded user call
         (trace event ``{"ev": "raised", "owner": ...}``, e.g. load_from_checkpoint on a sharded
@@ -198,6 +205,9 @@ class Contract:
     # Strategies whose items exist only for targets whose Trainer config names them (there is
     # nothing of theirs to judge otherwise).
     configured_only: tuple[str, ...] = ()
+    # Whether the verdict compares values (metrics, gradients, weights): not judged on top of a
+    # non-finite training loss (nan never equals nan).
+    needs_finite_loss: bool = False
 
     def probe_ref(self) -> str | None:
         """The probe's class as "module:Class", which the harness loads on the ranks; None without one."""

@@ -218,6 +218,7 @@ class ConfigureModelProbe(Probe):
 
 class ConfigureModel(Contract):
     id = "configure-model"
+    needs_finite_loss = True
     title = "configure_model is idempotent and builds the model in the strategy's context"
     rule_section = "FSDP"
     strategies = ("ddp", "fsdp", "deepspeed")

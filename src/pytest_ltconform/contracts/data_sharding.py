@@ -220,10 +220,58 @@ RANDOM_FACTORIES = ("randn", "rand", "randn_like", "rand_like", "normal")
 RANDOM_METHODS = ("normal_", "uniform_")
 
 
+# Ops whose output carries a draw on without deciding its use: shape and dtype changes,
+# concatenation (a conditional GAN's latent next to its labels is still the latent).
+_CARRIES = frozenset({"cat", "concat", "concatenate", "stack", "hstack", "vstack", "float", "double", "half",
+                      "to", "view", "reshape", "unsqueeze", "squeeze", "expand", "expand_as", "repeat",
+                      "flatten", "transpose", "permute", "contiguous", "clone", "detach", "type_as", "__getitem__"})
+
+
+def _tensors(obj, out: list, depth: int = 0) -> list:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        out.append(obj)
+    elif depth < 3 and isinstance(obj, (list, tuple)):
+        for item in obj:
+            _tensors(item, out, depth + 1)
+    elif depth < 3 and isinstance(obj, dict):
+        for item in obj.values():
+            _tensors(item, out, depth + 1)
+    return out
+
+
+def _is_weight(t) -> bool:
+    import torch
+
+    return isinstance(t, torch.nn.Parameter) or (t.is_leaf and t.requires_grad)
+
+
+def _uses_mode(draws):
+    """A TorchFunctionMode that follows each recorded draw to the first op that decides its use
+    (see :meth:`_Draws.follow`); built lazily (no torch import at module level)."""
+    from torch.overrides import TorchFunctionMode
+
+    class DrawUses(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if draws.tracked:
+                try:
+                    draws.follow(func, args, kwargs or {}, out)
+                except Exception:
+                    pass  # following a draw must never change the step
+            return out
+
+    return DrawUses()
+
+
 class _Draws:
     """Fingerprints what torch's random factories return to user code inside training_step, for
     the first DRAW_STEPS steps: one ``ds_draw`` event (the user's file:line, a 64-bit hash of the
-    first 64 values) per draw, at most DRAWS_PER_STEP per step."""
+    first 64 values) per draw, at most DRAWS_PER_STEP per step. Each draw is followed to the first
+    op that meets another tensor: only weights there means the draw is the model's input (a GAN's
+    latent); a tensor of the rank's own data means noise combined with it (a VAE's
+    reparameterisation, a dropout mask): one ``ds_draw_use`` event says which."""
 
     def __init__(self, recorder):
         self.recorder = recorder
@@ -232,6 +280,47 @@ class _Draws:
         self.steps = 0
         self.count = 0
         self.busy = False
+        self.ids = 0
+        self.tracked: dict = {}   # id(tensor) -> (weakref to it, draw id)
+        self.mode = None
+
+    def follow(self, func, args, kwargs, out) -> None:
+        tensors = _tensors(kwargs, _tensors(args, []))
+        hits, others = set(), []
+        for t in tensors:
+            draw = self.tracked.get(id(t))
+            if draw is not None and draw[0]() is t:
+                hits.add(draw[1])
+            elif t.numel() > 1:
+                others.append(t)
+        if not hits:
+            return
+        name = getattr(func, "__name__", str(func))
+        if name in _CARRIES or not others:
+            for o in _tensors(out, []):
+                self._track(o, min(hits))
+            return
+        use = "input" if all(_is_weight(t) for t in others) else "combined"
+        for draw_id in hits:
+            self.recorder.emit({"ev": "ds_draw_use", "id": draw_id, "use": use, "op": name})
+        self.tracked = {k: v for k, v in self.tracked.items() if v[1] not in hits}
+
+    def _track(self, tensor, draw_id: int) -> None:
+        import weakref
+
+        self.tracked[id(tensor)] = (weakref.ref(tensor), draw_id)
+
+    def enter(self) -> None:
+        if self.key is not None and self.mode is None:
+            self.mode = _uses_mode(self)
+            self.mode.__enter__()
+
+    def leave(self) -> None:
+        self.key = None
+        self.tracked = {}
+        if self.mode is not None:
+            mode, self.mode = self.mode, None
+            mode.__exit__(None, None, None)
 
     def install(self) -> None:
         import torch
@@ -275,12 +364,158 @@ class _Draws:
             if site is not None:
                 self.count += 1
                 digest = hashlib.blake2b(_row_bytes(out.detach().reshape(-1)[:64]), digest_size=8).hexdigest()
+                self.ids += 1
                 self.recorder.emit({"ev": "ds_draw", "fn": label, "site": site, "key": self.key, "hash": digest,
-                                    "shape": list(out.shape)})
+                                    "shape": list(out.shape), "id": self.ids})
+                self._track(out, self.ids)
         except Exception:
             pass  # a fingerprint that cannot be taken is not recorded
         finally:
             self.busy = False
+
+
+INDEX_GROUPS = 64          # index groups (one per batch the loader fetches) recorded per stage and epoch
+INDEX_KEYS = 256           # dataset keys recorded per group
+_STAGE_NAMES = {"train": "train", "validate": "val", "test": "test", "predict": "predict"}
+
+
+def _keys(index) -> list | None:
+    """The dataset keys one fetch hands ``__getitem__``/``__getitems__``: one key, or the list a
+    batch sampler yields; None for an iterable dataset's placeholder (no key)."""
+    if index is None:
+        return None
+    items = index if isinstance(index, (list, tuple)) else [index]
+    out = []
+    for k in items[:INDEX_KEYS]:
+        try:
+            out.append(int(k))
+        except (TypeError, ValueError):
+            out.append(repr(k)[:60])  # a key that is not an integer (a string, a tuple) still names one sample
+    return out
+
+
+class _Indices:
+    """Records, per stage and epoch, the keys every fetch of a map-style dataset receives: the
+    source of its samples. Read in the main process where the DataLoader iterator draws them from
+    its sampler, so DataLoader workers (num_workers>0), batch samplers yielding index lists and
+    collated graphs are all read the same way; one ``ds_index`` event per fetch."""
+
+    def __init__(self, recorder):
+        self.recorder = recorder
+        self.counts: dict = defaultdict(int)
+
+    def install(self) -> None:
+        from torch.utils.data import dataloader
+
+        self.recorder.patch(dataloader._BaseDataLoaderIter, "_next_index", self._wrap)
+
+    def _wrap(self, original):
+        indices = self
+
+        def _next_index(it):
+            index = original(it)
+            try:
+                indices.record(it, index)
+            except Exception:
+                pass  # a key that cannot be read is not recorded
+            return index
+
+        return _next_index
+
+    def record(self, it, index) -> None:
+        trainer = self.recorder.trainer
+        if trainer is None or trainer.sanity_checking or getattr(it, "_dataset_kind", 0) != 0:
+            return  # 0: a map-style dataset (torch's _DatasetKind.Map)
+        stage = _STAGE_NAMES.get(str(getattr(trainer.state.stage, "value", trainer.state.stage)))
+        keys = _keys(index)
+        if stage is None or keys is None:
+            return
+        key = (stage, int(trainer.current_epoch))
+        self.counts[key] += 1
+        if self.counts[key] <= INDEX_GROUPS:
+            self.recorder.emit({"ev": "ds_index", "stage": stage, "keys": keys, "ds": id(it._dataset),
+                                "dataset": type(it._dataset).__qualname__})
+
+
+ITEMS_PER_ITERATOR = 256   # items hashed per iterator of an IterableDataset (per worker, stage and epoch)
+
+
+def _item_hash(item) -> str:
+    """A 64-bit hash of one item an IterableDataset yields: its tensor and plain leaves."""
+    import hashlib
+
+    import torch
+
+    leaves: list = []
+    batch_leaves(item, leaves)
+    h = hashlib.blake2b(digest_size=8)
+    for leaf in leaves:
+        h.update(_row_bytes(leaf) if isinstance(leaf, torch.Tensor) and leaf.numel() <= 1_000_000
+                 else repr(leaf).encode()[:1000])
+    return h.hexdigest()
+
+
+class _Items:
+    """Records what an IterableDataset's iterator yields, item by item, per stage, epoch and
+    DataLoader worker: the source of its samples (``ds_item`` events). A worker process writes
+    its line straight to the rank's trace file (one append each), not through the recorder, whose
+    lock may have been held by another thread when the worker was forked."""
+
+    def __init__(self, recorder):
+        import os
+
+        self.recorder = recorder
+        self.pid = os.getpid()
+
+    def install(self) -> None:
+        from torch.utils.data._utils import fetch
+
+        self.recorder.patch(fetch._IterableDatasetFetcher, "__init__", self._wrap)
+
+    def _wrap(self, original):
+        items = self
+
+        def __init__(fetcher, *args, **kwargs):
+            original(fetcher, *args, **kwargs)
+            try:
+                where = items.where()
+                if where is not None:
+                    fetcher.dataset_iter = items.tap(fetcher.dataset_iter, where)
+            except Exception:
+                pass  # an iterator that cannot be followed is fingerprinted by its batches instead
+
+        return __init__
+
+    def where(self) -> dict | None:
+        from torch.utils.data import get_worker_info
+
+        trainer = self.recorder.trainer
+        if trainer is None or trainer.sanity_checking:
+            return None
+        stage = _STAGE_NAMES.get(str(getattr(trainer.state.stage, "value", trainer.state.stage)))
+        if stage is None:
+            return None
+        info = get_worker_info()
+        return {"ev": "ds_item", "stage": stage, "epoch": int(trainer.current_epoch),
+                "w": info.id if info is not None else 0, "nw": info.num_workers if info is not None else 1}
+
+    def tap(self, iterator, where: dict):
+        for n, item in enumerate(iterator):
+            if n < ITEMS_PER_ITERATOR:
+                try:
+                    self.emit({**where, "h": _item_hash(item)})
+                except Exception:
+                    pass  # an item that cannot be hashed is not recorded; the user's stream goes on
+            yield item
+
+    def emit(self, event: dict) -> None:
+        import json
+        import os
+
+        if os.getpid() == self.pid:
+            self.recorder.emit(event)
+        else:
+            os.write(self.recorder._fh.fileno(), (json.dumps(event) + "\n").encode())
 
 
 class DataShardingProbe(Probe):
@@ -301,6 +536,8 @@ class DataShardingProbe(Probe):
 
         self._draws = _Draws(recorder)
         self._draws.install()
+        _Indices(recorder).install()
+        _Items(recorder).install()
         RankReads(recorder.emit, lambda: step_hook(recorder.trainer)).install(loaded.ns, recorder)
 
         def factory(original):
@@ -407,9 +644,13 @@ class DataShardingProbe(Probe):
             def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
                 self._batch(trainer, "train", batch, batch_idx)
                 probe._draws.step(pl_module, int(trainer.current_epoch), int(batch_idx))
+                probe._draws.enter()
 
             def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-                probe._draws.key = None
+                probe._draws.leave()
+
+            def on_exception(self, trainer, pl_module, exception):
+                probe._draws.leave()
 
             def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
                 if not trainer.sanity_checking:
@@ -550,6 +791,24 @@ def _completed_epochs(run: Run) -> dict[int, set]:
     return out
 
 
+def _draw_uses(run: Run) -> dict[str, dict]:
+    """user file:line -> {"use": "input" | "combined", "op": the op that decided}: how the draws
+    made there are used. "input" only when every decided draw of that line, on every rank, reached
+    an op with weights alone (the draw is itself the sample, a GAN's latent); one draw combined
+    with the rank's data (noise on a VAE's mean, a dropout mask) makes the line "combined"."""
+    out: dict = {}
+    for r in range(run.world_size):
+        sites = {e.get("id"): fmt_site(e["site"]) for e in run.events(r, "ds_draw") if e.get("site")}
+        for e in run.events(r, "ds_draw_use"):
+            where = sites.get(e.get("id"))
+            if where is None:
+                continue
+            known = out.setdefault(where, {"use": e.get("use"), "op": e.get("op")})
+            if e.get("use") == "combined":
+                known.update(use="combined", op=e.get("op"))
+    return out
+
+
 def _draws_by_site(run: Run) -> dict[str, dict[int, dict[tuple, list]]]:
     """user file:line -> rank -> (epoch, batch_idx) -> value hashes of the draws made there."""
     out: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
@@ -557,6 +816,52 @@ def _draws_by_site(run: Run) -> dict[str, dict[int, dict[tuple, list]]]:
         for e in run.events(r, "ds_draw"):
             if e.get("site") and e.get("key"):
                 out[fmt_site(e["site"])][r][tuple(e["key"])].append(e.get("hash"))
+    return out
+
+
+def _index_groups(run: Run, rank: int) -> dict[tuple, list[list]]:
+    """(stage, epoch) -> the key groups ``rank``'s fetches received, of the first dataset that
+    stage fetched from (a second loader of the stage is not dataloader 0's)."""
+    first: dict = {}
+    out: dict = defaultdict(list)
+    for e in run.events(rank, "ds_index"):
+        stage = e.get("stage")
+        if first.setdefault(stage, e.get("ds")) == e.get("ds"):
+            out[(stage, e.get("epoch", 0))].append(e.get("keys") or [])
+    return out
+
+
+def _items_into_batches(run: Run, rank: int, out: dict) -> None:
+    """Give ``rank``'s batches of an IterableDataset the items its iterators yielded: batch k
+    came from worker k % workers, as its (k // workers)-th chunk of batch_size items (the order
+    in which a DataLoader hands out the workers' batches)."""
+    import hashlib
+
+    per: dict = defaultdict(lambda: defaultdict(list))
+    workers: dict = {}
+    for e in run.events(rank, "ds_item"):
+        key = (e.get("stage"), e.get("epoch", 0))
+        per[key][e.get("w", 0)].append(e.get("h"))
+        workers[key] = max(1, int(e.get("nw") or 1))
+    sizes = {e.get("stage"): e.get("batch_size") or 1 for e in run.events(rank, "ds_loader")}
+    for (stage, epoch), by_worker in per.items():
+        nw, bs = workers[(stage, epoch)], sizes.get(stage, 1)
+        for k, event in enumerate(out.get(stage, {}).get(rank, {}).get(epoch, [])):
+            chunk = by_worker.get(k % nw, [])[(k // nw) * bs:(k // nw + 1) * bs]
+            if chunk:
+                event.update(n=len(chunk), rows=chunk[:ROWS_PER_BATCH], src="item",
+                             fp=hashlib.blake2b(repr(chunk).encode(), digest_size=8).hexdigest())
+                event.pop("ids", None)  # integers in an item are not its identity
+
+
+def _from_keys(keys: list) -> dict:
+    """The fields of a batch event whose samples are the dataset keys ``keys``."""
+    import hashlib
+
+    out = {"n": len(keys), "rows": [str(k) for k in keys[:ROWS_PER_BATCH]], "src": "index",
+           "fp": hashlib.blake2b(repr(keys).encode(), digest_size=8).hexdigest()}
+    if all(isinstance(k, int) for k in keys):
+        out["ids"] = keys[:ROWS_PER_BATCH]
     return out
 
 
@@ -620,17 +925,39 @@ class DataSharding(Contract):
                 first.notes.append("the world did not finish; the batches each rank recorded up to then are "
                                    "the evidence (the item's report says where each rank was).")
             return first
+        unread = self._unreadable(run, batches, loaders)
+        if unread is not None:
+            return unread
         return self._passed(run, batches, loaders, split)
+
+    def _unreadable(self, run: Run, batches, loaders) -> Verdict | None:
+        """Not judged when train batches ran but no rank's samples could be told apart: no dataset
+        key was read at the source and no batch had a tensor to fingerprint."""
+        train = batches.get("train", {})
+        events = [e for r in train.values() for ep in r.values() for e in ep]
+        if not events or any(e.get("fp") for e in events):
+            return None
+        loader = loaders.get("train") or {}
+        what = f"{loader.get('type') or 'the train loader'} over {self._what(loader)}"
+        return self.verdict("skipped", f"not judged: cannot tell samples apart in {what}: its fetches hand the "
+                                       f"dataset no keys this check can read and its batches hold no tensors, "
+                                       f"so nothing was compared across ranks.")
 
     # -- data ----------------------------------------------------------------------------------
     @staticmethod
     def _batches(run: Run) -> dict[str, dict[int, dict[int, list[dict]]]]:
-        """stage -> rank -> epoch -> batch events (dataloader 0), in order."""
+        """stage -> rank -> epoch -> batch events (dataloader 0), in order. Where the rank recorded
+        the dataset keys of its fetches, a batch's samples are those keys (``src`` "index"), not
+        rows of its tensors: a collated graph's atoms or a loader's positions are not samples."""
         out: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
         for r in range(run.world_size):
             for e in run.events(r, "batch"):
                 if e.get("dl", 0) == 0:
-                    out[e["stage"]][r][e.get("epoch", 0)].append(e)
+                    out[e["stage"]][r][e.get("epoch", 0)].append(dict(e))
+            for (stage, epoch), groups in _index_groups(run, r).items():
+                for event, keys in zip(out.get(stage, {}).get(r, {}).get(epoch, []), groups):
+                    event.update(_from_keys(keys))
+            _items_into_batches(run, r, out)
         return out
 
     @staticmethod
@@ -739,7 +1066,11 @@ class DataSharding(Contract):
         every = "in every step" if same == compared else f"in {same} of {compared} steps"
         ids = [i for e in per_rank[0][first_ep] for i in e.get("ids", [])]
         id_text = f"; sample ids {_ranges(ids)} in the same order on every rank" if ids else ""
-        summary = (f"{ranks} drew identical {stage} batches {every} ({compared} fingerprinted batches, "
+        srcs = {e.get("src") for e in per_rank[0][first_ep]}
+        how = {"index": "batches compared by the dataset indices they fetched",
+               "item": "batches compared by the items the dataset's iterator yielded"}.get(
+            srcs.pop() if len(srcs) == 1 else None, "fingerprinted batches")
+        summary = (f"{ranks} drew identical {stage} batches {every} ({compared} {how}, "
                    f"{len(samples)} distinct samples{id_text}), so the world trains on one rank's data "
                    f"{run.world_size} times; {self._what(loader)} is not sharded by rank.")
         evidence = [Evidence(f"{stage} epoch {first_ep}: {_n_batches(steps[r].get(first_ep, 0))} of sizes "
@@ -951,9 +1282,10 @@ class DataSharding(Contract):
         every recorded step (two or more) while the ranks' batches differ."""
         ws = run.world_size
         train = batches.get("train", {})
+        uses = _draw_uses(run)
         for where, per_rank in _draws_by_site(run).items():
-            if len(per_rank) < ws:
-                continue
+            if len(per_rank) < ws or uses.get(where, {}).get("use") != "input":
+                continue  # noise combined with each rank's own data, or never fed on: not a sample
             steps = sorted(set.intersection(*(set(per_rank[r]) for r in range(ws))))
             if len(steps) < 2 or any(len({tuple(per_rank[r][k]) for r in range(ws)}) > 1 for k in steps):
                 continue
@@ -968,9 +1300,11 @@ class DataSharding(Contract):
         first = {r: next(e for e in run.events(r, "ds_draw") if fmt_site(e["site"]) == where)
                  for r in range(run.world_size)}
         fn, shape = first[0]["fn"], first[0]["shape"]
+        op = _draw_uses(run).get(where, {}).get("op")
         summary = (f"{fn} at {where} in training_step draws the same values on every rank at every recorded step "
                    f"({len(steps)} steps compared, identical {shape} tensors on ranks "
-                   f"{', '.join(str(r) for r in range(run.world_size))}) while the ranks' batches differ: every "
+                   f"{', '.join(str(r) for r in range(run.world_size))}) while the ranks' batches differ, and the "
+                   f"draw is itself the model's input (it reaches {op} with only weights, no data of the rank): every "
                    f"rank's global RNG starts from the same seed and is consumed the same way, so the world repeats "
                    f"one rank's random input {run.world_size} times and more ranks add no new random samples.")
         evidence = []
@@ -1003,8 +1337,23 @@ class DataSharding(Contract):
         what = f" ({self._what(loader)}, sampler {loader.get('sampler')})" if loader else ""
         summary = ("; ".join(parts) or "no batches were recorded") + \
             f"{what}; the same number of train batches per epoch on every rank."
-        return self.verdict("passed", summary, notes=[_split_note(stage, read) for stage, read in split.items()],
-                            empty=not parts)
+        return self.verdict("passed", summary, notes=[_split_note(stage, read) for stage, read in split.items()]
+                            + _combined_noise_notes(run), empty=not parts)
+
+
+def _combined_noise_notes(run: Run) -> list[str]:
+    """One note per user line whose draws are the same on every rank but meet each rank's own
+    data: said, so that a pass does not hide what was seen."""
+    notes = []
+    for where, use in _draw_uses(run).items():
+        per_rank = _draws_by_site(run).get(where, {})
+        if use.get("use") != "combined" or len(per_rank) < run.world_size:
+            continue
+        steps = set.intersection(*(set(per_rank[r]) for r in range(run.world_size)))
+        if steps and all(len({tuple(per_rank[r][k]) for r in range(run.world_size)}) == 1 for k in steps):
+            notes.append(f"the random draws at {where} are the same on every rank, but each meets the rank's own "
+                         f"data (in {use.get('op')}): noise on each rank's samples, not a sample of its own.")
+    return notes
 
 
 CONTRACT = DataSharding()

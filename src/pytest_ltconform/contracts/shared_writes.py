@@ -184,6 +184,29 @@ def _mode_words(modes: set[str]) -> str:
     return "opened for writing"
 
 
+def _staged_writes(events: list[dict]) -> list[dict]:
+    """A rank's ``write`` events, each with the stage it was made in ("fit", "test", "predict",
+    from the run's ``stage`` events) when the run recorded stages."""
+    out, stage = [], None
+    for e in events:
+        if e.get("ev") == "stage":
+            stage = e.get("name")
+        elif e.get("ev") == "write":
+            out.append({**e, "stage": stage} if stage else e)
+    return out
+
+
+def _stage_error_notes(run: Run) -> list[str]:
+    """A later stage (test, predict) that raised on some rank: what it wrote after that point was
+    not recorded, so say so rather than pass in silence."""
+    notes = []
+    for r in range(run.world_size):
+        for e in run.events(r, "stage_error"):
+            notes.append(f"the {e.get('name')} stage raised {e.get('exc_type')} on rank {r} ({e.get('message')}), "
+                         f"so writes after that point were not recorded.")
+    return notes[:2]
+
+
 class SharedWrites(Contract):
     id = "shared-writes"
     title = "Plain shared-file writes happen on one rank (rank-zero guard), checkpoints on all"
@@ -194,15 +217,17 @@ class SharedWrites(Contract):
     def judge(self, run: Run) -> Verdict:
         by_path: dict[str, dict[int, list[dict]]] = {}
         for r in range(run.world_size):
-            for e in run.events(r, "write"):
+            for e in _staged_writes(run.events(r)):
                 by_path.setdefault(e["path"], {}).setdefault(r, []).append(e)
         shared = {p: ranks for p, ranks in by_path.items() if len(ranks) > 1}
         if not shared:
-            return self._passed(run, by_path)
+            verdict = self._passed(run, by_path)
+            verdict.notes += _stage_error_notes(run)
+            return verdict
         verdicts = [self._shared(run, path, ranks) for path, ranks in sorted(shared.items())]
         first = verdicts[0]
         first.evidence = [e for v in verdicts for e in v.evidence]
-        first.notes = [v.summary for v in verdicts[1:]] + first.notes
+        first.notes = [v.summary for v in verdicts[1:]] + first.notes + _stage_error_notes(run)
         return first
 
     def _shared(self, run: Run, path: str, ranks: dict[int, list[dict]]) -> Verdict:
@@ -216,7 +241,9 @@ class SharedWrites(Contract):
         per_rank = ", ".join(f"rank {r}: {len(v)}" for r, v in sorted(ranks.items()))
         epochs = sorted({e.get("epoch") for evs in ranks.values() for e in evs if e.get("epoch") is not None})
         how = _mode_words(modes)
-        summary = (f"{name} {how} by {who} in {', '.join(hooks)} at {site}, outside checkpoint saving "
+        stages = sorted({e["stage"] for evs in ranks.values() for e in evs if e.get("stage")})
+        during = f" during {' and '.join(stages)}" if stages else ""
+        summary = (f"{name} {how} by {who} in {', '.join(hooks)}{during} at {site}, outside checkpoint saving "
                    f"({total} writes: {per_rank}")
         if len(epochs) > 1:
             summary += f"; {len(epochs)} epoch{'s' if len(epochs) != 1 else ''}"
@@ -248,8 +275,9 @@ class SharedWrites(Contract):
 
     def _passed(self, run: Run, by_path) -> Verdict:
         if not by_path:
-            return self.verdict("passed", "user code opened no file for writing during fit (outside checkpoint "
-                                          "saving) on any rank.")
+            stages = [e.get("name") for e in run.events(0, "stage") if e.get("name")] or ["fit"]
+            return self.verdict("passed", f"user code opened no file for writing during {' and '.join(stages)} "
+                                          f"(outside checkpoint saving) on any rank.")
         parts = []
         for path, ranks in sorted(by_path.items())[:5]:
             (r, evs), = ranks.items()

@@ -10,6 +10,7 @@ Pure Python over a :class:`~.local.JobResult`; imports nothing above the world l
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 
 from ..sites import bounded_lines, first_sentence, fmt_site, is_user_file
@@ -37,6 +38,28 @@ def is_transport_failure(outcome) -> bool:
         return True
     text = f"{outcome.message or ''}".lower()
     return any(fragment in text for fragment in _TRANSPORT_TEXT)
+
+
+# Library frames below the user's last frame that make a raise the library's, not the user's.
+_OWNED_BELOW = (os.sep + "lightning" + os.sep, os.sep + "pytorch_lightning" + os.sep, os.sep + "torchmetrics" + os.sep,
+                os.sep + "lightning_fabric" + os.sep, os.sep + "deepspeed" + os.sep)
+_DISTRIBUTED = os.sep + os.path.join("torch", "distributed") + os.sep
+
+
+def raised_in_user_code(outcome) -> bool:
+    """True when ``outcome`` (a RankOutcome) raised in the user's own code: not a peer's transport
+    error, no torch.distributed frame on the way (not a collective that failed), and nothing of
+    Lightning, TorchMetrics or DeepSpeed below the user's last frame (a check of theirs, which a
+    contract may own). Such a rank leads; its peers' collective failures are consequences."""
+    if outcome.status != "error" or is_transport_failure(outcome) or not outcome.traceback:
+        return False
+    frames = [m.group("file") for m in _FRAME.finditer(outcome.traceback)]
+    if not frames or any(_DISTRIBUTED in f for f in frames):
+        return False
+    last_user = max((i for i, f in enumerate(frames) if is_user_file(f)), default=None)
+    if last_user is None:
+        return False
+    return not any(part in f for f in frames[last_user + 1:] for part in _OWNED_BELOW)
 
 
 def user_raise_site(traceback_text: str | None) -> dict | None:
@@ -136,10 +159,10 @@ def first_cause(result) -> Cause | None:
         return Cause(first.rank, "died", None, f"it exited without a result (exit code {first.exit_code})",
                      None, first.log_tail, others)
     if first.status == "hung":
-        limit = getattr(result, "timed_out_by", None)
+        limit, early = getattr(result, "timed_out_by", None), getattr(result, "killed_early", None)
+        when = f"at the timeout ({limit})" if limit else f"{early}," if early else "at the timeout"
         site, _ = stack_user_site(first.stack)
-        return Cause(first.rank, "hung", None, f"it was still running at the timeout{f' ({limit})' if limit else ''} "
-                     f"and was killed", site, None, others)
+        return Cause(first.rank, "hung", None, f"it was still running {when} and was killed", site, None, others)
     return Cause(first.rank, "raised", first.exc_type, first_sentence(first.message),
                  user_raise_site(first.traceback), first.traceback, others)
 

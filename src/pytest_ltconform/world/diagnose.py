@@ -14,7 +14,7 @@ import os
 from collections import Counter, defaultdict
 
 from ..sites import first_sentence, fmt_site, hook_label, is_user_file
-from .causes import is_transport_failure, stack_frames
+from .causes import is_transport_failure, raised_in_user_code, stack_frames
 
 
 def is_collective_bearing(event: dict) -> bool:
@@ -195,8 +195,9 @@ def describe(result, *, consequences_named: bool = False) -> str:
             lines.append(f"The world did not finish: rank(s) {ranks} were {result.early_stop}, and were killed "
                          f"(SIGKILL) after {result.duration_s:.1f} s.")
         else:
-            limit = getattr(result, "timed_out_by", None)
-            limit = f" at the time limit ({limit}; raise it if the run is only slow)" if limit else ""
+            limit, early = getattr(result, "timed_out_by", None), getattr(result, "killed_early", None)
+            limit = f" at the time limit ({limit}; raise it if the run is only slow)" if limit else \
+                f" {early}" if early else ""
             lines.append(f"The world did not finish: rank(s) {ranks} were still running after "
                          f"{result.duration_s:.1f} s and were killed (SIGKILL){limit}.")
     if statuses.get("died"):
@@ -205,7 +206,8 @@ def describe(result, *, consequences_named: bool = False) -> str:
                 lines.append(f"Rank {r.rank} exited without a result (exit code {r.exit_code}).")
     transport = [r for r in result.ranks if is_transport_failure(r)]
     for r in result.ranks:
-        if r.status == "error" and r not in transport:
+        # A named cause already shows every failed rank (its traceback, the others in one line).
+        if r.status == "error" and r not in transport and not consequences_named:
             lines.append(f"Rank {r.rank} raised {r.exc_type}: {first_sentence(r.message, 300)}")
     if transport and not consequences_named:
         ranks = ", ".join(str(r.rank) for r in transport)
@@ -213,7 +215,8 @@ def describe(result, *, consequences_named: bool = False) -> str:
                      f"({transport[0].exc_type}: {first_sentence(transport[0].message, 120)}): a consequence, "
                      f"not a cause.")
     div = result.divergence
-    if div:
+    # After a rank raised in user code, where the others' calls parted is only what followed it.
+    if div and not any(raised_in_user_code(r) for r in result.ranks):
         if div["kind"] == "hooks":
             lines.append(f"Ranks ran different hooks at hook #{div['h']} (different numbers of batches or "
                          f"a rank-dependent branch):")
@@ -239,3 +242,95 @@ def describe(result, *, consequences_named: bool = False) -> str:
         lines.append("Where each rank was:")
         lines.extend(where)
     return "\n".join(lines)
+
+
+# -- every collective: torch's Flight Recorder ---------------------------------------------------
+# Frames of the standard library between the user's call and a collective (contextlib's
+# __enter__) do not name the call; the library function the user called does.
+_NAMING_SKIP = ("contextlib.py", "functools.py")
+# This plugin's own wrappers (the recorder's taps) are not the call either.
+_PLUGIN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _collectives(outcome) -> dict[tuple, dict]:
+    """``{(pg, seq): entry}`` of the rank's collectives (not point-to-point), from its last
+    ``collectives`` event with frames, else its last one; the entry the rank was blocked in when it
+    was stuck gets the frames of its faulthandler dump."""
+    dumps = [e for e in outcome.trace or [] if e.get("ev") == "collectives"]
+    if not dumps:
+        return {}
+    dump = next((d for d in reversed(dumps) if d.get("frames")), dumps[-1])
+    entries = {(e.get("pg"), e.get("seq")): dict(e) for e in dump.get("entries") or [] if not e.get("is_p2p")}
+    stack = stack_frames(outcome.stack)
+    if entries and not dump.get("frames") and stack:
+        last = max(entries, key=lambda k: k[1] or 0)
+        entries[last]["frames"] = [[f["file"], f["line"], f["func"]] for f in stack]
+    return entries
+
+
+def call_of(frames: list) -> dict:
+    """``{"site", "via"}`` of a collective's frames (innermost first): the first user frame, and
+    the library function that user frame called (what the user sees as the call, e.g.
+    ``callback_metrics``, ``summon_full_params``, ``all_reduce``)."""
+    site, via = None, None
+    for file, line, func in frames or []:
+        if is_user_file(file):
+            site = {"file": file, "line": line, "func": func}
+            break
+        if not file.endswith(_NAMING_SKIP) and not os.path.abspath(file).startswith(_PLUGIN_DIR):
+            via = {"file": file, "line": line, "func": func}
+    return {"site": site, "via": via if site else None}
+
+
+def _user_path(frames: list) -> tuple:
+    return tuple((f, ln) for f, ln, _ in frames or [] if is_user_file(f))
+
+
+def _different_calls(entries: dict) -> bool:
+    """Whether the ranks made this collective from different places in user code *and* through
+    different calls (another operation, or another library function): two branches that each
+    broadcast from their own line are the same call, paired as the user meant."""
+    paths = {_user_path(e.get("frames")) for e in entries.values()}
+    calls = {(e.get("op"), (call_of(e.get("frames"))["via"] or {}).get("func")) for e in entries.values()}
+    return len(paths) > 1 and len(calls) > 1
+
+
+def collective_mismatch(ranks: list) -> dict | None:
+    """The first collective the ranks issued differently, from torch's Flight Recorder.
+
+    Collectives pair up by sequence number within a process group; the first number at which the
+    ranks' operations (or tensor sizes) differ is where the world broke. Calls made from different
+    places in user code may still have paired up silently before that (an all-gather of the same
+    size): the first such number, at or before the break, is the first mismatched call. Returns
+    None without a break, else ``{"pg", "seq", "broke_at", "calls": {rank: {"op", "sizes", "site",
+    "via"}}}``; a rank without that collective has no key in ``calls``."""
+    per_rank = {r.rank: _collectives(r) for r in ranks}
+    if len(per_rank) < 2 or not all(per_rank.values()):
+        return None
+    keys = sorted({k for entries in per_rank.values() for k in entries}, key=lambda k: (str(k[0]), k[1] or 0))
+    broke = None
+    for key in keys:
+        present = {r: e[key] for r, e in per_rank.items() if key in e}
+        if len(present) > 1 and len({(e.get("op"), json_key(e.get("sizes"))) for e in present.values()}) > 1:
+            broke = key
+            break
+    if broke is None:
+        return None
+    first = broke
+    for key in keys:
+        if key[0] != broke[0] or (key[1] or 0) > (broke[1] or 0):
+            continue
+        present = {r: e[key] for r, e in per_rank.items() if key in e}
+        if len(present) > 1 and all(e.get("frames") for e in present.values()) and _different_calls(present):
+            first = key
+            break
+    calls = {}
+    for r, entries in per_rank.items():
+        if first in entries:
+            e = entries[first]
+            calls[r] = {"op": e.get("op"), "sizes": e.get("sizes"), **call_of(e.get("frames"))}
+    return {"pg": first[0], "seq": first[1], "broke_at": broke[1], "calls": calls}
+
+
+def json_key(value) -> str:
+    return repr(value)

@@ -102,6 +102,9 @@ class LocalWorld:
             LTCONFORM_GENERATION=str(self.generation), LTCONFORM_WORLD_DIR=self.root,
             LTCONFORM_SUPERVISOR_PID=str(os.getpid()), LTCONFORM_PRELOAD=",".join(self.preload),
             PYTHONUNBUFFERED="1",
+            # Temp files of the ranks and their children (a DataLoader worker's pymp-* folder, left
+            # when it is killed) live in the world folder, which goes with the world.
+            TMPDIR=self._tmp_dir(),
         )
         env.update(self.env)
         # Two ranks on a small machine: one intra-op thread each avoids oversubscription.
@@ -109,6 +112,11 @@ class LocalWorld:
         src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = os.pathsep.join([src, os.getcwd()] + [p for p in sys.path if p and os.path.isdir(p)])
         return env
+
+    def _tmp_dir(self) -> str:
+        path = os.path.join(self.root, "tmp")
+        os.makedirs(path, exist_ok=True)
+        return path
 
     def start(self) -> None:
         if self.closed:
@@ -198,15 +206,31 @@ class LocalWorld:
 
         ``progress``, when given, is called about every ``_JobWatch.PROGRESS_EVERY_S`` seconds while
         ranks are still running, as ``progress(elapsed_s, {rank: seconds since its trace last
-        grew})`` (float seconds; only the ranks still running). An exception it raises is ignored."""
-        if not self.alive:
-            if self._procs:
-                self.kill()
-            self.start()
-        job = self._submit(fn_ref, args, kwargs or {}, seed)
-        watch = _JobWatch(self, job, timeout_s, progress)
-        hung, early = watch.wait()
-        limit = f"{timeout_name or self.timeout_name}={timeout_s:g}" if watch.at_deadline else None
+        grew})`` (float seconds; only the ranks still running). An exception it raises is ignored.
+
+        A world whose process group fails to form (before ``fn_ref`` runs) is started once more; a
+        second failure raises :class:`WorldStartError` with what each failing rank said."""
+        first_failure = None
+        while True:
+            if not self.alive:
+                if self._procs:
+                    self.kill()
+                self.start()
+            job = self._submit(fn_ref, args, kwargs or {}, seed)
+            watch = _JobWatch(self, job, timeout_s, progress)
+            hung, early = watch.wait()
+            failure = watch.formation_failure()
+            if failure is None:
+                break
+            # Nothing of the job ran: a world whose process group did not form is started once more.
+            self.kill()
+            if first_failure is not None:
+                said = failure if failure == first_failure else f"first {first_failure}; then {failure}"
+                raise WorldStartError(
+                    f"the process group of a world of {self.world_size} {self.backend} ranks did not form, in two "
+                    f"fresh worlds, before the job's code ran: {said}")
+            first_failure = failure
+        limit = f"{timeout_name or self.timeout_name}={timeout_s:g}"
         return self._assemble(job, watch, hung, early, timeout_s, limit)
 
     def _submit(self, fn_ref: str, args: tuple, kwargs: dict, seed: int) -> Job:
@@ -222,7 +246,7 @@ class LocalWorld:
         return job
 
     def _assemble(self, job: Job, watch: _JobWatch, hung: list[int], early: str | None,
-                  timeout_s: float, limit: str | None = None) -> JobResult:
+                  timeout_s: float, limit: str) -> JobResult:
         """The job's result once every rank reported or was declared hung: hung and dead ranks
         get their stacks and log tails, every rank its trace; a failed world is killed."""
         gen, outcomes = self.generation, watch.outcomes
@@ -236,8 +260,10 @@ class LocalWorld:
             r.trace = read_trace(os.path.join(job.dir, f"rank{r.rank}.trace.jsonl"))
             if r.status in ("died", "hung", "error"):
                 r.log_tail = self._log_tail(r.rank, gen)
+        # A world stopped by a heuristic below names the time limit it did not wait for.
+        killed_early = f"{watch.gave_up}, before the time limit ({limit})" if hung and watch.gave_up else None
         result = JobResult.of(ranks, duration, timeout_s=timeout_s, job_dir=job.dir, early_stop=early,
-                              timed_out_by=limit)
+                              timed_out_by=limit if watch.at_deadline else None, killed_early=killed_early)
         if result.status != "ok" and not all(r.status == "skip" for r in ranks):
             self.kill()
         return result
@@ -299,6 +325,7 @@ class _JobWatch:
         self.sizes = {r: (-1, self.started) for r in range(world.world_size)}  # (trace size, when it last grew)
         self.next_look = self.started + 1.0
         self.at_deadline = False  # the job's own time limit stopped it (not a heuristic below)
+        self.gave_up: str | None = None  # why a heuristic below stopped it: '40 s after rank(s) 0 failed'
 
     def wait(self) -> tuple[list[int], str | None]:
         """Poll until every rank reported or the rest are hung: (hung ranks, early-stop reason)."""
@@ -309,6 +336,8 @@ class _JobWatch:
             waiting = [r for r in range(self.world.world_size) if r not in self.outcomes]
             if not waiting:
                 return [], None
+            if self.formation_failure() is not None:
+                return waiting, None  # the rest are still forming the group: none runs the job's code
             if now >= self.next_look:
                 self.next_look = now + self.LOOK_EVERY_S
                 early = self._stuck_after_divergence(now, waiting)
@@ -317,10 +346,19 @@ class _JobWatch:
             if self.progress is not None and now >= self.next_progress:
                 self.next_progress = now + self.PROGRESS_EVERY_S
                 self._report_progress(now, waiting)
-            if (self._past_deadline(now) or self._dead_peer_waited_out(now)
-                    or self._failed_peer_waited_out(now) or self._finished_peer_waited_out(now)):
+            if self._past_deadline(now) or self._waited_out(now):
                 return waiting, None
             time.sleep(self.POLL_S)
+
+    def formation_failure(self) -> str | None:
+        """What the ranks that failed to form the job's process group said (the first rank whose
+        own error it was leads; a peer that only heard of it comes last); None when none failed."""
+        failed = sorted((o for o in self.outcomes.values() if o.stage == "formation" and o.status == "error"),
+                        key=lambda o: (o.exc_type == "FormationError", o.rank))
+        said: dict[str, list[int]] = {}
+        for o in failed:  # gloo's own messages put the reason after an "[enforce fail at ...]" sentence
+            said.setdefault(f"{o.exc_type}: {' '.join((o.message or '').split())[:300]}", []).append(o.rank)
+        return "; ".join(f"rank(s) {', '.join(map(str, ranks))} raised {text}" for text, ranks in said.items()) or None
 
     def _report_progress(self, now: float, waiting: list[int]) -> None:
         try:
@@ -361,6 +399,19 @@ class _JobWatch:
         """The job's own wall-clock limit."""
         self.at_deadline = now > self.deadline
         return self.at_deadline
+
+    def _waited_out(self, now: float) -> bool:
+        """Whether the ranks still running are waited out (see the three rules below); sets
+        ``gave_up`` to how long after what."""
+        for since, rule, what, statuses in (
+                (self.first_dead_at, self._dead_peer_waited_out, "died", ("died",)),
+                (self.first_error_at, self._failed_peer_waited_out, "failed", ("error",)),
+                (self.first_done_at, self._finished_peer_waited_out, "finished", ("ok", "skip"))):
+            if rule(now):
+                ranks = ", ".join(str(r) for r, o in sorted(self.outcomes.items()) if o.status in statuses)
+                self.gave_up = f"{now - since:.0f} s after rank(s) {ranks} {what}"
+                return True
+        return False
 
     def _dead_peer_waited_out(self, now: float) -> bool:
         """A dead rank never joins another collective: its peers get a few seconds to report."""

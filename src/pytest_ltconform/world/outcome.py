@@ -34,6 +34,7 @@ class RankOutcome:
     log_tail: str | None = None
     trace: list = dataclasses.field(default_factory=list)
     duration_s: float | None = None
+    stage: str | None = None  # 'formation': it failed forming the process group, before the job's code
 
     @classmethod
     def from_wire(cls, wire: dict) -> RankOutcome:
@@ -42,7 +43,7 @@ class RankOutcome:
         return cls(rank=wire["rank"], status=wire.get("status", "error"), value=wire.get("value"),
                    exc_type=wire.get("exc_type"), message=wire.get("message"),
                    traceback=wire.get("traceback"), duration_s=wire.get("duration_s"),
-                   trace=wire.get("trace") or [])
+                   trace=wire.get("trace") or [], stage=wire.get("stage"))
 
 
 @dataclasses.dataclass
@@ -61,17 +62,22 @@ class JobResult:
     job_dir: str | None = None
     early_stop: str | None = None
     timed_out_by: str | None = None  # the limit that stopped the world, e.g. '--ltconform-timeout=120'
+    mismatch: dict | None = None  # the first collective the ranks issued differently (Flight Recorder)
+    # Why ranks were killed before that limit: '40 s after rank(s) 0 failed, before the time limit (...)'.
+    killed_early: str | None = None
 
     @classmethod
     def of(cls, ranks: list[RankOutcome], duration_s: float, *, timeout_s: float | None = None,
            job_dir: str | None = None, early_stop: str | None = None,
-           timed_out_by: str | None = None) -> JobResult:
+           timed_out_by: str | None = None, killed_early: str | None = None) -> JobResult:
         """The result of ``ranks`` (in rank order), diagnosed when any rank hung, died or raised."""
         status = max((r.status for r in ranks), key=SEVERITY.__getitem__)
         result = cls(status=status, ranks=ranks, duration_s=round(duration_s, 3), world_size=len(ranks),
-                     timeout_s=timeout_s, job_dir=job_dir, early_stop=early_stop, timed_out_by=timed_out_by)
+                     timeout_s=timeout_s, job_dir=job_dir, early_stop=early_stop, timed_out_by=timed_out_by,
+                     killed_early=killed_early)
         if status in ("hung", "died", "error"):
             result.divergence = diagnose.first_divergence([r.trace for r in ranks])
+            result.mismatch = diagnose.collective_mismatch(ranks)
             result.diagnosis = diagnose.describe(result)
         return result
 

@@ -30,15 +30,42 @@ from .job import Job
 PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """Make sure no rank outlives the pytest process (Ctrl-C, crash, SIGKILL of pytest)."""
+_LIBC = None
+_FORKED_BY = 0  # the pid of the process that forked this one last (see _children_die_with_rank)
+
+
+def _set_death_signal() -> None:
+    """SIGKILL this process when its parent (the thread that started it) ends."""
+    global _LIBC
     try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        _LIBC = _LIBC or ctypes.CDLL("libc.so.6", use_errno=True)
+        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except OSError:
         pass
+
+
+def _children_die_with_rank() -> None:
+    """Processes a rank forks (DataLoader workers) die with it, as the rank dies with pytest: a
+    death signal is not inherited across fork, and a rank killed by SIGKILL cannot stop them."""
+    def before() -> None:
+        global _FORKED_BY
+        _FORKED_BY = os.getpid()
+
+    def in_child() -> None:
+        _set_death_signal()
+        if os.getppid() != _FORKED_BY:  # the parent died before the signal was set
+            os._exit(3)
+
+    os.register_at_fork(before=before, after_in_child=in_child)
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Make sure no rank, nor a process it forked, outlives the pytest process (Ctrl-C, crash,
+    SIGKILL of pytest)."""
+    _set_death_signal()
     if os.getppid() != parent_pid:
         os._exit(3)
+    _children_die_with_rank()
 
     def watch() -> None:  # portable fallback for platforms without prctl
         while True:
@@ -54,7 +81,9 @@ class RankContext:
     """What a job function gets: ``rank``, ``world_size``, its own ``job_dir``, the path of the
     per-rank ``trace_path`` (JSON lines), and the world it runs in: ``accelerator`` ('cpu' or
     'gpu'), ``num_nodes`` the ranks span, and ``world_kind`` ('local' for ranks the plugin started,
-    'attached' inside a torchrun or SLURM world)."""
+    'attached' inside a torchrun or SLURM world). ``run_dir`` is the job's folder that its ranks
+    share, as processes of one node share theirs: the working directory of the job and the
+    Trainer's ``default_root_dir``."""
 
     rank: int
     world_size: int
@@ -65,6 +94,7 @@ class RankContext:
     accelerator: str = "cpu"
     num_nodes: int = 1
     world_kind: str = "local"
+    run_dir: str = ""
 
 
 _CURRENT: RankContext | None = None
@@ -146,7 +176,47 @@ def _context(job: Job, rank: int, world_size: int, local_rank: int, store) -> Ra
     return RankContext(rank, world_size, local_rank, os.path.join(job.dir, f"rank{rank}"),
                        os.path.join(job.dir, f"rank{rank}.trace.jsonl"), store,
                        accelerator=job.accelerator or ("gpu" if job.backend == "nccl" else "cpu"),
-                       num_nodes=int(job.num_nodes), world_kind=job.world_kind)
+                       num_nodes=int(job.num_nodes), world_kind=job.world_kind, run_dir=job.dir)
+
+
+# The stage of a job before the user's code runs: its process group is being formed.
+FORMATION = "formation"
+_FORMED = b"formed"
+
+
+class FormationError(RuntimeError):
+    """A peer could not form the job's process group (its own error is in its result)."""
+
+
+def formed_keys(gen: int, n: int, world_size: int) -> list[str]:
+    """The store keys where each rank says whether it formed job ``n``'s process group."""
+    return [f"g{gen}/formed/{n}/{r}" for r in range(world_size)]
+
+
+def _form_group(job: Job, rank: int, world_size: int, store, gen: int) -> None:
+    """Create the job's default process group, then wait until every rank has it.
+
+    Gloo's rendezvous (connectFullMesh) returns on one rank while a peer may still be reading
+    the handshake; a rank that ran a short job and destroyed its group at that moment closed the
+    socket under its peer ("Connection closed by peer"). No rank starts the job, so none can
+    leave it, before every rank is connected. A rank that cannot form the group says so, so its
+    peers stop waiting at once."""
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=job.pg_timeout_s)
+    keys = formed_keys(gen, job.n, world_size)
+    try:
+        dist.init_process_group(job.backend, store=dist.PrefixStore(f"g{gen}/pg/{job.n}", store), rank=rank,
+                                world_size=world_size, timeout=timeout)
+    except BaseException as exc:
+        with contextlib.suppress(Exception):
+            store.set(keys[rank], f"{type(exc).__name__}: {exc}"[:500])
+        raise
+    store.set(keys[rank], _FORMED)
+    store.wait(keys, timeout)
+    failed = [r for r, key in enumerate(keys) if store.get(key) != _FORMED]
+    if failed:
+        raise FormationError(f"rank(s) {failed} could not form the process group")
 
 
 def run_job(job: Job, rank: int, world_size: int, local_rank: int, store, gen: int) -> dict:
@@ -155,7 +225,8 @@ def run_job(job: Job, rank: int, world_size: int, local_rank: int, store, gen: i
 
     Returns the rank's result dict (what :meth:`~.outcome.RankOutcome.from_wire` reads):
     ``rank``, ``status`` ('ok', 'error' or 'skip'), ``value`` (what ``fn`` returned),
-    ``exc_type``, ``message`` and ``traceback`` when it raised, ``duration_s``. Never raises for
+    ``exc_type``, ``message`` and ``traceback`` when it raised, ``stage`` ('formation') when that was
+    before the job's code ran, ``duration_s``. Never raises for
     what the job does; SystemExit from user code is reported like any exception.
     """
     import torch
@@ -166,7 +237,7 @@ def run_job(job: Job, rank: int, world_size: int, local_rank: int, store, gen: i
     os.makedirs(ctx.job_dir, exist_ok=True)
     result: dict = {"rank": rank, "status": "ok"}
     started = time.monotonic()
-    with _isolated(ctx.job_dir):
+    with _isolated(ctx.run_dir):
         _seed(job.seed)
         if job.backend == "nccl":
             torch.cuda.set_device(local_rank)
@@ -175,16 +246,17 @@ def run_job(job: Job, rank: int, world_size: int, local_rank: int, store, gen: i
         # rank would print its Nth job's crash with N prefixes.
         excepthook = sys.excepthook
         _CURRENT = ctx
+        stage = FORMATION
         try:
-            dist.init_process_group(
-                job.backend, store=dist.PrefixStore(f"g{gen}/pg/{job.n}", store), rank=rank, world_size=world_size,
-                timeout=datetime.timedelta(seconds=job.pg_timeout_s),
-            )
+            _form_group(job, rank, world_size, store, gen)
+            stage = "job"
             result["value"] = _resolve(job.fn)(ctx, *job.args, **job.kwargs)
         except BaseException as exc:  # report everything, including SystemExit from user code
             skip = type(exc).__name__ in ("Skipped", "SkipTest")
             result.update(status="skip" if skip else "error", exc_type=type(exc).__name__,
                           message=str(exc)[:2000], traceback=traceback.format_exc()[-12000:])
+            if stage == FORMATION:
+                result["stage"] = FORMATION
         finally:
             _CURRENT = None
             sys.excepthook = excepthook
@@ -224,15 +296,29 @@ def _connect(gen: int, rank: int):
     return store
 
 
+def stack_path() -> str | None:
+    """The faulthandler file the supervisor asks this rank to dump its stack into (SIGUSR1);
+    None outside a rank process of a local world."""
+    workdir, gen = os.environ.get("LTCONFORM_WORLD_DIR"), os.environ.get("LTCONFORM_GENERATION")
+    rank = os.environ.get("RANK")
+    if not (workdir and gen and rank):
+        return None
+    return os.path.join(workdir, f"g{gen}-rank{rank}.stack")
+
+
 def main() -> int:
     rank = int(os.environ["RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     gen = int(os.environ["LTCONFORM_GENERATION"])
-    workdir = os.environ["LTCONFORM_WORLD_DIR"]
     _die_with_parent(int(os.environ["LTCONFORM_SUPERVISOR_PID"]))
+    # torch's Flight Recorder (every collective, with its Python frames) is what finds a mismatch
+    # no tap knows; a user's environment that switched it off would leave it blind. 1000 entries
+    # (torch's default is 2000) reach back over several steps and halve the cost of a dump.
+    if os.environ.get("TORCH_FR_BUFFER_SIZE", "").strip() in ("", "0"):
+        os.environ["TORCH_FR_BUFFER_SIZE"] = "1000"
 
-    stack_file = open(os.path.join(workdir, f"g{gen}-rank{rank}.stack"), "w")
+    stack_file = open(stack_path(), "w")
     faulthandler.enable(file=stack_file, all_threads=True)
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True, chain=False)
     keep_library_roots()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ast
 import linecache
+import os
 import re
 from collections import Counter
 
@@ -62,12 +63,16 @@ class AllRankSave(Contract):
         a load_from_checkpoint that raised on a sharded directory names this contract too."""
         if "call" in run.divergent_events() and not stopped_first(run, run.job.divergence):
             return Blame.CALL
+        if mismatch_cause(run) is not None and not run.raised_in_user_code():
+            return Blame.CALL
         return super().blames(run)
 
     def judge(self, run: Run) -> Verdict:
         div = first_divergence(run.traces, select=user_call)
         if div is not None and div["kind"] == "calls" and not stopped_first(run, div):
             return self._diverged(run, div)
+        if not run.finished and not run.raised_in_user_code() and mismatch_cause(run) is not None:
+            return self._mismatched(run)
         loads = [(r, e) for r, t in enumerate(run.traces) for e in t
                  if e.get("ev") == "load" and e.get("layout") in SHARDED_LAYOUTS]
         if loads:
@@ -142,9 +147,18 @@ class AllRankSave(Contract):
             return None
         refused = [r for r, d in done if d.get("weights_only")]
         failures = [(r, d) for r, d in done if r not in refused and
-                    (d.get("error") or not (d.get("restored_ok") or d.get("unchecked")))]
+                    (d.get("error") or not (d.get("restored_ok") or d.get("unchecked") or d.get("nonfinite")))]
         first = done[0][1]
         files = ", ".join(first.get("files") or []) or "nothing"
+        if failures and not any(e.get("configured") for e in run.events(0, "strategy")):
+            return _not_configured(failures, files)
+        after = next((d["after_restore"] for _, d in done if d.get("after_restore")), None)
+        after = (f" The resumed fit then stopped ({after}) after the checkpoint had loaded: that is the run's "
+                 f"own doing, judged by the fit's items, not the checkpoint's.") if after else ""
+        if not failures and first.get("nonfinite"):
+            return (f"Under FSDP every rank saved a sharded checkpoint directory ({files}) and a fit resumed from "
+                    f"it, but the weights after fit are not finite (nan or inf), so the restored ones could not be "
+                    f"compared with them.{after}")
         if refused and not failures:
             # One device refuses the same checkpoint: a resume matter, not a sharded-checkpoint finding.
             return (f"Under FSDP every rank saved a sharded checkpoint directory ({files}); resuming from it was "
@@ -165,7 +179,7 @@ class AllRankSave(Contract):
         if not failures:
             return (f"Under FSDP every rank saved a sharded checkpoint directory ({files}) and a fit resumed from "
                     f"it with the matching strategy (state_dict_type='sharded'): step {first.get('saved_step')} "
-                    f"and every rank's parameter shard restored.")
+                    f"and every rank's parameter shard restored.{after}")
         evidence = []
         for r, d in failures:
             if d.get("error"):
@@ -212,6 +226,43 @@ class AllRankSave(Contract):
                                      f"on {_ranks(makers)} and not on {_ranks(missing)}", site=site))
         return self.verdict("failed", summary, evidence=evidence, fix=fix_for(call),
                             category="deadlock", notes=self._notes(run, div, call, makers, at))
+
+    def _mismatched(self, run: Run) -> Verdict:
+        """The world stopped on a collective the ranks issued differently (torch's Flight Recorder):
+        name the one-sided call at the user's line, each rank's collective at that number, and
+        the guard that split them."""
+        mm = run.job.mismatch
+        cause_rank, call = mismatch_cause(run)
+        guard, rank_based = call_guard(call.get("site"))
+        site = fmt_site(call.get("site"))
+        named = _collective_name(call)
+        others = sorted(r for r in range(run.world_size) if r != cause_rank)
+        summary = (f"{named} called on rank {cause_rank}{_guard_text(guard, rank_based)}, at {site}, was met by a "
+                   f"different call on {_ranks(others)} (collective #{mm['seq']} of the process group): "
+                   f"the ranks' collectives no longer pair up, so the world hangs or mixes values.")
+        evidence = []
+        for r in range(run.world_size):
+            theirs = mm["calls"].get(r)
+            if theirs is None:
+                evidence.append(Evidence(f"no collective #{mm['seq']} (it stopped before issuing one)", rank=r))
+            else:
+                evidence.append(Evidence(f"collective #{mm['seq']}: {_collective_name(theirs)}", rank=r,
+                                         site=fmt_site(theirs.get("site")) if theirs.get("site") else None))
+        if guard:
+            evidence.append(Evidence(f"the call is guarded by `{guard}`" if rank_based else
+                                     f"the call is guarded by `{guard}`, a condition on rank-local state", site=site))
+        synced = _synced_keys(run, cause_rank) if "metrics" in str((call.get("via") or {}).get("func")) else []
+        if synced:
+            evidence.append(Evidence(f"reading the trainer's metrics computes the epoch values, and syncing a value "
+                                     f"logged with sync_dist=True is a collective: {', '.join(map(repr, synced))}",
+                                     rank=cause_rank))
+        notes = ["every collective was recorded by torch's Flight Recorder on each rank; the first one the ranks "
+                 "issued from different places in your code is named (a library call such as "
+                 "trainer.callback_metrics or summon_full_params makes collectives inside it)."]
+        via = (call.get("via") or {}).get("func") or call.get("op")
+        fix = (f"call {via}() on every rank, in the same order (it makes a collective every rank must enter); keep "
+               f"only the rank-local side work (printing, writing a file) under the rank guard.")
+        return self.verdict("failed", summary, evidence=evidence, fix=fix, category="deadlock", notes=notes)
 
     def _notes(self, run: Run, div: dict, call: dict, makers: list[int], at: int) -> list[str]:
         label = call.get("label")
@@ -265,8 +316,50 @@ def weights_only_note(run: Run, contract_id: str) -> str | None:
             f"weights_only=False when loading a checkpoint you trust.")
 
 
+def _not_configured(failures: list, files: str) -> str:
+    """The round trip failed under FSDP, which the user's config does not name: what would break
+    if they moved to it, said as such (sentence for a passing verdict), never a failed contract."""
+    r, d = failures[0]
+    what = f"{d.get('phase', 'resume')} raised {d['error']}" if d.get("error") else \
+        f"the restored shard differs (checksum {d.get('restored_checksum')}, saved {d.get('saved_checksum')})"
+    return (f"Under FSDP, which the Trainer config does not name, every rank saved a sharded checkpoint directory "
+            f"({files}), but resuming from it does not work for this module (rank {r}: {what}): an FSDP "
+            f"incompatibility to know before moving to FSDP, not an all-rank-save failure (FSDP section).")
+
+
 _AFTER_RAISE = ("on_exception", "teardown")
 _COLLECTIVE_ERRORS = ("gloo", "Connection closed by peer", "Connection reset by peer", "Timed out", "NCCL")
+
+
+def _collective_name(call: dict) -> str:
+    """``all_reduce inside callback_metrics (trainer.py:1714)``, or ``torch.distributed.all_reduce``
+    when user code called the collective itself."""
+    via = call.get("via")
+    op = call.get("op") or "a collective"
+    if not call.get("site"):
+        return f"{op} (made by Lightning or torch, no frame of your code on its stack)"
+    if not via:
+        return f"torch.distributed.{op}"
+    return f"{via['func']} ({os.path.basename(via['file'])}:{via['line']}; its {op} was this collective)"
+
+
+def _synced_keys(run: Run, rank: int) -> list[str]:
+    """The keys rank ``rank`` logged with sync_dist=True (what a read of the trainer's metrics syncs)."""
+    return list(dict.fromkeys(str(e.get("name")) for e in run.events(rank, "log")
+                              if e.get("sync_dist") and not e.get("rank_zero_only")))
+
+
+def mismatch_cause(run: Run) -> tuple[int, dict] | None:
+    """``(rank, call)`` of the first mismatched collective (``JobResult.mismatch``) that starts
+    it: a call under a guard in user code, else the call of a rank whose peers issued nothing at
+    that number, else the lowest rank's; None without a mismatch or a user frame to name."""
+    mm = getattr(run.job, "mismatch", None)
+    calls = {r: c for r, c in (mm or {}).get("calls", {}).items() if c.get("site")}
+    if not calls:
+        return None
+    guarded = [r for r, c in sorted(calls.items()) if call_guard(c["site"])[0]]
+    rank = guarded[0] if guarded else min(calls)
+    return rank, calls[rank]
 
 
 def stopped_first(run: Run, div: dict | None) -> bool:

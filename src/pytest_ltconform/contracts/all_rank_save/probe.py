@@ -20,6 +20,7 @@ probe adds:
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
@@ -267,6 +268,9 @@ def _round_trip(objects, trainer) -> dict:
             return out
         out.update(restored_step=seen.get("step"), restored_checksum=seen.get("checksum"))
         saved = out["saved_checksum"]
+        if not math.isfinite(saved):
+            out["nonfinite"] = True  # nan never equals nan: nothing to compare the restored weights with
+            return out
         out["restored_ok"] = (seen.get("step") == out["saved_step"] and seen.get("checksum") is not None
                               and abs(seen["checksum"] - saved) <= 1e-5 * max(1.0, abs(saved)))
     except (Exception, _dcp_exception()) as exc:  # reported as the round trip's failure, not a broken run
@@ -293,6 +297,20 @@ def _no_op(*args, **kwargs) -> None:
     return None
 
 
+def _fresh_user_kwargs(objects) -> dict:
+    """The user's Trainer kwargs with callbacks of their own that no Trainer has used yet: a
+    factory's, built again, or a dict's, copied; without a copy, no callbacks of theirs."""
+    import copy
+
+    user = target_mod.user_trainer_kwargs(objects.targets)
+    if objects.targets.trainer_dict is not None and user.get("callbacks") is not None:
+        try:
+            user["callbacks"] = copy.deepcopy(user["callbacks"])
+        except Exception:  # a callback that cannot be copied is not shared with the fit's Trainer
+            user.pop("callbacks")
+    return user
+
+
 class _Resume:
     """A fresh module, datamodule and Trainer with the matching strategy, restored from ``path``."""
 
@@ -313,6 +331,11 @@ class _Resume:
         seen = self.seen
 
         class RestoreCheck(self.objects.ns.Callback):
+            def on_load_checkpoint(self, trainer, pl_module, checkpoint):
+                # The weights are loaded by now: what fails after this is not the checkpoint's doing.
+                seen.update(restored=True, step=int(checkpoint.get("global_step", -1)),
+                            checksum=_shard_checksum(pl_module))
+
             def on_train_start(self, trainer, pl_module):
                 seen.update(step=int(trainer.global_step), checksum=_shard_checksum(pl_module))
 
@@ -322,14 +345,17 @@ class _Resume:
         return RestoreCheck()
 
     def kwargs(self) -> dict:
+        """The user's own Trainer config, bounded as every run, for one more epoch of one batch:
+        validation, its sanity check and the user's callbacks (fresh ones) stay as configured, so a
+        scheduler or callback that monitors a validation metric finds it, as on the user's resume."""
         trainer = self.trainer
-        user = {k: v for k, v in self.objects.user_kwargs.items()
-                if k not in ("callbacks", "strategy", "max_steps", "profiler", "plugins")}
+        user = {k: v for k, v in _fresh_user_kwargs(self.objects).items()
+                if k not in ("strategy", "max_steps", "profiler", "plugins")}
+        user["limit_train_batches"] = 1  # given here, so a validation interval is bounded by it too
         kwargs = build_trainer_kwargs(user, self.strategy(), trainer.world_size,
                                       os.path.join(trainer.default_root_dir, "ltconform-resume"))
-        kwargs.update(max_epochs=int(trainer.current_epoch) + 1, max_steps=-1, limit_train_batches=1,
-                      limit_val_batches=0, num_sanity_val_steps=0, enable_checkpointing=False,
-                      callbacks=[self.callback()])
+        kwargs.update(max_epochs=int(trainer.current_epoch) + 1, max_steps=-1,
+                      callbacks=list(kwargs.get("callbacks") or []) + [self.callback()])
         return kwargs
 
     def restore(self, out: dict) -> dict | None:
@@ -342,11 +368,15 @@ class _Resume:
         try:
             objects.ns.Trainer(**kwargs).fit(model, datamodule=datamodule, ckpt_path=self.path)
             return self.seen
-        except ValueError as exc:
+        except (Exception, _dcp_exception()) as exc:
+            if self.seen.get("restored"):
+                # The checkpoint loaded; the rest of the resumed epoch is the user's run, judged by the fit.
+                out["after_restore"] = exc_text(exc, 200)
+                return self.seen
             # An optimizer without state (plain SGD) saves an empty "state" that the sharded format
             # drops, and Lightning 2.6.6 then refuses the optimizer on resume. Check the weights
             # through validate(ckpt_path=dir), which loads no optimizer, and report the limitation.
-            if not (stateless and "optim_state_dict" in str(exc)):
+            if not (isinstance(exc, ValueError) and stateless and "optim_state_dict" in str(exc)):
                 raise
             out["limitation"] = f"{type(exc).__name__}: {str(exc)[:160]}"
         return self._validate(kwargs, out)

@@ -91,6 +91,7 @@ def drawn_at(ref: dict) -> str:
 
 class EffectiveBatch(Contract):
     id = "effective-batch"
+    needs_finite_loss = True
     title = "The effective batch is reported and the gradient does not depend on the world size"
     rule_section = "Choose using measured memory"
     run_spec = RunSpec("effective-batch", "pytest_ltconform.contracts.effective_batch.probe:one_step",

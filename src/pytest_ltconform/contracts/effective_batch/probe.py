@@ -27,16 +27,25 @@ MANUAL_LIMIT = 8  # training batches a manually optimized world may take to reac
 
 
 class _Replay:
-    """An iterable of fixed batches (Lightning treats it as one train dataloader)."""
+    """Fixed batches in place of the user's train loader (Lightning treats it as one train
+    dataloader): iterating yields the batches; every other attribute (``dataset``, ``batch_size``,
+    ``sampler``, ...) is the user's loader's, since the module's own hooks may read them."""
 
-    def __init__(self, batches: list):
+    def __init__(self, batches: list, loader=None):
         self.batches = batches
+        self.loader = loader
 
     def __iter__(self):
         return iter(self.batches)
 
     def __len__(self):
         return len(self.batches)
+
+    def __getattr__(self, name):
+        loader = self.__dict__.get("loader")
+        if loader is None or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(loader, name)
 
 
 def _no_dropout(module) -> int:
@@ -357,8 +366,9 @@ def _reference_batches(folder: str, world: int, micro: int) -> tuple[list | None
     return [window.concat([per_rank[r][j] for r in range(world)]) for j in range(micro)], "concat", None
 
 
-def _fit_reference(run: RankRun, model, batches: list, folder: str, seed: int) -> EffectiveBatchProbe:
-    """One rank, the saved weights, one step on ``batches``, every micro-batch seeded from ``seed``."""
+def _fit_reference(run: RankRun, model, dm, batches: list, folder: str, seed: int) -> EffectiveBatchProbe:
+    """One rank, the saved weights, one step on ``batches``, every micro-batch seeded from ``seed``;
+    ``dm``: a datamodule no fit has torn down yet (or None)."""
     objects = run.objects
     probe = EffectiveBatchProbe(folder, seed=seed)
     strategy = run.strategy("ddp", None)
@@ -367,10 +377,11 @@ def _fit_reference(run: RankRun, model, batches: list, folder: str, seed: int) -
     trainer = run.build_trainer(kwargs, callbacks=(_make_callback(objects.ns, probe),))
     # The same samples come from wherever the user's train_dataloader lives; the rest of the
     # datamodule (validation, setup) stays the user's.
-    replay = _Replay(batches)
-    dm = objects.datamodule
-    holder = dm if dm is not None and defines(dm, "train_dataloader", run.targets.namespace) else model
-    object.__setattr__(holder, "train_dataloader", lambda: replay)
+    ns = run.targets.namespace
+    holder = dm if dm is not None and defines(dm, "train_dataloader", ns) else model
+    # The user's loader is built where Lightning builds it (after the datamodule's setup).
+    own = holder.train_dataloader if defines(holder, "train_dataloader", ns) else None
+    object.__setattr__(holder, "train_dataloader", lambda: _Replay(batches, own() if own else None))
     trainer.fit(model, datamodule=dm)
     return probe
 
@@ -389,8 +400,9 @@ def reference(ctx, targets, folder: str, world: int, micro: int, pg_timeout_s: f
             return {"reference": {"not_judged": why, "stepped": False}}
         draws: list = []
         with window.watch_draws(draws):
-            first = _fit_reference(run, run.objects.model, batches, folder, seed=1)
-        second = _fit_reference(run, run.objects.new_model(), batches, folder, seed=2)
+            first = _fit_reference(run, run.objects.model, run.objects.datamodule, batches, folder, seed=1)
+        # A fresh datamodule too: the first fit tore its own down, and a user's run sets up each one once.
+        second = _fit_reference(run, run.objects.new_model(), run.objects.new_datamodule(), batches, folder, seed=2)
     state = first.state
     out = {"norm": state.get("norm"), "sizes": state["sizes"], "stepped": bool(state.get("stepped")),
            "merged_by": how, "draws": draws,

@@ -36,6 +36,9 @@ _FIX_DUPLICATES = ("Evaluate each sample once: shard evaluation with a sampler t
                    "takes indices rank, rank + world, ...; use_distributed_sampler=False), or drop duplicates "
                    "by a stable sample id before computing, or publish metrics from a "
                    "Trainer(accelerator=\"cpu\", devices=1) run.")
+_FIX_UNSPLIT = ("Split evaluation across ranks: keep use_distributed_sampler=True for the evaluation loaders (own "
+               "only the training sampler), or give the loader a sampler that takes indices rank, rank + world, "
+               "... without padding.")
 _FIX_MISSING = "Evaluate every sample: a sampler without drop_last that covers every index across ranks."
 _FIX_SHARD_METRIC = ("Publish a metric over the whole set: a TorchMetrics object (synced across ranks), "
                      "self.log(..., sync_dist=True) for a plain mean, or all-gather predictions with sample ids "
@@ -73,6 +76,7 @@ class Findings:
     fixes: set[str] = dataclasses.field(default_factory=set)
     good: list[str] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
+    unread: list[str] = dataclasses.field(default_factory=list)  # loaders whose samples could not be told apart
 
     def fail(self, text: str, fix: str) -> None:
         self.failures.append(text)
@@ -81,6 +85,7 @@ class Findings:
 
 class EvalDuplication(Contract):
     id = "eval-duplication"
+    needs_finite_loss = True
     title = "Evaluation counts every sample exactly once and publishes the whole set"
     rule_section = "Sampling, metrics and writes"
     run_spec = RunSpec("eval", "pytest_ltconform.contracts.eval_duplication.probe:evaluate",
@@ -119,6 +124,9 @@ class EvalDuplication(Contract):
         if found.failures:
             return self.verdict("failed", " ".join(found.failures), evidence=found.evidence,
                                 fix=" ".join(sorted(found.fixes)), category="silent", notes=found.notes)
+        if found.unread and not found.good:  # nothing compared: never a pass
+            return self.verdict("skipped", "not judged: cannot tell samples apart in " + "; ".join(found.unread)
+                                + " (no dataset indices to read).", notes=found.notes)
         return self.verdict("passed", " ".join(found.good), evidence=found.evidence, notes=found.notes)
 
 
@@ -179,9 +187,12 @@ class _StageCheck:
         infos = [r["loaders"][i] if i < len(r.get("loaders", [])) else {} for r in self.recs]
         tag = f"{self.word}" + (f" (dataloader {i})" if n_loaders > 1 else "")
         if any(info.get("iterable") for info in infos):
+            self.found.unread.append(f"{tag}: IterableDataset {infos[0].get('dataset') or ''}".rstrip())
             self.found.notes.append(f"{tag}: an IterableDataset has no indices to compare; not checked.")
             return
         if any(info.get("indices") is None for info in infos):
+            self.found.unread.append(f"{tag}: {infos[0].get('dataset') or 'a dataset'} behind "
+                                     f"{infos[0].get('sampler') or 'no sampler'}")
             self.found.notes.append(f"{tag}: the sampler's indices could not be read "
                                     f"({next((x.get('error') for x in infos if x.get('error')), 'no sampler')}).")
             return
@@ -194,6 +205,8 @@ class _StageCheck:
         split = self._split_in_step(per_rank) if dups else None
         if split is not None:
             self._in_step(tag, per_rank, split, moved)
+        elif dups and self._whole_set_unsplit(tag, i, infos, per_rank, n):
+            pass
         elif dups and self._whole_set_unchanged(tag, i, per_rank, n, moved):
             pass
         elif dups:
@@ -207,6 +220,32 @@ class _StageCheck:
             self._exactly_once(tag, i, per_rank, n, counts)
         if not dups:
             self._shard_metrics(tag, per_rank, n, moved)
+
+    def _whole_set_unsplit(self, tag, i, infos, per_rank, n) -> bool:
+        """Every rank evaluates the whole set although it has a batch or more for each rank: no
+        sampler splits it, so each sample is evaluated world-size times (seed section "Sampling,
+        metrics and writes"). A set with fewer batches than ranks, left whole on purpose, is
+        :meth:`_whole_set_unchanged`'s. Records a failure; True when it did."""
+        full = sorted(per_rank[0])
+        if any(sorted(idx) != full for idx in per_rank[1:]) or (n is not None and len(set(full)) != n):
+            return False
+        batches = [info.get("batches") or 0 for info in infos]
+        if min(batches) < self.world:
+            return False
+        sampler = infos[0].get("sampler") or "no sampler"
+        same = self._same(i)
+        equal = ("; the published values equal the single-device ones (" + ", ".join(
+            f"{k} {_fmt(v)}" for k, v, _ in same[:3]) + "), only because each copy weighs the same") if same else ""
+        self.found.fail(f"{tag}: every rank evaluates the whole set: all {len(set(full))} samples on each of the "
+                        f"{self.world} ranks ({min(batches)} batches per rank, {sampler}), so each sample is "
+                        f"evaluated {self.world} times and no sampler splits the {self.word} set across "
+                        f"ranks{equal}.", _FIX_UNSPLIT)
+        built = _loader_site(self.run, self.stage)
+        for r, idx in enumerate(per_rank):
+            self.found.evidence.append(Evidence(f"this rank's {self.word} loader yields all {len(idx)} indices "
+                                                f"{_ids(idx, keep_order=True)} in {batches[r]} batches", rank=r,
+                                                site=fmt_site(built) if built and r == 0 else None))
+        return True
 
     def _whole_set_unchanged(self, tag, i, per_rank, n, moved) -> bool:
         """Every rank evaluates the whole set (the same indices, all of them), and every value the
@@ -360,7 +399,7 @@ class _StageCheck:
             return
         n = infos[0].get("dataset_len") or len(set(own) | set(rest))
         for path, w in by_rank[0].items():
-            if path in others or gathered:
+            if path in others or gathered or _publishes_synced_metrics(self.run, stage, w.get("site")):
                 continue
             site = w.get("site")
             guard = rank_guard(site)
@@ -391,6 +430,31 @@ def _log_event(run, key) -> dict | None:
         if e.get("name") == key and e.get("user"):
             return e
     return None
+
+
+def _publishes_synced_metrics(run, stage, site) -> bool:
+    """Whether rank 0's write publishes Lightning's reduced metrics: the writing function reads
+    ``trainer.callback_metrics`` (or ``logged_metrics``) and every value the stage logged on rank 0
+    was reduced across ranks (``sync_dist=True`` or a TorchMetrics metric), so the file holds
+    whole-set values, not rank 0's shard (shared case ok_callback_metrics_read_before_guard)."""
+    import ast
+
+    from ..base import _parse
+
+    tree = _parse(site["file"]) if site and site.get("file") else None
+    line = (site or {}).get("line", 0)
+    funcs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+             and n.lineno <= line <= (n.end_lineno or n.lineno)] if tree is not None else []
+    text = ast.unparse(max(funcs, key=lambda n: n.lineno)) if funcs else ""
+    if "callback_metrics" not in text and "logged_metrics" not in text:
+        return False
+    logs, inside = [], False
+    for e in run.events(0):
+        if e.get("ev") == "eval_stage" and e.get("name") == stage:
+            inside = e.get("at") == "start"
+        elif inside and e.get("ev") == "log" and e.get("user"):
+            logs.append(e)
+    return bool(logs) and all(e.get("sync_dist") or e.get("vtype") == "metric" for e in logs)
 
 
 def _gathered(run, stage) -> bool:

@@ -81,6 +81,7 @@ def _indices(loader, num_batches) -> dict:
     """The dataset indices ``loader`` hands this rank in one pass of ``num_batches`` batches."""
     info: dict[str, Any] = {"sampler": None, "indices": None, "dataset_len": None}
     dataset = getattr(loader, "dataset", None)
+    info["dataset"] = type(dataset).__qualname__ if dataset is not None else type(loader).__qualname__
     try:
         info["dataset_len"] = len(dataset)
     except Exception:
@@ -109,6 +110,7 @@ def _indices(loader, num_batches) -> dict:
             for b, batch in enumerate(batch_sampler):
                 if limit is not None and b >= limit:
                     break
+                info["batches"] = b + 1
                 out.extend(int(i) for i in batch)
                 if len(out) > _MAX_INDICES:
                     break
@@ -116,6 +118,7 @@ def _indices(loader, num_batches) -> dict:
             for k, i in enumerate(sampler):
                 if limit is not None and k >= limit:
                     break
+                info["batches"] = k + 1
                 out.append(int(i))
                 if len(out) > _MAX_INDICES:
                     break

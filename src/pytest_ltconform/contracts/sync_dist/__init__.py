@@ -61,6 +61,7 @@ def _differs(values: list, rel: float = 1e-5) -> bool:
 
 class SyncDist(Contract):
     id = "sync-dist"
+    needs_finite_loss = True
     title = "Synced logging, monitored metrics and shared decisions agree across ranks"
     rule_section = "Sampling, metrics and writes"
     strategies = ("ddp", "fsdp", "deepspeed")

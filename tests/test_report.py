@@ -1,0 +1,151 @@
+"""The JSON report is never lost and says what the session was: a session that judged nothing
+leaves an earlier report alone, the report says whether the session was interrupted and its exit
+status, a terminal line says where it was written, two reports of one config compare equal, and
+tiers that cannot run here are a count each, not a record per item (test_first_run.py).
+
+The pytest subprocesses here select no contract item (``-m "not ltconform"``), so none starts a
+world; they still validate the ini target (torch and Lightning are imported).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import BORING
+
+pytest_plugins = ["pytester"]
+
+INI = f"[pytest]\nltconform_target = {BORING}\nltconform_strategies = ddp\nltconform_report = reports/lt.json\n"
+
+UNIT_TEST = "def test_unit():\n    assert 1 + 1 == 2\n"
+
+
+def test_a_session_that_judged_nothing_leaves_an_earlier_report_alone(pytester):
+    pytester.makeini(INI)
+    pytester.makepyfile(test_unit=UNIT_TEST)
+    report = pytester.path / "reports" / "lt.json"
+    report.parent.mkdir()
+    earlier = '{"results": ["the last conformance verdicts"]}\n'
+    report.write_text(earlier)
+    result = pytester.runpytest_subprocess("-m", "not ltconform", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()[-2000:]
+    assert report.read_text() == earlier
+    assert f"\nltconform: nothing was judged, so the JSON report {report} was left as an earlier session wrote " \
+           f"it\n" in result.stdout.str()
+    assert "generated ltconform report file" not in result.stdout.str()
+
+
+def test_the_report_says_where_it_went_its_exit_status_and_counts_tiers_not_run(pytester):
+    pytester.makeini(INI)
+    pytester.makepyfile(test_unit=UNIT_TEST)
+    report = pytester.path / "reports" / "lt.json"
+    result = pytester.runpytest_subprocess("-m", "not ltconform", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()[-2000:]
+    result.stdout.fnmatch_lines([f"*- generated ltconform report file: {report} -*"])
+    doc = json.loads(report.read_text())
+    assert (doc["interrupted"], doc["exitstatus"], doc["results"]) == (False, 0, [])
+
+
+def test_an_interrupted_session_says_so_in_the_report(pytester):
+    pytester.makeini(INI)
+    pytester.makepyfile(test_unit="def test_stopped():\n    raise KeyboardInterrupt\n")
+    report = pytester.path / "reports" / "lt.json"
+    result = pytester.runpytest_subprocess("-m", "not ltconform", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.INTERRUPTED, result.stdout.str()[-2000:]
+    doc = json.loads(report.read_text())
+    assert (doc["interrupted"], doc["exitstatus"]) == (True, int(pytest.ExitCode.INTERRUPTED))
+
+
+def test_callback_reprs_carry_no_memory_address(tmp_path):
+    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+
+    from pytest_ltconform import report, target
+
+    paths = []
+    for n in range(2):  # two reports of one config, with callbacks built anew each time
+        kwargs = {"max_epochs": 1, "callbacks": [ModelCheckpoint(monitor="x"), EarlyStopping(monitor="x")]}
+        validated = target.validate(BORING, trainer=kwargs, id="m")
+        paths.append(tmp_path / f"r{n}.json")
+        report.write_json(str(paths[-1]), BORING, 2, [], targets=[validated])
+    docs = [json.loads(p.read_text()) for p in paths]
+    docs[0]["versions"] = docs[1]["versions"]
+    assert docs[0] == docs[1]
+    callbacks = docs[0]["targets"][0]["trainer"]["callbacks"]
+    assert callbacks == ["<lightning.pytorch.callbacks.model_checkpoint.ModelCheckpoint object>",
+                         "<lightning.pytorch.callbacks.early_stopping.EarlyStopping object>"]
+
+
+# -- what the terminal shows ---------------------------------------------------------------------
+
+DIES = '''
+import os
+
+from lightning.pytorch.demos.boring_classes import BoringModel
+
+
+class Model(BoringModel):
+    def training_step(self, batch, batch_idx):
+        out = super().training_step(batch, batch_idx)
+        self.log("train_loss", out["loss"])  # a tensor that requires grad
+        if self.global_rank == 1 and batch_idx == 2:
+            print("USER-OUTPUT of rank 1", flush=True)
+            os._exit(3)
+        return out
+'''
+
+
+def test_a_ranks_output_shows_no_warning_the_plugin_caused(pytester, no_leftover_ranks):
+    pytester.makepyfile(dies=DIES)
+    result = pytester.runpytest_subprocess("--ltconform", "dies.Model", "--ltconform-strategies", "ddp",
+                                           "-k", "all-rank-save", "-p", "no:cacheprovider")
+    out = result.stdout.str()
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, out[-3000:]
+    assert "USER-OUTPUT of rank 1" in out  # the rank's own output is shown
+    # The recorder's float() of the logged tensor is not the user's doing.
+    assert "Converting a tensor with requires_grad=True" not in out, out[-5000:]
+
+
+RAISES = '''
+from lightning.pytorch.demos.boring_classes import BoringModel
+
+
+class Model(BoringModel):
+    def training_step(self, batch, batch_idx):
+        if batch_idx == 1:
+            raise ZeroDivisionError("the user's own bug")
+        return super().training_step(batch, batch_idx)
+'''
+
+
+def test_a_users_exception_is_reported_once_on_the_item_named_for_the_run(pytester, no_leftover_ranks):
+    pytester.makepyfile(raises=RAISES)
+    result = pytester.runpytest_subprocess("--ltconform", "raises.Model", "--ltconform-strategies", "ddp",
+                                           "-k", "all-rank-save or sync-dist", "-p", "no:cacheprovider", "-v", "-rs")
+    out = result.stdout.str()
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, out[-3000:]
+    result.assert_outcomes(failed=1, skipped=2, deselected=result.parseoutcomes()["deselected"])
+    result.stdout.fnmatch_lines(["*collected * items / * deselected / 3 selected*",
+                                 "ltconform::raises.Model::fit[[]ddp[]] FAILED*",
+                                 "ltconform::raises.Model::all-rank-save[[]ddp[]] SKIPPED*",
+                                 "ltconform::raises.Model::sync-dist[[]ddp[]] SKIPPED*"])
+    # The run's item leads with the rank's exception at the user's line; the contracts point at it.
+    result.stdout.fnmatch_lines(["*[[]fit[[]ddp[]][]] the run did not finish: rank * raised ZeroDivisionError at "
+                                 "*raises.py:7 (training_step)*"])
+    assert out.count("raise ZeroDivisionError(\"the user's own bug\")") == 1, out
+    for contract in ("all-rank-save", "sync-dist"):
+        result.stdout.fnmatch_lines([f"SKIPPED*ltconform::raises.Model::{contract}[[]ddp[]]*not judged*"
+                                     f"(see fit[[]ddp[]])*"])
+
+
+def test_a_run_item_passes_when_its_run_finished_and_follows_k(pytester, no_leftover_ranks):
+    result = pytester.runpytest_subprocess("--ltconform", BORING, "--ltconform-strategies", "ddp", "-k",
+                                           "all-rank-save or sync-dist or strategy-config", "-p", "no:cacheprovider",
+                                           "-v")
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines([f"ltconform::{BORING}::fit[[]ddp[]] PASSED*"])
+    result.assert_outcomes(passed=4, deselected=result.parseoutcomes()["deselected"])
+    # One contract item of a run: no run item (-k sync-dist selects one item, and it is judged as before).
+    one = pytester.runpytest_subprocess("--ltconform", BORING, "--ltconform-strategies", "ddp", "-k", "sync-dist",
+                                        "--collect-only", "-q", "-p", "no:cacheprovider")
+    assert [ln for ln in one.stdout.lines if ln.startswith("ltconform::")] == [f"ltconform::{BORING}::sync-dist[ddp]"]
