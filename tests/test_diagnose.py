@@ -71,3 +71,19 @@ def test_position_names_the_open_call_and_hook():
     text = rank_position(trace)
     assert text.startswith("in torch.distributed.barrier from Trainer.save_checkpoint <- m.py:3 (f)")
     assert "inside A.on_train_epoch_end" in text and "epoch 0, global step 4" in text
+
+
+def test_a_rank_killed_by_a_signal_is_named_with_the_signal():
+    from pytest_ltconform.world.causes import exit_words
+
+    assert exit_words(3) == "exit code 3"
+    assert exit_words(-9).startswith("killed by SIGKILL (exit code -9; the kernel's out-of-memory killer")
+    assert exit_words(-11) == "killed by SIGSEGV (exit code -11)"
+
+
+def test_the_ddp_warning_the_plugins_own_flag_causes_is_not_the_users_output():
+    from pytest_ltconform.world.outcome import without_own_noise
+
+    tail = ("epoch 0\n[W reducer.cpp:1400] Warning: find_unused_parameters=True was specified in DDP constructor, "
+            "but did not find any unused parameters in the forward pass.\nValueError: boom")
+    assert without_own_noise(tail) == "epoch 0\nValueError: boom"

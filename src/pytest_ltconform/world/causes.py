@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import signal
 
 from ..sites import bounded_lines, first_sentence, fmt_site, is_user_file
 
@@ -27,6 +28,18 @@ _TRANSPORT_TEXT = (
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>[^\n]+)')
 # A frame of a faulthandler dump (no comma before "in").
 _STACK_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+
+
+def exit_words(code: int | None) -> str:
+    """'exit code 3', or for a negative code the signal: 'killed by SIGKILL (exit code -9; ...)'."""
+    if code is None or code >= 0:
+        return f"exit code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        return f"exit code {code}"
+    oom = "; the kernel's out-of-memory killer sends SIGKILL too" if name == "SIGKILL" else ""
+    return f"killed by {name} (exit code {code}{oom})"
 
 
 def is_transport_failure(outcome) -> bool:
@@ -156,7 +169,7 @@ def first_cause(result) -> Cause | None:
     first = (own or died or hung or failed)[0]
     others = [_describe_other(r) for r in failed if r is not first]
     if first.status == "died":
-        return Cause(first.rank, "died", None, f"it exited without a result (exit code {first.exit_code})",
+        return Cause(first.rank, "died", None, f"it exited without a result ({exit_words(first.exit_code)})",
                      None, first.log_tail, others)
     if first.status == "hung":
         limit, early = getattr(result, "timed_out_by", None), getattr(result, "killed_early", None)

@@ -14,7 +14,7 @@ import os
 from collections import Counter, defaultdict
 
 from ..sites import first_sentence, fmt_site, hook_label, is_user_file
-from .causes import is_transport_failure, raised_in_user_code, stack_frames
+from .causes import exit_words, is_transport_failure, raised_in_user_code, stack_frames
 
 
 def is_collective_bearing(event: dict) -> bool:
@@ -203,7 +203,7 @@ def describe(result, *, consequences_named: bool = False) -> str:
     if statuses.get("died"):
         for r in result.ranks:
             if r.status == "died":
-                lines.append(f"Rank {r.rank} exited without a result (exit code {r.exit_code}).")
+                lines.append(f"Rank {r.rank} exited without a result ({exit_words(r.exit_code)}).")
     transport = [r for r in result.ranks if is_transport_failure(r)]
     for r in result.ranks:
         # A named cause already shows every failed rank (its traceback, the others in one line).

@@ -21,7 +21,7 @@ import time
 
 from . import diagnose
 from .job import Job
-from .outcome import JobResult, RankOutcome, read_trace
+from .outcome import JobResult, RankOutcome, read_trace, without_own_noise
 
 # Environment that would make Lightning think it runs under a cluster launcher.
 _FOREIGN_ENV_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "TORCHELASTIC_", "GROUP_", "ROLE_", "LSB_",
@@ -259,7 +259,7 @@ class LocalWorld:
             r.stack = stacks.get(r.rank)
             r.trace = read_trace(os.path.join(job.dir, f"rank{r.rank}.trace.jsonl"))
             if r.status in ("died", "hung", "error"):
-                r.log_tail = self._log_tail(r.rank, gen)
+                r.log_tail = without_own_noise(self._log_tail(r.rank, gen))
         # A world stopped by a heuristic below names the time limit it did not wait for.
         killed_early = f"{watch.gave_up}, before the time limit ({limit})" if hung and watch.gave_up else None
         result = JobResult.of(ranks, duration, timeout_s=timeout_s, job_dir=job.dir, early_stop=early,

@@ -9,9 +9,20 @@ from typing import Any
 
 from ..sites import bounded_lines
 from . import diagnose
+from .causes import exit_words
 
 # A job's status is its worst rank's.
 SEVERITY = {"ok": 0, "skip": 1, "error": 2, "died": 3, "hung": 4}
+
+# Lines a rank prints because of the plugin's own settings, not the user's: every DDP run of the
+# plugin tolerates unused parameters (harness.tolerate_unused_parameters), and torch's reducer warns
+# about that flag from C++, straight to stderr. unused-parameters judges the user's own flag.
+_OWN_NOISE = ("find_unused_parameters=True was specified in DDP constructor",)
+
+
+def without_own_noise(text: str) -> str:
+    """``text`` (a rank's output) without the lines the plugin's own settings made the rank print."""
+    return "\n".join(line for line in text.split("\n") if not any(n in line for n in _OWN_NOISE))
 
 
 @dataclasses.dataclass
@@ -104,7 +115,7 @@ class JobResult:
             if r.exc_type:
                 head += f" ({r.exc_type}: {r.message})"
             if r.exit_code is not None and r.status == "died":
-                head += f" (exit code {r.exit_code})"
+                head += f" ({exit_words(r.exit_code)})"
             parts.append(head)
             if r.traceback or r.log_tail:
                 parts.append("\n".join(f"[rank{r.rank}] {line}" for line in bounded_lines(r.traceback or r.log_tail)))
