@@ -397,3 +397,51 @@ def test_importing_target_for_conftest_imports_no_torch_or_lightning():
             "print(sorted(m for m in ('torch', 'lightning', 'pytorch_lightning') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stderr
+
+
+PARTIAL_HOOKS = """
+import functools
+
+import lightning.pytorch as L
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Model(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(2, 1)
+
+    def training_step(self, batch, batch_idx):
+        return self.net(batch[0]).sum()
+
+    def test_step(self, batch, batch_idx):
+        pass
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class DataModule(L.LightningDataModule):
+    # As some libraries do: the hooks are partials set on the instance, which Lightning accepts.
+    def __init__(self):
+        super().__init__()
+        self.train_dataloader = functools.partial(self._loader, 8)
+        self.test_dataloader = functools.partial(self._loader, 4)
+
+    def _loader(self, n):
+        return DataLoader(TensorDataset(torch.randn(n, 2)), batch_size=2)
+"""
+
+
+def test_data_hooks_set_on_the_instance_count_as_lightning_counts_them(tmp_path, monkeypatch):
+    """A datamodule whose train_dataloader is a partial assigned in __init__ (a Trainer fits it) was
+    refused at start ("no train_dataloader is defined"), and its test stage was never run."""
+    from pytest_ltconform import harness, target
+
+    (tmp_path / "partial_hooks.py").write_text(PARTIAL_HOOKS)
+    monkeypatch.syspath_prepend(tmp_path)
+    monkeypatch.delitem(__import__("sys").modules, "partial_hooks", raising=False)
+    validated = target.validate("partial_hooks.Model", datamodule="partial_hooks.DataModule")
+    assert validated.model_name == "Model"
+    assert harness.later_stages(harness.UserObjects(validated)) == ["test"]

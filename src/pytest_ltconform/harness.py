@@ -610,13 +610,16 @@ LATER_STAGES = (("test", "test_dataloader", ("test_step",)),
 
 def later_stages(objects: UserObjects) -> list[str]:
     """The stages after fit the user's module can run: a dataloader hook on the module or its
-    datamodule and a step method the stage calls, each defined by the user."""
-    ns, model, dm = objects.ns, type(objects.model), objects.datamodule
+    datamodule and a step method the stage calls, each defined by the user (as Lightning decides
+    it: an attribute set on the instance counts)."""
+    from lightning_utilities.core.overrides import is_overridden
+
+    ns, model, dm = objects.ns, objects.model, objects.datamodule
     out = []
     for stage, loader, steps in LATER_STAGES:
-        has_loader = getattr(model, loader, None) is not getattr(ns.LightningModule, loader) or (
-            dm is not None and getattr(type(dm), loader, None) is not getattr(ns.LightningDataModule, loader))
-        has_step = any(getattr(model, s, None) is not getattr(ns.LightningModule, s, None) for s in steps)
+        has_loader = is_overridden(loader, model, ns.LightningModule) or (
+            dm is not None and is_overridden(loader, dm, ns.LightningDataModule))
+        has_step = any(is_overridden(s, model, ns.LightningModule) for s in steps)
         if has_loader and has_step:
             out.append(stage)
     return out

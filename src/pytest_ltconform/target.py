@@ -450,14 +450,15 @@ def _trainer_kwargs(spec: TargetSpec) -> dict:
 
 
 def defines(obj: Any, hook: str, namespace: str) -> bool:
-    """Whether ``obj`` overrides a data hook such as ``train_dataloader`` of its Lightning base."""
-    method = getattr(type(obj), hook, None)
-    if method is None:
-        return False
+    """Whether ``obj`` overrides a data hook such as ``train_dataloader`` of its Lightning base, as
+    Lightning decides it (``lightning_utilities``' ``is_overridden``): a ``functools.partial`` or
+    method assigned to the instance in ``__init__`` counts, as it does for a Trainer."""
+    from lightning_utilities.core.overrides import is_overridden
+
     for klass in inspect.getmro(type(obj)):
         if klass.__name__ in ("LightningModule", "LightningDataModule") and klass.__module__.startswith(namespace):
-            return method is not getattr(klass, hook, None)
-    return True
+            return is_overridden(hook, obj, klass)
+    return getattr(obj, hook, None) is not None
 
 
 @dataclasses.dataclass(frozen=True)
