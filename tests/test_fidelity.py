@@ -22,6 +22,7 @@ def test_callbacks_that_need_a_logger_get_one_in_the_run_folder(tmp_path):
                                          num_nodes=1)
     logger = built["logger"]
     assert isinstance(logger, CSVLogger) and built["callbacks"] == [lr, stats]
+    logger.log_hyperparams({"lr": 0.1})  # Trainer.fit logs the module's hparams: CSVLogger wrote hparams.yaml
     logger.log_metrics({"lr-SGD": 0.1}, step=0)
     logger.finalize("success")  # keeps the values, writes no file the contracts would judge as the user's
     assert logger.experiment.metrics == [{"lr-SGD": 0.1, "step": 0}]
