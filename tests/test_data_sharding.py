@@ -35,7 +35,7 @@ def test_data_sharding_recreate_failure_names_the_dataloader_line(fake_runs):
     tb = ('Traceback (most recent call last):\n  File "/site-packages/lightning/pytorch/utilities/data.py", '
           'line 1, in _update_dataloader\n')
     created = {"ev": "ds_created", "site": {"file": "/u/dm.py", "line": 7, "func": "DM.train_dataloader"},
-               "positional": 4, "hook": "DM.train_dataloader"}
+               "positional": 5, "hook": "DM.train_dataloader"}
     ranks = [fake_runs.rank(r, [created], status="error", exc_type="MisconfigurationException",
                             message="The DataLoader implementation has an error where more than one `__init__` "
                                     "argument",
@@ -43,6 +43,8 @@ def test_data_sharding_recreate_failure_names_the_dataloader_line(fake_runs):
     verdict = contract.judge(fake_runs.of(ranks, status="error"))
     assert verdict.outcome == "failed"
     assert "positionally" in verdict.summary and "/u/dm.py:7" in verdict.render()
+    # Five arguments by position: the sampler is still the 4th (it said "argument 5 and on").
+    assert "sampler positionally (its 4th argument, of 5 given by position)" in verdict.summary
 
 
 def test_fingerprint_rows_and_ids():

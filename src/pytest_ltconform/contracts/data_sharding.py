@@ -746,8 +746,10 @@ def _not_recreatable(first, stage: str, message: str, created: list[dict]) -> tu
              f"({first.exc_type}: {message})")
     positional = [c for c in created if (c.get("positional") or 0) >= 4]
     if positional:
-        cause += (f"; the DataLoader gets its sampler (argument {positional[0]['positional']} and on) "
-                  f"positionally, so the re-created DataLoader would receive it twice")
+        # DataLoader(dataset, batch_size, shuffle, sampler, ...): the sampler is its 4th argument.
+        cause += (f"; the DataLoader gets its sampler positionally (its 4th argument, of "
+                  f"{positional[0]['positional']} given by position), so the re-created DataLoader would receive "
+                  f"it twice")
     fix = ("pass DataLoader arguments by keyword (DataLoader(dataset, batch_size=..., sampler=...)), "
            "and keep a DataLoader subclass's __init__ arguments stored as attributes of the same name; "
            "or own the sampling with Trainer(use_distributed_sampler=False) and a rank-aware sampler.")
