@@ -900,7 +900,11 @@ class DataSharding(Contract):
 
     def blames(self, run: Run) -> int | None:
         """The ranks ran different hooks first because their own dataloaders give them different
-        numbers of batches; hooks that differ because a rank stopped or hangs are not claimed."""
+        numbers of batches; hooks that differ because a rank stopped or hangs are not claimed. A fit
+        that Lightning's sampler injection stopped (a DataLoader it cannot re-create) is this
+        contract's failure on every strategy, not the user's code stopping nor a sharded tier's."""
+        if _injection_failures(run):
+            return Blame.RAISED
         if run.divergence_kind() == "hooks" and self._uneven_counts(run, self._batches(run), self._loaders(run)):
             return Blame.DATA
         return super().blames(run)
