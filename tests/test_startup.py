@@ -64,6 +64,8 @@ def test_ini_values_apply_and_command_line_wins(pytester):
     [
         ("ltconform_world_size = two", [], "*ini option 'ltconform_world_size'*expected a whole number*'two'*"),
         ("", ["--ltconform-timeout", "-3"], "*--ltconform-timeout: the timeout must be positive*"),
+        ("", ["--ltconform-timeout", "nan"], "*--ltconform-timeout: expected a finite number of seconds, got 'nan'*"),
+        ("ltconform_target =", [], "*ini option 'ltconform_target' in * is empty, so no target would be checked*"),
         ("", ["--ltconform-require", "tpu"], "*--ltconform-require: unknown value(s) 'tpu'; choose from cpu, gpu*"),
         # An empty value is refused, not read as "all" or "none".
         ("", ["--ltconform", ""], "ERROR: --ltconform '': empty target. Pass pkg.mod.Class, pkg.mod:factory or "

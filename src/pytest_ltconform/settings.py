@@ -199,8 +199,11 @@ def _validate_seconds(raw: str, where: str) -> float:
         value = float(raw)
     except ValueError:
         raise pytest.UsageError(f"{where}: expected a number of seconds, got {raw!r}.") from None
+    if value != value or value in (float("inf"), float("-inf")):  # nan and inf parse as floats
+        raise pytest.UsageError(f"{where}: expected a finite number of seconds, got {raw!r}; the minimum is "
+                                f"{MIN_TIMEOUT_S:g} s.")
     if value <= 0:
-        raise pytest.UsageError(f"{where}: the timeout must be positive, got {raw!r}.")
+        raise pytest.UsageError(f"{where}: the timeout must be positive (at least {MIN_TIMEOUT_S:g} s), got {raw!r}.")
     if value < MIN_TIMEOUT_S:
         raise pytest.UsageError(
             f"{where}: {value:g} s is shorter than a contract run can take; the minimum is {MIN_TIMEOUT_S:g} s "
@@ -345,6 +348,11 @@ def check_ini_keys(config: pytest.Config) -> None:
         hint = f"Did you mean {close[0]!r}? " if close else ""
         raise pytest.UsageError(f"ini option {key!r} in {config.inipath}: pytest-ltconform has no such option, so "
                                 f"it would be ignored. {hint}Its options are {', '.join(INI_NAMES)}.")
+    if INI_TARGET in _ini_file_keys(config.inipath) and not any(v.strip() for v in config.getini(INI_TARGET) or []):
+        # As `--ltconform ""`: an empty key would leave the check off with a green job.
+        raise pytest.UsageError(f"ini option {INI_TARGET!r} in {config.inipath} is empty, so no target would be "
+                                f"checked. Give it one target per line (pkg.mod.Class, pkg.mod:factory or "
+                                f"path/to/file.py:Name), or remove the key.")
 
 
 def resolve(config: pytest.Config, project_targets: bool = True) -> Settings:
