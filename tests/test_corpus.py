@@ -86,6 +86,8 @@ def test_full_matrix(tmp_path):
 def _evidence_tokens(evidence: str) -> list[str]:
     """The concrete names an EVIDENCE text promises: quoted names and backticked code."""
     tokens = re.findall(r"'([^'\s]+)'", evidence) + re.findall(r"`([^`]+)`", evidence)
+    # A token cut short with "..." (`if self.global_rank == 0 and ...`) promises its beginning.
+    tokens = [re.split(r"\.\.\.|\u2026", t)[0] for t in tokens]
     return [t.strip() for t in tokens if t.strip()]
 
 
