@@ -447,3 +447,16 @@ def test_data_hooks_set_on_the_instance_count_as_lightning_counts_them(tmp_path,
     validated = target.validate("partial_hooks.Model", datamodule="partial_hooks.DataModule")
     assert validated.model_name == "Model"
     assert harness.later_stages(harness.UserObjects(validated)) == ["test"]
+
+
+def test_an_evaluation_loader_set_on_the_instance_is_evaluated(tmp_path, monkeypatch):
+    """eval-duplication said "the target has no validation, test or predict dataloader" (and passed) for a
+    test_dataloader assigned in the datamodule's __init__ (pytorch-lifestream's PtlsDataModule does so)."""
+    from pytest_ltconform import harness, target
+    from pytest_ltconform.contracts.eval_duplication import probe
+
+    (tmp_path / "partial_hooks.py").write_text(PARTIAL_HOOKS)
+    monkeypatch.syspath_prepend(tmp_path)
+    monkeypatch.delitem(__import__("sys").modules, "partial_hooks", raising=False)
+    objects = harness.UserObjects(target.validate("partial_hooks.Model", datamodule="partial_hooks.DataModule"))
+    assert probe._has_loader(objects, "test") and not probe._has_loader(objects, "validate")

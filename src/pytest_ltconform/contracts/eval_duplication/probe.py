@@ -242,14 +242,14 @@ _STEP = {"validate": ("validation_step",), "test": ("test_step",), "predict": ("
 
 
 def _has_loader(loaded: UserObjects, stage: str) -> bool:
-    """Whether ``stage`` can run: a dataloader for it and the step method it calls."""
-    attr = _LOADER[stage]
-    ns = loaded.ns
-    model = type(loaded.model)
-    module_has = getattr(model, attr, None) is not getattr(ns.LightningModule, attr)
-    dm = loaded.datamodule
-    dm_has = dm is not None and getattr(type(dm), attr, None) is not getattr(ns.LightningDataModule, attr)
-    step = any(getattr(model, name, None) is not getattr(ns.LightningModule, name, None) for name in _STEP[stage])
+    """Whether ``stage`` can run: a dataloader for it and the step method it calls, as Lightning
+    decides it (a hook set on the instance, such as a ``functools.partial``, counts)."""
+    from lightning_utilities.core.overrides import is_overridden
+
+    attr, ns, model, dm = _LOADER[stage], loaded.ns, loaded.model, loaded.datamodule
+    module_has = is_overridden(attr, model, ns.LightningModule)
+    dm_has = dm is not None and is_overridden(attr, dm, ns.LightningDataModule)
+    step = any(is_overridden(name, model, ns.LightningModule) for name in _STEP[stage])
     return (module_has or dm_has) and step
 
 
