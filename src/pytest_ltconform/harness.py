@@ -611,21 +611,22 @@ LATER_STAGES = (("test", "test_dataloader", ("test_step",)),
                 ("predict", "predict_dataloader", ("predict_step", "forward")))
 
 
-def later_stages(objects: UserObjects) -> list[str]:
-    """The stages after fit the user's module can run: a dataloader hook on the module or its
-    datamodule and a step method the stage calls, each defined by the user (as Lightning decides
-    it: an attribute set on the instance counts)."""
+def can_run(objects: UserObjects, loader: str, steps: tuple[str, ...]) -> bool:
+    """Whether the user's module can run a stage: the ``loader`` hook on the module or its
+    datamodule and one of the stage's ``steps`` on the module, each defined by the user as
+    Lightning decides it (``lightning_utilities``' ``is_overridden``: a hook set on the instance,
+    such as a ``functools.partial`` in ``__init__``, counts)."""
     from lightning_utilities.core.overrides import is_overridden
 
     ns, model, dm = objects.ns, objects.model, objects.datamodule
-    out = []
-    for stage, loader, steps in LATER_STAGES:
-        has_loader = is_overridden(loader, model, ns.LightningModule) or (
-            dm is not None and is_overridden(loader, dm, ns.LightningDataModule))
-        has_step = any(is_overridden(s, model, ns.LightningModule) for s in steps)
-        if has_loader and has_step:
-            out.append(stage)
-    return out
+    has_loader = is_overridden(loader, model, ns.LightningModule) or (
+        dm is not None and is_overridden(loader, dm, ns.LightningDataModule))
+    return has_loader and any(is_overridden(s, model, ns.LightningModule) for s in steps)
+
+
+def later_stages(objects: UserObjects) -> list[str]:
+    """The stages after fit the user's module can run (:func:`can_run`)."""
+    return [stage for stage, loader, steps in LATER_STAGES if can_run(objects, loader, steps)]
 
 
 def run_later_stages(run: RankRun) -> None:

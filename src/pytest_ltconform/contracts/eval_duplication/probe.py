@@ -20,7 +20,7 @@ import os
 import sys
 from typing import Any
 
-from ...harness import Probe, RankRun, UserObjects, rank_run, tolerate_unused_parameters
+from ...harness import Probe, RankRun, UserObjects, can_run, rank_run, tolerate_unused_parameters
 from ...sites import user_site
 
 STAGES = ("validate", "test", "predict")
@@ -242,15 +242,8 @@ _STEP = {"validate": ("validation_step",), "test": ("test_step",), "predict": ("
 
 
 def _has_loader(loaded: UserObjects, stage: str) -> bool:
-    """Whether ``stage`` can run: a dataloader for it and the step method it calls, as Lightning
-    decides it (a hook set on the instance, such as a ``functools.partial``, counts)."""
-    from lightning_utilities.core.overrides import is_overridden
-
-    attr, ns, model, dm = _LOADER[stage], loaded.ns, loaded.model, loaded.datamodule
-    module_has = is_overridden(attr, model, ns.LightningModule)
-    dm_has = dm is not None and is_overridden(attr, dm, ns.LightningDataModule)
-    step = any(is_overridden(name, model, ns.LightningModule) for name in _STEP[stage])
-    return (module_has or dm_has) and step
+    """Whether ``stage`` can run: a dataloader for it and the step method it calls."""
+    return can_run(loaded, _LOADER[stage], _STEP[stage])
 
 
 def _driver(loaded: UserObjects) -> tuple[list[str], list[str]]:
