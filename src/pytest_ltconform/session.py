@@ -74,12 +74,12 @@ class LtconformSession:
         owner = contracts.blamed(run)
         if owner is not None:
             return "passed", f"the run stopped because of the {owner}[{strategy}] failure (see that item)."
+        configured = any(e.get("configured") for e in run.events(0, "strategy"))
+        skipped = _not_a_sharded_module(contract, run) if strategy in SHARDED_STRATEGIES and not configured else None
+        if skipped is not None:  # the same words as the contract items judged on this run
+            return "skipped", skipped.summary
         cause = first_cause(run.job)
         headline = cause.headline() if cause is not None else "the run did not finish"
-        configured = any(e.get("configured") for e in run.events(0, "strategy"))
-        if strategy in SHARDED_STRATEGIES and not configured:
-            return "skipped", (f"the module does not run under {STRATEGY_NAMES.get(strategy, strategy)} on CPU "
-                               f"({headline}); the Trainer config does not name it, so this tier does not apply.")
         run.cause_item = item
         run.first_item = getattr(run, "first_item", None) or item
         parts = [cause_text(cause), run.job.diagnosis_after(cause)] if cause is not None else [run.job.failure_text()]
