@@ -80,10 +80,16 @@ def test_ini_values_apply_and_command_line_wins(pytester):
          "--ltconform-world-size 2 (the default) or more."),
         ("ltconform_world_size = 1", [], "ERROR: ini option 'ltconform_world_size' in *: a one-rank world cannot*"),
         # A misspelt key of ours is an error with the right key, not pytest's warning and a green job.
-        ("ltconform_targt = m.Model", [], "ERROR: ini option 'ltconform_targt' in *: pytest-ltconform has no such "
-         "option, so it would be ignored. Did you mean 'ltconform_target'? Its options are ltconform_target, *"),
-        ("ltconfrom_strategies = ddp", [], "ERROR: ini option 'ltconfrom_strategies' in *: * Did you mean "
-         "'ltconform_strategies'?*"),
+        ("ltconform_targt = m.Model", [], "ERROR: ini option 'ltconform_targt' (did you mean 'ltconform_target'?) "
+         "in *: pytest-ltconform has no such option, so it would be ignored. Its options are ltconform_target, *"),
+        ("ltconfrom_strategies = ddp", [], "ERROR: ini option 'ltconfrom_strategies' (did you mean "
+         "'ltconform_strategies'?) in *"),
+        # Every misspelt key in one run, not one per run.
+        ("ltconform_targt = m.Model\nltconform_timeuot = 9", [], "ERROR: ini options 'ltconform_targt' (did you mean "
+         "'ltconform_target'?), 'ltconform_timeuot' (did you mean 'ltconform_timeout'?) in *: pytest-ltconform has "
+         "no such option, so they would be ignored.*"),
+        # A value given with -o is named as such, not as the ini file's.
+        ("", ["-o", "ltconform_world_size=1"], "ERROR: -o ltconform_world_size=...: a one-rank world cannot*"),
     ],
 )
 def test_bad_settings_name_where_they_came_from(pytester, ini, args, message):
@@ -98,8 +104,8 @@ def test_misspelt_key_in_pyproject_is_refused_and_other_keys_are_left_to_pytest(
     pytester.makepyfile("def test_user():\n    pass\n")
     result = pytester.runpytest()
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["ERROR: ini option 'ltconform_strategy' in *pyproject.toml: pytest-ltconform has no "
-                                 "such option, so it would be ignored. Did you mean 'ltconform_strategies'?*"])
+    result.stderr.fnmatch_lines(["ERROR: ini option 'ltconform_strategy' (did you mean 'ltconform_strategies'?) in "
+                                 "*pyproject.toml: pytest-ltconform has no such option, so it would be ignored.*"])
     # A key far from ours is pytest's to warn about (and to refuse under --strict-config).
     pytester.makepyprojecttoml('[tool.pytest.ini_options]\ntimeout_method = "thread"\n')
     pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
@@ -176,7 +182,8 @@ class DataNeedsRoot(L.LightningDataModule):
          "pytest_ltconform.Target('targets_mod.NeedsArgs', init={'hidden': ...})"),
         ("missing/file.py:Model", None, "the file 'missing/file.py' does not exist"),
         ("targets_mod.Good", "targets_mod:trainer_list", "expected a dict of Trainer kwargs"),
-        ("targets_mod.Good", "targets_mod:trainer_typo", "max_epoch is not a Trainer argument"),
+        ("targets_mod.Good", "targets_mod:trainer_typo", "max_epoch is not a Trainer argument of lightning.pytorch; "
+         "did you mean 'max_epochs' for 'max_epoch'?"),
         ("targets_mod.Good", "targets_mod:nope", "--ltconform-trainer 'targets_mod:nope': module 'targets_mod' has no "
          "attribute 'nope'. Dicts and functions defined there: broken_factory, trainer_list, trainer_typo."),
         ("targets_mod.Good", "targets_mod:trainer_typ", "'trainer_typ'. Did you mean 'trainer_typo'? Dicts and "

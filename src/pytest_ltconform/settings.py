@@ -160,8 +160,16 @@ def _lookup(config: pytest.Config, dest: str, ini: str | None = None) -> tuple[s
     ini = ini or dest
     value = config.getini(ini)
     if value not in (None, ""):
-        return str(value).strip(), f"ini option {ini!r} in {config.inipath or 'the ini file'}"
+        return str(value).strip(), _ini_source(config, ini)
     return None, flag
+
+
+def _ini_source(config: pytest.Config, ini: str) -> str:
+    """Where an ini value came from: ``-o``/``--override-ini`` wins over the file, so name it."""
+    overrides = getattr(config.option, "override_ini", None) or []
+    if any(o.split("=", 1)[0].strip() == ini for o in overrides):
+        return f"-o {ini}=..."
+    return f"ini option {ini!r} in {config.inipath or 'the ini file'}"
 
 
 # What to give instead of an empty command-line value.
@@ -334,6 +342,7 @@ def check_ini_keys(config: pytest.Config) -> None:
     and a misspelt ``ltconform_target`` would leave the check off with a green job."""
     import difflib
 
+    unknown = []
     for key in _ini_file_keys(config.inipath):
         if key in INI_NAMES:
             continue
@@ -345,9 +354,13 @@ def check_ini_keys(config: pytest.Config) -> None:
             continue  # another plugin registered it
         except ValueError:
             pass
-        hint = f"Did you mean {close[0]!r}? " if close else ""
-        raise pytest.UsageError(f"ini option {key!r} in {config.inipath}: pytest-ltconform has no such option, so "
-                                f"it would be ignored. {hint}Its options are {', '.join(INI_NAMES)}.")
+        unknown.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    if unknown:
+        # Every bad key at once: fixing them one run at a time costs a run each.
+        raise pytest.UsageError(f"ini option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} in "
+                                f"{config.inipath}: pytest-ltconform has no such option, so "
+                                f"{'they' if len(unknown) > 1 else 'it'} would be ignored. Its options are "
+                                f"{', '.join(INI_NAMES)}.")
     if INI_TARGET in _ini_file_keys(config.inipath) and not any(v.strip() for v in config.getini(INI_TARGET) or []):
         # As `--ltconform ""`: an empty key would leave the check off with a green job.
         raise pytest.UsageError(f"ini option {INI_TARGET!r} in {config.inipath} is empty, so no target would be "

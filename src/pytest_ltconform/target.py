@@ -613,10 +613,15 @@ def _check_trainer_keys(kwargs: dict, namespace: str, where: str, model: str) ->
     accepted = set(inspect.signature(trainer_cls.__init__).parameters) - {"self"}
     unknown = sorted(set(kwargs) - accepted)
     if unknown:
+        import difflib
+
+        hints = [f"{close[0]!r} for {k!r}" for k in unknown
+                 if (close := difflib.get_close_matches(k, sorted(accepted), n=1, cutoff=0.75))]
         raise TargetError(
             f"{where}: {', '.join(unknown)} "
             f"{'is not a Trainer argument' if len(unknown) == 1 else 'are not Trainer arguments'} "
-            f"of {namespace} (check the spelling against Trainer.__init__)."
+            f"of {namespace}" + (f"; did you mean {', '.join(hints)}?" if hints else
+                                 " (check the spelling against Trainer.__init__).")
         )
     from . import trainer_check
 
