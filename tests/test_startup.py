@@ -188,18 +188,25 @@ class DataNeedsRoot(L.LightningDataModule):
          "attribute 'nope'. Dicts and functions defined there: broken_factory, trainer_list, trainer_typo."),
         ("targets_mod.Good", "targets_mod:trainer_typ", "'trainer_typ'. Did you mean 'trainer_typo'? Dicts and "
          "functions defined there: "),
+        # A syntax error names its own file and line (its traceback has no frame of the user's).
+        ("broken_syntax.py:Model", None, "--ltconform 'broken_syntax.py:Model': 'broken_syntax' cannot be imported: "
+         "SyntaxError at "),
     ],
 )
 def test_bad_targets_name_the_input_and_the_fix(tmp_path, monkeypatch, model, trainer, expected):
     from pytest_ltconform import target
 
     (tmp_path / "targets_mod.py").write_text(TARGETS)
+    (tmp_path / "broken_syntax.py").write_text("import torch\nclass Model(\n")
     monkeypatch.syspath_prepend(tmp_path)
     monkeypatch.chdir(tmp_path)
     monkeypatch.delitem(__import__("sys").modules, "targets_mod", raising=False)
     with pytest.raises(target.TargetError) as info:
         target.validate(model, None, trainer)
     assert expected in str(info.value)
+    assert "(at ?)" not in str(info.value)
+    if model.startswith("broken_syntax"):
+        assert f"{tmp_path / 'broken_syntax.py'}:2: '(' was never closed. Fix the syntax there." in str(info.value)
     assert "\n" not in str(info.value)
 
 

@@ -228,6 +228,12 @@ def import_module(spec: TargetSpec):
             f"{missing!r}, which is not installed ({_user_frame(exc.__traceback__)}). Install it in "
             f"this environment."
         ) from None
+    except SyntaxError as exc:
+        # The message already names the file and line; the traceback has no user frame.
+        raise TargetError(
+            f"{spec.option} {spec.text!r}: {spec.module!r} cannot be imported: {type(exc).__name__} at "
+            f"{exc.filename}:{exc.lineno}: {exc.msg}. Fix the syntax there."
+        ) from None
     except Exception as exc:
         raise TargetError(
             f"{spec.option} {spec.text!r}: importing {spec.module!r} raised {type(exc).__name__}: {exc} "
