@@ -87,3 +87,18 @@ def test_the_ddp_warning_the_plugins_own_flag_causes_is_not_the_users_output():
     tail = ("epoch 0\n[W reducer.cpp:1400] Warning: find_unused_parameters=True was specified in DDP constructor, "
             "but did not find any unused parameters in the forward pass.\nValueError: boom")
     assert without_own_noise(tail) == "epoch 0\nValueError: boom"
+
+
+def test_a_rank_that_raised_in_its_step_is_placed_where_it_raised(tmp_path):
+    # The trace records hooks, not every training_step call: the rank's own traceback places it.
+    from pytest_ltconform.world.diagnose import _rank_place
+    from pytest_ltconform.world.outcome import RankOutcome
+
+    user = tmp_path / "model.py"
+    tb = (f'Traceback (most recent call last):\n  File "{user}", line 52, in training_step\n'
+          f'    raise KeyError("lost")\nKeyError: \'lost\'\n')
+    trace = [hook(1, "[LightningModule]M.on_train_start"), hook_exit(1)]
+    raised = RankOutcome(rank=1, status="error", exc_type="KeyError", message="'lost'", traceback=tb, trace=trace)
+    assert _rank_place(raised) == f"raised KeyError at {user}:52 (training_step), epoch 0, global step 0"
+    # A rank that did not raise keeps its traced position.
+    assert _rank_place(RankOutcome(rank=0, status="hung", trace=trace)).startswith("between hooks")

@@ -14,7 +14,7 @@ import os
 from collections import Counter, defaultdict
 
 from ..sites import first_sentence, fmt_site, hook_label, is_user_file
-from .causes import exit_words, is_transport_failure, raised_in_user_code, stack_frames
+from .causes import exit_words, is_transport_failure, raised_in_user_code, stack_frames, user_raise_site
 
 
 def is_collective_bearing(event: dict) -> bool:
@@ -182,6 +182,16 @@ def rank_position(trace: list[dict]) -> str:
     return ", ".join(parts) if parts else "no trace recorded"
 
 
+def _rank_place(outcome) -> str:
+    """:func:`rank_position`, except that a rank which raised in its own code was where it raised
+    (the trace records hooks, not every step call, so it would read "between hooks")."""
+    position = rank_position(outcome.trace)
+    site = user_raise_site(outcome.traceback) if raised_in_user_code(outcome) else None
+    if site is None or not position.startswith("between hooks"):
+        return position
+    return f"raised {outcome.exc_type} at {fmt_site(site)}" + position[len("between hooks"):]
+
+
 def describe(result, *, consequences_named: bool = False) -> str:
     """The readable hang/crash block for a :class:`~.local.JobResult`. ``consequences_named``: the
     caller already names the peers' collective failures (a cause's consequence line), so they are
@@ -235,7 +245,7 @@ def describe(result, *, consequences_named: bool = False) -> str:
     where = []
     for r in result.ranks:
         stack = stack_summary(r.stack) if r.status in ("hung", "died") else None
-        parts = ([rank_position(r.trace)] if r.trace else []) + ([f"stack: {stack}"] if stack else [])
+        parts = ([_rank_place(r)] if r.trace else []) + ([f"stack: {stack}"] if stack else [])
         if parts:
             where.append(f"  rank {r.rank} ({r.status}): {'; '.join(parts)}")
     if where:
