@@ -145,6 +145,9 @@ def test_weights_only_refusal_is_a_note_on_a_passed_verdict(fake_runs):
     note = verdict.notes[0]
     assert "torch.nn.modules.loss.SmoothL1Loss, torch.optim.adam.Adam" in note
     assert "save_hyperparameters(ignore=['loss', 'optimizer_cls'])" in note and "weights_only=False" in note
+    # Packages that ship their own loader (chemprop, darts) already pass weights_only=False.
+    assert note.endswith("A loader of your package's own that already passes weights_only=False is not affected; "
+                         "Lightning's resume and load_from_checkpoint are.")
     assert "\x1b" not in json.dumps(verdict.as_dict())
     # Without hparams data the refused class comes from the resume's own error.
     value = {"probes": {"all-rank-save": {"sharded": resume, "weights_only": []}}}

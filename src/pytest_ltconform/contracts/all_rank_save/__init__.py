@@ -313,7 +313,8 @@ def weights_only_note(run: Run, contract_id: str) -> str | None:
             f"{', '.join(refused) if refused else 'an object pickled in the checkpoint'}"
             + (f" ({held})" if held else "") + ". This is not a distributed fault. Fix: "
             f"{ignore} and store a class by its name (resolve it in configure_optimizers or __init__), or pass "
-            f"weights_only=False when loading a checkpoint you trust.")
+            f"weights_only=False when loading a checkpoint you trust. A loader of your package's own that already "
+            f"passes weights_only=False is not affected; Lightning's resume and load_from_checkpoint are.")
 
 
 def _not_configured(failures: list, files: str) -> str:
