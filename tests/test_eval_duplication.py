@@ -250,7 +250,7 @@ def test_same_stream_of_one_batch_with_equal_values_passes_with_a_note(fake_runs
     ref = fake_runs.run(values=_values([ref_stages]), kind="eval-reference")
     v = judge(fake_runs.run(values=_values(ranks), kind="eval", reference=ref))
     assert v.outcome == "passed", v.render()
-    assert "every rank evaluates the same 1 batch(es), fewer than the 2 ranks" in v.summary
+    assert "every rank evaluates the same 1 batch, fewer than the 2 ranks" in v.summary
 
 
 def test_batches_repeating_within_a_rank_are_not_judged_with_that_reason(fake_runs):

@@ -29,6 +29,10 @@ FIX_SHARED_BATCHES = ("Evaluate each batch once: give every rank its own share o
 _STEP_HOOK = {"validate": ("validation_step",), "test": ("test_step",), "predict": ("predict_step",)}
 
 
+def _batches(n: int) -> str:
+    return f"{n} batch" if n == 1 else f"{n} batches"
+
+
 def source_words(info: dict) -> str:
     """What hands out the batches, in the user's words: "IterableDataset Stream", "DictLoader
     without a sampler"."""
@@ -96,7 +100,7 @@ class ContentCheck:
         sc, n = self.sc, len(streams[0])
         reads = selecting_reads([rec.get("rank_reads") or [] for rec in sc.recs], _STEP_HOOK[sc.stage])
         if reads:
-            sc.found.good.append(f"{self.tag}: every rank's loop receives the same {n} batches and "
+            sc.found.good.append(f"{self.tag}: every rank's loop receives the same {_batches(n)} and "
                                  f"{reads[0].get('hook')} selects each rank's rows by rank, so no sample is "
                                  f"counted twice by the loader ({self._how(streams, k)}).")
             sc.found.notes.append(f"{self.tag}: every rank evaluates the same batches by design: "
@@ -104,7 +108,7 @@ class ContentCheck:
             return
         same, moved = sc._same(self.i), sc._compare(self.i)
         if n < sc.world and same and not moved:
-            sc.found.good.append(f"{self.tag}: every rank evaluates the same {n} batch(es), fewer than the "
+            sc.found.good.append(f"{self.tag}: every rank evaluates the same {_batches(n)}, fewer than the "
                                  f"{sc.world} ranks, and the published values equal the single-device ones "
                                  f"({self._how(streams, k)}).")
             sc.found.notes.append(f"{self.tag}: the stream is not split, so each of the {sc.world} ranks repeats "
@@ -112,7 +116,7 @@ class ContentCheck:
             return
         equal = ("; the published values equal the single-device ones (" + ", ".join(
             f"{key} {v:.4g}" for key, v, _ in same[:3]) + "), only because each copy weighs the same") if same else ""
-        sc.found.fail(f"{self.tag}: every rank evaluates the same stream: the {n} batches each rank's {sc.word} "
+        sc.found.fail(f"{self.tag}: every rank evaluates the same stream: the {_batches(n)} each rank's {sc.word} "
                       f"loop received are the same on all {sc.world} ranks, so each sample is evaluated "
                       f"{sc.world} times and nothing splits the {sc.word} set across ranks ({self._how(streams, k)})"
                       f"{equal}.", FIX_UNSPLIT_STREAM)
@@ -154,5 +158,5 @@ class ContentCheck:
             fps = [b["leaves"][leaf][0] if leaf is not None else b["fp"] for b in s
                    if only is None or b["fp"] in only]
             shown = ", ".join(fps[:4]) + (", ..." if len(fps) > 4 else "")
-            self.sc.found.evidence.append(Evidence(f"this rank's {self.sc.word} loop received {len(s)} batches, "
+            self.sc.found.evidence.append(Evidence(f"this rank's {self.sc.word} loop received {_batches(len(s))}, "
                                                    f"{what}: content fingerprints [{shown}]", rank=r))
