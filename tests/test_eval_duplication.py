@@ -262,3 +262,16 @@ def test_batches_repeating_within_a_rank_are_not_judged_with_that_reason(fake_ru
     assert v.summary == ("not judged: cannot tell samples apart in validation: IterableDataset TripleStream, its "
                          "batches repeat within a rank, so their content does not tell them apart (no dataset "
                          "indices to read).")
+
+
+@pytest.mark.slow
+def test_iterable_stream_on_every_rank_fails_by_content_in_a_real_world(pytester, no_leftover_ranks):
+    path = case("eval-duplication/iterable_val_stream_every_rank.py").rsplit(":", 1)[0]
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ltconform", f"{path}:Model",
+                                           "--ltconform-datamodule", f"{path}:DataModule",
+                                           "-k", "eval-duplication[ and not gpu and not multinode", "-v")
+    out = result.stdout.str()
+    result.assert_outcomes(failed=1)
+    assert "every rank evaluates the same stream: the 3 batches each rank's validation loop received" in out
+    assert "established by content: IterableDataset TripleStream" in out
+    assert "content fingerprints [" in out and "rank 1: this rank's validation loop received 3 batches" in out
