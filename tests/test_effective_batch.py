@@ -134,3 +134,44 @@ def test_merged_by_loader_runs_the_users_collate():
     loader = DataLoader(data, batch_size=2, collate_fn=pad)
     batches, why = merged_by_loader(loader, [[[0, 1]], [[6, 7]]], 1)
     assert why is None and batches[0].shape == (4, 8) and batches[0][:, 0].tolist() == [0.0, 1.0, 6.0, 7.0]
+
+
+def test_unmergeable_batches_say_what_was_not_established_and_name_the_sum(fake_runs):
+    line = {"file": "/pkg/losses.py", "line": 42, "func": "ContrastiveLoss.forward", "what": "sums over the batch",
+            "text": "return loss.sum() * loss_mult"}
+    info = _info(merge_note="the dataset returns different samples for the same indices (random draws while loading)",
+                 loss_lines=[line])
+    verdict = _judge(fake_runs, [info, _info()],
+                     {"not_judged": "a batch of type PaddedBatch (not tensors, tuples or dicts of tensors)",
+                      "stepped": False})
+    assert verdict.outcome == "skipped", verdict.render()
+    assert ("a batch of type PaddedBatch (not tensors, tuples or dicts of tensors); so whether the step's gradient "
+            "depends on the world size (a loss summed over the batch rather than averaged) was not established "
+            "(unchecked: the loss code sums over the batch: `return loss.sum() * loss_mult` at /pkg/losses.py:42 "
+            "(ContrastiveLoss.forward)).") in verdict.summary
+
+
+def test_loss_lines_read_a_loss_module_that_returns_a_sum():
+    import torch
+
+    from pytest_ltconform.contracts.effective_batch.probe import _loss_lines
+
+    class PairLoss(torch.nn.Module):
+        def forward(self, a, b):
+            loss = (a - b).pow(2)
+            return loss.sum() * 1
+
+    class MeanPairLoss(torch.nn.Module):
+        def forward(self, a, b):
+            return (a - b).pow(2).sum() / len(a)
+
+    class Model(torch.nn.Module):
+        def __init__(self, loss):
+            super().__init__()
+            self._loss = loss
+
+    lines = _loss_lines(Model(PairLoss()))
+    assert [(ln["func"], ln["what"], ln["text"]) for ln in lines] == [
+        ("test_loss_lines_read_a_loss_module_that_returns_a_sum.<locals>.PairLoss.forward", "sums over the batch",
+         "return loss.sum() * 1")]
+    assert all(ln["what"].startswith("divides") for ln in _loss_lines(Model(MeanPairLoss())))

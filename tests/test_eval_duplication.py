@@ -183,3 +183,95 @@ def test_an_iterable_evaluation_set_alone_is_not_judged(fake_runs):
     assert v.outcome == "skipped", v.render()
     assert v.summary == ("not judged: cannot tell samples apart in validation: IterableDataset RecordStream "
                          "(no dataset indices to read).")
+
+
+def _batch(*leaves):
+    """A content fingerprint as the probe records it: ``leaves`` are (digest, numel, floating)."""
+    return {"fp": "+".join(d for d, _, _ in leaves), "leaves": [list(leaf) for leaf in leaves]}
+
+
+def _content_stage(stream, info, returned=None):
+    rec = _stage([dict(info)], returned or {"val_loss": 0.5})
+    rec["contents"] = {"0": stream}
+    return rec
+
+
+_DICT_LOADER = {"indices": None, "dataset_len": 10, "sampler": None, "dataset": "DictDataset", "loader": "DictLoader"}
+_STREAM = {"iterable": True, "dataset": "TripleStream", "sampler": "_InfiniteConstantSampler", "indices": None,
+           "dataset_len": None, "loader": "DataLoader"}
+
+
+def test_same_stream_on_every_rank_without_a_sampler_fails_by_content(fake_runs):
+    # pykeen-like batches: positives (the samples) equal on both ranks, negatives drawn per rank
+    ranks = [{"validate": _content_stage([_batch(("pos0", 24, False), (f"neg0r{r}", 48, False)),
+                                          _batch(("pos1", 24, False), (f"neg1r{r}", 48, False))], _DICT_LOADER)}
+             for r in range(2)]
+    v = judge(fake_runs.run(values=_values(ranks), kind="eval"))
+    assert v.outcome == "failed", v.render()
+    assert ("validation: every rank evaluates the same stream: the 2 batches each rank's validation loop received "
+            "are the same on all 2 ranks, so each sample is evaluated 2 times") in v.summary
+    assert ("established by content: DictLoader without a sampler hands out no dataset indices, so the batches "
+            "were fingerprinted as the loop received them, and tensor 0 of each batch (integer, 24 values) is the "
+            "same on every rank") in v.summary
+    assert "get_rank()" in v.fix
+    ranks_with_evidence = sorted(e.rank for e in v.evidence if e.rank is not None)
+    assert ranks_with_evidence == [0, 1]
+
+
+def test_stream_split_by_rank_passes_by_content(fake_runs):
+    ranks = [{"validate": _content_stage([_batch((f"x{r}{b}", 16, True), ("mask", 4, False)) for b in range(3)],
+                                         _STREAM)} for r in range(2)]
+    v = judge(fake_runs.run(values=_values(ranks), kind="eval"))
+    assert v.outcome == "passed", v.render()
+    assert v.summary == ("validation: no batch reached two ranks (rank 0: 3, rank 1: 3 batches, compared by content: "
+                         "IterableDataset TripleStream hands out no dataset indices).")
+
+
+def test_constant_leaf_alone_never_makes_the_same_stream(fake_runs):
+    # the mask is the same on both ranks but repeats within a rank: it tells no batch apart
+    ranks = [{"validate": _content_stage([_batch((f"x{r}{b}", 16, True), ("mask", 16, True)) for b in range(2)],
+                                         _STREAM)} for r in range(2)]
+    v = judge(fake_runs.run(values=_values(ranks), kind="eval"))
+    assert v.outcome == "passed", v.render()
+
+
+def test_a_batch_on_two_ranks_of_a_stream_fails_by_content(fake_runs):
+    streams = [[_batch(("a", 16, True)), _batch(("b", 16, True))], [_batch(("c", 16, True)), _batch(("a", 16, True))]]
+    ranks = [{"validate": _content_stage(s, _STREAM)} for s in streams]
+    v = judge(fake_runs.run(values=_values(ranks), kind="eval"))
+    assert v.outcome == "failed", v.render()
+    assert v.summary.startswith("validation: 1 batch(es) reached more than one rank with the same content "
+                                "(rank 0: 2, rank 1: 2 batches; established by content: IterableDataset TripleStream")
+
+
+def test_same_stream_of_one_batch_with_equal_values_passes_with_a_note(fake_runs):
+    ranks = [{"validate": _content_stage([_batch(("x", 16, True))], _DICT_LOADER)} for _ in range(2)]
+    ref_stages = {"validate": _content_stage([_batch(("x", 16, True))], _DICT_LOADER)}
+    ref = fake_runs.run(values=_values([ref_stages]), kind="eval-reference")
+    v = judge(fake_runs.run(values=_values(ranks), kind="eval", reference=ref))
+    assert v.outcome == "passed", v.render()
+    assert "every rank evaluates the same 1 batch, fewer than the 2 ranks" in v.summary
+
+
+def test_batches_repeating_within_a_rank_are_not_judged_with_that_reason(fake_runs):
+    ranks = [{"validate": _content_stage([_batch(("z", 2, False), (f"n{r}{b}", 2, False)) for b in range(2)]
+                                         + [_batch(("z", 2, False), (f"n{r}0", 2, False))], _STREAM)}
+             for r in range(2)]
+    v = judge(fake_runs.run(values=_values(ranks), kind="eval"))
+    assert v.outcome == "skipped", v.render()
+    assert v.summary == ("not judged: cannot tell samples apart in validation: IterableDataset TripleStream, its "
+                         "batches repeat within a rank, so their content does not tell them apart (no dataset "
+                         "indices to read).")
+
+
+@pytest.mark.slow
+def test_iterable_stream_on_every_rank_fails_by_content_in_a_real_world(pytester, no_leftover_ranks):
+    path = case("eval-duplication/iterable_val_stream_every_rank.py").rsplit(":", 1)[0]
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ltconform", f"{path}:Model",
+                                           "--ltconform-datamodule", f"{path}:DataModule",
+                                           "-k", "eval-duplication[ and not gpu and not multinode", "-v")
+    out = result.stdout.str()
+    result.assert_outcomes(failed=1)
+    assert "every rank evaluates the same stream: the 3 batches each rank's validation loop received" in out
+    assert "established by content: IterableDataset TripleStream" in out
+    assert "content fingerprints [" in out and "rank 1: this rank's validation loop received 3 batches" in out

@@ -93,3 +93,84 @@ def test_registered_block_never_called_fails_in_a_real_world(pytester, no_leftov
     result.assert_outcomes(failed=1)
     assert "attention.in_proj_weight" in out and "never ran in forward" in out
     assert "find_unused_parameters=False" in out
+
+
+class _SkipsBadBatches:
+    def training_step(self, batch, batch_idx):
+        def helper():
+            return None  # a nested function's return is not the step's
+
+        if batch is None:
+            return None
+        return helper
+
+
+def test_none_return_site_is_the_steps_own_return_none_line():
+    import inspect
+
+    from pytest_ltconform.contracts.unused_parameters import none_return_site
+
+    lines, start = inspect.getsourcelines(_SkipsBadBatches.training_step)
+    expected = start + next(i for i, ln in enumerate(lines) if ln.strip() == "return None")
+    site = none_return_site(_SkipsBadBatches)
+    assert site["line"] == expected and site["also"] == [] and site["func"] == "_SkipsBadBatches.training_step"
+
+
+_NONE_SITE = {"file": "/x/model.py", "line": 36, "func": "Model.training_step", "also": []}
+
+
+def test_training_step_none_on_one_rank_fails_with_its_line_and_both_ranks(fake_runs):
+    from pytest_ltconform.contracts.base import Blame
+
+    traces = _traces([[_backward(0), _backward(1)],
+                      [_backward(0), {"ev": "step_none", "epoch": 0, "batch": 1, "site": _NONE_SITE}]])
+    run = fake_runs.failed(traces, messages={
+        0: "[../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:23952",
+        1: "Skipping the `training_step` by returning None in distributed training is not supported. It is ..."})
+    assert get_contract("unused-parameters").blames(run) == Blame.CALL
+    v = judge(run)
+    assert v.outcome == "failed", v.render()
+    assert v.summary == (
+        "training_step returned None on rank 1 only (epoch 0, batch 1, at /x/model.py:36 (Model.training_step)): "
+        "Lightning skips backward for that batch on that rank, so DDP's gradient all-reduce runs on rank 0 alone and "
+        "pairs with nothing (the world hangs, or gradients of different steps are averaged); Lightning refuses a "
+        "skipped training_step in distributed training and stopped the run.")
+    assert [(e.rank, e.site) for e in v.evidence] == [(1, "/x/model.py:36 (Model.training_step)"), (0, None)]
+    assert "with no partner on rank 1; it then failed in a collective whose peer had gone" in v.evidence[1].detail
+    assert "mask the unusable samples out of the loss" in v.fix
+
+
+def test_training_step_none_on_every_rank_fails_too(fake_runs):
+    none = {"ev": "step_none", "epoch": 1, "batch": 0, "site": _NONE_SITE}
+    v = judge(fake_runs.run(_traces([[_backward(0), dict(none)], [_backward(0), dict(none)]])))
+    assert v.outcome == "failed", v.render()
+    assert v.summary.startswith("training_step returned None on every rank (epoch 1, batch 0, at /x/model.py:36")
+    assert [e.rank for e in v.evidence] == [0, 1]
+
+
+@pytest.mark.slow
+def test_training_step_none_on_one_rank_is_blamed_in_a_real_world(pytester, no_leftover_ranks):
+    import inspect
+    import runpy
+
+    path = case("unused-parameters/training_step_none_on_one_rank.py").rsplit(":", 1)[0]
+    step = runpy.run_path(path)["Model"].training_step
+    lines, start = inspect.getsourcelines(step)
+    line = start + next(i for i, ln in enumerate(lines) if ln.strip().startswith("return None"))
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ltconform", case(
+        "unused-parameters/training_step_none_on_one_rank.py"), "--ltconform-strategies", "ddp",
+        "-k", "unused-parameters[", "-v")
+    out = result.stdout.str()
+    result.assert_outcomes(failed=1)
+    assert "unused-parameters[ddp]: training_step returned None on rank" in out
+    assert f"training_step_none_on_one_rank.py:{line} (Model.training_step)" in out
+    assert "did not skip epoch 0, batch" in out  # the other rank's evidence
+
+
+@pytest.mark.slow
+def test_manual_optimization_returning_none_is_not_a_skipped_step(pytester, no_leftover_ranks):
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ltconform", case(
+        "unused-parameters/ok_manual_optimization_single_backward.py"), "--ltconform-strategies", "ddp",
+        "-k", "unused-parameters[", "-v")
+    result.assert_outcomes(passed=1)
+    assert "training_step returned None" not in result.stdout.str()

@@ -14,7 +14,10 @@ modules did not run or ran under ``torch.no_grad()``, and which parameters had r
 switched off at that moment (``toggle_optimizer``). The events are written as the run goes, so a
 world that DDP's reducer stopped ("Expected to have finished reduction ...", which Lightning
 re-raises without parameter names) is still judged; DDP's own message is kept too and its
-parameter indices are mapped back to names.
+parameter indices are mapped back to names. A ``training_step`` that returns None under DDP (no
+backward on that rank for that batch, so no parameter gets a gradient and DDP's gradient
+all-reduce is skipped there) fails with its ``return None`` line, and claims the world's stop
+when its peers were left waiting.
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ import re
 from collections import defaultdict
 
 from ..harness import tolerate_unused_parameters
-from ..sites import plural
-from .base import Contract, Evidence, Probe, Run, Verdict, definition_evidence, target_site
+from ..sites import first_sentence, plural
+from .base import Blame, Contract, Evidence, Probe, Run, Verdict, definition_evidence, target_site
 
 _DDP_ERROR_PATTERNS = (
     "Expected to have finished reduction",
@@ -181,6 +184,7 @@ class UnusedParametersProbe(Probe):
 
         object.__setattr__(strategy, "backward", traced_backward)
         object.__setattr__(strategy, "on_exception", traced_on_exception)
+        object.__setattr__(strategy, "training_step", _none_watch(strategy.training_step, trainer, recorder))
 
     def collect(self, loaded, trainer, recorder):
         obs = self.observer
@@ -188,6 +192,77 @@ class UnusedParametersProbe(Probe):
             return None
         obs.close()
         return {"backwards": obs.backwards, "unused_backwards": obs.unused_backwards, "tracked": len(obs.names)}
+
+
+def _none_watch(training_step, trainer, recorder):
+    """``strategy.training_step`` that writes a ``step_none`` event (epoch, batch, the user's
+    ``return`` line) when the user's step returns None under automatic optimization: Lightning then
+    skips backward for that batch on this rank, and with it DDP's gradient all-reduce."""
+
+    def traced(*args, **kwargs):
+        out = training_step(*args, **kwargs)
+        # Under manual optimization None is the normal return: the step ran its own backward.
+        if out is None and trainer.world_size > 1 and trainer.lightning_module.automatic_optimization:
+            try:
+                recorder.emit({"ev": "step_none", "epoch": int(trainer.current_epoch),
+                               "batch": int(trainer.fit_loop.epoch_loop.batch_idx),
+                               "site": none_return_site(type(trainer.lightning_module))})
+            except Exception as exc:  # recording must never break the user's run
+                recorder.emit({"ev": "trace_error", "where": "step_none", "error": repr(exc)})
+        return out
+
+    return traced
+
+
+def none_return_site(cls: type) -> dict | None:
+    """Where ``cls.training_step`` returns None: its one ``return`` / ``return None`` (not inside a
+    nested function), else, with none, its last line (it falls off the end); with several, the
+    first, and ``also`` lists the others."""
+    import ast
+    import inspect
+    import textwrap
+
+    fn = getattr(cls, "training_step", None)
+    try:
+        lines, start = inspect.getsourcelines(fn)
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+        path = inspect.getsourcefile(fn)
+    except (TypeError, OSError, SyntaxError):
+        return None
+    body = tree.body[0] if tree.body and isinstance(tree.body[0], (ast.FunctionDef, ast.AsyncFunctionDef)) else None
+    if body is None:
+        return None
+    found, todo = [], list(ast.iter_child_nodes(body))
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            continue
+        if isinstance(node, ast.Return) and (node.value is None or (isinstance(node.value, ast.Constant)
+                                                                     and node.value.value is None)):
+            found.append(start + node.lineno - 1)
+        todo.extend(ast.iter_child_nodes(node))
+    found.sort()
+    line = found[0] if found else start + (body.end_lineno or body.lineno) - 1
+    return {"file": path, "line": line, "func": f"{fn.__qualname__}", "also": found[1:]}
+
+
+_FIX_STEP_NONE = ("Keep every rank's step: mask the unusable samples out of the loss and return a loss that still "
+                  "depends on the parameters when nothing is left (e.g. (self(x) * 0).sum()), so that every rank "
+                  "runs backward.")
+
+
+def _skipped_steps(run: Run) -> dict[int, dict]:
+    """Each rank's first ``step_none`` event (its training_step returned None under DDP)."""
+    out = {}
+    for r, trace in enumerate(run.traces):
+        first = next((e for e in trace or [] if e.get("ev") == "step_none"), None)
+        if first is not None:
+            out[r] = first
+    return out
+
+
+def _rank_words(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
 
 
 def _group(names: list[str]) -> str:
@@ -207,7 +282,17 @@ class UnusedParameters(Contract):
     strategies = ("ddp",)
     probe_class = UnusedParametersProbe
 
+    def blames(self, run: Run) -> int | None:
+        """A rank whose training_step returned None skipped DDP's gradient all-reduce that its peers
+        made: a collective-bearing step on some ranks only, the first divergence of the world."""
+        if not run.finished and _skipped_steps(run):
+            return Blame.CALL
+        return super().blames(run)
+
     def judge(self, run: Run) -> Verdict:
+        skipped = _skipped_steps(run)
+        if skipped:
+            return self._step_none(run, skipped)
         setup = {r: next((e for e in t if e.get("ev") == "grad_setup"), None) for r, t in enumerate(run.traces)}
         records = {r: [e for e in t if e.get("ev") == "grad_use"] for r, t in enumerate(run.traces)}
         ddp_errors = {r: next((e["message"] for e in t if e.get("ev") == "ddp_error"), None)
@@ -226,6 +311,38 @@ class UnusedParameters(Contract):
         return self._unused(run, use)
 
     # -- verdicts -------------------------------------------------------------------------------
+    def _step_none(self, run: Run, skipped: dict[int, dict]) -> Verdict:
+        """training_step returned None under DDP: no backward on that rank for that batch, so DDP's
+        gradient all-reduce runs on the other ranks only (or, on every rank, nowhere)."""
+        first = min(skipped.values(), key=lambda e: (e.get("epoch", 0), e.get("batch", 0)))
+        when = (first.get("epoch"), first.get("batch"))
+        none_ranks = sorted(r for r, e in skipped.items() if (e.get("epoch"), e.get("batch")) == when)
+        others = [r for r in range(run.world_size) if r not in none_ranks]
+        site = first.get("site")
+        at = f"epoch {when[0]}, batch {when[1]}"
+        if others:
+            what = (f"training_step returned None on {_rank_words(none_ranks)} only ({at}, at {_site(site)}): "
+                    f"Lightning skips backward for that batch on {'that rank' if len(none_ranks) == 1 else 'those'}, "
+                    f"so DDP's gradient all-reduce runs on {_rank_words(others)} alone and pairs with nothing (the "
+                    f"world hangs, or gradients of different steps are averaged)")
+        else:
+            what = (f"training_step returned None on every rank ({at}, at {_site(site)}): under DDP Lightning "
+                    f"skips backward and DDP's gradient all-reduce for that batch")
+        refused = any("returning None in distributed training" in (rk.message or "") for rk in run.job.ranks)
+        if refused:
+            what += "; Lightning refuses a skipped training_step in distributed training and stopped the run"
+        evidence = [Evidence(f"training_step returned None at {at}: no backward, no gradient all-reduce on this rank"
+                             + (f" (training_step also returns None at line(s) {', '.join(map(str, site['also']))})"
+                                if site and site.get("also") else ""), rank=r, site=_site(site)) for r in none_ranks]
+        for r in others:
+            rk = next((x for x in run.job.ranks if x.rank == r), None)
+            after = (f"; it then failed in a collective whose peer had gone ({rk.exc_type}: "
+                     f"{first_sentence(rk.message, 160)})" if rk is not None and rk.status == "error" else "")
+            evidence.append(Evidence(f"this rank did not skip {at}: its backward takes part in DDP's gradient "
+                                     f"all-reduce for that batch, with no partner on {_rank_words(none_ranks)}{after}",
+                                     rank=r))
+        return self.verdict("failed", what + ".", evidence=evidence, fix=_FIX_STEP_NONE)
+
     def _all_used(self, run, records, find_unused, names) -> Verdict:
         counts = ", ".join(f"rank {r}: {plural(len(v), 'backward')}" for r, v in records.items())
         if find_unused:

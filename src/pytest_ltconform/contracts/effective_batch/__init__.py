@@ -140,7 +140,9 @@ class EffectiveBatch(Contract):
         if ref and ref.get("not_judged"):
             note = (infos[0] or {}).get("merge_note")
             return (f"the ranks' first-window samples cannot be merged into one batch for the 1-rank step: "
-                    f"{note + '; field by field: ' if note else ''}{ref['not_judged']}")
+                    f"{note + '; field by field: ' if note else ''}{ref['not_judged']}; so whether the step's "
+                    f"gradient depends on the world size (a loss summed over the batch rather than averaged) was "
+                    f"not established{_unchecked_sums(infos[0])}")
         repeat = (ref or {}).get("repeat_diff")
         if repeat is not None and repeat > REPEAT:
             return (f"the gradient depends on random draws inside the step{drawn_at(ref)}: the same weights and "
@@ -247,6 +249,16 @@ class EffectiveBatch(Contract):
 
 
 CONTRACT = EffectiveBatch()
+
+
+def _unchecked_sums(info: dict | None) -> str:
+    """The loss lines that sum over the batch, named in a "not judged" reason: what a reader should
+    check by hand, not a finding."""
+    lines = [ln for ln in (info or {}).get("loss_lines") or [] if not ln.get("what", "").startswith("divides")]
+    if not lines:
+        return ""
+    shown = "; ".join(f"`{ln['text']}` at {fmt_site(ln)}" for ln in lines[:2])
+    return f" (unchecked: the loss code sums over the batch: {shown})"
 
 
 def _reference_failure(ref_run) -> str:

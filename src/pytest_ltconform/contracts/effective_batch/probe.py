@@ -59,16 +59,27 @@ def _no_dropout(module) -> int:
     return count
 
 
+def _loss_methods(model):
+    """training_step and what it calls on self, then the forward of each loss module the model
+    holds (a child named or typed "loss", outside torch), where a package keeps its reduction."""
+    for name in ("training_step", "compute_loss", "loss", "_shared_step", "shared_step", "step"):
+        yield getattr(type(model), name, None)
+    for attr, child in model.named_children():
+        cls = type(child)
+        if "loss" in (attr + cls.__name__).lower() and not cls.__module__.startswith("torch."):
+            yield getattr(cls, "forward", None)
+
+
 def _loss_lines(model) -> list[dict]:
-    """Lines of training_step (and what it calls on self) that sum a loss or divide by a count."""
+    """Lines of the loss code (:func:`_loss_methods`) that sum a loss or divide by a count."""
     import inspect
 
     patterns = [(re.compile(r"reduction\s*=\s*['\"]sum['\"]"), "reduction='sum'"),
                 (re.compile(r"/\s*[\w.\[\]()]*\.sum\(\)"), "divides by a local count (x / mask.sum())"),
-                (re.compile(r"\.sum\(\)\s*$|\.sum\(\)\s*#"), "sums over the batch")]
+                (re.compile(r"\.sum\(\)\s*$|\.sum\(\)\s*#|\breturn\b.*\.sum\(\)\s*(\*|$)"),
+                 "sums over the batch")]
     found = []
-    for name in ("training_step", "compute_loss", "loss", "_shared_step", "shared_step", "step"):
-        method = getattr(type(model), name, None)
+    for method in _loss_methods(model):
         if method is None or not callable(method):
             continue
         try:

@@ -14,6 +14,8 @@ indices evaluated more than once (with the metrics that moved because of it), on
 evaluated, on an unsynced epoch metric that rank 0 publishes from its own shard, and on a file
 rank 0 alone writes during an evaluation stage without gathering the other ranks' outputs.
 Lightning's "Using DistributedSampler" warning is not used: it fires on every multi-rank run.
+A loader that hands out no indices (an IterableDataset, a loader without a sampler) is judged by
+the content of the batches each rank's loop received (``content.py``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from ...harness import RunSpec
 from ...sites import fmt_site
 from ..base import Contract, Evidence, Run, Verdict, method_site, rank_guard, user_class
 from ..rank_reads import describe, selecting_reads
+from .content import ContentCheck
 from .probe import STAGES as STAGES_ORDER
 from .probe import EvalDuplicationProbe
 
@@ -186,13 +189,19 @@ class _StageCheck:
     def _loader(self, i: int, n_loaders: int) -> None:
         infos = [r["loaders"][i] if i < len(r.get("loaders", [])) else {} for r in self.recs]
         tag = f"{self.word}" + (f" (dataloader {i})" if n_loaders > 1 else "")
+        content = None
+        if any(info.get("iterable") or info.get("indices") is None for info in infos):
+            content = ContentCheck(self, tag, i, infos, _loader_site(self.run, self.stage))
+            if content.check():
+                return
+        why = f", {content.why}" if content is not None and content.why else ""
         if any(info.get("iterable") for info in infos):
-            self.found.unread.append(f"{tag}: IterableDataset {infos[0].get('dataset') or ''}".rstrip())
+            self.found.unread.append(f"{tag}: IterableDataset {infos[0].get('dataset') or ''}".rstrip() + why)
             self.found.notes.append(f"{tag}: an IterableDataset has no indices to compare; not checked.")
             return
         if any(info.get("indices") is None for info in infos):
             self.found.unread.append(f"{tag}: {infos[0].get('dataset') or 'a dataset'} behind "
-                                     f"{infos[0].get('sampler') or 'no sampler'}")
+                                     f"{infos[0].get('sampler') or 'no sampler'}{why}")
             self.found.notes.append(f"{tag}: the sampler's indices could not be read "
                                     f"({next((x.get('error') for x in infos if x.get('error')), 'no sampler')}).")
             return

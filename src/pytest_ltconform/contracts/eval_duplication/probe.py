@@ -20,7 +20,7 @@ import os
 import sys
 from typing import Any
 
-from ...harness import Probe, RankRun, UserObjects, can_run, rank_run, tolerate_unused_parameters
+from ...harness import Probe, RankRun, UserObjects, batch_leaves, can_run, rank_run, tolerate_unused_parameters
 from ...sites import user_site
 
 STAGES = ("validate", "test", "predict")
@@ -29,6 +29,7 @@ _TRAINER_LOADERS = {"validate": ("val_dataloaders", "num_val_batches"),
                     "test": ("test_dataloaders", "num_test_batches"),
                     "predict": ("predict_dataloaders", "num_predict_batches")}
 _MAX_INDICES = 100_000
+_MAX_CONTENT_BATCHES = 2_000  # batches per loader whose content is fingerprinted
 
 # The audit hook cannot be removed once added: it is installed once per process and only records
 # while a stage of a traced evaluation is active.
@@ -82,6 +83,7 @@ def _indices(loader, num_batches) -> dict:
     info: dict[str, Any] = {"sampler": None, "indices": None, "dataset_len": None}
     dataset = getattr(loader, "dataset", None)
     info["dataset"] = type(dataset).__qualname__ if dataset is not None else type(loader).__qualname__
+    info["loader"] = type(loader).__qualname__
     try:
         info["dataset_len"] = len(dataset)
     except Exception:
@@ -144,6 +146,16 @@ def _make_callback(ns: Any, probe: EvalDuplicationProbe):
 
         def on_predict_start(self, trainer, pl_module):
             probe.stage_start(trainer, "predict")
+
+        def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+            if not trainer.sanity_checking:
+                probe.batch_seen("validate", batch, dataloader_idx)
+
+        def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+            probe.batch_seen("test", batch, dataloader_idx)
+
+        def on_predict_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+            probe.batch_seen("predict", batch, dataloader_idx)
 
         def on_validation_epoch_end(self, trainer, pl_module):
             if not trainer.sanity_checking:
@@ -208,12 +220,55 @@ class EvalDuplicationProbe(Probe):
         for counter in state["metrics"].values():
             counter["n"] = 0
 
+    def batch_seen(self, stage: str, batch, dataloader_idx: int) -> None:
+        """Fingerprints the content of a batch the stage's loop received, for loaders that hand out
+        no dataset indices (iterables, loaders without a sampler)."""
+        if self.state.get("stage") != stage:
+            return
+        infos = self.state["record"].get("loaders") or []
+        info = infos[dataloader_idx] if dataloader_idx < len(infos) else {}
+        if info.get("indices") is not None and not info.get("iterable"):
+            return  # its indices were read at the source
+        seen = self.state["record"].setdefault("contents", {}).setdefault(str(dataloader_idx), [])
+        if len(seen) < _MAX_CONTENT_BATCHES:
+            seen.append(content_fingerprint(batch))
+
     def stage_end(self, stage: str) -> None:
         state = self.state
         if state.get("stage") != stage:
             return
         state["record"]["metric_samples"] = {name: {"type": c["type"], "n": c["n"]}
                                              for name, c in state["metrics"].items()}
+
+
+def content_fingerprint(batch) -> dict | None:
+    """A batch's content: a hash of every leaf (``fp``) and, per tensor leaf, its hash, element
+    count and whether it is floating point (``leaves``), so that a leaf that identifies samples (a
+    feature tensor) can be compared across ranks apart from one drawn at random per rank (negative
+    samples). None for a batch without tensors."""
+    import hashlib
+
+    import torch
+
+    leaves: list = []
+    batch_leaves(batch, leaves)
+    tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
+    if not tensors:
+        return None
+    whole = hashlib.blake2b(digest_size=8)
+    out = []
+    for t in leaves:
+        if not isinstance(t, torch.Tensor):
+            whole.update(repr(t).encode()[:1000])
+            continue
+        flat = t.detach().cpu().contiguous().reshape(-1)
+        if flat.dtype == torch.bfloat16 or flat.is_complex():
+            flat = torch.view_as_real(flat).reshape(-1) if flat.is_complex() else flat.float()
+        data = flat.numpy().tobytes() if flat.numel() <= 1_000_000 else repr(tuple(t.shape)).encode()
+        digest = hashlib.blake2b(data + repr(tuple(t.shape)).encode(), digest_size=8).hexdigest()
+        whole.update(digest.encode())
+        out.append([digest, int(t.numel()), bool(t.is_floating_point())])
+    return {"fp": whole.hexdigest(), "leaves": out}
 
 
 def _count_metric_updates(model, state: dict) -> None:

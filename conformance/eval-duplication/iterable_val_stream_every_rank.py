@@ -1,0 +1,77 @@
+"""An iterable validation set that ignores the rank: every rank scores the whole stream, with its own negatives.
+
+Rebuilt from pykeen 1.11.1 (contrib/lightning.py SLCWALitModule, training instances BatchedSLCWAInstances): the
+validation loader wraps an IterableDataset that yields positive triples with negatives drawn on the fly. Lightning
+does not shard an IterableDataset, and this one never reads the rank, so under DDP every rank scores every
+positive; only the drawn negatives differ between ranks. The stream hands out no dataset indices, and its batches
+differ as a whole from rank to rank, so the duplication shows only in the positives each rank receives. Fix: make
+the stream yield only this rank's share (items rank, rank + world, ...).
+"""
+import os
+
+import lightning.pytorch as L
+import torch
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+
+SOURCE = "pykeen 1.11.1 contrib/lightning.py SLCWALitModule (field trial, issue #19)"
+PLAIN_DRIVER = "fit,validate"
+EXPECTED = {"eval-duplication": "fail"}
+EVIDENCE = ("validation: the 3 batches each rank's loop receives hold the same positives on both ranks "
+            "(IterableDataset; established by content of tensor 0, the negatives differ)")
+
+ENTITIES = 16
+
+
+class TripleStream(IterableDataset):
+    """Positive (head, relation, tail) triples, each with 4 negatives drawn on the fly."""
+
+    def __init__(self, triples):
+        self.triples = triples
+
+    def _mine(self, items):
+        return items  # every rank: the whole stream
+
+    def __iter__(self):
+        draw = torch.Generator().manual_seed(os.getpid())  # negatives differ from rank to rank
+        for triple in self._mine(self.triples):
+            negatives = triple.repeat(4, 1)
+            negatives[:, 2] = torch.randint(ENTITIES, (4,), generator=draw)
+            yield triple, negatives
+
+
+def _triples(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.stack([torch.randint(ENTITIES, (n,), generator=g), torch.randint(3, (n,), generator=g),
+                        torch.randint(ENTITIES, (n,), generator=g)], dim=1)
+
+
+class DataModule(L.LightningDataModule):
+    def train_dataloader(self):
+        return DataLoader(TensorDataset(_triples(32, 1)), batch_size=4)
+
+    def val_dataloader(self):
+        return DataLoader(TripleStream(_triples(12, 2)), batch_size=4)
+
+
+class Model(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.entity = torch.nn.Embedding(ENTITIES, 8)
+        self.relation = torch.nn.Embedding(3, 8)
+
+    def score(self, t):
+        return -(self.entity(t[..., 0]) + self.relation(t[..., 1]) - self.entity(t[..., 2])).norm(dim=-1)
+
+    def training_step(self, batch, batch_idx):
+        (pos,) = batch
+        neg = pos.clone()
+        neg[:, 2] = (neg[:, 2] + 1) % ENTITIES
+        return torch.nn.functional.softplus(self.score(neg) - self.score(pos)).mean()
+
+    def validation_step(self, batch, batch_idx):
+        pos, neg = batch
+        loss = torch.nn.functional.softplus(self.score(neg) - self.score(pos)[:, None]).mean()
+        self.log("val_loss", loss, sync_dist=True, batch_size=len(pos))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05)
