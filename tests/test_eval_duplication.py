@@ -183,3 +183,30 @@ def test_an_iterable_evaluation_set_alone_is_not_judged(fake_runs):
     assert v.outcome == "skipped", v.render()
     assert v.summary == ("not judged: cannot tell samples apart in validation: IterableDataset RecordStream "
                          "(no dataset indices to read).")
+
+
+def _padded_with_rows(rows_per_rank, built=None):
+    loaders = [_loader([0, 2, 4], 5, total=6), _loader([1, 3, 0], 5, total=6)]
+    for loader in loaders:
+        loader["built"] = built
+    return [{"validate": _stage([loader], {"val_acc": 0.5}, {"mae": {"type": "MeanAbsoluteError", "n": rows}})}
+            for loader, rows in zip(loaders, rows_per_rank)]
+
+
+def test_metric_rows_that_are_not_samples_are_not_counted_as_samples(fake_runs):
+    # Two rows per sample (a window of two time steps): 6 rows per rank for its 3 samples.
+    v = judge(fake_runs.run(values=_values(_padded_with_rows([6, 6])), kind="eval"))
+    assert v.outcome == "failed"
+    text = v.render()
+    assert "MeanAbsoluteError `mae` was updated with every validation batch of every rank" in text
+    assert "not counted as samples" in text and "12 samples" not in text and "updated with 6" not in text
+
+
+def test_the_loader_is_named_where_it_was_built_not_where_its_hook_is(fake_runs):
+    built = {"site": {"file": "/pkg/loaders.py", "line": 87, "func": "build_dataloader"}, "cls": "DataLoader",
+             "torch_loader": True}
+    v = judge(fake_runs.run(values=_values(_padded_with_rows([3, 3], built)), kind="eval"))
+    text = v.render()
+    assert "/pkg/loaders.py:87 (build_dataloader): the validation DataLoader is built here, and Lightning wraps it " \
+           "in DistributedSampler" in text
+    assert "updated with 6 samples for 5 distinct" in text

@@ -25,6 +25,7 @@ from collections import defaultdict
 
 from ..harness import batch_leaves, batch_size
 from ..sites import first_sentence, fmt_site
+from . import loader_sites
 from .base import Blame, Contract, Evidence, Probe, Run, Verdict, class_site, user_class
 from .rank_reads import describe, gating_reads, selecting_reads
 
@@ -529,6 +530,9 @@ class DataShardingProbe(Probe):
         self._draws = None
         self._streams: set = set()
 
+    def install(self, recorder) -> None:
+        loader_sites.install(recorder)
+
     def before_trainer(self, loaded, trainer_kwargs, recorder) -> None:
         import torch.utils.data as tud
 
@@ -616,7 +620,8 @@ class DataShardingProbe(Probe):
                     if sampler is not None:
                         probe.watch_sampler(sampler)
                 try:
-                    recorder.emit(_loader_info(trainer, stage, loader))
+                    recorder.emit({**_loader_info(trainer, stage, loader),
+                                   "built": loader_sites.loader_of(f"{stage}_dataloader")})
                 except Exception as exc:
                     recorder.emit({"ev": "trace_error", "where": "data-sharding loader", "error": repr(exc)})
 
@@ -885,6 +890,12 @@ def _gate_evidence(read: dict, reads: list[list[dict]]) -> Evidence:
                     rank=ranks[0] if len(ranks) == 1 else None, site=fmt_site(read.get("site")))
 
 
+def _not_torch_loader(loader: dict | None) -> bool:
+    """The stage's loader is not a torch DataLoader (a package's own loader class)."""
+    built = (loader or {}).get("built") or {}
+    return bool(loader) and "dataset" not in loader and built.get("torch_loader") is False
+
+
 def _batch_fp(train: dict, rank: int, key: tuple) -> str | None:
     """The fingerprint of ``rank``'s train batch ``key`` = (epoch, batch_idx), if recorded."""
     epoch, idx = key
@@ -977,6 +988,8 @@ class DataSharding(Contract):
 
     @staticmethod
     def _what(loader: dict | None) -> str:
+        if _not_torch_loader(loader):
+            return f"{loader['type']} (not a torch DataLoader)"
         if not loader or not loader.get("dataset"):
             return "the DataLoader"
         kind = "IterableDataset" if loader.get("iterable") else "dataset"
@@ -986,10 +999,17 @@ class DataSharding(Contract):
     def _dataset_site(loader: dict | None) -> str | None:
         if not loader:
             return None
-        site = loader.get("created_at") or loader.get("dataset_site")
+        site = (loader.get("built") or {}).get("site") or loader.get("created_at") or loader.get("dataset_site")
         return fmt_site(site) if site else None
 
     def _fix_for(self, loader: dict | None) -> str:
+        if _not_torch_loader(loader):
+            site = self._dataset_site(loader)
+            return (f"{loader['type']}{f' (built at {site})' if site else ''} is not a torch DataLoader, so "
+                    f"Lightning injects no DistributedSampler into it: split the samples by rank inside "
+                    f"{loader['type']} (each rank takes indices rank, rank + world_size, ... from "
+                    f"torch.distributed, reshuffled per epoch), or return a torch DataLoader over the same dataset "
+                    f"from the hook so that Lightning shards it.")
         if loader and loader.get("iterable"):
             return (f"shard the stream inside {loader.get('dataset')}.__iter__: keep item i only when "
                     f"i % (world_size * num_workers) == rank * num_workers + worker_id (rank and world size "
@@ -1103,6 +1123,9 @@ class DataSharding(Contract):
                                          else f"{loader['dataset']} is defined here",
                                          site=fmt_site(loader["dataset_site"])))
             return evidence
+        if _not_torch_loader(loader):
+            return [Evidence(f"the {stage} {loader['type']} is built here; it is not a torch DataLoader, so Lightning "
+                             f"injects no DistributedSampler into it", site=self._dataset_site(loader))]
         if loader:
             return [Evidence(f"{self._what(loader)}, sampler {loader.get('sampler')}, "
                              f"use_distributed_sampler={loader.get('use_distributed_sampler')}",

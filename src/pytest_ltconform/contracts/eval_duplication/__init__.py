@@ -240,11 +240,12 @@ class _StageCheck:
                         f"{self.world} ranks ({min(batches)} batches per rank, {sampler}), so each sample is "
                         f"evaluated {self.world} times and no sampler splits the {self.word} set across "
                         f"ranks{equal}.", _FIX_UNSPLIT)
-        built = _loader_site(self.run, self.stage)
         for r, idx in enumerate(per_rank):
             self.found.evidence.append(Evidence(f"this rank's {self.word} loader yields all {len(idx)} indices "
-                                                f"{_ids(idx, keep_order=True)} in {batches[r]} batches", rank=r,
-                                                site=fmt_site(built) if built and r == 0 else None))
+                                                f"{_ids(idx, keep_order=True)} in {batches[r]} batches", rank=r))
+        built = _built_evidence(self.run, self.stage, infos[0], "no sampler splits it across ranks")
+        if built is not None:
+            self.found.evidence.append(built)
         return True
 
     def _whole_set_unchanged(self, tag, i, per_rank, n, moved) -> bool:
@@ -303,20 +304,14 @@ class _StageCheck:
                         f"{total} evaluations for {len(counts)} distinct samples.{pad}", _FIX_DUPLICATES)
         evidence = self.found.evidence
         evidence.append(Evidence(f"{word} sample {named} ({sampler})"))
-        built = _loader_site(self.run, self.stage)
-        if built:
-            evidence.append(Evidence(f"the {word} DataLoader is built here, and Lightning wraps it in "
-                                     f"{sampler}", site=fmt_site(built)))
+        built = _built_evidence(self.run, self.stage, infos[0], f"Lightning wraps it in {sampler}")
+        if built is not None:
+            evidence.append(built)
         for r, idx in enumerate(per_rank):
             evidence.append(Evidence(f"{sampler} gave this rank {len(idx)} {word} indices "
                                      f"{_ids(idx, keep_order=True)}", rank=r))
         for name, samples in _metric_counts(self.recs).items():
-            fed = sum(samples["per_rank"])
-            if fed > len(counts):
-                evidence.append(Evidence(
-                    f"{samples['type']} `{name}` was updated with {fed} samples for {len(counts)} distinct "
-                    f"{word} samples (" + ", ".join(f"rank {r}: {k}" for r, k in enumerate(samples["per_rank"]))
-                    + "): its synced state holds the duplicates"))
+            evidence.append(_metric_evidence(name, samples, per_rank, len(counts), word))
         for key, dist, single, _ in moved:
             evidence.append(Evidence(f"{key} {_fmt(dist)} on {world} ranks vs {_fmt(single)} on 1 device "
                                      f"with the same weights (difference {dist - single:+.4g})"))
@@ -415,6 +410,20 @@ class _StageCheck:
                                                 f"shard)"))
 
 
+def _metric_evidence(name: str, samples: dict, per_rank: list, distinct: int, word: str) -> Evidence:
+    """What a TorchMetrics object was updated with. Its updates hold tensor rows; they are samples
+    only where each rank's rows equal the samples its loader handed it (a padded sequence or a
+    graph has several rows per sample), else no count is given."""
+    rows = samples["per_rank"]
+    if rows == [len(idx) for idx in per_rank]:
+        return Evidence(f"{samples['type']} `{name}` was updated with {sum(rows)} samples for {distinct} distinct "
+                        f"{word} samples (" + ", ".join(f"rank {r}: {k}" for r, k in enumerate(rows))
+                        + "): its synced state holds the duplicates")
+    return Evidence(f"{samples['type']} `{name}` was updated with every {word} batch of every rank, the duplicated "
+                    f"samples included (its updates hold tensor rows, not one row per sample, so they are not "
+                    f"counted as samples): its synced state holds the duplicates")
+
+
 def _metric_counts(recs) -> dict:
     out: dict[str, dict] = {}
     for r, rec in enumerate(recs):
@@ -468,6 +477,20 @@ def _gathered(run, stage) -> bool:
 
 
 CONTRACT = EvalDuplication()
+
+
+def _built_evidence(run: Run, stage: str, info: dict, then: str) -> Evidence | None:
+    """Where the stage's loader object was constructed (recorded on the rank when the hook
+    returned it); where that was not recorded, the hook that returns it, said as such."""
+    built = info.get("built") or {}
+    what = f"{_STAGE_WORDS[stage]} {built.get('cls') or 'DataLoader'}"
+    if built.get("site"):
+        return Evidence(f"the {what} is built here, and {then}", site=fmt_site(built["site"]))
+    hook = _loader_site(run, stage)
+    if hook:
+        return Evidence(f"the {what} is returned by this hook (where it was built was not recorded), and {then}",
+                        site=fmt_site(hook))
+    return None
 
 
 def _loader_site(run: Run, stage: str) -> dict | None:

@@ -22,6 +22,7 @@ from typing import Any
 
 from ...harness import Probe, RankRun, UserObjects, can_run, rank_run, tolerate_unused_parameters
 from ...sites import user_site
+from .. import loader_sites
 
 STAGES = ("validate", "test", "predict")
 _LOADER = {"validate": "val_dataloader", "test": "test_dataloader", "predict": "predict_dataloader"}
@@ -168,6 +169,9 @@ class EvalDuplicationProbe(Probe):
         self.state: dict[str, Any] = {"stage": None, "record": {}, "metrics": {}, "load_from": load_from}
         self.root = "."
 
+    def install(self, recorder) -> None:
+        loader_sites.install(recorder)
+
     def before_trainer(self, objects, trainer_kwargs, recorder) -> None:
         self.root = trainer_kwargs["default_root_dir"]
         trainer_kwargs["callbacks"] = list(trainer_kwargs.get("callbacks") or []) + \
@@ -203,7 +207,8 @@ class EvalDuplicationProbe(Probe):
         attr, num_attr = _TRAINER_LOADERS[stage]
         loaders = _loaders(getattr(trainer, attr, None))
         nums = list(getattr(trainer, num_attr, None) or [])
-        state["record"]["loaders"] = [_indices(dl, nums[i] if i < len(nums) else None)
+        state["record"]["loaders"] = [{**_indices(dl, nums[i] if i < len(nums) else None),
+                                       "built": loader_sites.loader_of(_LOADER[stage], i)}
                                       for i, dl in enumerate(loaders)]
         for counter in state["metrics"].values():
             counter["n"] = 0
