@@ -890,6 +890,21 @@ def _gate_evidence(read: dict, reads: list[list[dict]]) -> Evidence:
                     rank=ranks[0] if len(ranks) == 1 else None, site=fmt_site(read.get("site")))
 
 
+def _counted_as(events: list[dict], loader: dict | None) -> tuple[str, str]:
+    """What a batch's count is, as (unit of the distinct count, template of the sizes): the
+    dataset keys its fetches received are samples; an iterable dataset's items are what it yields
+    (with batch_size=None each is a ready-made batch); tensor rows are not samples."""
+    srcs = {e.get("src") for e in events}
+    if srcs == {"index"}:
+        return "samples", "of sizes {}"
+    if srcs == {"item"}:
+        whole = loader is not None and "batch_size" in loader and loader.get("batch_size") is None
+        return "dataset items", ("of {} dataset items (each a ready-made batch the dataset yields: batch_size=None)"
+                                 if whole else "of {} dataset items")
+    where = f" in {loader['type']}" if loader and loader.get("type") else ""
+    return f"tensor rows (dataset items cannot be counted{where})", "of {} tensor rows (not samples)"
+
+
 def _not_torch_loader(loader: dict | None) -> bool:
     """The stage's loader is not a torch DataLoader (a package's own loader class)."""
     built = (loader or {}).get("built") or {}
@@ -1096,11 +1111,12 @@ class DataSharding(Contract):
         how = {"index": "batches compared by the dataset indices they fetched",
                "item": "batches compared by the items the dataset's iterator yielded"}.get(
             srcs.pop() if len(srcs) == 1 else None, "fingerprinted batches")
+        unit, sizes = _counted_as(per_rank[0][first_ep], loader)
         summary = (f"{ranks} drew identical {stage} batches {every} ({compared} {how}, "
-                   f"{len(samples)} distinct samples{id_text}), so the world trains on one rank's data "
+                   f"{len(samples)} distinct {unit}{id_text}), so the world trains on one rank's data "
                    f"{run.world_size} times; {self._what(loader)} is not sharded by rank.")
-        evidence = [Evidence(f"{stage} epoch {first_ep}: {_n_batches(steps[r].get(first_ep, 0))} of sizes "
-                             f"{[e.get('n') for e in per_rank[r].get(first_ep, [])]}, batch hashes "
+        evidence = [Evidence(f"{stage} epoch {first_ep}: {_n_batches(steps[r].get(first_ep, 0))} "
+                             + sizes.format([e.get('n') for e in per_rank[r].get(first_ep, [])]) + ", batch hashes "
                              f"{[(e.get('fp') or 'none')[:8] for e in firsts[r]]}"
                              + (f", sample ids {[e.get('ids') for e in firsts[r]]}" if ids else ""), rank=r)
                     for r in range(run.world_size)]
@@ -1156,11 +1172,12 @@ class DataSharding(Contract):
                         workers = loader.get("num_workers", 0)
                         why = (f" (DataLoader num_workers={workers}: each worker replays the stream)"
                                if workers and loader.get("iterable") else "")
-                        summary = (f"rank {r} saw {repeats} of its {len(rows)} fingerprinted {stage} samples more "
+                        unit = _counted_as(events, loader)[0]
+                        summary = (f"rank {r} saw {repeats} of its {len(rows)} {stage} {unit} more "
                                    f"than once in epoch {epoch}{why}; {self._what(loader)} does not split the work "
                                    f"between workers/ranks.")
                         out.append(self.verdict("failed", summary, category="silent", fix=self._fix_for(loader),
-                                                evidence=[Evidence(f"epoch {epoch}: {len(rows)} samples, "
+                                                evidence=[Evidence(f"epoch {epoch}: {len(rows)} {unit}, "
                                                                    f"{len(set(rows))} distinct", rank=r,
                                                                    site=self._dataset_site(loader))]))
                         return out
