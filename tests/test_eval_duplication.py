@@ -210,3 +210,85 @@ def test_the_loader_is_named_where_it_was_built_not_where_its_hook_is(fake_runs)
     assert "/pkg/loaders.py:87 (build_dataloader): the validation DataLoader is built here, and Lightning wraps it " \
            "in DistributedSampler" in text
     assert "updated with 6 samples for 5 distinct" in text
+
+
+STATEFUL = '''
+import os
+
+import lightning.pytorch as pl
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+
+class Ids(Dataset):
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        return torch.tensor([float(i)])
+
+
+class Sliding(Sampler):
+    """A sampler with state: each pass hands out the next 4 indices (not split by rank)."""
+
+    def __init__(self):
+        self.passes = 0
+
+    def __iter__(self):
+        start, self.passes = self.passes, self.passes + 1
+        return iter(range(start, start + 4))
+
+    def __len__(self):
+        return 4
+
+
+class Model(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+        self.sampler = Sliding()
+        self.seen = []
+
+    def training_step(self, batch, batch_idx):
+        return self.layer(batch).pow(2).mean()
+
+    def validation_step(self, batch, batch_idx):
+        if self.trainer.state.fn == "validate":
+            self.seen += [int(v) for v in batch.flatten()]
+        self.log("val_loss", self.layer(batch).pow(2).mean(), sync_dist=True)
+
+    def on_validation_epoch_end(self):
+        if self.trainer.state.fn == "validate" and self.trainer.world_size > 1:  # not the one-device run
+            with open(os.path.join(os.environ["SEEN_DIR"], f"seen{self.global_rank}.txt"), "w") as fh:
+                fh.write(" ".join(map(str, self.seen)))
+
+    def train_dataloader(self):
+        return DataLoader(Ids(), batch_size=4)
+
+    def val_dataloader(self):
+        return DataLoader(Ids(), batch_size=2, sampler=self.sampler)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def trainer_kwargs():
+    return {"use_distributed_sampler": False, "max_epochs": 1}
+'''
+
+
+@pytest.mark.slow
+def test_indices_are_the_ones_the_evaluation_loop_fetched_from_a_sampler_with_state(pytester, monkeypatch,
+                                                                                    no_leftover_ranks):
+    """Reading the sampler again before the stage drew another pass than the loop evaluated."""
+    pytester.makepyfile(stateful=STATEFUL)
+    monkeypatch.setenv("SEEN_DIR", str(pytester.path))
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ltconform", "stateful:Model",
+                                           "--ltconform-trainer", "stateful:trainer_kwargs",
+                                           "-k", "eval-duplication[ and not gpu and not multinode", "-v")
+    out = result.stdout.str()
+    result.assert_outcomes(failed=1)
+    for rank in (0, 1):
+        seen = [int(v) for v in (pytester.path / f"seen{rank}.txt").read_text().split()]
+        assert len(seen) == 4
+        assert f"Sliding gave this rank 4 validation indices [{', '.join(map(str, seen))}]" in out, out[-4000:]

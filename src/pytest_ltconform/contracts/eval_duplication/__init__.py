@@ -6,8 +6,8 @@ sample count does not divide by the world size, validation and test included; pu
 need a single-device Trainer or a validated non-duplicating distributed evaluator; rank zero alone
 sees only its shard of the predictions.
 
-Checked on the "eval" run (rank side: ``probe.py``): per rank and stage, the dataset indices the
-loader's sampler hands each rank (read from the sampler, so the dataset need not return ids), the
+Checked on the "eval" run (rank side: ``probe.py``): per rank and stage, the dataset indices each
+fetch of the real evaluation loop received (read at source, so the dataset need not return ids), the
 samples each TorchMetrics object was updated with, the stage's metrics, and files written by user
 code; then a one-rank ``Trainer(accelerator="cpu", devices=1)`` run on the same weights. Fails on
 indices evaluated more than once (with the metrics that moved because of it), on samples never
@@ -281,7 +281,7 @@ class _StageCheck:
                                f"loader.")
         self.found.notes.append(f"{tag}: every rank evaluates the same batches by design: {describe(read)}, so the "
                                 f"split between ranks happens inside the step, which this check does not see (it "
-                                f"reads the sampler's indices, not the rows each rank then keeps).")
+                                f"reads the indices each fetch received, not the rows each rank then keeps).")
         share = f"rank 0's rows of each batch ({hook} selects them by rank at {fmt_site(read.get('site'))})"
         self._shard_metrics(tag, per_rank, None, moved, share=share)
 
