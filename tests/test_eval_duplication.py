@@ -292,3 +292,16 @@ def test_indices_are_the_ones_the_evaluation_loop_fetched_from_a_sampler_with_st
         seen = [int(v) for v in (pytester.path / f"seen{rank}.txt").read_text().split()]
         assert len(seen) == 4
         assert f"Sliding gave this rank 4 validation indices [{', '.join(map(str, seen))}]" in out, out[-4000:]
+
+
+def test_a_loader_of_its_own_is_not_judged_naming_its_type_line_and_what_to_do(fake_runs):
+    """mlcolvar's DictLoader: no sampler injected, no fetch to read; the reason names it, not 'no sampler'."""
+    built = {"site": {"file": "/pkg/datamodule.py", "line": 168, "func": "DictModule.val_dataloader"},
+             "cls": "DictLoader", "torch_loader": False}
+    loader = {"indices": None, "dataset_len": 10, "sampler": None, "dataset": "DictDataset", "built": built}
+    v = judge(fake_runs.run(values=_values([{"validate": _stage([loader])}] * 2), kind="eval"))
+    assert v.outcome == "skipped"
+    assert v.summary == ("not judged: cannot tell samples apart in validation: DictLoader, not a torch DataLoader, "
+                         "over DictDataset (no dataset indices to read).")
+    assert any("DictLoader (built at /pkg/datamodule.py:168 (DictModule.val_dataloader)) is not a torch DataLoader, "
+               "so Lightning injects no DistributedSampler into it" in n for n in v.notes)

@@ -190,10 +190,20 @@ class _StageCheck:
             self.found.unread.append(f"{tag}: IterableDataset {infos[0].get('dataset') or ''}".rstrip())
             self.found.notes.append(f"{tag}: an IterableDataset has no indices to compare; not checked.")
             return
+        built = infos[0].get("built") or {}
+        if any(info.get("indices") is None for info in infos) and built.get("torch_loader") is False:
+            where = f" (built at {fmt_site(built['site'])})" if built.get("site") else ""
+            self.found.unread.append(f"{tag}: {built.get('cls')}, not a torch DataLoader, over "
+                                     f"{infos[0].get('dataset') or 'its data'}")
+            self.found.notes.append(f"{tag}: {built.get('cls')}{where} is not a torch DataLoader, so Lightning injects "
+                                    f"no DistributedSampler into it and no fetch hands its dataset keys to read: every "
+                                    f"rank evaluates what it yields unless it splits by rank itself (split it by rank "
+                                    f"inside {built.get('cls')}, or return a torch DataLoader over the same dataset).")
+            return
         if any(info.get("indices") is None for info in infos):
             self.found.unread.append(f"{tag}: {infos[0].get('dataset') or 'a dataset'} behind "
                                      f"{infos[0].get('sampler') or 'no sampler'}")
-            self.found.notes.append(f"{tag}: the sampler's indices could not be read "
+            self.found.notes.append(f"{tag}: its indices could not be read "
                                     f"({next((x.get('error') for x in infos if x.get('error')), 'no sampler')}).")
             return
         per_rank = [info["indices"] for info in infos]
