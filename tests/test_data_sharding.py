@@ -574,3 +574,19 @@ def test_items_of_a_stream_without_batching_are_counted_as_the_items_it_yields(f
     text = verdict.render()
     assert "3 distinct dataset items" in verdict.summary
     assert "3 batches of [1, 1, 1] dataset items (each a ready-made batch the dataset yields: batch_size=None)" in text
+
+
+def test_a_loader_built_before_the_hooks_that_lightning_cannot_recreate_is_named_where_built(fake_runs):
+    """chemprop's loaders built once in the datamodule's __init__: the DataLoader patch is not yet
+    installed then, so the line comes from the loader the hook returned."""
+    contract = get_contract("data-sharding")
+    tb = ('Traceback (most recent call last):\n  File "/site-packages/lightning/pytorch/utilities/data.py", '
+          'line 1, in _update_dataloader\n')
+    built = {"ev": "loader_built", "hook": "train_dataloader",
+             "loaders": [{"site": {"file": "/pkg/dataloader.py", "line": 87, "func": "build_dataloader"},
+                          "cls": "DataLoader", "torch_loader": True}]}
+    ranks = [fake_runs.rank(r, [built], status="error", exc_type="TypeError", message="got multiple values",
+                            traceback=tb) for r in range(2)]
+    verdict = contract.judge(fake_runs.of(ranks, status="error"))
+    assert verdict.outcome == "failed" and "Fit fails on every rank at /pkg/dataloader.py:87" in verdict.summary
+    assert "/pkg/dataloader.py:87 (build_dataloader): the train DataLoader is built here" in verdict.render()

@@ -905,6 +905,16 @@ def _counted_as(events: list[dict], loader: dict | None) -> tuple[str, str]:
     return f"tensor rows (dataset items cannot be counted{where})", "of {} tensor rows (not samples)"
 
 
+def _returned_site(run: Run, hook: str) -> dict | None:
+    """Where the loader ``hook`` returned was constructed (a loader built before the hooks ran,
+    in the target factory or ``setup``), from the ranks' ``loader_built`` events."""
+    for r in range(run.world_size):
+        for e in run.events(r, "loader_built"):
+            if e.get("hook") == hook and e.get("loaders") and e["loaders"][0].get("site"):
+                return e["loaders"][0]["site"]
+    return None
+
+
 def _not_torch_loader(loader: dict | None) -> bool:
     """The stage's loader is not a torch DataLoader (a package's own loader class)."""
     built = (loader or {}).get("built") or {}
@@ -1047,7 +1057,8 @@ class DataSharding(Contract):
         stage = m.group(1) if m else "train"
         created = [e for e in self._creation_events(run) if (e.get("hook") or "").endswith(f"{stage}_dataloader")] \
             or self._creation_events(run)
-        built_at = fmt_site(created[0]["site"]) if created else None
+        built = created[0]["site"] if created else _returned_site(run, f"{stage}_dataloader")
+        built_at = fmt_site(built) if built else None
         frames = _user_frames(tb)
         if "has no attribute" in (failed[0].message or "") and frames:
             where, cause, fix, evidence = _missing_attribute(failed[0], stage, message, frames)

@@ -31,11 +31,13 @@ class _Registry:
         self.objects: dict[int, tuple[Any, dict | None, str]] = {}
         self.by_hook: dict[str, list[dict]] = {}
         self.depth = 0
+        self.emit = None
 
-    def reset(self) -> None:
+    def reset(self, emit=None) -> None:
         self.objects.clear()
         self.by_hook.clear()
         self.depth = 0
+        self.emit = emit
 
 
 _REG = _Registry()
@@ -124,6 +126,9 @@ def _record_hook(name: str, value) -> None:
         site, cls = found if found is not None else (None, type(loader).__name__)
         entries.append({"site": site, "cls": cls, "torch_loader": _is_torch_loader(loader)})
     _REG.by_hook[name] = entries
+    if _REG.emit is not None:
+        # In the trace too: a fit that stops in Lightning's sampler injection still names the line.
+        _REG.emit({"ev": "loader_built", "hook": name, "loaders": entries})
 
 
 def _is_torch_loader(obj) -> bool:
@@ -163,7 +168,7 @@ def install(recorder) -> None:
     if getattr(recorder, "_ltconform_loader_sites", False):
         return
     recorder._ltconform_loader_sites = True
-    _REG.reset()
+    _REG.reset(recorder.emit)
     recorder.patch(UserObjects, "new_model", _wrap_window)
     recorder.patch(UserObjects, "new_datamodule", _wrap_window)
     for ns in ("lightning.pytorch", "pytorch_lightning"):
