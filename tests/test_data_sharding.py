@@ -140,7 +140,7 @@ def test_replacement_sampler_repeats_are_not_a_fault(fake_runs):
     assert contract.judge(fake_runs.run([r0, r1])).outcome == "passed"
     r0[0] = _loader(0, 2, replacement=False)
     verdict = contract.judge(fake_runs.run([r0, r1]))
-    assert verdict.outcome == "failed" and "rank 0 saw 3 of its 6 fingerprinted train samples" in verdict.summary
+    assert verdict.outcome == "failed" and "rank 0 saw 3 of its 6 train tensor rows" in verdict.summary
 
 
 # -- random inputs identical on every rank ----------------------------------------------------------
@@ -262,7 +262,8 @@ def test_identical_batches_evidence_with_missing_fingerprints_and_epochs(fake_ru
     r0 = fake_runs.batches([["a"]], epoch=0) + fake_runs.batches([["b"], ["c"]], epoch=1)
     r1 = fake_runs.batches([["b"], ["c"]], epoch=1)
     verdict = contract.judge(fake_runs.run([r0, r1]))
-    assert verdict.outcome == "failed" and "train epoch 0: 0 batches of sizes []" in verdict.render()
+    assert verdict.outcome == "failed"
+    assert "train epoch 0: 0 batches of [] tensor rows (not samples)" in verdict.render()
 
 
 def test_first_sentence_never_cuts_a_sentence():
@@ -511,7 +512,7 @@ def test_iterable_items_fill_the_batches_they_were_collated_into(fake_runs):
 
     replayed = contract.judge(fake_runs.run([rank([["a", "b", "c", "d"]] * 2), rank([["e", "f", "g", "h"]] * 2)]))
     assert replayed.outcome == "failed", replayed.render()
-    assert "rank 0 saw 4 of its 8 fingerprinted train samples more than once" in replayed.summary
+    assert "rank 0 saw 4 of its 8 train dataset items more than once" in replayed.summary
     sharded = contract.judge(fake_runs.run([rank([["a", "b", "c", "d"], ["e", "f", "g", "h"]]),
                                             rank([["i", "j", "k", "l"], ["m", "n", "o", "p"]])]))
     assert sharded.outcome == "passed", sharded.render()
@@ -536,3 +537,56 @@ def test_an_item_that_cannot_be_hashed_never_breaks_the_stream(tmp_path, monkeyp
         assert [int(b) for b in DataLoader(Stream(), batch_size=None)] == [0, 1, 2, 3]
     finally:
         recorder.undo()
+
+
+def test_a_loader_of_its_own_is_named_where_built_and_its_rows_are_not_counted_as_samples(fake_runs):
+    """mlcolvar's DictLoader: not a torch DataLoader, so no sampler is injected and nothing reads
+    dataset keys; the verdict names its construction line, counts no samples, and says what to do."""
+    contract = get_contract("data-sharding")
+    built = {"site": {"file": "/pkg/datamodule.py", "line": 168, "func": "DictModule.setup"}, "cls": "DictLoader",
+             "torch_loader": False}
+    loader = {"ev": "ds_loader", "stage": "train", "epoch": 0, "type": "DictLoader", "built": built,
+              "use_distributed_sampler": True}
+    same = [loader] + fake_runs.batches([["a", "b"], ["c", "d"]])
+    verdict = contract.judge(fake_runs.run([same, same]))
+    assert verdict.outcome == "failed"
+    text = verdict.render()
+    assert "4 distinct tensor rows (dataset items cannot be counted in DictLoader)" in verdict.summary
+    assert "DictLoader (not a torch DataLoader) is not sharded by rank" in verdict.summary
+    assert "2 batches of [2, 2] tensor rows (not samples)" in text and "distinct samples" not in text
+    assert "/pkg/datamodule.py:168 (DictModule.setup): the train DictLoader is built here; it is not a torch " \
+           "DataLoader, so Lightning injects no DistributedSampler into it" in text
+    assert verdict.fix.startswith("DictLoader (built at /pkg/datamodule.py:168 (DictModule.setup)) is not a torch "
+                                  "DataLoader, so Lightning injects no DistributedSampler into it: split the samples "
+                                  "by rank inside DictLoader")
+    assert "return a torch DataLoader over the same dataset" in verdict.fix
+
+
+def test_items_of_a_stream_without_batching_are_counted_as_the_items_it_yields(fake_runs):
+    """pykeen's instances: the IterableDataset yields ready-made batches (batch_size=None), one item each."""
+    contract = get_contract("data-sharding")
+    loader = {"ev": "ds_loader", "stage": "train", "epoch": 0, "batch_size": None, "iterable": True,
+              "num_workers": 0, "dataset": "Instances", "type": "DataLoader"}
+    batches = fake_runs.batches([[f"row{k}{j}" for j in range(8)] for k in range(3)])
+    items = [{"ev": "ds_item", "stage": "train", "epoch": 0, "w": 0, "nw": 1, "h": h} for h in ("x", "y", "z")]
+    verdict = contract.judge(fake_runs.run([[loader] + batches + items] * 2))
+    assert verdict.outcome == "failed"
+    text = verdict.render()
+    assert "3 distinct dataset items" in verdict.summary
+    assert "3 batches of [1, 1, 1] dataset items (each a ready-made batch the dataset yields: batch_size=None)" in text
+
+
+def test_a_loader_built_before_the_hooks_that_lightning_cannot_recreate_is_named_where_built(fake_runs):
+    """chemprop's loaders built once in the datamodule's __init__: the DataLoader patch is not yet
+    installed then, so the line comes from the loader the hook returned."""
+    contract = get_contract("data-sharding")
+    tb = ('Traceback (most recent call last):\n  File "/site-packages/lightning/pytorch/utilities/data.py", '
+          'line 1, in _update_dataloader\n')
+    built = {"ev": "loader_built", "hook": "train_dataloader",
+             "loaders": [{"site": {"file": "/pkg/dataloader.py", "line": 87, "func": "build_dataloader"},
+                          "cls": "DataLoader", "torch_loader": True}]}
+    ranks = [fake_runs.rank(r, [built], status="error", exc_type="TypeError", message="got multiple values",
+                            traceback=tb) for r in range(2)]
+    verdict = contract.judge(fake_runs.of(ranks, status="error"))
+    assert verdict.outcome == "failed" and "Fit fails on every rank at /pkg/dataloader.py:87" in verdict.summary
+    assert "/pkg/dataloader.py:87 (build_dataloader): the train DataLoader is built here" in verdict.render()

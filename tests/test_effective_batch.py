@@ -36,7 +36,7 @@ def test_effective_batch_ratio(ratio, passed, fake_runs):
 
 
 def _info(**extra):
-    info = {"sizes": [4], "accumulate": 1, "stepped": True, "loader": {}, "loss_lines": [],
+    info = {"sizes": [4], "items": [4], "accumulate": 1, "stepped": True, "loader": {}, "loss_lines": [],
             "grad_sig": [("lin.weight", 1.0), ("lin.bias", 0.5)]}
     info.update(extra)
     return info
@@ -78,7 +78,7 @@ def test_unmergeable_batches_are_not_judged(fake_runs):
 
 
 def _manual(scale, counts=(1, 1), diff=0.0):
-    return _info(sizes=[4, 4], manual=True, backwards=list(counts), scales=[scale] * len(counts),
+    return _info(sizes=[4, 4], items=[4, 4], manual=True, backwards=list(counts), scales=[scale] * len(counts),
                  norm=2.0, sum_norm=2.0, after_backward_diff=diff,
                  backward_site={"file": "/x/model.py", "line": 40, "func": "Model.training_step"})
 
@@ -175,3 +175,84 @@ def test_loss_lines_read_a_loss_module_that_returns_a_sum():
         ("test_loss_lines_read_a_loss_module_that_returns_a_sum.<locals>.PairLoss.forward", "sums over the batch",
          "return loss.sum() * 1")]
     assert all(ln["what"].startswith("divides") for ln in _loss_lines(Model(MeanPairLoss())))
+
+
+def test_batch_and_samples_are_dataset_items_not_tensor_rows(fake_runs):
+    # A collated graph batch: 25 atom rows for the 4 molecules each rank's fetch handed the dataset.
+    ranks = [_info(sizes=[25], items=[4], item_keys=[0, 1, 2, 3]), _info(sizes=[24], items=[4], item_keys=[4, 5, 6, 7])]
+    verdict = _judge(fake_runs, ranks, _REF)
+    assert verdict.outcome == "passed"
+    assert "Effective batch 8 = 4 (per rank) x 2 (ranks) x 1 (accumulation)" in verdict.summary
+    assert "2 ranks x batch 4 vs 2 on 1 rank x batch 8, same 8 samples and weights" in verdict.summary
+    assert "25" not in verdict.summary and "49" not in verdict.summary
+
+
+def test_the_same_samples_on_every_rank_are_counted_once_as_distinct(fake_runs):
+    ranks = [_info(sizes=[8], items=[8], item_keys=list(range(8)))] * 2
+    verdict = _judge(fake_runs, ranks, _REF)
+    assert "same 16 samples (8 distinct: ranks drew the same samples) and weights" in verdict.summary
+
+
+def test_a_loader_whose_items_cannot_be_counted_says_so_instead_of_rows(fake_runs):
+    ranks = [_info(sizes=[8], items=None, loader={"type": "DictLoader", "batch_size": None})] * 2
+    verdict = _judge(fake_runs, ranks, _REF)
+    assert verdict.outcome == "passed"
+    assert "Effective batch not counted: the dataset items in a batch of DictLoader cannot be counted" \
+        in verdict.summary
+    assert "on 2 ranks vs 2 on 1 rank with the ranks' batches merged, same samples and weights" in verdict.summary
+    assert "(per rank)" not in verdict.summary and "batch 8" not in verdict.summary and "16" not in verdict.summary
+
+
+GRAPHS = '''
+import lightning.pytorch as pl
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class Graphs(Dataset):
+    """Each sample is a small graph: 2 or 3 atom rows and one target."""
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        return torch.randn(2 + i % 2, 4, generator=g), torch.randn(1, generator=g)
+
+
+def collate(samples):
+    atoms = torch.cat([a for a, _ in samples])
+    owner = torch.cat([torch.full((len(a),), k) for k, (a, _) in enumerate(samples)])
+    return atoms, owner, torch.cat([y for _, y in samples])
+
+
+class Model(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch, batch_idx):
+        atoms, owner, y = batch
+        per_graph = torch.zeros(len(y)).index_add(0, owner, self.layer(atoms).squeeze(-1))
+        return (per_graph - y).pow(2).mean()
+
+    def train_dataloader(self):
+        return DataLoader(Graphs(), batch_size=4, collate_fn=collate)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+'''
+
+
+@pytest.mark.slow
+def test_a_collated_graph_batch_counts_molecules_not_atom_rows_in_a_real_world(pytester, no_leftover_ranks):
+    import json
+
+    pytester.makepyfile(graphs=GRAPHS)
+    pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ltconform", "graphs:Model", "--ltconform-report",
+                                  "out.json", "-k", "effective-batch[ and not gpu and not multinode")
+    doc = json.loads((pytester.path / "out.json").read_text())
+    (result,) = [r for r in doc["results"] if r["contract"] == "effective-batch"]
+    assert result["outcome"] == "passed", result["message"]
+    assert "Effective batch 8 = 4 (per rank) x 2 (ranks) x 1 (accumulation)" in result["message"]
+    assert "x batch 4 vs" in result["message"] and "same 8 samples and weights" in result["message"]

@@ -275,3 +275,125 @@ def test_iterable_stream_on_every_rank_fails_by_content_in_a_real_world(pytester
     assert "every rank evaluates the same stream: the 3 batches each rank's validation loop received" in out
     assert "established by content: IterableDataset TripleStream" in out
     assert "content fingerprints [" in out and "rank 1: this rank's validation loop received 3 batches" in out
+
+
+def _padded_with_rows(rows_per_rank, built=None):
+    loaders = [_loader([0, 2, 4], 5, total=6), _loader([1, 3, 0], 5, total=6)]
+    for loader in loaders:
+        loader["built"] = built
+    return [{"validate": _stage([loader], {"val_acc": 0.5}, {"mae": {"type": "MeanAbsoluteError", "n": rows}})}
+            for loader, rows in zip(loaders, rows_per_rank)]
+
+
+def test_metric_rows_that_are_not_samples_are_not_counted_as_samples(fake_runs):
+    # Two rows per sample (a window of two time steps): 6 rows per rank for its 3 samples.
+    v = judge(fake_runs.run(values=_values(_padded_with_rows([6, 6])), kind="eval"))
+    assert v.outcome == "failed"
+    text = v.render()
+    assert "MeanAbsoluteError `mae` was updated with every validation batch of every rank" in text
+    assert "not counted as samples" in text and "12 samples" not in text and "updated with 6" not in text
+
+
+def test_the_loader_is_named_where_it_was_built_not_where_its_hook_is(fake_runs):
+    built = {"site": {"file": "/pkg/loaders.py", "line": 87, "func": "build_dataloader"}, "cls": "DataLoader",
+             "torch_loader": True}
+    v = judge(fake_runs.run(values=_values(_padded_with_rows([3, 3], built)), kind="eval"))
+    text = v.render()
+    assert "/pkg/loaders.py:87 (build_dataloader): the validation DataLoader is built here, and Lightning wraps it " \
+           "in DistributedSampler" in text
+    assert "updated with 6 samples for 5 distinct" in text
+
+
+STATEFUL = '''
+import os
+
+import lightning.pytorch as pl
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+
+class Ids(Dataset):
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        return torch.tensor([float(i)])
+
+
+class Sliding(Sampler):
+    """A sampler with state: each pass hands out the next 4 indices (not split by rank)."""
+
+    def __init__(self):
+        self.passes = 0
+
+    def __iter__(self):
+        start, self.passes = self.passes, self.passes + 1
+        return iter(range(start, start + 4))
+
+    def __len__(self):
+        return 4
+
+
+class Model(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+        self.sampler = Sliding()
+        self.seen = []
+
+    def training_step(self, batch, batch_idx):
+        return self.layer(batch).pow(2).mean()
+
+    def validation_step(self, batch, batch_idx):
+        if self.trainer.state.fn == "validate":
+            self.seen += [int(v) for v in batch.flatten()]
+        self.log("val_loss", self.layer(batch).pow(2).mean(), sync_dist=True)
+
+    def on_validation_epoch_end(self):
+        if self.trainer.state.fn == "validate" and self.trainer.world_size > 1:  # not the one-device run
+            with open(os.path.join(os.environ["SEEN_DIR"], f"seen{self.global_rank}.txt"), "w") as fh:
+                fh.write(" ".join(map(str, self.seen)))
+
+    def train_dataloader(self):
+        return DataLoader(Ids(), batch_size=4)
+
+    def val_dataloader(self):
+        return DataLoader(Ids(), batch_size=2, sampler=self.sampler)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def trainer_kwargs():
+    return {"use_distributed_sampler": False, "max_epochs": 1}
+'''
+
+
+@pytest.mark.slow
+def test_indices_are_the_ones_the_evaluation_loop_fetched_from_a_sampler_with_state(pytester, monkeypatch,
+                                                                                    no_leftover_ranks):
+    """Reading the sampler again before the stage drew another pass than the loop evaluated."""
+    pytester.makepyfile(stateful=STATEFUL)
+    monkeypatch.setenv("SEEN_DIR", str(pytester.path))
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ltconform", "stateful:Model",
+                                           "--ltconform-trainer", "stateful:trainer_kwargs",
+                                           "-k", "eval-duplication[ and not gpu and not multinode", "-v")
+    out = result.stdout.str()
+    result.assert_outcomes(failed=1)
+    for rank in (0, 1):
+        seen = [int(v) for v in (pytester.path / f"seen{rank}.txt").read_text().split()]
+        assert len(seen) == 4
+        assert f"Sliding gave this rank 4 validation indices [{', '.join(map(str, seen))}]" in out, out[-4000:]
+
+
+def test_a_loader_of_its_own_is_not_judged_naming_its_type_line_and_what_to_do(fake_runs):
+    """mlcolvar's DictLoader: no sampler injected, no fetch to read; the reason names it, not 'no sampler'."""
+    built = {"site": {"file": "/pkg/datamodule.py", "line": 168, "func": "DictModule.val_dataloader"},
+             "cls": "DictLoader", "torch_loader": False}
+    loader = {"indices": None, "dataset_len": 10, "sampler": None, "dataset": "DictDataset", "built": built}
+    v = judge(fake_runs.run(values=_values([{"validate": _stage([loader])}] * 2), kind="eval"))
+    assert v.outcome == "skipped"
+    assert v.summary == ("not judged: cannot tell samples apart in validation: DictLoader, not a torch DataLoader, "
+                         "over DictDataset (no dataset indices to read).")
+    assert any("DictLoader (built at /pkg/datamodule.py:168 (DictModule.val_dataloader)) is not a torch DataLoader, "
+               "so Lightning injects no DistributedSampler into it" in n for n in v.notes)

@@ -25,6 +25,7 @@ from collections import defaultdict
 
 from ..harness import batch_leaves, batch_size
 from ..sites import first_sentence, fmt_site
+from . import loader_sites
 from .base import Blame, Contract, Evidence, Probe, Run, Verdict, class_site, user_class
 from .rank_reads import describe, gating_reads, selecting_reads
 
@@ -529,6 +530,9 @@ class DataShardingProbe(Probe):
         self._draws = None
         self._streams: set = set()
 
+    def install(self, recorder) -> None:
+        loader_sites.install(recorder)
+
     def before_trainer(self, loaded, trainer_kwargs, recorder) -> None:
         import torch.utils.data as tud
 
@@ -616,7 +620,8 @@ class DataShardingProbe(Probe):
                     if sampler is not None:
                         probe.watch_sampler(sampler)
                 try:
-                    recorder.emit(_loader_info(trainer, stage, loader))
+                    recorder.emit({**_loader_info(trainer, stage, loader),
+                                   "built": loader_sites.loader_of(f"{stage}_dataloader")})
                 except Exception as exc:
                     recorder.emit({"ev": "trace_error", "where": "data-sharding loader", "error": repr(exc)})
 
@@ -885,6 +890,37 @@ def _gate_evidence(read: dict, reads: list[list[dict]]) -> Evidence:
                     rank=ranks[0] if len(ranks) == 1 else None, site=fmt_site(read.get("site")))
 
 
+def _counted_as(events: list[dict], loader: dict | None) -> tuple[str, str]:
+    """What a batch's count is, as (unit of the distinct count, template of the sizes): the
+    dataset keys its fetches received are samples; an iterable dataset's items are what it yields
+    (with batch_size=None each is a ready-made batch); tensor rows are not samples."""
+    srcs = {e.get("src") for e in events}
+    if srcs == {"index"}:
+        return "samples", "of sizes {}"
+    if srcs == {"item"}:
+        whole = loader is not None and "batch_size" in loader and loader.get("batch_size") is None
+        return "dataset items", ("of {} dataset items (each a ready-made batch the dataset yields: batch_size=None)"
+                                 if whole else "of {} dataset items")
+    where = f" in {loader['type']}" if loader and loader.get("type") else ""
+    return f"tensor rows (dataset items cannot be counted{where})", "of {} tensor rows (not samples)"
+
+
+def _returned_site(run: Run, hook: str) -> dict | None:
+    """Where the loader ``hook`` returned was constructed (a loader built before the hooks ran,
+    in the target factory or ``setup``), from the ranks' ``loader_built`` events."""
+    for r in range(run.world_size):
+        for e in run.events(r, "loader_built"):
+            if e.get("hook") == hook and e.get("loaders") and e["loaders"][0].get("site"):
+                return e["loaders"][0]["site"]
+    return None
+
+
+def _not_torch_loader(loader: dict | None) -> bool:
+    """The stage's loader is not a torch DataLoader (a package's own loader class)."""
+    built = (loader or {}).get("built") or {}
+    return bool(loader) and "dataset" not in loader and built.get("torch_loader") is False
+
+
 def _batch_fp(train: dict, rank: int, key: tuple) -> str | None:
     """The fingerprint of ``rank``'s train batch ``key`` = (epoch, batch_idx), if recorded."""
     epoch, idx = key
@@ -977,6 +1013,8 @@ class DataSharding(Contract):
 
     @staticmethod
     def _what(loader: dict | None) -> str:
+        if _not_torch_loader(loader):
+            return f"{loader['type']} (not a torch DataLoader)"
         if not loader or not loader.get("dataset"):
             return "the DataLoader"
         kind = "IterableDataset" if loader.get("iterable") else "dataset"
@@ -986,10 +1024,17 @@ class DataSharding(Contract):
     def _dataset_site(loader: dict | None) -> str | None:
         if not loader:
             return None
-        site = loader.get("created_at") or loader.get("dataset_site")
+        site = (loader.get("built") or {}).get("site") or loader.get("created_at") or loader.get("dataset_site")
         return fmt_site(site) if site else None
 
     def _fix_for(self, loader: dict | None) -> str:
+        if _not_torch_loader(loader):
+            site = self._dataset_site(loader)
+            return (f"{loader['type']}{f' (built at {site})' if site else ''} is not a torch DataLoader, so "
+                    f"Lightning injects no DistributedSampler into it: split the samples by rank inside "
+                    f"{loader['type']} (each rank takes indices rank, rank + world_size, ... from "
+                    f"torch.distributed, reshuffled per epoch), or return a torch DataLoader over the same dataset "
+                    f"from the hook so that Lightning shards it.")
         if loader and loader.get("iterable"):
             return (f"shard the stream inside {loader.get('dataset')}.__iter__: keep item i only when "
                     f"i % (world_size * num_workers) == rank * num_workers + worker_id (rank and world size "
@@ -1012,7 +1057,8 @@ class DataSharding(Contract):
         stage = m.group(1) if m else "train"
         created = [e for e in self._creation_events(run) if (e.get("hook") or "").endswith(f"{stage}_dataloader")] \
             or self._creation_events(run)
-        built_at = fmt_site(created[0]["site"]) if created else None
+        built = created[0]["site"] if created else _returned_site(run, f"{stage}_dataloader")
+        built_at = fmt_site(built) if built else None
         frames = _user_frames(tb)
         if "has no attribute" in (failed[0].message or "") and frames:
             where, cause, fix, evidence = _missing_attribute(failed[0], stage, message, frames)
@@ -1076,11 +1122,12 @@ class DataSharding(Contract):
         how = {"index": "batches compared by the dataset indices they fetched",
                "item": "batches compared by the items the dataset's iterator yielded"}.get(
             srcs.pop() if len(srcs) == 1 else None, "fingerprinted batches")
+        unit, sizes = _counted_as(per_rank[0][first_ep], loader)
         summary = (f"{ranks} drew identical {stage} batches {every} ({compared} {how}, "
-                   f"{len(samples)} distinct samples{id_text}), so the world trains on one rank's data "
+                   f"{len(samples)} distinct {unit}{id_text}), so the world trains on one rank's data "
                    f"{run.world_size} times; {self._what(loader)} is not sharded by rank.")
-        evidence = [Evidence(f"{stage} epoch {first_ep}: {_n_batches(steps[r].get(first_ep, 0))} of sizes "
-                             f"{[e.get('n') for e in per_rank[r].get(first_ep, [])]}, batch hashes "
+        evidence = [Evidence(f"{stage} epoch {first_ep}: {_n_batches(steps[r].get(first_ep, 0))} "
+                             + sizes.format([e.get('n') for e in per_rank[r].get(first_ep, [])]) + ", batch hashes "
                              f"{[(e.get('fp') or 'none')[:8] for e in firsts[r]]}"
                              + (f", sample ids {[e.get('ids') for e in firsts[r]]}" if ids else ""), rank=r)
                     for r in range(run.world_size)]
@@ -1103,6 +1150,9 @@ class DataSharding(Contract):
                                          else f"{loader['dataset']} is defined here",
                                          site=fmt_site(loader["dataset_site"])))
             return evidence
+        if _not_torch_loader(loader):
+            return [Evidence(f"the {stage} {loader['type']} is built here; it is not a torch DataLoader, so Lightning "
+                             f"injects no DistributedSampler into it", site=self._dataset_site(loader))]
         if loader:
             return [Evidence(f"{self._what(loader)}, sampler {loader.get('sampler')}, "
                              f"use_distributed_sampler={loader.get('use_distributed_sampler')}",
@@ -1133,11 +1183,12 @@ class DataSharding(Contract):
                         workers = loader.get("num_workers", 0)
                         why = (f" (DataLoader num_workers={workers}: each worker replays the stream)"
                                if workers and loader.get("iterable") else "")
-                        summary = (f"rank {r} saw {repeats} of its {len(rows)} fingerprinted {stage} samples more "
+                        unit = _counted_as(events, loader)[0]
+                        summary = (f"rank {r} saw {repeats} of its {len(rows)} {stage} {unit} more "
                                    f"than once in epoch {epoch}{why}; {self._what(loader)} does not split the work "
                                    f"between workers/ranks.")
                         out.append(self.verdict("failed", summary, category="silent", fix=self._fix_for(loader),
-                                                evidence=[Evidence(f"epoch {epoch}: {len(rows)} samples, "
+                                                evidence=[Evidence(f"epoch {epoch}: {len(rows)} {unit}, "
                                                                    f"{len(set(rows))} distinct", rank=r,
                                                                    site=self._dataset_site(loader))]))
                         return out

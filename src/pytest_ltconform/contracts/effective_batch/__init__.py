@@ -106,7 +106,7 @@ class EffectiveBatch(Contract):
         if not info:
             return self.verdict("error", "the one-step run returned nothing", diagnosis=run.job.failure_text())
         world = run.world_size
-        local = info["sizes"][0] if info["sizes"] else None
+        local = _local(info)
         window = len(info["sizes"]) if info.get("manual") else info["accumulate"]
         report, notes = self._report(infos, local, world, window)
         if not info.get("stepped"):
@@ -155,10 +155,11 @@ class EffectiveBatch(Contract):
         n_world, n_ref = ref["world_norm"], ref["norm"]
         ratio = n_world / n_ref if n_ref else float("inf")
         cos = ref.get("cosine")
-        samples = sum(sum(s or 0 for s in (v or {}).get("sizes", [])) for v in infos)
-        measured = (f"first-step gradient norm {n_world:.4g} on {world} ranks x batch {local} vs {n_ref:.4g} on 1 rank "
-                    f"x batch {world * (local or 0)}, same {samples} samples and weights (ratio {ratio:.3g}"
-                    + (f", cosine {cos:.4f}" if cos is not None else "") + ")")
+        samples = _samples(infos)
+        batches = (f"{world} ranks x batch {local} vs {n_ref:.4g} on 1 rank x batch {world * local}" if local
+                   else f"{world} ranks vs {n_ref:.4g} on 1 rank with the ranks' batches merged")
+        measured = (f"first-step gradient norm {n_world:.4g} on {batches}, same {samples or 'samples'} and weights "
+                    f"(ratio {ratio:.3g}" + (f", cosine {cos:.4f}" if cos is not None else "") + ")")
         if cos is not None and cos < 0.99:
             notes.append(f"the gradient direction differs too (cosine {cos:.3f}): batch statistics (BatchNorm without "
                          f"SyncBatchNorm) or per-rank weighting make the step depend on how samples are split.")
@@ -168,17 +169,18 @@ class EffectiveBatch(Contract):
         lines = info.get("loss_lines") or []
         line_text = "; ".join(f"{ln['what']} at {fmt_site(ln)}" for ln in lines)
         summary = f"{measured}: {_factor(ratio, world)}" + (f" ({line_text})" if line_text else "") + f". {report}"
-        evidence = [Evidence(f"first-step gradient norm {n_world:.4g} (averaged over {world} ranks, batch {local} "
-                             f"each)", rank=None),
-                    Evidence(f"first-step gradient norm {n_ref:.4g} on 1 rank, batch {world * (local or 0)}, same "
-                             f"samples and weights", rank=None)]
+        each = f", batch {local} each" if local else ""
+        merged = f"batch {world * local}" if local else "the ranks' batches merged"
+        evidence = [Evidence(f"first-step gradient norm {n_world:.4g} (averaged over {world} ranks{each})", rank=None),
+                    Evidence(f"first-step gradient norm {n_ref:.4g} on 1 rank, {merged}, same samples and weights",
+                             rank=None)]
         for ln in lines:
             evidence.append(Evidence(f"{ln['what']}: {ln['text']}", site=fmt_site(ln)))
         for name, r in (ref.get("per_param") or [])[:3]:
             evidence.append(Evidence(f"parameter {name}: gradient ratio {r:.3g}"))
         return self.verdict("failed", summary, evidence=evidence, fix=_FIX, category="silent", notes=notes)
 
-    def _manual_window(self, info: dict, world: int, samples: int, report: str, notes: list) -> Verdict | None:
+    def _manual_window(self, info: dict, world: int, samples: str | None, report: str, notes: list) -> Verdict | None:
         """Manual optimization over N >= 2 micro-batches: the applied step against the gradient of
         the mean loss over the window. Each micro-batch's gradient is what its manual_backward
         added; the loss passed in is the micro-batch's loss times the constant factors at the root
@@ -212,7 +214,8 @@ class EffectiveBatch(Contract):
         applied, mean_grad = info["norm"], (info.get("sum_norm") or 0.0) / n
         ratio = applied / mean_grad if mean_grad else float("inf")
         summary = (f"first optimizer step's gradient is {ratio:.3g}x the gradient of the mean loss over the same {n} "
-                   f"micro-batches x {world} ranks ({samples} samples): manual accumulation over N={n} without "
+                   f"micro-batches x {world} ranks{f' ({samples})' if samples else ''}: manual accumulation over "
+                   f"N={n} without "
                    f"dividing the loss by N (the loss passed to manual_backward{where} carries no 1/N factor). "
                    f"{report}")
         evidence = [Evidence(f"gradient norm {applied:.4g} at the first optimizer.step: the sum of {n} micro-batch "
@@ -225,19 +228,24 @@ class EffectiveBatch(Contract):
 
     @staticmethod
     def _report(values: list, local, world: int, acc: int) -> tuple[str, list[str]]:
-        eff = (local or 0) * world * acc
-        report = (f"Effective batch {eff} = {local} (per rank) x {world} (ranks) x {acc} (accumulation) for full "
-                  f"windows.")
-        notes = []
         loaders = [(v or {}).get("loader") or {} for v in values]
+        if local:
+            report = (f"Effective batch {local * world * acc} = {local} (per rank) x {world} (ranks) x {acc} "
+                      f"(accumulation) for full windows.")
+        else:
+            kind = loaders[0].get("type") if loaders and loaders[0].get("type") else "the train loader"
+            report = (f"Effective batch not counted: the dataset items in a batch of {kind} cannot be counted (no "
+                      f"dataset keys to read and no batch_size), and tensor rows are not samples; {world} (ranks) x "
+                      f"{acc} (accumulation) batches per optimizer step.")
+        notes = []
         batches = [ld.get("batches") for ld in loaders]
         samples = [ld.get("samples") for ld in loaders]
         bs = loaders[0].get("batch_size") if loaders else None
         if batches[0] and acc > 1 and batches[0] % acc:
             rest = batches[0] % acc
             notes.append(f"partial final window: an epoch has {batches[0]} batches per rank, so its last optimizer "
-                         f"step averages {rest} of {acc} micro-batches (effective batch {(local or 0) * world * rest} "
-                         f"there).")
+                         f"step averages {rest} of {acc} micro-batches"
+                         + (f" (effective batch {local * world * rest} there)." if local else "."))
         if bs and samples[0] and not loaders[0].get("drop_last") and samples[0] % bs:
             last = samples[0] % bs
             notes.append(f"uneven last batch: {samples[0]} samples per rank with batch size {bs} leave a last batch of "
@@ -259,6 +267,28 @@ def _unchecked_sums(info: dict | None) -> str:
         return ""
     shown = "; ".join(f"`{ln['text']}` at {fmt_site(ln)}" for ln in lines[:2])
     return f" (unchecked: the loss code sums over the batch: {shown})"
+
+
+def _local(info: dict) -> int | None:
+    """Dataset items in a rank's first batch: the keys its fetch handed the dataset, else the
+    DataLoader's batch_size (one item per slot); None when neither is known (tensor rows are not
+    items: a collated graph has atoms, a padded batch has rows per sequence)."""
+    items = info.get("items")
+    if items:
+        return items[0]
+    return (info.get("loader") or {}).get("batch_size") or None
+
+
+def _samples(infos: list) -> str | None:
+    """The window's samples on all ranks together, as the dataset handed them out; None when
+    they could not be counted."""
+    if not all((v or {}).get("items") for v in infos):
+        return None
+    total = sum(sum(v["items"]) for v in infos)
+    distinct = len({k for v in infos for k in (v.get("item_keys") or [])})
+    if distinct and distinct < total:
+        return f"{total} samples ({distinct} distinct: ranks drew the same samples)"
+    return f"{total} samples"
 
 
 def _reference_failure(ref_run) -> str:

@@ -109,7 +109,8 @@ def _train_loader(trainer):
 def _loader_facts(loader) -> dict:
     from torch.utils.data import DataLoader
 
-    facts: dict = {"batches": None, "samples": None, "batch_size": None, "drop_last": None}
+    facts: dict = {"batches": None, "samples": None, "batch_size": None, "drop_last": None,
+                   "type": type(loader).__name__}
     if isinstance(loader, DataLoader):
         facts["batch_size"] = loader.batch_size
         facts["drop_last"] = bool(loader.drop_last)
@@ -248,6 +249,7 @@ class EffectiveBatchProbe(Probe):
         if state.get("stepped"):
             return
         state["stepped"] = True
+        self._count_items()
         self.grads = grads = _grads(pl_module)
         state["norm"] = _norm(grads)
         state["grad_sig"] = [(n, float(g.double().norm())) for n, g in grads.items()]
@@ -256,6 +258,15 @@ class EffectiveBatchProbe(Probe):
             state["after_backward_diff"] = _rel_diff(grads, self.after_backward)
         if self.seed is None:
             self._share_window()
+
+    def _count_items(self) -> None:
+        """The dataset items of each micro-batch of the window: the keys its fetch handed the
+        dataset (a collated graph's atoms or a padded sequence's rows are not items)."""
+        n = len(self.state["sizes"])
+        lists = self.indices.lists[:n] if self.indices is not None and len(self.indices.lists) >= n else None
+        if lists is not None:
+            self.state["items"] = [len(x) for x in lists]
+            self.state["item_keys"] = [k if isinstance(k, int) else repr(k)[:60] for x in lists for k in x][:10_000]
 
     def _share_window(self) -> None:
         """World: rank 0 saves the averaged gradient and the window's samples merged through the
@@ -321,7 +332,8 @@ def _one_step_kwargs(run: RankRun, user: dict, strategy, world_size: int, micro_
 
 
 def _world_value(state: dict, accumulate: int, manual: bool, model, rank: int) -> dict:
-    return {"sizes": state["sizes"], "accumulate": accumulate, "norm": state.get("norm"),
+    return {"sizes": state["sizes"], "items": state.get("items"), "item_keys": state.get("item_keys"),
+            "accumulate": accumulate, "norm": state.get("norm"),
             "stepped": bool(state.get("stepped")), "loader": state.get("loader"),
             "dropout_off": state.get("dropout_off", 0), "manual": manual,
             "grad_sig": state.get("grad_sig"), "backwards": state["backwards"], "scales": state["scales"],

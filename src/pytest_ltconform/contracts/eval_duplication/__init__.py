@@ -6,8 +6,8 @@ sample count does not divide by the world size, validation and test included; pu
 need a single-device Trainer or a validated non-duplicating distributed evaluator; rank zero alone
 sees only its shard of the predictions.
 
-Checked on the "eval" run (rank side: ``probe.py``): per rank and stage, the dataset indices the
-loader's sampler hands each rank (read from the sampler, so the dataset need not return ids), the
+Checked on the "eval" run (rank side: ``probe.py``): per rank and stage, the dataset indices each
+fetch of the real evaluation loop received (read at source, so the dataset need not return ids), the
 samples each TorchMetrics object was updated with, the stage's metrics, and files written by user
 code; then a one-rank ``Trainer(accelerator="cpu", devices=1)`` run on the same weights. Fails on
 indices evaluated more than once (with the metrics that moved because of it), on samples never
@@ -199,10 +199,20 @@ class _StageCheck:
             self.found.unread.append(f"{tag}: IterableDataset {infos[0].get('dataset') or ''}".rstrip() + why)
             self.found.notes.append(f"{tag}: an IterableDataset has no indices to compare; not checked.")
             return
+        built = infos[0].get("built") or {}
+        if any(info.get("indices") is None for info in infos) and built.get("torch_loader") is False:
+            where = f" (built at {fmt_site(built['site'])})" if built.get("site") else ""
+            self.found.unread.append(f"{tag}: {built.get('cls')}, not a torch DataLoader, over "
+                                     f"{infos[0].get('dataset') or 'its data'}{why}")
+            self.found.notes.append(f"{tag}: {built.get('cls')}{where} is not a torch DataLoader, so Lightning injects "
+                                    f"no DistributedSampler into it and no fetch hands its dataset keys to read: every "
+                                    f"rank evaluates what it yields unless it splits by rank itself (split it by rank "
+                                    f"inside {built.get('cls')}, or return a torch DataLoader over the same dataset).")
+            return
         if any(info.get("indices") is None for info in infos):
             self.found.unread.append(f"{tag}: {infos[0].get('dataset') or 'a dataset'} behind "
                                      f"{infos[0].get('sampler') or 'no sampler'}{why}")
-            self.found.notes.append(f"{tag}: the sampler's indices could not be read "
+            self.found.notes.append(f"{tag}: its indices could not be read "
                                     f"({next((x.get('error') for x in infos if x.get('error')), 'no sampler')}).")
             return
         per_rank = [info["indices"] for info in infos]
@@ -249,11 +259,12 @@ class _StageCheck:
                         f"{self.world} ranks ({min(batches)} batches per rank, {sampler}), so each sample is "
                         f"evaluated {self.world} times and no sampler splits the {self.word} set across "
                         f"ranks{equal}.", _FIX_UNSPLIT)
-        built = _loader_site(self.run, self.stage)
         for r, idx in enumerate(per_rank):
             self.found.evidence.append(Evidence(f"this rank's {self.word} loader yields all {len(idx)} indices "
-                                                f"{_ids(idx, keep_order=True)} in {batches[r]} batches", rank=r,
-                                                site=fmt_site(built) if built and r == 0 else None))
+                                                f"{_ids(idx, keep_order=True)} in {batches[r]} batches", rank=r))
+        built = _built_evidence(self.run, self.stage, infos[0], "no sampler splits it across ranks")
+        if built is not None:
+            self.found.evidence.append(built)
         return True
 
     def _whole_set_unchanged(self, tag, i, per_rank, n, moved) -> bool:
@@ -289,7 +300,7 @@ class _StageCheck:
                                f"loader.")
         self.found.notes.append(f"{tag}: every rank evaluates the same batches by design: {describe(read)}, so the "
                                 f"split between ranks happens inside the step, which this check does not see (it "
-                                f"reads the sampler's indices, not the rows each rank then keeps).")
+                                f"reads the indices each fetch received, not the rows each rank then keeps).")
         share = f"rank 0's rows of each batch ({hook} selects them by rank at {fmt_site(read.get('site'))})"
         self._shard_metrics(tag, per_rank, None, moved, share=share)
 
@@ -312,20 +323,14 @@ class _StageCheck:
                         f"{total} evaluations for {len(counts)} distinct samples.{pad}", _FIX_DUPLICATES)
         evidence = self.found.evidence
         evidence.append(Evidence(f"{word} sample {named} ({sampler})"))
-        built = _loader_site(self.run, self.stage)
-        if built:
-            evidence.append(Evidence(f"the {word} DataLoader is built here, and Lightning wraps it in "
-                                     f"{sampler}", site=fmt_site(built)))
+        built = _built_evidence(self.run, self.stage, infos[0], f"Lightning wraps it in {sampler}")
+        if built is not None:
+            evidence.append(built)
         for r, idx in enumerate(per_rank):
             evidence.append(Evidence(f"{sampler} gave this rank {len(idx)} {word} indices "
                                      f"{_ids(idx, keep_order=True)}", rank=r))
         for name, samples in _metric_counts(self.recs).items():
-            fed = sum(samples["per_rank"])
-            if fed > len(counts):
-                evidence.append(Evidence(
-                    f"{samples['type']} `{name}` was updated with {fed} samples for {len(counts)} distinct "
-                    f"{word} samples (" + ", ".join(f"rank {r}: {k}" for r, k in enumerate(samples["per_rank"]))
-                    + "): its synced state holds the duplicates"))
+            evidence.append(_metric_evidence(name, samples, per_rank, len(counts), word))
         for key, dist, single, _ in moved:
             evidence.append(Evidence(f"{key} {_fmt(dist)} on {world} ranks vs {_fmt(single)} on 1 device "
                                      f"with the same weights (difference {dist - single:+.4g})"))
@@ -424,6 +429,20 @@ class _StageCheck:
                                                 f"shard)"))
 
 
+def _metric_evidence(name: str, samples: dict, per_rank: list, distinct: int, word: str) -> Evidence:
+    """What a TorchMetrics object was updated with. Its updates hold tensor rows; they are samples
+    only where each rank's rows equal the samples its loader handed it (a padded sequence or a
+    graph has several rows per sample), else no count is given."""
+    rows = samples["per_rank"]
+    if rows == [len(idx) for idx in per_rank]:
+        return Evidence(f"{samples['type']} `{name}` was updated with {sum(rows)} samples for {distinct} distinct "
+                        f"{word} samples (" + ", ".join(f"rank {r}: {k}" for r, k in enumerate(rows))
+                        + "): its synced state holds the duplicates")
+    return Evidence(f"{samples['type']} `{name}` was updated with every {word} batch of every rank, the duplicated "
+                    f"samples included (its updates hold tensor rows, not one row per sample, so they are not "
+                    f"counted as samples): its synced state holds the duplicates")
+
+
 def _metric_counts(recs) -> dict:
     out: dict[str, dict] = {}
     for r, rec in enumerate(recs):
@@ -477,6 +496,20 @@ def _gathered(run, stage) -> bool:
 
 
 CONTRACT = EvalDuplication()
+
+
+def _built_evidence(run: Run, stage: str, info: dict, then: str) -> Evidence | None:
+    """Where the stage's loader object was constructed (recorded on the rank when the hook
+    returned it); where that was not recorded, the hook that returns it, said as such."""
+    built = info.get("built") or {}
+    what = f"{_STAGE_WORDS[stage]} {built.get('cls') or 'DataLoader'}"
+    if built.get("site"):
+        return Evidence(f"the {what} is built here, and {then}", site=fmt_site(built["site"]))
+    hook = _loader_site(run, stage)
+    if hook:
+        return Evidence(f"the {what} is returned by this hook (where it was built was not recorded), and {then}",
+                        site=fmt_site(hook))
+    return None
 
 
 def _loader_site(run: Run, stage: str) -> dict | None:

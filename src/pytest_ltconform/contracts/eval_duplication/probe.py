@@ -3,8 +3,8 @@
 ``evaluate`` runs on every rank of the world: the driver steps (``fit`` unless the target's
 module says otherwise in ``PLAIN_DRIVER``), then each evaluation stage (validate, test, predict)
 the target has a dataloader for, on the same Trainer. For every stage it records, per rank, the
-dataset indices the loader's sampler hands that rank (read from the sampler Lightning injected or
-the user's own, never from the batches, so the dataset need not return ids), how many samples
+dataset keys each fetch of the stage's loop received (read at source, where the DataLoader iterator
+draws them from its sampler, never from the batches nor by iterating the sampler again), how many samples
 each TorchMetrics object was updated with, the metrics the stage returned, and the files user
 code opened for writing. Rank 0 saves the weights the stages ran with.
 
@@ -22,12 +22,11 @@ from typing import Any
 
 from ...harness import Probe, RankRun, UserObjects, batch_leaves, can_run, rank_run, tolerate_unused_parameters
 from ...sites import user_site
+from .. import loader_sites
 
 STAGES = ("validate", "test", "predict")
 _LOADER = {"validate": "val_dataloader", "test": "test_dataloader", "predict": "predict_dataloader"}
-_TRAINER_LOADERS = {"validate": ("val_dataloaders", "num_val_batches"),
-                    "test": ("test_dataloaders", "num_test_batches"),
-                    "predict": ("predict_dataloaders", "num_predict_batches")}
+_TRAINER_LOADERS = {"validate": "val_dataloaders", "test": "test_dataloaders", "predict": "predict_dataloaders"}
 _MAX_INDICES = 100_000
 _MAX_CONTENT_BATCHES = 2_000  # batches per loader whose content is fingerprinted
 
@@ -78,8 +77,10 @@ def _loaders(value) -> list:
     return [value]
 
 
-def _indices(loader, num_batches) -> dict:
-    """The dataset indices ``loader`` hands this rank in one pass of ``num_batches`` batches."""
+def _facts(loader) -> dict:
+    """What decides the samples ``loader`` hands this rank: its dataset, sampler and sizes. The
+    indices themselves are read at source while the stage runs (:class:`_Fetches`), never by
+    iterating the sampler again (a sampler with state or its own RNG would hand out others)."""
     info: dict[str, Any] = {"sampler": None, "indices": None, "dataset_len": None}
     dataset = getattr(loader, "dataset", None)
     info["dataset"] = type(dataset).__qualname__ if dataset is not None else type(loader).__qualname__
@@ -100,37 +101,73 @@ def _indices(loader, num_batches) -> dict:
                 info[attr] = getattr(inner, attr) if attr in ("drop_last", "shuffle") else int(getattr(inner, attr))
             except Exception:
                 pass
-    from torch.utils.data import IterableDataset
+    from torch.utils.data import DataLoader, IterableDataset
 
     if isinstance(dataset, IterableDataset):
         info["iterable"] = True
-        return info
-    limit = None if num_batches is None or num_batches == float("inf") else int(num_batches)
-    out: list[int] = []
-    try:
-        if batch_sampler is not None:
-            for b, batch in enumerate(batch_sampler):
-                if limit is not None and b >= limit:
-                    break
-                info["batches"] = b + 1
-                out.extend(int(i) for i in batch)
-                if len(out) > _MAX_INDICES:
-                    break
-        elif sampler is not None:
-            for k, i in enumerate(sampler):
-                if limit is not None and k >= limit:
-                    break
-                info["batches"] = k + 1
-                out.append(int(i))
-                if len(out) > _MAX_INDICES:
-                    break
-        else:
-            return info
-    except Exception as exc:  # a sampler yielding non-integer keys
-        info["error"] = f"{type(exc).__name__}: {exc}"
-        return info
-    info["indices"] = out
+    info["map_loader"] = isinstance(loader, DataLoader) and not info.get("iterable")
     return info
+
+
+def _keys(index) -> list:
+    """The dataset keys one fetch hands ``__getitem__``/``__getitems__``: one key, or the list a
+    batch sampler yields."""
+    out = []
+    for k in index if isinstance(index, (list, tuple)) else [index]:
+        try:
+            out.append(int(k))
+        except (TypeError, ValueError):
+            out.append(repr(k)[:60])  # a key that is not an integer still names one sample
+    return out
+
+
+class _Fetches:
+    """Rank side: the keys each fetch of a map-style dataset receives during an evaluation
+    stage, per loader, read where the DataLoader iterator draws them from its sampler (in the
+    main process, whatever the workers), so it is what the loop really evaluated."""
+
+    def __init__(self, state: dict):
+        self.state = state
+
+    def install(self, recorder) -> None:
+        from torch.utils.data import dataloader
+
+        recorder.patch(dataloader._BaseDataLoaderIter, "_next_index", self._wrap)
+
+    def _wrap(self, original):
+        fetches = self
+
+        def _next_index(it):
+            index = original(it)
+            try:
+                fetches.record(it, index)
+            except Exception:
+                pass  # a key that cannot be read is not recorded
+            return index
+
+        return _next_index
+
+    def record(self, it, index) -> None:
+        # Keyed by the loader's index sampler: workers prefetch before the stage's start hook
+        # says which loaders the stage has.
+        state = self.state
+        if not state.get("stage") or getattr(it, "_dataset_kind", 0) != 0 or index is None:
+            return  # outside an evaluation stage, or an iterable dataset (no keys)
+        groups = state["fetched"].setdefault(id(getattr(it, "_index_sampler", None)), [])
+        if len(groups) < _MAX_INDICES:
+            groups.append(_keys(index))
+
+
+def _fetched(state: dict) -> None:
+    """Give each loader of the stage the keys its fetches received, cut to the batches the loop
+    really ran (workers prefetch past a user's limit_*_batches)."""
+    for i, info in enumerate(state["record"].get("loaders") or []):
+        source = info.pop("source", None)
+        if not info.get("map_loader") or not state.get("reading"):
+            continue
+        groups = state["fetched"].get(source, [])[:state["ran"].get(i, 0)]
+        info["indices"] = [k for g in groups for k in g]
+        info["batches"] = len(groups)
 
 
 def _make_callback(ns: Any, probe: EvalDuplicationProbe):
@@ -149,12 +186,15 @@ def _make_callback(ns: Any, probe: EvalDuplicationProbe):
 
         def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
             if not trainer.sanity_checking:
+                probe.batch_ran(dataloader_idx)
                 probe.batch_seen("validate", batch, dataloader_idx)
 
         def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+            probe.batch_ran(dataloader_idx)
             probe.batch_seen("test", batch, dataloader_idx)
 
         def on_predict_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+            probe.batch_ran(dataloader_idx)
             probe.batch_seen("predict", batch, dataloader_idx)
 
         def on_validation_epoch_end(self, trainer, pl_module):
@@ -177,8 +217,14 @@ class EvalDuplicationProbe(Probe):
     world's weights into the one-rank reference."""
 
     def __init__(self, load_from: dict | None = None):
-        self.state: dict[str, Any] = {"stage": None, "record": {}, "metrics": {}, "load_from": load_from}
+        self.state: dict[str, Any] = {"stage": None, "record": {}, "metrics": {}, "load_from": load_from,
+                                      "fetched": {}, "ran": {}}
         self.root = "."
+
+    def install(self, recorder) -> None:
+        loader_sites.install(recorder)
+        _Fetches(self.state).install(recorder)
+        self.state["reading"] = True
 
     def before_trainer(self, objects, trainer_kwargs, recorder) -> None:
         self.root = trainer_kwargs["default_root_dir"]
@@ -212,13 +258,16 @@ class EvalDuplicationProbe(Probe):
         if state.get("load_from") is not None:
             result = trainer.lightning_module.load_state_dict(state["load_from"], strict=False)
             state["load_problems"] = sorted(set(result.missing_keys) | set(result.unexpected_keys))
-        attr, num_attr = _TRAINER_LOADERS[stage]
-        loaders = _loaders(getattr(trainer, attr, None))
-        nums = list(getattr(trainer, num_attr, None) or [])
-        state["record"]["loaders"] = [_indices(dl, nums[i] if i < len(nums) else None)
+        loaders = _loaders(getattr(trainer, _TRAINER_LOADERS[stage], None))
+        state["record"]["loaders"] = [{**_facts(dl), "built": loader_sites.loader_of(_LOADER[stage], i),
+                                       "source": id(getattr(dl, "_index_sampler", None))}
                                       for i, dl in enumerate(loaders)]
         for counter in state["metrics"].values():
             counter["n"] = 0
+
+    def batch_ran(self, dataloader_idx: int) -> None:
+        if self.state.get("stage"):
+            self.state["ran"][dataloader_idx] = self.state["ran"].get(dataloader_idx, 0) + 1
 
     def batch_seen(self, stage: str, batch, dataloader_idx: int) -> None:
         """Fingerprints the content of a batch the stage's loop received, for loaders that hand out
@@ -227,8 +276,8 @@ class EvalDuplicationProbe(Probe):
             return
         infos = self.state["record"].get("loaders") or []
         info = infos[dataloader_idx] if dataloader_idx < len(infos) else {}
-        if info.get("indices") is not None and not info.get("iterable"):
-            return  # its indices were read at the source
+        if info.get("map_loader") and self.state.get("reading"):
+            return  # its indices are read at the source (_fetched)
         seen = self.state["record"].setdefault("contents", {}).setdefault(str(dataloader_idx), [])
         if len(seen) < _MAX_CONTENT_BATCHES:
             seen.append(content_fingerprint(batch))
@@ -237,6 +286,7 @@ class EvalDuplicationProbe(Probe):
         state = self.state
         if state.get("stage") != stage:
             return
+        _fetched(state)
         state["record"]["metric_samples"] = {name: {"type": c["type"], "n": c["n"]}
                                              for name, c in state["metrics"].items()}
 
@@ -370,7 +420,7 @@ def _run_stage(run: RankRun, stage: str, state: dict) -> dict:
 
     trainer, objects = run.trainer, run.objects
     record = state["record"] = {"loaders": [], "metric_samples": {}}
-    state["stage"] = stage
+    state.update(stage=stage, fetched={}, ran={})
     _ACTIVE.update(stage=stage, writes=[])
     run.emit({"ev": "eval_stage", "name": stage, "at": "start"})
     out = None
