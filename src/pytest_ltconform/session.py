@@ -249,9 +249,6 @@ class LtconformSession:
             return None
         return not_judged(contract, f"its own run stopped the same way as the fit: {mine.headline()} (see {item}).")
 
-    def close(self) -> None:
-        self.pool.close()
-
 
 def not_judged(contract, reason: str) -> Verdict:
     """The verdict of an item that cannot be judged because of another item's failure: skipped,

@@ -30,7 +30,7 @@ import os
 import re
 import warnings
 
-from .vocabulary import CPU_CORE_STRATEGIES, DEFAULT_CONTRACT_TIERS, GPU_STRATEGIES, SHARDED_STRATEGIES, backend_for
+from .vocabulary import CPU_CORE_STRATEGIES, DEFAULT_CONTRACT_TIERS, GPU_STRATEGIES, SHARDED_STRATEGIES
 from .world.devices import cuda_device_count
 
 
@@ -48,10 +48,6 @@ class Variant:
     label: str
     markers: tuple[str, ...]
     needs: tuple[str, ...]
-
-    @property
-    def backend(self) -> str:
-        return backend_for(self.tier)
 
 
 def contract_tiers(contract) -> tuple[str, ...]:
