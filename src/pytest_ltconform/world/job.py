@@ -35,6 +35,6 @@ class Job:
 
     @classmethod
     def from_wire(cls, raw: bytes) -> Job | None:
-        """The job :meth:`wire` sent, or None for the supervisor's "stop" message."""
+        """The job :meth:`wire` sent, or None for the supervisor's "stop" message (``protocol.STOP``)."""
         fields = pickle.loads(raw)
         return None if fields is None else cls(**fields)
