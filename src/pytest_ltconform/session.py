@@ -9,6 +9,7 @@ and which contract an unfinished run's failure belongs to (``contracts.blamed``)
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from . import contracts
@@ -24,6 +25,16 @@ from .world.causes import cause_text, first_cause, stack_user_site
 INSPECT_FN = inspection("-").fn
 
 
+@dataclasses.dataclass(frozen=True)
+class RunKey:
+    """The run cache's key: one run per kind (a run spec's name), strategy, world size and tier."""
+
+    kind: str
+    strategy: str
+    world_size: int
+    tier: str
+
+
 class LtconformSession:
     """Makes and caches runs, and judges contracts on them."""
 
@@ -31,7 +42,7 @@ class LtconformSession:
         self.settings = settings
         self.targets = targets
         self.pool = pool or WorldPool()
-        self._runs: dict[tuple, Run | Exception] = {}
+        self._runs: dict[RunKey, Run | Exception] = {}
         # The launched world pytest runs in (world.attached.AttachedWorld), for the multinode tier.
         self.attached = None
         # progress(label) -> a callback for LocalWorld.run's progress (label: "fit[ddp]"), or None.
@@ -81,13 +92,12 @@ class LtconformSession:
         cause = first_cause(run.job)
         headline = cause.headline() if cause is not None else "the run did not finish"
         run.cause_item = item
-        run.first_item = getattr(run, "first_item", None) or item
+        run.first_item = run.first_item or item
         parts = [cause_text(cause), run.job.diagnosis_after(cause)] if cause is not None else [run.job.failure_text()]
         return "error", "\n".join([f"[{item}] the run did not finish: {headline}."] + [p for p in parts if p])
 
-    def _key(self, kind: str, strategy: str, tier: str) -> tuple:
-        """The run cache's key: (kind, strategy, world size), plus the tier when it is not 'cpu'."""
-        return (kind, strategy, self.settings.world_size) + (() if tier == "cpu" else (tier,))
+    def _key(self, kind: str, strategy: str, tier: str) -> RunKey:
+        return RunKey(kind, strategy, self.settings.world_size, tier)
 
     def _make(self, spec: RunSpec, strategy: str, tier: str, probes_of: str | None = None) -> Run:
         probes = contracts.probes_for(probes_of or spec.name)
@@ -136,13 +146,13 @@ class LtconformSession:
             run = self.run_for(contract.run_spec.name, strategy, tier)
         except WorldStartError as exc:
             return contract.verdict("error", f"could not start a world: {exc}"), time.monotonic() - started
-        if getattr(run, "first_item", None) is None:
+        if run.first_item is None:
             run.first_item = f"{contract_id}[{strategy}]"  # what a later item names when this run hung
         verdict = judge(contract, run)
         if contract.run_spec.name == FIT.name:
             verdict = self._judged_without_validation(contract, run, verdict, tier) or verdict
         if verdict.outcome == "error" and contract.run_spec.name != FIT.name:
-            verdict = self._explained_by_fit(contract, strategy) or verdict
+            verdict = self._explained_by_fit(contract, strategy, tier) or verdict
         verdict = self._on_nonfinite_loss(contract, run, strategy, tier) or verdict
         # The first item that needs a run pays for it; later items only for their judgement.
         return verdict, time.monotonic() - started
@@ -213,7 +223,7 @@ class LtconformSession:
             # was still running either way (a divergence stopped early is not a hang of this kind).
             if not isinstance(run, Run) or run.finished or not (run.job.timed_out_by or run.job.killed_early):
                 continue
-            if (key[3] if len(key) > 3 else "cpu") != tier:
+            if key.tier != tier:
                 continue
             cause = first_cause(run.job)
             if cause is None or cause.kind != "hung":
@@ -224,26 +234,27 @@ class LtconformSession:
                 return run
         return None
 
-    def _explained_by_fit(self, contract, strategy: str) -> Verdict | None:
-        """A run of another kind that failed on a module whose traced fit already stopped because
-        of a named contract: say so in one line instead of repeating the tracebacks."""
-        fit = self._runs.get((FIT.name, strategy, self.settings.world_size))
+    def _explained_by_fit(self, contract, strategy: str, tier: str) -> Verdict | None:
+        """A run of another kind that failed on a module whose traced fit (in the same tier)
+        already stopped because of a named contract: say so in one line instead of repeating the
+        tracebacks."""
+        fit = self._runs.get(self._key(FIT.name, strategy, tier))
         if not isinstance(fit, Run) or fit.finished:
             return None
         owner = contracts.blamed(fit)
         if owner is None:
-            return self._same_failure_as_fit(contract, strategy, fit)
+            return self._same_failure_as_fit(contract, strategy, tier, fit)
         if owner == contract.id:
             return None
         return not_judged(contract, f"its own run did not finish either; the module's fit does not finish "
                                     f"because of the {owner}[{strategy}] failure (see that item).")
 
-    def _same_failure_as_fit(self, contract, strategy: str, fit: Run) -> Verdict | None:
+    def _same_failure_as_fit(self, contract, strategy: str, tier: str, fit: Run) -> Verdict | None:
         """This item's own run stopped the way the traced fit did (the same rank failure at the same
         user line): one fault shows one traceback, on the fit's first item; this one names it."""
-        own = self._runs.get((contract.run_spec.name, strategy, self.settings.world_size))
+        own = self._runs.get(self._key(contract.run_spec.name, strategy, tier))
         mine, theirs = (first_cause(own.job) if isinstance(own, Run) else None), first_cause(fit.job)
-        item = getattr(fit, "cause_item", None)
+        item = fit.cause_item
         if mine is None or theirs is None or item is None or \
                 (mine.kind, mine.exc_type, mine.site) != (theirs.kind, theirs.exc_type, theirs.site):
             return None
@@ -273,7 +284,7 @@ def hung_verdict(contract, hung: Run) -> Verdict:
     cause = first_cause(hung.job)
     where = f"rank {cause.rank} at {fmt_site(cause.site)}" if cause and cause.site else \
         f"rank {cause.rank}" if cause else "a rank"
-    item = getattr(hung, "cause_item", None) or getattr(hung, "first_item", None) or f"{hung.kind}[{hung.strategy}]"
+    item = hung.cause_item or hung.first_item or f"{hung.kind}[{hung.strategy}]"
     until = f"until {hung.job.timed_out_by}" if hung.job.timed_out_by else f"and was killed {hung.job.killed_early}"
     return not_judged(contract, f"not started: the {hung.kind}[{hung.strategy}] run of this target hung "
                                 f"({where} stopped making progress {until}), and this run "
@@ -388,7 +399,7 @@ def _after_own_failure(contract, run: Run) -> Verdict:
     cause = first_cause(run.job)
     item = f"{contract.id}[{run.strategy}]"
     headline = cause.headline() if cause is not None else "the run did not finish"
-    if getattr(run, "cause_item", None) in (None, item):
+    if run.cause_item in (None, item):
         run.cause_item = item
         # failure_text() already ends with the diagnosis; a cause's text needs it, less what it named.
         parts = [cause_text(cause), run.job.diagnosis_after(cause)] if cause is not None \
