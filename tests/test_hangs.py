@@ -127,7 +127,7 @@ def test_rank_output_is_bounded_and_names_no_frame_of_the_plugin():
 class _NoPool:
     fresh_per_job = False
 
-    def run(self, *args, **kwargs):
+    def get(self, *args, **kwargs):
         raise AssertionError("no run may be started")
 
 

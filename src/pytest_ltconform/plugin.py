@@ -874,14 +874,13 @@ def _end_live_line(config: pytest.Config, nodeid: str | None = None) -> None:
 # -- fixtures ------------------------------------------------------------------------------------
 
 class WorldHandle:
-    """What ``ltconform_world(...)`` returns: ``run(fn, *args)`` on every rank."""
+    """What ``ltconform_world(...)`` returns: ``run(fn, *args)`` on every rank of ``world`` (a
+    ``world.World``: a local one from the session's pool, or the launched world pytest runs in)."""
 
-    def __init__(self, pool, world_size: int, timeout_s: float, pg_timeout_s: float,
-                 timeout_name: str = "--ltconform-timeout"):
-        self._pool = pool
-        self.world_size = world_size
+    def __init__(self, world, timeout_s: float, timeout_name: str = "--ltconform-timeout"):
+        self._world = world
+        self.world_size = world.world_size
         self.timeout_s = timeout_s
-        self.pg_timeout_s = pg_timeout_s
         self.timeout_name = timeout_name  # named when a run is killed at the limit
 
     def run(self, fn, *args, timeout_s: float | None = None) -> list:
@@ -894,9 +893,10 @@ class WorldHandle:
         if not isinstance(fn, str) and "<locals>" in fn.__qualname__:
             raise pytest.UsageError(f"ltconform_world.run: {fn.__qualname__} is a local function; ranks import "
                                     f"the function by name, so define it at module level.")
+        from .world import JobRequest
+
         limit, name = (timeout_s, "timeout_s") if timeout_s else (self.timeout_s, self.timeout_name)
-        result = self._pool.run(self.world_size, ref, *args, timeout_s=limit, pg_timeout_s=self.pg_timeout_s,
-                                timeout_name=name)
+        result = self._world.run(JobRequest(ref, args, timeout_s=limit, timeout_name=name))
         if result.status == "skip":
             pytest.skip(result.ranks[0].message or "skipped inside the ranks")
         if result.status != "ok":
@@ -905,17 +905,6 @@ class WorldHandle:
                         f"{result.world_size}-rank world:\n"
                         f"{result.failure_text()}", pytrace=False)
         return result.values
-
-
-class _AttachedPool:
-    """The pool interface WorldHandle uses, over the attached world."""
-
-    def __init__(self, world):
-        self._world = world
-
-    def run(self, world_size: int, fn_ref: str, *args, timeout_s: float, pg_timeout_s: float,
-            timeout_name: str | None = None, **kwargs):
-        return self._world.run(fn_ref, *args, timeout_s=timeout_s, kwargs=kwargs)
 
 
 @pytest.fixture
@@ -937,8 +926,8 @@ def ltconform_world(request):
         if attached is not None:  # inside torchrun/SLURM: the launched world is the world
             if world_size not in (None, attached.world_size):
                 pytest.skip(f"needs a world of {world_size} ranks; pytest is {attached.info.describe()}")
-            return WorldHandle(_AttachedPool(attached), attached.world_size, timeout, pg_timeout, name)
-        return WorldHandle(_pool(config), world_size or settings.world_size, timeout, pg_timeout, name)
+            return WorldHandle(attached, timeout, name)
+        return WorldHandle(_pool(config).get(world_size or settings.world_size, pg_timeout_s=pg_timeout), timeout, name)
 
     return make
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from . import contracts
+from . import contracts, tiers
 from .contracts.base import Run, Verdict
 from .harness import FIT, FIT_WITHOUT_VALIDATION, WITHOUT_VALIDATION, RunSpec, inspection
 from .settings import Settings
 from .sites import fmt_site
-from .vocabulary import CUDA_TIERS, SHARDED_STRATEGIES, STRATEGY_NAMES, backend_for, rank_env_for
-from .world import WorldPool, WorldStartError
+from .vocabulary import CUDA_TIERS, SHARDED_STRATEGIES, STRATEGY_NAMES
+from .world import JobRequest, WorldPool, WorldStartError
 from .world.causes import cause_text, first_cause, stack_user_site
 
 # The job function of runs that load the user's objects without training (they cannot hang in a step).
@@ -102,32 +102,28 @@ class LtconformSession:
     def _make(self, spec: RunSpec, strategy: str, tier: str, probes_of: str | None = None) -> Run:
         probes = contracts.probes_for(probes_of or spec.name)
         settings = self.settings
-        if tier == "multinode":
-            if self.attached is None:
-                raise WorldStartError("the multinode tier runs only inside a torchrun or SLURM world")
-            job = self.attached.run(spec.fn, self.targets, strategy, probes, settings.pg_timeout_s,
-                                    timeout_s=settings.timeout_s)
-        else:
-            job = self.pool.run(settings.world_size, spec.fn, self.targets, strategy, probes, settings.pg_timeout_s,
-                                timeout_s=settings.timeout_s, pg_timeout_s=settings.pg_timeout_s,
-                                backend=backend_for(tier), env=rank_env_for(tier),
-                                progress=self._progress(spec.name, strategy + ("-gpu" if tier in CUDA_TIERS else "")))
+        world = tiers.world_for(tier, self.pool, self.attached, settings.world_size, settings.pg_timeout_s)
+        label = strategy + ("-gpu" if tier in CUDA_TIERS else "")
+        job = world.run(JobRequest(spec.fn, (self.targets, strategy, probes, settings.pg_timeout_s),
+                                   timeout_s=settings.timeout_s, progress=self._progress(spec.name, label)))
         run = Run(job, strategy, spec.name, self.targets)
-        if spec.reference and tier != "multinode":
-            run.reference = self._reference(spec, job, strategy)
+        if spec.reference:
+            run.reference = self._reference(spec, job, strategy, tier)
         return run
 
-    def _reference(self, spec: RunSpec, job, strategy: str) -> Run | None:
+    def _reference(self, spec: RunSpec, job, strategy: str, tier: str) -> Run | None:
         """The one-rank reference run of ``spec``, on what rank 0 of ``job`` saved; None when the
-        world did not finish."""
+        world did not finish, or where no reference world runs (see tiers.reference_world)."""
         value = job.ranks[0].value if job.status == "ok" and job.ranks else None
         args = (value or {}).get("reference_args") if isinstance(value, dict) else None
-        if not args:
+        world = tiers.reference_world(tier, self.pool, self.settings.pg_timeout_s) if args else None
+        if world is None:
             return None
+        request = JobRequest(spec.reference, (self.targets, *args, self.settings.pg_timeout_s),
+                             timeout_s=self.settings.timeout_s,
+                             progress=self._progress(f"{spec.name}-reference", strategy))
         try:
-            ref = self.pool.run(1, spec.reference, self.targets, *args, self.settings.pg_timeout_s,
-                                timeout_s=self.settings.timeout_s, pg_timeout_s=self.settings.pg_timeout_s,
-                                env=rank_env_for("cpu"), progress=self._progress(f"{spec.name}-reference", strategy))
+            ref = world.run(request)
         except WorldStartError:
             return None
         return Run(ref, strategy, f"{spec.name}-reference", self.targets)

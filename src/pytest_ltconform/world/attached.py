@@ -24,7 +24,7 @@ import time
 
 from . import protocol
 from .devices import cuda_device_count
-from .job import Job
+from .job import Job, JobRequest
 from .local import WorldStartError
 from .outcome import JobResult, RankOutcome, read_trace
 from .rank import keep_library_roots, run_job
@@ -37,9 +37,9 @@ class CollectionMismatch(RuntimeError):
 class AttachedWorld:
     """The launched world this pytest process is rank ``info.rank`` of (see ``tiers.Attached``).
 
-    ``run(fn_ref, *args, timeout_s=...)`` has the interface of ``LocalWorld.run``: it runs
-    ``fn(ctx, *args)`` on every rank (each rank runs it here, in its own process) and returns the
-    same :class:`JobResult` on every rank. Call it on every rank in the same order.
+    ``run(request)`` is the ``World`` interface, as ``LocalWorld.run``: it runs ``fn(ctx, *args)``
+    on every rank (each rank runs it here, in its own process) and returns the same
+    :class:`JobResult` on every rank. Call it on every rank in the same order.
     """
 
     def __init__(self, info, *, pg_timeout_s: float = 30.0, connect_timeout_s: float = 300.0,
@@ -140,8 +140,7 @@ class AttachedWorld:
             self.backend, self.accelerator = "gloo", "cpu"
 
     # -- jobs ---------------------------------------------------------------------------------------
-    def run(self, fn_ref: str, *args, timeout_s: float = 120.0, kwargs: dict | None = None,
-            seed: int = 0) -> JobResult:
+    def run(self, request: JobRequest) -> JobResult:
         if self.closed:
             raise WorldStartError("this attached world was closed")
         keep_library_roots()  # as a spawned rank does: the job runner must spare the stdlib and us
@@ -150,9 +149,10 @@ class AttachedWorld:
         self._next_job += 1
         job_dir = os.path.join(self.root, f"job{n:04d}")
         os.makedirs(job_dir, exist_ok=True)
-        job = Job(fn=fn_ref, dir=job_dir, n=n, args=args, kwargs=kwargs or {}, seed=seed, backend=self.backend,
-                  pg_timeout_s=self.pg_timeout_s, accelerator=self.accelerator, num_nodes=self.num_nodes or 1,
-                  world_kind="attached")
+        timeout_s = request.timeout_s
+        job = Job(fn=request.fn, dir=job_dir, n=n, args=request.args, kwargs=request.kwargs, seed=request.seed,
+                  backend=self.backend, pg_timeout_s=self.pg_timeout_s, accelerator=self.accelerator,
+                  num_nodes=self.num_nodes or 1, world_kind="attached")
         started = time.monotonic()
         # Last resort for a job stuck outside any collective: dump every thread and exit, so the
         # launcher tears the world down instead of everyone waiting forever.

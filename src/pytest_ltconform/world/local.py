@@ -19,7 +19,7 @@ import tempfile
 import time
 
 from . import diagnose, protocol
-from .job import Job
+from .job import Job, JobRequest
 from .outcome import JobResult, RankOutcome, read_trace, without_own_noise
 
 # Each world folder names the process that owns it, so that a later session can remove the folders
@@ -35,9 +35,11 @@ class WorldStartError(RuntimeError):
 class LocalWorld:
     """``world_size`` rank processes on this host, reused across jobs.
 
-    ``run(fn_ref, *args)`` runs the importable function ``"pkg.mod:func"`` on every rank as
-    ``func(ctx, *args)`` and returns a :class:`JobResult`. Never raises for what happens in a
-    rank; raises :class:`WorldStartError` when ranks cannot be started at all.
+    ``run(JobRequest("pkg.mod:func", args))`` runs the importable function on every rank as
+    ``func(ctx, *args)`` and returns a :class:`JobResult` (the ``World`` interface). Never raises
+    for what happens in a rank; raises :class:`WorldStartError` when ranks cannot be started at
+    all. With ``fresh_per_job`` its ranks are stopped after every job, so each job pays a cold
+    start (what the benchmark of reuse compares against); the files stay until :meth:`close`.
     """
 
     # Seconds without trace progress, after a divergence, before a world is declared hung.
@@ -45,7 +47,8 @@ class LocalWorld:
 
     def __init__(self, world_size: int = 2, *, backend: str = "gloo", pg_timeout_s: float = 30.0,
                  preload: tuple[str, ...] = ("lightning.pytorch",), start_timeout_s: float = 300.0,
-                 root: str | None = None, env: dict | None = None, timeout_name: str = "timeout_s"):
+                 root: str | None = None, env: dict | None = None, timeout_name: str = "timeout_s",
+                 fresh_per_job: bool = False):
         self.world_size = world_size
         self.env = dict(env or {})  # set in each rank's environment, over the inherited one
         self.backend = backend
@@ -54,6 +57,7 @@ class LocalWorld:
         self.start_timeout_s = start_timeout_s
         self._own_root = root is None
         self.timeout_name = timeout_name  # what a job killed at its time limit names (an option)
+        self.fresh_per_job = fresh_per_job
         self.root = root or tempfile.mkdtemp(prefix=WORLD_PREFIX)
         if self._own_root:
             _write_owner(self.root)
@@ -67,6 +71,10 @@ class LocalWorld:
         self.closed = False
 
     # -- lifecycle ------------------------------------------------------------------------------
+    @property
+    def accelerator(self) -> str:
+        return "gpu" if self.backend == "nccl" else "cpu"
+
     @property
     def alive(self) -> bool:
         return bool(self._procs) and all(p.poll() is None for p in self._procs)
@@ -191,25 +199,24 @@ class LocalWorld:
             shutil.rmtree(self.root, ignore_errors=True)
 
     # -- jobs -----------------------------------------------------------------------------------
-    def run(self, fn_ref: str, *args, timeout_s: float = 120.0, kwargs: dict | None = None,
-            seed: int = 0, timeout_name: str | None = None, progress=None) -> JobResult:
-        """Run ``fn_ref`` on every rank, stopped after ``timeout_s`` seconds; a world killed at that
-        limit names it as ``timeout_name=<value>`` (default: the world's ``timeout_name``).
+    def run(self, request: JobRequest) -> JobResult:
+        """Run ``request.fn`` on every rank, stopped after ``request.timeout_s`` seconds; a world
+        killed at that limit names it as ``timeout_name=<value>`` (default: the world's own).
 
-        ``progress``, when given, is called about every ``_JobWatch.PROGRESS_EVERY_S`` seconds while
+        ``request.progress``, when given, is called about every ``_JobWatch.PROGRESS_EVERY_S`` seconds while
         ranks are still running, as ``progress(elapsed_s, {rank: seconds since its trace last
         grew})`` (float seconds; only the ranks still running). An exception it raises is ignored.
 
         A world whose process group fails to form (before ``fn_ref`` runs) is started once more; a
         second failure raises :class:`WorldStartError` with what each failing rank said."""
-        first_failure = None
+        timeout_s, first_failure = request.timeout_s, None
         while True:
             if not self.alive:
                 if self._procs:
                     self.kill()
                 self.start()
-            job = self._submit(fn_ref, args, kwargs or {}, seed)
-            watch = _JobWatch(self, job, timeout_s, progress)
+            job = self._submit(request.fn, request.args, request.kwargs, request.seed)
+            watch = _JobWatch(self, job, timeout_s, request.progress)
             hung, early = watch.wait()
             failure = watch.formation_failure()
             if failure is None:
@@ -222,8 +229,11 @@ class LocalWorld:
                     f"the process group of a world of {self.world_size} {self.backend} ranks did not form, in two "
                     f"fresh worlds, before the job's code ran: {said}")
             first_failure = failure
-        limit = f"{timeout_name or self.timeout_name}={timeout_s:g}"
-        return self._assemble(job, watch, hung, early, timeout_s, limit)
+        limit = f"{request.timeout_name or self.timeout_name}={timeout_s:g}"
+        result = self._assemble(job, watch, hung, early, timeout_s, limit)
+        if self.fresh_per_job:
+            self.kill()
+        return result
 
     def _submit(self, fn_ref: str, args: tuple, kwargs: dict, seed: int) -> Job:
         """Post the next job of this generation to the store, in a new job folder."""
