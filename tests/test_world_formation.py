@@ -27,10 +27,10 @@ def rank_of(ctx):
 
 
 def peers_formed(ctx, n):
-    from pytest_ltconform.world.rank import formed_keys
+    from pytest_ltconform.world import protocol
 
-    gen = int(os.environ["LTCONFORM_GENERATION"])
-    return ctx.store.check(formed_keys(gen, n, ctx.world_size))
+    gen = int(os.environ[protocol.GENERATION_ENV])
+    return ctx.store.check(protocol.formed_keys(gen, n, ctx.world_size))
 
 
 def test_back_to_back_short_jobs():
