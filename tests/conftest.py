@@ -22,6 +22,9 @@ def case(path: str) -> str:
 def rank_pids(supervisor_pid: int | None = None, cwd_marker: str | None = None) -> list[int]:
     """Live rank processes, optionally only those of one supervisor, or of supervisors started in a
     directory under ``cwd_marker`` (a rank's PYTHONPATH carries its supervisor's working directory)."""
+    from pytest_ltconform.world.protocol import SUPERVISOR_PID_ENV
+
+    supervisor_key = SUPERVISOR_PID_ENV.encode()  # every rank's environment names its supervisor
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -33,9 +36,9 @@ def rank_pids(supervisor_pid: int | None = None, cwd_marker: str | None = None) 
                 state = fh.read().split(b")")[-1].split()[0]
         except OSError:
             continue
-        if state == b"Z" or b"LTCONFORM_SUPERVISOR_PID" not in env:
+        if state == b"Z" or supervisor_key not in env:
             continue
-        if supervisor_pid is not None and int(env[b"LTCONFORM_SUPERVISOR_PID"]) != supervisor_pid:
+        if supervisor_pid is not None and int(env[supervisor_key]) != supervisor_pid:
             continue
         if cwd_marker is not None and cwd_marker.encode() not in env.get(b"PYTHONPATH", b""):
             continue

@@ -250,7 +250,7 @@ def test_a_collective_a_torch_helper_makes_on_rank_zero_is_found_without_a_tap(p
 FLIGHT = '''
 import pytest
 
-from pytest_ltconform.world import LocalWorld
+from pytest_ltconform.world import JobRequest, LocalWorld
 
 
 def mismatch(ctx):
@@ -278,7 +278,7 @@ def mismatch(ctx):
 def test_both_ranks_record_the_mismatch(pg_timeout_s, job_timeout_s):
     world = LocalWorld(2, pg_timeout_s=pg_timeout_s, preload=("torch",))
     try:
-        result = world.run("test_flight:mismatch", timeout_s=job_timeout_s)
+        result = world.run(JobRequest("test_flight:mismatch", timeout_s=job_timeout_s))
     finally:
         world.close()
     dumps = [[e for e in r.trace if e.get("ev") == "collectives"] for r in result.ranks]

@@ -15,7 +15,7 @@ import re
 import pytest
 from conftest import BORING
 
-from pytest_ltconform import harness, plugin, tiers, vocabulary
+from pytest_ltconform import harness, progress, tiers, vocabulary
 
 pytest_plugins = ["pytester"]
 
@@ -206,9 +206,9 @@ def test_a_users_model_checkpoint_keeps_checkpointing_on(tmp_path, namespace):
 
 
 def test_progress_line():
-    assert plugin.progress_line("fit[ddp]", 30.4, {0: 1.0, 1: 20.2}, 10.0) == \
+    assert progress.progress_line("fit[ddp]", 30.4, {0: 1.0, 1: 20.2}, 10.0) == \
         "ltconform: fit[ddp] running, 30 s; waiting for rank 1 (no progress for 20 s)"
-    assert plugin.progress_line("fit-reference[ddp]", 12.0, {0: 3.0}, 10.0) == \
+    assert progress.progress_line("fit-reference[ddp]", 12.0, {0: 3.0}, 10.0) == \
         "ltconform: fit-reference[ddp] running, 12 s"
 
 
@@ -292,7 +292,7 @@ def trainer_kwargs():
 
 def test_a_long_run_shows_live_progress(pytester, monkeypatch, no_leftover_ranks):
     pytester.makepyfile(slow_model=SLOW)
-    monkeypatch.setenv(plugin.PROGRESS_ENV, "2")  # a line after 2 s, then every 2 s (default 10 s)
+    monkeypatch.setenv(progress.PROGRESS_ENV, "2")  # a line after 2 s, then every 2 s (default 10 s)
     result = pytester.runpytest_subprocess(
         "--ltconform", "slow_model.Model", "--ltconform-trainer", "slow_model:trainer_kwargs",
         "--ltconform-strategies", "ddp", "-k", "sync-dist", "-p", "no:cacheprovider")

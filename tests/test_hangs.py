@@ -127,7 +127,7 @@ def test_rank_output_is_bounded_and_names_no_frame_of_the_plugin():
 class _NoPool:
     fresh_per_job = False
 
-    def run(self, *args, **kwargs):
+    def get(self, *args, **kwargs):
         raise AssertionError("no run may be started")
 
 
@@ -142,7 +142,7 @@ def _session_with(fake_runs, hung_stack: str, strategy: str = "ddp"):
     run.strategy = strategy
     run.cause_item = f"all-rank-save[{strategy}]"
     session = LtconformSession(Settings(target="m.Model", world_size=2), targets=None, pool=_NoPool())
-    session._runs[("fit", strategy, 2)] = run
+    session._runs[session._key("fit", strategy, "cpu")] = run
     return session
 
 
@@ -178,7 +178,7 @@ def test_a_run_killed_before_its_time_limit_for_a_hung_rank_is_not_run_into_agai
     # later, long before --ltconform-timeout: the next run of the target would sleep in the same step.
     user = str(tmp_path / "model.py")
     session = _session_with(fake_runs, _dump([(user, 15, "training_step"), (pytest.__file__, 3, "run")]))
-    fit = session._runs[("fit", "ddp", 2)]
+    fit = session._runs[session._key("fit", "ddp", "cpu")]
     fit.job.timed_out_by = None
     fit.job.killed_early = "40 s after rank(s) 0 failed, before the time limit (--ltconform-timeout=120)"
     verdict, _ = session.verdict("eval-duplication", "ddp")

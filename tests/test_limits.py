@@ -294,7 +294,7 @@ def test_stale_world_sweep_spares_live_owners_and_unknown_folders(tmp_path):
 
 FAKE_SESSION = '''
 import pytest
-from pytest_ltconform.plugin import ALL_TARGETS_KEY, SESSIONS_KEY, SETTINGS_KEY
+from pytest_ltconform.controller import ALL_TARGETS_KEY, SESSIONS_KEY, SETTINGS_KEY
 
 class FakeSession:
     """Every contract passes with a reason naming it, and no world starts."""

@@ -78,15 +78,32 @@ def test_a_run_that_stops_like_the_fit_names_the_fit_item_instead_of_a_second_tr
     evaluation = _crashed_run(fake_runs)
     evaluation.kind = contracts.get_contract("eval-duplication").run_spec.name
     session = LtconformSession(Settings(target="m.Model", world_size=2), targets=None, pool=object())
-    session._runs.update({("fit", "ddp", 2): fit, (evaluation.kind, "ddp", 2): evaluation})
-    verdict = session._explained_by_fit(contracts.get_contract("eval-duplication"), "ddp")
+    session._runs.update({session._key("fit", "ddp", "cpu"): fit,
+                          session._key(evaluation.kind, "ddp", "cpu"): evaluation})
+    verdict = session._explained_by_fit(contracts.get_contract("eval-duplication"), "ddp", "cpu")
     assert verdict.outcome == "skipped" and verdict.diagnosis is None
     assert verdict.summary.startswith("not judged: its own run stopped the same way as the fit: rank 1 raised "
                                       "ValueError at ")
     assert verdict.summary.endswith("test_session.py:42 (training_step): bad sample 7 (see all-rank-save[ddp]).")
     # A different failure in its own run is its own to show.
     evaluation.job.ranks[1].traceback = TRACEBACK.replace("line 42", "line 50")
-    assert session._explained_by_fit(contracts.get_contract("eval-duplication"), "ddp") is None
+    assert session._explained_by_fit(contracts.get_contract("eval-duplication"), "ddp", "cpu") is None
+
+
+def test_a_gpu_item_is_not_explained_by_the_cpu_fit(fake_runs):
+    # The runs of one tier say nothing about another tier's: each tier has its own world and fit.
+    from pytest_ltconform.session import LtconformSession, RunKey
+    from pytest_ltconform.settings import Settings
+
+    fit = _crashed_run(fake_runs)
+    judge(contracts.get_contract("all-rank-save"), fit)
+    evaluation = _crashed_run(fake_runs)
+    evaluation.kind = contracts.get_contract("eval-duplication").run_spec.name
+    session = LtconformSession(Settings(target="m.Model", world_size=2), targets=None, pool=object())
+    session._runs.update({RunKey("fit", "ddp", 2, "cpu"): fit, RunKey(evaluation.kind, "ddp", 2, "cpu"): evaluation})
+    assert session._explained_by_fit(contracts.get_contract("eval-duplication"), "ddp", "cpu") is not None
+    assert session._explained_by_fit(contracts.get_contract("eval-duplication"), "ddp", "gpu") is None
+    assert session._key("fit", "ddp", "gpu") == RunKey("fit", "ddp", 2, "gpu") != session._key("fit", "ddp", "cpu")
 
 
 # -- a pass that judged nothing: not judged when the world stopped, kept when it finished ----------

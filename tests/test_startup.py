@@ -43,7 +43,7 @@ def test_markers_registered_under_strict_markers(pytester):
 
 
 SETTINGS_TEST = """
-from pytest_ltconform.plugin import SETTINGS_KEY
+from pytest_ltconform.controller import SETTINGS_KEY
 def test_settings(pytestconfig):
     s = pytestconfig.stash[SETTINGS_KEY]
     print("SETTINGS", s.world_size, s.timeout_s, s.strategies)

@@ -283,7 +283,7 @@ def pytest_ltconform_targets(config):
 
 
 def test_conftest_hook_declares_targets_that_join_the_normal_run(pytester):
-    from pytest_ltconform.plugin import ALL_TARGETS_KEY
+    from pytest_ltconform.controller import ALL_TARGETS_KEY
 
     pytester.makepyfile(targets_mod=MODULES)
     pytester.makeconftest(HOOK)

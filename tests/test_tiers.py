@@ -181,7 +181,7 @@ def test_variants_per_contract():
     assert [v.label for v in tiers.variants(_Contract(("ddp",), ("multinode",)), ("ddp",), ("ddp",))] == \
         ["ddp-multinode"]
     ds = tiers.variants(_Contract(("fsdp",)), ("fsdp", "deepspeed"), ("fsdp",))[-2]
-    assert ds.label == "deepspeed-gpu" and ds.needs == ("deepspeed", "gpu") and ds.backend == "nccl"
+    assert ds.label == "deepspeed-gpu" and ds.needs == ("deepspeed", "gpu")
     assert set(ds.markers) == {"ltconform_gpu", "ltconform_deepspeed"}
 
 
@@ -335,26 +335,40 @@ def test_gpu_tier_uses_the_real_sharded_strategy_and_the_users_own():
     assert type(adapt_strategy(L, "fsdp", None, 12.0, accelerator="cpu")) is not FSDPStrategy
 
 
-class _Recorder:
-    """Stands in for the world pool and the attached world: records where each run went."""
+class _RecordingWorld:
+    """Stands in for a world (``world.World``): records the jobs it was asked to run."""
+
+    def __init__(self, world_size: int = 2, accelerator: str = "cpu"):
+        self.world_size, self.accelerator, self.requests = world_size, accelerator, []
+
+    def run(self, request):
+        from pytest_ltconform.world import JobResult, RankOutcome
+
+        self.requests.append(request)
+        return JobResult("ok", [RankOutcome(0, "ok", value={}), RankOutcome(1, "ok", value={})], 0.1, 2)
+
+    def close(self) -> None:
+        pass
+
+
+class _RecordingPool:
+    """Stands in for the world pool: records which local world each run asked for."""
 
     fresh_per_job = False
 
     def __init__(self):
-        self.calls = []
+        self.backends, self.world = [], _RecordingWorld()
 
-    def run(self, *args, **kwargs):
-        from pytest_ltconform.world import JobResult, RankOutcome
-
-        self.calls.append((args, kwargs))
-        return JobResult("ok", [RankOutcome(0, "ok", value={}), RankOutcome(1, "ok", value={})], 0.1, 2)
+    def get(self, world_size: int, backend: str = "gloo", pg_timeout_s: float = 30.0, env: dict | None = None):
+        self.backends.append(backend)
+        return self.world
 
 
 def test_session_sends_each_tier_to_its_world():
     from pytest_ltconform.session import LtconformSession
     from pytest_ltconform.settings import Settings
 
-    pool, attached = _Recorder(), _Recorder()
+    pool, attached = _RecordingPool(), _RecordingWorld()
     session = LtconformSession(Settings(target="x"), targets=None, pool=pool)
     session.attached = attached
     session.run_for("launch", "ddp", "cpu")
@@ -362,8 +376,8 @@ def test_session_sends_each_tier_to_its_world():
     session.run_for("launch", "deepspeed", "deepspeed")
     session.run_for("launch", "ddp", "multinode")
     session.run_for("launch", "ddp", "gpu")  # cached
-    assert [c[1]["backend"] for c in pool.calls] == ["gloo", "nccl", "nccl"]
-    assert len(attached.calls) == 1 and attached.calls[0][0][0].endswith("harness:inspect")
+    assert pool.backends == ["gloo", "nccl", "nccl"] and len(pool.world.requests) == 3
+    assert len(attached.requests) == 1 and attached.requests[0].fn.endswith("harness:inspect")
 
 
 def test_xdist_workers_cannot_share_a_rank_of_a_launched_world(pytester, monkeypatch):

@@ -16,7 +16,7 @@ import os
 import subprocess
 import sys
 
-from pytest_ltconform.world import LocalWorld
+from pytest_ltconform.world import JobRequest, LocalWorld
 
 JOBS = int(os.environ.get("SHORT_JOBS", "5"))
 BURNERS = int(os.environ.get("SHORT_JOBS_BURNERS", "0"))
@@ -27,10 +27,10 @@ def rank_of(ctx):
 
 
 def peers_formed(ctx, n):
-    from pytest_ltconform.world.rank import formed_keys
+    from pytest_ltconform.world import protocol
 
-    gen = int(os.environ["LTCONFORM_GENERATION"])
-    return ctx.store.check(formed_keys(gen, n, ctx.world_size))
+    gen = int(os.environ[protocol.GENERATION_ENV])
+    return ctx.store.check(protocol.formed_keys(gen, n, ctx.world_size))
 
 
 def test_back_to_back_short_jobs():
@@ -40,7 +40,7 @@ def test_back_to_back_short_jobs():
     failed = []
     try:
         for i in range(JOBS):
-            result = world.run("test_short_jobs:rank_of", timeout_s=120)
+            result = world.run(JobRequest("test_short_jobs:rank_of", timeout_s=120))
             if result.values != [0, 1]:
                 failed.append((i, [(o.status, o.message) for o in result.ranks]))
     finally:
@@ -56,9 +56,18 @@ def test_no_rank_starts_a_job_before_every_rank_formed_its_group():
     world = LocalWorld(2, preload=())
     try:
         for n in range(JOBS):
-            assert world.run("test_short_jobs:peers_formed", n, timeout_s=120).values == [True, True]
+            assert world.run(JobRequest("test_short_jobs:peers_formed", (n,), timeout_s=120)).values == [True, True]
     finally:
         world.close()
+
+
+def test_a_fresh_world_per_job_pays_one_cold_start_per_job():
+    world = LocalWorld(2, preload=(), fresh_per_job=True)
+    try:
+        values = [world.run(JobRequest("test_short_jobs:rank_of", timeout_s=120)).values for _ in range(2)]
+    finally:
+        world.close()
+    assert values == [[0, 1], [0, 1]] and world.cold_starts == 2
 '''
 
 
@@ -67,6 +76,13 @@ def test_a_job_starts_only_once_every_rank_formed_its_group(pytester):
     peer still inside gloo's rendezvous: each job's code now starts after every rank's group formed."""
     pytester.makepyfile(test_short_jobs=SHORT_JOBS)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-k", "formed")
+    result.assert_outcomes(passed=1)
+
+
+def test_a_fresh_world_per_job_is_one_world_started_again_for_each_job(pytester):
+    """LTCONFORM_FRESH_WORLDS=1 (the benchmark of reuse): the world's ranks are stopped after each job."""
+    pytester.makepyfile(test_short_jobs=SHORT_JOBS)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-k", "fresh_world")
     result.assert_outcomes(passed=1)
 
 
@@ -84,7 +100,7 @@ def test_hundreds_of_back_to_back_short_jobs_under_load_never_fail(pytester, mon
 FORMATION = '''
 import pytest
 
-from pytest_ltconform.world import LocalWorld, WorldStartError
+from pytest_ltconform.world import JobRequest, LocalWorld, WorldStartError
 
 NO_SUCH_INTERFACE = {"GLOO_SOCKET_IFNAME": "ltconform-no-such-if"}  # gloo cannot form a group on it
 
@@ -106,7 +122,7 @@ class FirstWorldCannotForm(LocalWorld):
 def test_a_world_that_did_not_form_is_started_once_more():
     world = FirstWorldCannotForm(2, preload=())
     try:
-        assert world.run("test_formation:rank_of", timeout_s=120).values == [0, 1]
+        assert world.run(JobRequest("test_formation:rank_of", timeout_s=120)).values == [0, 1]
     finally:
         world.close()
     assert world.cold_starts == 2
@@ -116,7 +132,7 @@ def test_a_world_that_never_forms_says_why_and_runs_nothing():
     world = LocalWorld(2, preload=(), env=NO_SUCH_INTERFACE)
     try:
         with pytest.raises(WorldStartError) as info:
-            world.run("test_formation:rank_of", timeout_s=120)
+            world.run(JobRequest("test_formation:rank_of", timeout_s=120))
     finally:
         world.close()
     assert world.cold_starts == 2

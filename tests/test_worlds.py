@@ -132,6 +132,9 @@ def fail_on_rank_one(ctx):
         raise ValueError("bad shard on rank 1")
     return "ok"
 
+def where_it_works(ctx):
+    return ctx.trace_path, ctx.job_dir, ctx.run_dir
+
 def test_jobs_share_ranks_but_not_state(ltconform_world):
     world = ltconform_world(world_size=2)
     clean = world.run(observe)
@@ -142,6 +145,10 @@ def test_jobs_share_ranks_but_not_state(ltconform_world):
     assert all(o["current"] for o in clean)  # the job functions see the runner's context
     assert all(o["cwd_is_run_dir"] for o in clean)  # the ranks share the job's folder, as on one node
     assert world.run(sum_ranks, 10) == [21, 21]
+    # The rank records where the supervisor reads: both spell the files through world.protocol.
+    from pytest_ltconform.world import protocol
+    for rank, (trace, job_dir, run_dir) in enumerate(world.run(where_it_works)):
+        assert trace == protocol.trace_file(run_dir, rank) and job_dir == protocol.rank_dir(run_dir, rank)
 
 def test_failed_rank_is_reported_with_its_traceback(ltconform_world):
     ltconform_world(world_size=2).run(fail_on_rank_one)

@@ -9,19 +9,30 @@ and which contract an unfinished run's failure belongs to (``contracts.blamed``)
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
-from . import contracts
+from . import contracts, tiers
 from .contracts.base import Run, Verdict
 from .harness import FIT, FIT_WITHOUT_VALIDATION, WITHOUT_VALIDATION, RunSpec, inspection
 from .settings import Settings
 from .sites import fmt_site
-from .vocabulary import CUDA_TIERS, SHARDED_STRATEGIES, STRATEGY_NAMES, backend_for, rank_env_for
-from .world import WorldPool, WorldStartError
+from .vocabulary import CUDA_TIERS, SHARDED_STRATEGIES, STRATEGY_NAMES
+from .world import JobRequest, WorldPool, WorldStartError
 from .world.causes import cause_text, first_cause, stack_user_site
 
 # The job function of runs that load the user's objects without training (they cannot hang in a step).
 INSPECT_FN = inspection("-").fn
+
+
+@dataclasses.dataclass(frozen=True)
+class RunKey:
+    """The run cache's key: one run per kind (a run spec's name), strategy, world size and tier."""
+
+    kind: str
+    strategy: str
+    world_size: int
+    tier: str
 
 
 class LtconformSession:
@@ -31,7 +42,7 @@ class LtconformSession:
         self.settings = settings
         self.targets = targets
         self.pool = pool or WorldPool()
-        self._runs: dict[tuple, Run | Exception] = {}
+        self._runs: dict[RunKey, Run | Exception] = {}
         # The launched world pytest runs in (world.attached.AttachedWorld), for the multinode tier.
         self.attached = None
         # progress(label) -> a callback for LocalWorld.run's progress (label: "fit[ddp]"), or None.
@@ -81,43 +92,38 @@ class LtconformSession:
         cause = first_cause(run.job)
         headline = cause.headline() if cause is not None else "the run did not finish"
         run.cause_item = item
-        run.first_item = getattr(run, "first_item", None) or item
+        run.first_item = run.first_item or item
         parts = [cause_text(cause), run.job.diagnosis_after(cause)] if cause is not None else [run.job.failure_text()]
         return "error", "\n".join([f"[{item}] the run did not finish: {headline}."] + [p for p in parts if p])
 
-    def _key(self, kind: str, strategy: str, tier: str) -> tuple:
-        """The run cache's key: (kind, strategy, world size), plus the tier when it is not 'cpu'."""
-        return (kind, strategy, self.settings.world_size) + (() if tier == "cpu" else (tier,))
+    def _key(self, kind: str, strategy: str, tier: str) -> RunKey:
+        return RunKey(kind, strategy, self.settings.world_size, tier)
 
     def _make(self, spec: RunSpec, strategy: str, tier: str, probes_of: str | None = None) -> Run:
         probes = contracts.probes_for(probes_of or spec.name)
         settings = self.settings
-        if tier == "multinode":
-            if self.attached is None:
-                raise WorldStartError("the multinode tier runs only inside a torchrun or SLURM world")
-            job = self.attached.run(spec.fn, self.targets, strategy, probes, settings.pg_timeout_s,
-                                    timeout_s=settings.timeout_s)
-        else:
-            job = self.pool.run(settings.world_size, spec.fn, self.targets, strategy, probes, settings.pg_timeout_s,
-                                timeout_s=settings.timeout_s, pg_timeout_s=settings.pg_timeout_s,
-                                backend=backend_for(tier), env=rank_env_for(tier),
-                                progress=self._progress(spec.name, strategy + ("-gpu" if tier in CUDA_TIERS else "")))
+        world = tiers.world_for(tier, self.pool, self.attached, settings.world_size, settings.pg_timeout_s)
+        label = strategy + ("-gpu" if tier in CUDA_TIERS else "")
+        job = world.run(JobRequest(spec.fn, (self.targets, strategy, probes, settings.pg_timeout_s),
+                                   timeout_s=settings.timeout_s, progress=self._progress(spec.name, label)))
         run = Run(job, strategy, spec.name, self.targets)
-        if spec.reference and tier != "multinode":
-            run.reference = self._reference(spec, job, strategy)
+        if spec.reference:
+            run.reference = self._reference(spec, job, strategy, tier)
         return run
 
-    def _reference(self, spec: RunSpec, job, strategy: str) -> Run | None:
+    def _reference(self, spec: RunSpec, job, strategy: str, tier: str) -> Run | None:
         """The one-rank reference run of ``spec``, on what rank 0 of ``job`` saved; None when the
-        world did not finish."""
+        world did not finish, or where no reference world runs (see tiers.reference_world)."""
         value = job.ranks[0].value if job.status == "ok" and job.ranks else None
         args = (value or {}).get("reference_args") if isinstance(value, dict) else None
-        if not args:
+        world = tiers.reference_world(tier, self.pool, self.settings.pg_timeout_s) if args else None
+        if world is None:
             return None
+        request = JobRequest(spec.reference, (self.targets, *args, self.settings.pg_timeout_s),
+                             timeout_s=self.settings.timeout_s,
+                             progress=self._progress(f"{spec.name}-reference", strategy))
         try:
-            ref = self.pool.run(1, spec.reference, self.targets, *args, self.settings.pg_timeout_s,
-                                timeout_s=self.settings.timeout_s, pg_timeout_s=self.settings.pg_timeout_s,
-                                env=rank_env_for("cpu"), progress=self._progress(f"{spec.name}-reference", strategy))
+            ref = world.run(request)
         except WorldStartError:
             return None
         return Run(ref, strategy, f"{spec.name}-reference", self.targets)
@@ -136,13 +142,13 @@ class LtconformSession:
             run = self.run_for(contract.run_spec.name, strategy, tier)
         except WorldStartError as exc:
             return contract.verdict("error", f"could not start a world: {exc}"), time.monotonic() - started
-        if getattr(run, "first_item", None) is None:
+        if run.first_item is None:
             run.first_item = f"{contract_id}[{strategy}]"  # what a later item names when this run hung
         verdict = judge(contract, run)
         if contract.run_spec.name == FIT.name:
             verdict = self._judged_without_validation(contract, run, verdict, tier) or verdict
         if verdict.outcome == "error" and contract.run_spec.name != FIT.name:
-            verdict = self._explained_by_fit(contract, strategy) or verdict
+            verdict = self._explained_by_fit(contract, strategy, tier) or verdict
         verdict = self._on_nonfinite_loss(contract, run, strategy, tier) or verdict
         # The first item that needs a run pays for it; later items only for their judgement.
         return verdict, time.monotonic() - started
@@ -213,7 +219,7 @@ class LtconformSession:
             # was still running either way (a divergence stopped early is not a hang of this kind).
             if not isinstance(run, Run) or run.finished or not (run.job.timed_out_by or run.job.killed_early):
                 continue
-            if (key[3] if len(key) > 3 else "cpu") != tier:
+            if key.tier != tier:
                 continue
             cause = first_cause(run.job)
             if cause is None or cause.kind != "hung":
@@ -224,33 +230,31 @@ class LtconformSession:
                 return run
         return None
 
-    def _explained_by_fit(self, contract, strategy: str) -> Verdict | None:
-        """A run of another kind that failed on a module whose traced fit already stopped because
-        of a named contract: say so in one line instead of repeating the tracebacks."""
-        fit = self._runs.get((FIT.name, strategy, self.settings.world_size))
+    def _explained_by_fit(self, contract, strategy: str, tier: str) -> Verdict | None:
+        """A run of another kind that failed on a module whose traced fit (in the same tier)
+        already stopped because of a named contract: say so in one line instead of repeating the
+        tracebacks."""
+        fit = self._runs.get(self._key(FIT.name, strategy, tier))
         if not isinstance(fit, Run) or fit.finished:
             return None
         owner = contracts.blamed(fit)
         if owner is None:
-            return self._same_failure_as_fit(contract, strategy, fit)
+            return self._same_failure_as_fit(contract, strategy, tier, fit)
         if owner == contract.id:
             return None
         return not_judged(contract, f"its own run did not finish either; the module's fit does not finish "
                                     f"because of the {owner}[{strategy}] failure (see that item).")
 
-    def _same_failure_as_fit(self, contract, strategy: str, fit: Run) -> Verdict | None:
+    def _same_failure_as_fit(self, contract, strategy: str, tier: str, fit: Run) -> Verdict | None:
         """This item's own run stopped the way the traced fit did (the same rank failure at the same
         user line): one fault shows one traceback, on the fit's first item; this one names it."""
-        own = self._runs.get((contract.run_spec.name, strategy, self.settings.world_size))
+        own = self._runs.get(self._key(contract.run_spec.name, strategy, tier))
         mine, theirs = (first_cause(own.job) if isinstance(own, Run) else None), first_cause(fit.job)
-        item = getattr(fit, "cause_item", None)
+        item = fit.cause_item
         if mine is None or theirs is None or item is None or \
                 (mine.kind, mine.exc_type, mine.site) != (theirs.kind, theirs.exc_type, theirs.site):
             return None
         return not_judged(contract, f"its own run stopped the same way as the fit: {mine.headline()} (see {item}).")
-
-    def close(self) -> None:
-        self.pool.close()
 
 
 def not_judged(contract, reason: str) -> Verdict:
@@ -276,7 +280,7 @@ def hung_verdict(contract, hung: Run) -> Verdict:
     cause = first_cause(hung.job)
     where = f"rank {cause.rank} at {fmt_site(cause.site)}" if cause and cause.site else \
         f"rank {cause.rank}" if cause else "a rank"
-    item = getattr(hung, "cause_item", None) or getattr(hung, "first_item", None) or f"{hung.kind}[{hung.strategy}]"
+    item = hung.cause_item or hung.first_item or f"{hung.kind}[{hung.strategy}]"
     until = f"until {hung.job.timed_out_by}" if hung.job.timed_out_by else f"and was killed {hung.job.killed_early}"
     return not_judged(contract, f"not started: the {hung.kind}[{hung.strategy}] run of this target hung "
                                 f"({where} stopped making progress {until}), and this run "
@@ -391,7 +395,7 @@ def _after_own_failure(contract, run: Run) -> Verdict:
     cause = first_cause(run.job)
     item = f"{contract.id}[{run.strategy}]"
     headline = cause.headline() if cause is not None else "the run did not finish"
-    if getattr(run, "cause_item", None) in (None, item):
+    if run.cause_item in (None, item):
         run.cause_item = item
         # failure_text() already ends with the diagnosis; a cause's text needs it, less what it named.
         parts = [cause_text(cause), run.job.diagnosis_after(cause)] if cause is not None \

@@ -261,8 +261,6 @@ def _recording_init(cls: type, original):
                   process_group_backend=params.get("process_group_backend"))
         self._timeout = params.get("timeout")
         self.ltconform_stand_in = True
-        self.ltconform_args = {k: v for k, v in params.items()
-                               if signature.parameters[k].default is not v and k != "config"}
         config = self._load_config(params.get("config"))
         if config is None:
             config = self._create_default_config(**{k: params[k] for k in params

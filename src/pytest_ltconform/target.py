@@ -105,10 +105,6 @@ class TargetSpec:
     attr: str
     path: str | None = None
 
-    @property
-    def display(self) -> str:
-        return self.text
-
 
 def parse(text: str, option: str) -> TargetSpec:
     """Parse a target string; raises :class:`TargetError` for a malformed one."""

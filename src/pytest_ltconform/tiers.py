@@ -30,7 +30,14 @@ import os
 import re
 import warnings
 
-from .vocabulary import CPU_CORE_STRATEGIES, DEFAULT_CONTRACT_TIERS, GPU_STRATEGIES, SHARDED_STRATEGIES, backend_for
+from .vocabulary import (
+    CPU_CORE_STRATEGIES,
+    DEFAULT_CONTRACT_TIERS,
+    GPU_STRATEGIES,
+    SHARDED_STRATEGIES,
+    backend_for,
+    rank_env_for,
+)
 from .world.devices import cuda_device_count
 
 
@@ -48,10 +55,6 @@ class Variant:
     label: str
     markers: tuple[str, ...]
     needs: tuple[str, ...]
-
-    @property
-    def backend(self) -> str:
-        return backend_for(self.tier)
 
 
 def contract_tiers(contract) -> tuple[str, ...]:
@@ -80,6 +83,27 @@ def variants(contract, selected: tuple[str, ...], local_supported: tuple[str, ..
         out += [Variant("multinode", s, f"{s}-multinode", ("ltconform_multinode",), ("multinode",))
                 for s in own if s in selected and s in local_supported and s in CPU_CORE_STRATEGIES]
     return out
+
+
+def world_for(tier: str, pool, attached, world_size: int, pg_timeout_s: float):
+    """The ``world.World`` a run of ``tier`` goes to, decided here only: the launched world pytest
+    runs in for 'multinode' (``WorldStartError`` outside one), else the pool's local world of
+    ``world_size`` ranks with the tier's backend and rank environment."""
+    from .world import WorldStartError
+
+    if tier == "multinode":
+        if attached is None:
+            raise WorldStartError("the multinode tier runs only inside a torchrun or SLURM world")
+        return attached
+    return pool.get(world_size, backend_for(tier), pg_timeout_s, rank_env_for(tier))
+
+
+def reference_world(tier: str, pool, pg_timeout_s: float):
+    """The one-rank CPU world beside ``tier``'s world where a reference run (``RunSpec.reference``)
+    goes; None in a launched world, where every rank runs every job and the plugin starts none."""
+    if tier == "multinode":
+        return None
+    return pool.get(1, backend_for("cpu"), pg_timeout_s, rank_env_for("cpu"))
 
 
 def _cpu_variant(strategy: str) -> Variant:

@@ -130,6 +130,9 @@ class Run:
         self.strategy = strategy
         self.kind = kind
         self.targets = targets
+        self.reference: Run | None = None  # the one-rank run of RunSpec.reference, when it ran
+        self.first_item: str | None = None  # the first item judged on it: a later hang names it
+        self.cause_item: str | None = None  # the item that shows why it did not finish
 
     @property
     def world_size(self) -> int:

@@ -1,19 +1,37 @@
 """Worlds: starting, reusing, supervising and diagnosing rank processes.
 
-``LocalWorld`` starts ranks on this host; ``pool()`` hands out one persistent world per
-(world size, backend, collective timeout) for the whole pytest session.
+Every world is a :class:`World`: ``LocalWorld`` starts ranks on this host, ``AttachedWorld`` is
+the torchrun or SLURM world pytest itself runs in. ``WorldPool`` hands out one persistent local
+world per (world size, backend, collective timeout, rank environment) for the whole session.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
-import shutil
+from typing import Protocol
 
+from .job import JobRequest
 from .local import LocalWorld, WorldStartError, remove_stale_worlds
 from .outcome import JobResult, RankOutcome
 
-__all__ = ["JobResult", "LocalWorld", "RankOutcome", "WorldStartError", "WorldPool", "remove_stale_worlds"]
+__all__ = ["JobRequest", "JobResult", "LocalWorld", "RankOutcome", "World", "WorldPool", "WorldStartError",
+           "remove_stale_worlds"]
+
+
+class World(Protocol):
+    """Ranks that run jobs: ``run(request)`` runs ``request.fn`` on every rank and returns the
+    :class:`JobResult` (never raising for what a rank did; :class:`WorldStartError` when no rank
+    could run it); ``close()`` stops the ranks it owns. ``accelerator`` is 'cpu' or 'gpu'."""
+
+    world_size: int
+
+    @property
+    def accelerator(self) -> str: ...
+
+    def run(self, request: JobRequest) -> JobResult: ...
+
+    def close(self) -> None: ...
 
 
 class WorldPool:
@@ -32,7 +50,6 @@ class WorldPool:
             # LTCONFORM_FRESH_WORLDS=1: a cold world per job, for measuring what reuse saves.
             fresh_per_job = os.environ.get("LTCONFORM_FRESH_WORLDS", "") not in ("", "0")
         self.fresh_per_job = fresh_per_job
-        self._kept: list[str] = []
         atexit.register(self.close)
 
     def get(self, world_size: int, backend: str = "gloo", pg_timeout_s: float = 30.0,
@@ -42,23 +59,8 @@ class WorldPool:
         world = self._worlds.get(key)
         if world is None or world.closed:
             world = self._worlds[key] = LocalWorld(world_size, backend=backend, pg_timeout_s=pg_timeout_s, env=env,
-                                                   timeout_name=self.timeout_name)
+                                                   timeout_name=self.timeout_name, fresh_per_job=self.fresh_per_job)
         return world
-
-    def run(self, world_size: int, fn_ref: str, *args, timeout_s: float, backend: str = "gloo",
-            pg_timeout_s: float = 30.0, env: dict | None = None, timeout_name: str | None = None,
-            progress=None, **kwargs) -> JobResult:
-        """Run ``fn_ref`` on every rank of the pool's world of ``world_size`` (see
-        :meth:`LocalWorld.run`, also for ``progress``); ``env`` is set in each rank's environment;
-        ``kwargs`` go to the function."""
-        world = self.get(world_size, backend, pg_timeout_s, env)
-        try:
-            return world.run(fn_ref, *args, timeout_s=timeout_s, kwargs=kwargs, timeout_name=timeout_name,
-                             progress=progress)
-        finally:
-            if self.fresh_per_job:
-                world.close(keep_files=True)
-                self._kept.append(world.root)
 
     @property
     def cold_starts(self) -> int:
@@ -68,6 +70,3 @@ class WorldPool:
         for world in self._worlds.values():
             world.close()
         self._worlds.clear()
-        for root in self._kept:
-            shutil.rmtree(root, ignore_errors=True)
-        self._kept.clear()

@@ -22,13 +22,12 @@ import sys
 import tempfile
 import time
 
+from . import protocol
 from .devices import cuda_device_count
-from .job import Job
+from .job import Job, JobRequest
 from .local import WorldStartError
 from .outcome import JobResult, RankOutcome, read_trace
-from .rank import keep_library_roots, result_payload, run_job
-
-PREFIX = "ltconform/"
+from .rank import keep_library_roots, run_job
 
 
 class CollectionMismatch(RuntimeError):
@@ -38,9 +37,9 @@ class CollectionMismatch(RuntimeError):
 class AttachedWorld:
     """The launched world this pytest process is rank ``info.rank`` of (see ``tiers.Attached``).
 
-    ``run(fn_ref, *args, timeout_s=...)`` has the interface of ``LocalWorld.run``: it runs
-    ``fn(ctx, *args)`` on every rank (each rank runs it here, in its own process) and returns the
-    same :class:`JobResult` on every rank. Call it on every rank in the same order.
+    ``run(request)`` is the ``World`` interface, as ``LocalWorld.run``: it runs ``fn(ctx, *args)``
+    on every rank (each rank runs it here, in its own process) and returns the same
+    :class:`JobResult` on every rank. Call it on every rank in the same order.
     """
 
     def __init__(self, info, *, pg_timeout_s: float = 30.0, connect_timeout_s: float = 300.0,
@@ -76,7 +75,7 @@ class AttachedWorld:
                     f"{self.info.main_address}:{self.info.main_port} ({type(exc).__name__}: {exc}). Check that "
                     f"MASTER_ADDR names a host every node can reach and that the port is free on it."
                 ) from None
-            self._store = dist.PrefixStore(PREFIX, base)
+            self._store = dist.PrefixStore(protocol.PREFIX, base)
         return self._store
 
     @property
@@ -141,8 +140,7 @@ class AttachedWorld:
             self.backend, self.accelerator = "gloo", "cpu"
 
     # -- jobs ---------------------------------------------------------------------------------------
-    def run(self, fn_ref: str, *args, timeout_s: float = 120.0, kwargs: dict | None = None,
-            seed: int = 0) -> JobResult:
+    def run(self, request: JobRequest) -> JobResult:
         if self.closed:
             raise WorldStartError("this attached world was closed")
         keep_library_roots()  # as a spawned rank does: the job runner must spare the stdlib and us
@@ -151,20 +149,21 @@ class AttachedWorld:
         self._next_job += 1
         job_dir = os.path.join(self.root, f"job{n:04d}")
         os.makedirs(job_dir, exist_ok=True)
-        job = Job(fn=fn_ref, dir=job_dir, n=n, args=args, kwargs=kwargs or {}, seed=seed, backend=self.backend,
-                  pg_timeout_s=self.pg_timeout_s, accelerator=self.accelerator, num_nodes=self.num_nodes or 1,
-                  world_kind="attached")
+        timeout_s = request.timeout_s
+        job = Job(fn=request.fn, dir=job_dir, n=n, args=request.args, kwargs=request.kwargs, seed=request.seed,
+                  backend=self.backend, pg_timeout_s=self.pg_timeout_s, accelerator=self.accelerator,
+                  num_nodes=self.num_nodes or 1, world_kind="attached")
         started = time.monotonic()
         # Last resort for a job stuck outside any collective: dump every thread and exit, so the
         # launcher tears the world down instead of everyone waiting forever.
         faulthandler.dump_traceback_later(timeout_s + self.pg_timeout_s + 60.0, exit=True, file=sys.stderr)
         try:
             outcome = run_job(job, self.rank, self.world_size, self.info.local_rank, store, 0)
-            outcome["trace"] = read_trace(os.path.join(job_dir, f"rank{self.rank}.trace.jsonl"))
-            store.set(f"result/{n}/{self.rank}", result_payload(outcome))
+            outcome["trace"] = read_trace(protocol.trace_file(job_dir, self.rank))
+            store.set(protocol.attached_result_key(n, self.rank), protocol.result_payload(outcome))
             if self.rank == 0:
                 result = self._assemble(n, started, timeout_s, job_dir)
-                store.set(f"final/{n}", pickle.dumps(result))
+                store.set(protocol.final_key(n), pickle.dumps(result))
                 return result
             return self._await_final(n, timeout_s)
         finally:
@@ -172,14 +171,14 @@ class AttachedWorld:
 
     def _assemble(self, n: int, started: float, timeout_s: float, job_dir: str) -> JobResult:
         store = self.store
-        keys = {r: f"result/{n}/{r}" for r in range(self.world_size)}
+        keys = {r: protocol.attached_result_key(n, r) for r in range(self.world_size)}
         outcomes: dict[int, RankOutcome] = {}
         # Rank 0 has finished; a peer stuck in a collective gets the group's timeout plus slack.
         deadline = max(started + timeout_s, time.monotonic() + self.pg_timeout_s + 10.0)
         while len(outcomes) < self.world_size and time.monotonic() < deadline:
             for r, key in keys.items():
                 if r not in outcomes and store.check([key]):
-                    outcomes[r] = RankOutcome.from_wire(pickle.loads(store.get(key)))
+                    outcomes[r] = RankOutcome.from_wire(protocol.read_result(store.get(key)))
             time.sleep(0.02)
         for r in range(self.world_size):
             outcomes.setdefault(r, RankOutcome(rank=r, status="hung"))
@@ -188,7 +187,7 @@ class AttachedWorld:
 
     def _await_final(self, n: int, timeout_s: float) -> JobResult:
         store = self.store
-        key = f"final/{n}"
+        key = protocol.final_key(n)
         deadline = time.monotonic() + timeout_s + self.pg_timeout_s + 30.0
         while not store.check([key]):
             if time.monotonic() > deadline:
@@ -205,9 +204,9 @@ class AttachedWorld:
             try:
                 # Others only say they left; rank 0 (the server) waits for that before it exits,
                 # so no rank is cut off in the middle of a store call.
-                self._store.set(f"left/{self.rank}", b"1")
+                self._store.set(protocol.left_key(self.rank), b"1")
                 if self.rank == 0:
-                    keys = [f"left/{r}" for r in range(self.world_size)]
+                    keys = [protocol.left_key(r) for r in range(self.world_size)]
                     deadline = time.monotonic() + timeout_s
                     while not self._store.check(keys) and time.monotonic() < deadline:
                         time.sleep(0.05)

@@ -4,6 +4,25 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
+from collections.abc import Callable
+
+
+@dataclasses.dataclass
+class JobRequest:
+    """What a caller asks a world to run (see ``World.run``): ``fn(ctx, *args, **kwargs)`` on every
+    rank, ``fn`` an importable ``"pkg.mod:func"``, stopped after ``timeout_s`` seconds.
+
+    A world killed at that limit names it as ``timeout_name=<value>`` (None: the world's own
+    name for it); ``progress``, when given, is called while ranks still run (see
+    ``LocalWorld.run``; a launched world does not call it)."""
+
+    fn: str
+    args: tuple = ()
+    kwargs: dict = dataclasses.field(default_factory=dict)
+    timeout_s: float = 120.0
+    timeout_name: str | None = None
+    progress: Callable[[float, dict], None] | None = None
+    seed: int = 0
 
 
 @dataclasses.dataclass
@@ -35,6 +54,6 @@ class Job:
 
     @classmethod
     def from_wire(cls, raw: bytes) -> Job | None:
-        """The job :meth:`wire` sent, or None for the supervisor's "stop" message."""
+        """The job :meth:`wire` sent, or None for the supervisor's "stop" message (``protocol.STOP``)."""
         fields = pickle.loads(raw)
         return None if fields is None else cls(**fields)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import pickle
 import shutil
 import signal
 import subprocess
@@ -19,15 +18,9 @@ import sys
 import tempfile
 import time
 
-from . import diagnose
-from .job import Job
+from . import diagnose, protocol
+from .job import Job, JobRequest
 from .outcome import JobResult, RankOutcome, read_trace, without_own_noise
-
-# Environment that would make Lightning think it runs under a cluster launcher.
-_FOREIGN_ENV_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "TORCHELASTIC_", "GROUP_", "ROLE_", "LSB_",
-                         "JSM_", "KUBEFLOW_")
-_FOREIGN_ENV = ("LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID", "NODE_RANK", "GROUP_WORLD_SIZE")
-
 
 # Each world folder names the process that owns it, so that a later session can remove the folders
 # of a session that was killed (SIGKILL runs no clean-up) without touching a live one's.
@@ -42,9 +35,11 @@ class WorldStartError(RuntimeError):
 class LocalWorld:
     """``world_size`` rank processes on this host, reused across jobs.
 
-    ``run(fn_ref, *args)`` runs the importable function ``"pkg.mod:func"`` on every rank as
-    ``func(ctx, *args)`` and returns a :class:`JobResult`. Never raises for what happens in a
-    rank; raises :class:`WorldStartError` when ranks cannot be started at all.
+    ``run(JobRequest("pkg.mod:func", args))`` runs the importable function on every rank as
+    ``func(ctx, *args)`` and returns a :class:`JobResult` (the ``World`` interface). Never raises
+    for what happens in a rank; raises :class:`WorldStartError` when ranks cannot be started at
+    all. With ``fresh_per_job`` its ranks are stopped after every job, so each job pays a cold
+    start (what the benchmark of reuse compares against); the files stay until :meth:`close`.
     """
 
     # Seconds without trace progress, after a divergence, before a world is declared hung.
@@ -52,7 +47,8 @@ class LocalWorld:
 
     def __init__(self, world_size: int = 2, *, backend: str = "gloo", pg_timeout_s: float = 30.0,
                  preload: tuple[str, ...] = ("lightning.pytorch",), start_timeout_s: float = 300.0,
-                 root: str | None = None, env: dict | None = None, timeout_name: str = "timeout_s"):
+                 root: str | None = None, env: dict | None = None, timeout_name: str = "timeout_s",
+                 fresh_per_job: bool = False):
         self.world_size = world_size
         self.env = dict(env or {})  # set in each rank's environment, over the inherited one
         self.backend = backend
@@ -61,6 +57,7 @@ class LocalWorld:
         self.start_timeout_s = start_timeout_s
         self._own_root = root is None
         self.timeout_name = timeout_name  # what a job killed at its time limit names (an option)
+        self.fresh_per_job = fresh_per_job
         self.root = root or tempfile.mkdtemp(prefix=WORLD_PREFIX)
         if self._own_root:
             _write_owner(self.root)
@@ -75,6 +72,10 @@ class LocalWorld:
 
     # -- lifecycle ------------------------------------------------------------------------------
     @property
+    def accelerator(self) -> str:
+        return "gpu" if self.backend == "nccl" else "cpu"
+
+    @property
     def alive(self) -> bool:
         return bool(self._procs) and all(p.poll() is None for p in self._procs)
 
@@ -87,8 +88,7 @@ class LocalWorld:
         return self._store
 
     def _rank_env(self, rank: int) -> dict:
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(_FOREIGN_ENV_PREFIXES) and k not in _FOREIGN_ENV}
+        env = protocol.without_launcher_env(os.environ)
         env.update(
             MASTER_ADDR="127.0.0.1", MASTER_PORT=str(self._store.port), WORLD_SIZE=str(self.world_size),
             RANK=str(rank), LOCAL_RANK=str(rank), NODE_RANK="0",
@@ -99,13 +99,13 @@ class LocalWorld:
             ROLE_RANK=str(rank), ROLE_WORLD_SIZE=str(self.world_size), ROLE_NAME="default",
             TORCHELASTIC_RUN_ID=f"ltconform-{os.getpid()}", TORCHELASTIC_MAX_RESTARTS="0",
             TORCHELASTIC_USE_AGENT_STORE="True", TORCHELASTIC_RESTART_COUNT=str(self.generation),
-            LTCONFORM_GENERATION=str(self.generation), LTCONFORM_WORLD_DIR=self.root,
-            LTCONFORM_SUPERVISOR_PID=str(os.getpid()), LTCONFORM_PRELOAD=",".join(self.preload),
             PYTHONUNBUFFERED="1",
             # Temp files of the ranks and their children (a DataLoader worker's pymp-* folder, left
             # when it is killed) live in the world folder, which goes with the world.
             TMPDIR=self._tmp_dir(),
         )
+        env.update({protocol.GENERATION_ENV: str(self.generation), protocol.WORLD_DIR_ENV: self.root,
+                    protocol.SUPERVISOR_PID_ENV: str(os.getpid()), protocol.PRELOAD_ENV: ",".join(self.preload)})
         env.update(self.env)
         # Two ranks on a small machine: one intra-op thread each avoids oversubscription.
         env.setdefault("OMP_NUM_THREADS", "1")
@@ -127,7 +127,7 @@ class LocalWorld:
         self.cold_starts += 1
         self._procs, self._logs = [], []
         for rank in range(self.world_size):
-            log = open(os.path.join(self.root, f"g{self.generation}-rank{rank}.log"), "wb")
+            log = open(protocol.log_file(self.root, self.generation, rank), "wb")
             self._logs.append(log)
             self._procs.append(subprocess.Popen(
                 [sys.executable, "-m", "pytest_ltconform.world.rank"], env=self._rank_env(rank),
@@ -135,7 +135,7 @@ class LocalWorld:
                 start_new_session=True,
             ))
         deadline = time.monotonic() + self.start_timeout_s
-        keys = [f"g{self.generation}/ready/{r}" for r in range(self.world_size)]
+        keys = [protocol.ready_key(self.generation, r) for r in range(self.world_size)]
         while not store.check(keys):
             dead = [r for r, p in enumerate(self._procs) if p.poll() is not None]
             if dead or time.monotonic() > deadline:
@@ -149,7 +149,7 @@ class LocalWorld:
 
     def _log_tail(self, rank: int, gen: int | None = None, chars: int = 3000) -> str:
         gen = self.generation if gen is None else gen
-        path = os.path.join(self.root, f"g{gen}-rank{rank}.log")
+        path = protocol.log_file(self.root, gen, rank)
         try:
             with open(path, "rb") as fh:
                 fh.seek(0, os.SEEK_END)
@@ -185,7 +185,7 @@ class LocalWorld:
             return
         if self.alive and self._store is not None:
             try:
-                self._store.set(f"g{self.generation}/job/{self._next_job}", pickle.dumps(None))
+                self._store.set(protocol.job_key(self.generation, self._next_job), protocol.STOP)
                 # Idle ranks exit at once; interpreter teardown of torch is not worth waiting for.
                 deadline = time.monotonic() + 1.0
                 while time.monotonic() < deadline and any(p.poll() is None for p in self._procs):
@@ -199,25 +199,24 @@ class LocalWorld:
             shutil.rmtree(self.root, ignore_errors=True)
 
     # -- jobs -----------------------------------------------------------------------------------
-    def run(self, fn_ref: str, *args, timeout_s: float = 120.0, kwargs: dict | None = None,
-            seed: int = 0, timeout_name: str | None = None, progress=None) -> JobResult:
-        """Run ``fn_ref`` on every rank, stopped after ``timeout_s`` seconds; a world killed at that
-        limit names it as ``timeout_name=<value>`` (default: the world's ``timeout_name``).
+    def run(self, request: JobRequest) -> JobResult:
+        """Run ``request.fn`` on every rank, stopped after ``request.timeout_s`` seconds; a world
+        killed at that limit names it as ``timeout_name=<value>`` (default: the world's own).
 
-        ``progress``, when given, is called about every ``_JobWatch.PROGRESS_EVERY_S`` seconds while
+        ``request.progress``, when given, is called about every ``_JobWatch.PROGRESS_EVERY_S`` seconds while
         ranks are still running, as ``progress(elapsed_s, {rank: seconds since its trace last
         grew})`` (float seconds; only the ranks still running). An exception it raises is ignored.
 
         A world whose process group fails to form (before ``fn_ref`` runs) is started once more; a
         second failure raises :class:`WorldStartError` with what each failing rank said."""
-        first_failure = None
+        timeout_s, first_failure = request.timeout_s, None
         while True:
             if not self.alive:
                 if self._procs:
                     self.kill()
                 self.start()
-            job = self._submit(fn_ref, args, kwargs or {}, seed)
-            watch = _JobWatch(self, job, timeout_s, progress)
+            job = self._submit(request.fn, request.args, request.kwargs, request.seed)
+            watch = _JobWatch(self, job, timeout_s, request.progress)
             hung, early = watch.wait()
             failure = watch.formation_failure()
             if failure is None:
@@ -230,8 +229,11 @@ class LocalWorld:
                     f"the process group of a world of {self.world_size} {self.backend} ranks did not form, in two "
                     f"fresh worlds, before the job's code ran: {said}")
             first_failure = failure
-        limit = f"{timeout_name or self.timeout_name}={timeout_s:g}"
-        return self._assemble(job, watch, hung, early, timeout_s, limit)
+        limit = f"{request.timeout_name or self.timeout_name}={timeout_s:g}"
+        result = self._assemble(job, watch, hung, early, timeout_s, limit)
+        if self.fresh_per_job:
+            self.kill()
+        return result
 
     def _submit(self, fn_ref: str, args: tuple, kwargs: dict, seed: int) -> Job:
         """Post the next job of this generation to the store, in a new job folder."""
@@ -242,7 +244,7 @@ class LocalWorld:
         os.makedirs(job_dir, exist_ok=True)
         job = Job(fn=fn_ref, dir=job_dir, n=n, args=args, kwargs=kwargs, seed=seed, backend=self.backend,
                   pg_timeout_s=self.pg_timeout_s)
-        self._store.set(f"g{self.generation}/job/{n}", job.wire())
+        self._store.set(protocol.job_key(self.generation, n), job.wire())
         return job
 
     def _assemble(self, job: Job, watch: _JobWatch, hung: list[int], early: str | None,
@@ -257,7 +259,7 @@ class LocalWorld:
         ranks = [outcomes[r] for r in range(self.world_size)]
         for r in ranks:
             r.stack = stacks.get(r.rank)
-            r.trace = read_trace(os.path.join(job.dir, f"rank{r.rank}.trace.jsonl"))
+            r.trace = read_trace(protocol.trace_file(job.dir, r.rank))
             if r.status in ("died", "hung", "error"):
                 r.log_tail = without_own_noise(self._log_tail(r.rank, gen))
         # A world stopped by a heuristic below names the time limit it did not wait for.
@@ -273,7 +275,7 @@ class LocalWorld:
         rank's stack file (a crashed rank's fatal-error dump is there too)."""
         if not ranks:
             return {}
-        paths = {r: os.path.join(self.root, f"g{self.generation}-rank{r}.stack") for r in ranks}
+        paths = {r: protocol.stack_file(self.root, self.generation, r) for r in ranks}
         sizes = {r: _size(paths[r]) for r in ranks}
         signalled = []
         for r in ranks:
@@ -314,14 +316,14 @@ class _JobWatch:
         self.progress = progress
         self.next_progress = time.monotonic() + self.PROGRESS_EVERY_S
         self.started = time.monotonic()
-        self.keys = {r: f"g{world.generation}/result/{job.n}/{r}" for r in range(world.world_size)}
+        self.keys = {r: protocol.result_key(world.generation, job.n, r) for r in range(world.world_size)}
         self.outcomes: dict[int, RankOutcome] = {}
         self.first_error_at = self.first_done_at = self.first_dead_at = None
         # Ranks that finished wait for the others for at most this long: a rank stuck in a
         # collective gets the process group's own timeout plus slack before we call it hung.
         self.straggler_s = world.pg_timeout_s + 10.0
         self.deadline = self.started + timeout_s
-        self.trace_paths = {r: os.path.join(job.dir, f"rank{r}.trace.jsonl") for r in range(world.world_size)}
+        self.trace_paths = {r: protocol.trace_file(job.dir, r) for r in range(world.world_size)}
         self.sizes = {r: (-1, self.started) for r in range(world.world_size)}  # (trace size, when it last grew)
         self.next_look = self.started + 1.0
         self.at_deadline = False  # the job's own time limit stopped it (not a heuristic below)
@@ -353,7 +355,7 @@ class _JobWatch:
     def formation_failure(self) -> str | None:
         """What the ranks that failed to form the job's process group said (the first rank whose
         own error it was leads; a peer that only heard of it comes last); None when none failed."""
-        failed = sorted((o for o in self.outcomes.values() if o.stage == "formation" and o.status == "error"),
+        failed = sorted((o for o in self.outcomes.values() if o.stage == protocol.FORMATION and o.status == "error"),
                         key=lambda o: (o.exc_type == "FormationError", o.rank))
         said: dict[str, list[int]] = {}
         for o in failed:  # gloo's own messages put the reason after an "[enforce fail at ...]" sentence
@@ -370,7 +372,7 @@ class _JobWatch:
         store = self.world._store
         for r, key in self.keys.items():
             if r not in self.outcomes and store.check([key]):
-                self.outcomes[r] = RankOutcome.from_wire(pickle.loads(store.get(key)))
+                self.outcomes[r] = RankOutcome.from_wire(protocol.read_result(store.get(key)))
                 self.first_done_at = self.first_done_at or now
                 if self.outcomes[r].status != "ok":
                     self.first_error_at = self.first_error_at or now

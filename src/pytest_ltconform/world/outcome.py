@@ -49,7 +49,7 @@ class RankOutcome:
 
     @classmethod
     def from_wire(cls, wire: dict) -> RankOutcome:
-        """The outcome of the result dict a rank posted (see ``rank.run_job``); ``trace`` is
+        """The outcome of the result a rank posted (a ``protocol.RankResult``); ``trace`` is
         there only when the rank sent its events along (attached worlds)."""
         return cls(rank=wire["rank"], status=wire.get("status", "error"), value=wire.get("value"),
                    exc_type=wire.get("exc_type"), message=wire.get("message"),

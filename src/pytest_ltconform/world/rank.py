@@ -17,7 +17,6 @@ import datetime
 import faulthandler
 import importlib
 import os
-import pickle
 import random
 import signal
 import sys
@@ -25,7 +24,9 @@ import threading
 import time
 import traceback
 
+from . import protocol
 from .job import Job
+from .protocol import FORMATION, formed_keys
 
 PR_SET_PDEATHSIG = 1
 
@@ -173,24 +174,14 @@ def _seed(seed: int = 0) -> None:
 def _context(job: Job, rank: int, world_size: int, local_rank: int, store) -> RankContext:
     """Rank ``rank``'s context: its folder, its trace file and the world's parameters (the only
     thing that differs between the CPU, GPU and multi-node tiers on the rank side)."""
-    return RankContext(rank, world_size, local_rank, os.path.join(job.dir, f"rank{rank}"),
-                       os.path.join(job.dir, f"rank{rank}.trace.jsonl"), store,
+    return RankContext(rank, world_size, local_rank, protocol.rank_dir(job.dir, rank),
+                       protocol.trace_file(job.dir, rank), store,
                        accelerator=job.accelerator or ("gpu" if job.backend == "nccl" else "cpu"),
                        num_nodes=int(job.num_nodes), world_kind=job.world_kind, run_dir=job.dir)
 
 
-# The stage of a job before the user's code runs: its process group is being formed.
-FORMATION = "formation"
-_FORMED = b"formed"
-
-
 class FormationError(RuntimeError):
     """A peer could not form the job's process group (its own error is in its result)."""
-
-
-def formed_keys(gen: int, n: int, world_size: int) -> list[str]:
-    """The store keys where each rank says whether it formed job ``n``'s process group."""
-    return [f"g{gen}/formed/{n}/{r}" for r in range(world_size)]
 
 
 def _form_group(job: Job, rank: int, world_size: int, store, gen: int) -> None:
@@ -206,28 +197,25 @@ def _form_group(job: Job, rank: int, world_size: int, store, gen: int) -> None:
     timeout = datetime.timedelta(seconds=job.pg_timeout_s)
     keys = formed_keys(gen, job.n, world_size)
     try:
-        dist.init_process_group(job.backend, store=dist.PrefixStore(f"g{gen}/pg/{job.n}", store), rank=rank,
-                                world_size=world_size, timeout=timeout)
+        dist.init_process_group(job.backend, store=dist.PrefixStore(protocol.group_prefix(gen, job.n), store),
+                                rank=rank, world_size=world_size, timeout=timeout)
     except BaseException as exc:
         with contextlib.suppress(Exception):
             store.set(keys[rank], f"{type(exc).__name__}: {exc}"[:500])
         raise
-    store.set(keys[rank], _FORMED)
+    store.set(keys[rank], protocol.FORMED)
     store.wait(keys, timeout)
-    failed = [r for r, key in enumerate(keys) if store.get(key) != _FORMED]
+    failed = [r for r, key in enumerate(keys) if store.get(key) != protocol.FORMED]
     if failed:
         raise FormationError(f"rank(s) {failed} could not form the process group")
 
 
-def run_job(job: Job, rank: int, world_size: int, local_rank: int, store, gen: int) -> dict:
+def run_job(job: Job, rank: int, world_size: int, local_rank: int, store, gen: int) -> protocol.RankResult:
     """Run ``job`` as rank ``rank`` in this process, in a fresh default process group built on
-    ``store`` (keys under ``g<gen>/pg/<n>``), isolated from the jobs before and after it.
+    ``store`` (keys under ``protocol.group_prefix``), isolated from the jobs before and after it.
 
-    Returns the rank's result dict (what :meth:`~.outcome.RankOutcome.from_wire` reads):
-    ``rank``, ``status`` ('ok', 'error' or 'skip'), ``value`` (what ``fn`` returned),
-    ``exc_type``, ``message`` and ``traceback`` when it raised, ``stage`` ('formation') when that was
-    before the job's code ran, ``duration_s``. Never raises for
-    what the job does; SystemExit from user code is reported like any exception.
+    Returns the rank's :class:`~.protocol.RankResult`. Never raises for what the job does;
+    SystemExit from user code is reported like any exception.
     """
     import torch
     import torch.distributed as dist
@@ -235,7 +223,7 @@ def run_job(job: Job, rank: int, world_size: int, local_rank: int, store, gen: i
     global _CURRENT
     ctx = _context(job, rank, world_size, local_rank, store)
     os.makedirs(ctx.job_dir, exist_ok=True)
-    result: dict = {"rank": rank, "status": "ok"}
+    result: protocol.RankResult = {"rank": rank, "status": "ok"}
     started = time.monotonic()
     with _isolated(ctx.run_dir):
         _seed(job.seed)
@@ -268,16 +256,6 @@ def run_job(job: Job, rank: int, world_size: int, local_rank: int, store, gen: i
     return result
 
 
-def result_payload(result: dict) -> bytes:
-    """``result`` pickled for the store; a value that cannot be pickled becomes an error."""
-    try:
-        return pickle.dumps(result)
-    except Exception as exc:
-        return pickle.dumps({"rank": result["rank"], "status": "error", "exc_type": "PicklingError",
-                             "message": f"the job's result could not be pickled: {exc}", "traceback": "",
-                             "trace": result.get("trace") or []})
-
-
 def _connect(gen: int, rank: int):
     """The supervisor's store, once this rank has paid the cold start (the imports) and said
     it is ready."""
@@ -288,30 +266,30 @@ def _connect(gen: int, rank: int):
         timeout=datetime.timedelta(days=7), wait_for_workers=False,
     )
     # The cold-start cost is paid here, once per rank process.
-    for name in os.environ.get("LTCONFORM_PRELOAD", "lightning.pytorch").split(","):
+    for name in os.environ.get(protocol.PRELOAD_ENV, "lightning.pytorch").split(","):
         if name:
             with contextlib.suppress(ImportError):
                 importlib.import_module(name)
-    store.set(f"g{gen}/ready/{rank}", str(os.getpid()))
+    store.set(protocol.ready_key(gen, rank), str(os.getpid()))
     return store
 
 
 def stack_path() -> str | None:
     """The faulthandler file the supervisor asks this rank to dump its stack into (SIGUSR1);
     None outside a rank process of a local world."""
-    workdir, gen = os.environ.get("LTCONFORM_WORLD_DIR"), os.environ.get("LTCONFORM_GENERATION")
+    workdir, gen = os.environ.get(protocol.WORLD_DIR_ENV), os.environ.get(protocol.GENERATION_ENV)
     rank = os.environ.get("RANK")
     if not (workdir and gen and rank):
         return None
-    return os.path.join(workdir, f"g{gen}-rank{rank}.stack")
+    return protocol.stack_file(workdir, int(gen), int(rank))
 
 
 def main() -> int:
     rank = int(os.environ["RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    gen = int(os.environ["LTCONFORM_GENERATION"])
-    _die_with_parent(int(os.environ["LTCONFORM_SUPERVISOR_PID"]))
+    gen = int(os.environ[protocol.GENERATION_ENV])
+    _die_with_parent(int(os.environ[protocol.SUPERVISOR_PID_ENV]))
     # torch's Flight Recorder (every collective, with its Python frames) is what finds a mismatch
     # no tap knows; a user's environment that switched it off would leave it blind. 1000 entries
     # (torch's default is 2000) reach back over several steps and halve the cost of a dump.
@@ -325,13 +303,13 @@ def main() -> int:
     store = _connect(gen, rank)
     n = 0
     while True:
-        job = Job.from_wire(store.get(f"g{gen}/job/{n}"))
+        job = Job.from_wire(store.get(protocol.job_key(gen, n)))
         if job is None:
             return 0
         result = run_job(job, rank, world_size, local_rank, store, gen)
         sys.stdout.flush()
         sys.stderr.flush()
-        store.set(f"g{gen}/result/{n}/{rank}", result_payload(result))
+        store.set(protocol.result_key(gen, n, rank), protocol.result_payload(result))
         n += 1
 
 

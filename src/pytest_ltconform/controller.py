@@ -1,0 +1,317 @@
+"""The plugin's per-session state and life cycle, kept in ``config.stash``: settings, validated
+targets, the world pool and the attached world, tier availability, one LtconformSession per
+target, SIGTERM handling. ``plugin.py``'s hooks delegate here; nothing heavy is imported until
+``--ltconform`` (or its ini twin, or an ``ltconform_*`` fixture) is in use."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+
+import pytest
+
+from . import progress
+from . import settings as settings_mod
+
+TARGETS_KEY = pytest.StashKey["object"]()  # target.Targets of the first target, once validated
+ALL_TARGETS_KEY = pytest.StashKey[dict]()  # target id -> target.Targets, every target in order
+SESSIONS_KEY = pytest.StashKey[dict]()  # target id -> session.LtconformSession, created on first use
+SETTINGS_KEY = pytest.StashKey["settings_mod.Settings"]()
+POOL_KEY = pytest.StashKey["object"]()
+ATTACHED_KEY = pytest.StashKey["object"]()
+AVAILABILITY_KEY = pytest.StashKey["object"]()
+ONLY_CONTRACTS_KEY = pytest.StashKey[bool]()
+SIGTERM_KEY = pytest.StashKey["SigtermAsInterrupt"]()
+HIDDEN_KEY = pytest.StashKey[dict]()
+UNSELECTED_KEY = pytest.StashKey[str]()  # why the project's own targets add no item to this run
+
+MARKERS = {
+    "ltconform": "a generated pytest-ltconform contract item",
+    "ltconform_cpu": "runs on CPU gloo ranks (every machine)",
+    "ltconform_gpu": "needs at least 2 CUDA devices and NCCL",
+    "ltconform_multinode": "needs an existing world that spans several nodes (torchrun, SLURM)",
+    "ltconform_deepspeed": "runs real DeepSpeed ZeRO (CPU gloo ranks, or CUDA on the GPU tier); needs deepspeed "
+                           "importable (pip install 'deepspeed>=0.16')",
+}
+
+
+def resolve_settings(config: pytest.Config):
+    """The session's settings (stashed), and the header line when the project's own targets are
+    not checked in this run."""
+    selected = _selects_project_contracts(config)
+    settings = settings_mod.resolve(config, project_targets=selected)
+    if not selected and config.args_source == pytest.Config.ArgsSource.ARGS and config.getini(settings_mod.INI_TARGET):
+        # Paths named, contract items not deselected: say so, or a CI job running `pytest tests/` reads as checked.
+        config.stash[UNSELECTED_KEY] = (
+            f"ltconform: the {settings_mod.INI_TARGET} targets are not checked in this run: it names test paths "
+            f"(run `pytest -m ltconform`, or pytest without paths, to check them)")
+    config.stash[SETTINGS_KEY] = settings
+    return settings
+
+
+def start(config: pytest.Config, settings) -> None:
+    """With ``--ltconform`` in use: check the machine's capacity, validate every target, attach to
+    a launched world, and decide whether the contract items run alone."""
+    from . import tiers
+
+    if tiers.detect_attached() is None:  # a launched world is the launcher's to size and to stop
+        if not hasattr(config, "workerinput"):
+            settings_mod.check_capacity(settings)  # before anything heavy is imported or started
+        stop_on_sigterm(config)
+    validated = _validate_targets(settings)
+    config.stash[ALL_TARGETS_KEY] = validated
+    config.stash[TARGETS_KEY] = next(iter(validated.values()))
+    _attach(config, settings)
+    # `pytest --ltconform X` with no test paths runs the contracts alone; with paths given, or
+    # with the target in the ini file, the contract items join the normal test run.
+    from_command_line = config.getoption(settings_mod.OPT_TARGET) not in (None, "")
+    config.stash[ONLY_CONTRACTS_KEY] = from_command_line and config.args_source != pytest.Config.ArgsSource.ARGS
+
+
+def _selects_project_contracts(config: pytest.Config) -> bool:
+    """Whether this run selects the contract items of targets the project declares (ini list,
+    ``pytest_ltconform_targets``): yes for a run that names no test path (``pytest``, ``pytest -k
+    ...``) or whose ``-m`` names an ltconform marker; never when ``-m`` deselects every contract
+    item. So ``pytest tests/test_x.py::test_y`` and ``pytest -m "not ltconform"`` cost what they
+    cost without the plugin: no torch or Lightning import, no target validated, no item added."""
+    from types import SimpleNamespace
+
+    from . import tiers
+    from .vocabulary import CPU_STRATEGIES, STRATEGIES
+
+    try:
+        markexpr = tiers.MarkExpression.parse(config.getoption("markexpr", ""))
+    except ValueError:
+        return True  # pytest reports a malformed -m itself
+    every_tier = tiers.variants(SimpleNamespace(strategies=STRATEGIES, tiers=None), STRATEGIES, CPU_STRATEGIES)
+    if not any(markexpr.matches({"ltconform", *variant.markers}) for variant in every_tier):
+        return False
+    return config.args_source != pytest.Config.ArgsSource.ARGS or any(markexpr.names(m) for m in MARKERS)
+
+
+def _validate_targets(settings) -> dict:
+    """Import and check every target (each one's own user modules forgotten before the next, so
+    two folders with a ``model.py`` each do not meet); ``{id: target.Targets}`` in order. Raises
+    ``pytest.UsageError`` naming the target (and which of the list) and the fix."""
+    from . import target as target_mod
+    from .tiers import quiet_deepspeed_detection
+
+    validated = {}
+    count = len(settings.targets)
+    for n, declared in enumerate(settings.targets, 1):
+        try:
+            # A user module that imports deepspeed would otherwise print its accelerator warning.
+            with target_mod.own_imports(), quiet_deepspeed_detection():
+                validated[declared.id] = target_mod.validate(**settings_mod.validate_args(settings, declared))
+        except target_mod.TargetError as exc:
+            which = f"target {n} of {count} ({declared.id}): " if count > 1 else ""
+            raise pytest.UsageError(f"{which}{exc}") from None
+    return validated
+
+
+def contracts_only(config: pytest.Config) -> bool:
+    """``pytest --ltconform X`` with no test paths: the contract items run alone."""
+    return config.stash.get(ONLY_CONTRACTS_KEY, False)
+
+
+def _attach(config: pytest.Config, settings) -> None:
+    """Inside a torchrun or SLURM world: spawn nothing, run the contracts in that world, and let
+    only rank 0 print (every rank reaches the same verdicts)."""
+    from . import tiers
+
+    info = tiers.detect_attached()
+    if info is None:
+        return
+    if config.getoption("numprocesses", None) or hasattr(config, "workerinput"):
+        raise pytest.UsageError(
+            f"pytest-ltconform: pytest is {info.describe()}; pytest-xdist workers (-n) cannot share one "
+            f"rank of that world. Drop -n: the launcher already runs one pytest per rank.")
+    from .world.attached import AttachedWorld
+
+    config.stash[ATTACHED_KEY] = AttachedWorld(info, pg_timeout_s=settings.pg_timeout_s)
+    if info.rank != 0:
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            config.pluginmanager.unregister(reporter)
+
+
+def attached_world(config: pytest.Config):
+    """The launched world pytest is a rank of (world.attached.AttachedWorld), or None."""
+    return config.stash.get(ATTACHED_KEY, None)
+
+
+def availability(config: pytest.Config):
+    avail = config.stash.get(AVAILABILITY_KEY, None)
+    if avail is None:
+        from .tiers import Availability
+
+        attached = attached_world(config)
+        avail = Availability(config.stash[SETTINGS_KEY].world_size, attached.info if attached else None,
+                             attached.num_nodes if attached else None)
+        config.stash[AVAILABILITY_KEY] = avail
+    elif avail.num_nodes is None and attached_world(config) is not None:
+        avail.num_nodes = attached_world(config).num_nodes  # agreed by every rank once collection finished
+    return avail
+
+
+def variants(config: pytest.Config):
+    """Every (contract id, contract, tiers.Variant) the session's strategies give, in item order."""
+    from . import contracts, tiers
+    from .vocabulary import CPU_STRATEGIES
+
+    strategies = config.stash[SETTINGS_KEY].strategies
+    for cid in contracts.ids():
+        contract = contracts.get_contract(cid)
+        for variant in tiers.variants(contract, strategies, CPU_STRATEGIES):
+            yield cid, contract, variant
+
+
+def hidden(config: pytest.Config) -> dict:
+    """{(contract id, variant label): (tier, reason)} of the items not created on this machine
+    (see tiers.hidden_reason); decided once per session."""
+    hidden = config.stash.get(HIDDEN_KEY, None)
+    if hidden is None:
+        from . import tiers
+
+        settings = config.stash[SETTINGS_KEY]
+        try:
+            markexpr = tiers.MarkExpression.parse(config.getoption("markexpr", ""))
+        except ValueError:
+            markexpr = None  # pytest reports a malformed -m itself
+        hidden = {}
+        with output_swallowed(config):  # importing deepspeed to check it prints a warning to stdout
+            for cid, _contract, variant in variants(config):
+                why = tiers.hidden_reason(variant, availability(config), settings.require, markexpr,
+                                          settings.strategies_named)
+                if why:
+                    hidden[(cid, variant.label)] = why
+        config.stash[HIDDEN_KEY] = hidden
+    return hidden
+
+
+@contextlib.contextmanager
+def output_swallowed(config: pytest.Config):
+    """Capture and drop what is printed meanwhile; used outside test phases only, where pytest's
+    global capture is suspended."""
+    capman = config.pluginmanager.get_plugin("capturemanager")
+    if capman is None or not capman.is_globally_capturing():
+        yield
+        return
+    capman.resume_global_capture()
+    try:
+        yield
+    finally:
+        capman.suspend_global_capture()
+        capman.read_global_capture()
+
+
+def applies(contract, strategy: str, targets) -> bool:
+    """Whether ``contract`` has an item under ``strategy`` for ``targets``: some strategies are
+    judged only where the target's Trainer config names them (``Contract.configured_only``)."""
+    return strategy not in contract.configured_only or targets.configures(strategy)
+
+
+def session_for(config: pytest.Config, target_id: str):
+    """The LtconformSession of one target, created on first use (so --collect-only starts
+    nothing). Every target's session shares the one pool (and attached world): the session pays
+    one cold start per world size, however many targets it checks."""
+    sessions = config.stash.setdefault(SESSIONS_KEY, {})
+    session = sessions.get(target_id)
+    if session is None:
+        from .session import LtconformSession
+
+        targets = config.stash[ALL_TARGETS_KEY][target_id]
+        session = LtconformSession(config.stash[SETTINGS_KEY], targets, pool=pool(config))
+        session.attached = attached_world(config)
+        several = len(config.stash[ALL_TARGETS_KEY]) > 1
+        session.progress = progress.progress_lines(config, target_id if several else None)
+        sessions[target_id] = session
+    return session
+
+
+def pool(config: pytest.Config):
+    pool = config.stash.get(POOL_KEY, None)
+    if pool is None:
+        from .world import WorldPool
+
+        pool = WorldPool(timeout_name="--ltconform-timeout")
+        config.stash[POOL_KEY] = pool
+        stop_on_sigterm(config)
+    return pool
+
+
+class SigtermAsInterrupt:
+    """SIGTERM (what CI runners send on cancel) ends the session as Ctrl-C does: the running item
+    stops, the report and summary are written for what finished, worlds are closed. Installed only
+    while this process owns worlds, and only over the default handler; a second SIGTERM, or one
+    that arrives once the session is finishing, gets the handler that was there before."""
+
+    def __init__(self):
+        self.previous = signal.getsignal(signal.SIGTERM)
+        self.finishing = False
+        signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        signal.signal(signal.SIGTERM, self.previous)
+        if self.finishing:
+            return  # the summary and clean-up are under way: let them end
+        pytest.exit("pytest-ltconform: SIGTERM received; stopped the ranks, reporting what finished",
+                    returncode=pytest.ExitCode.INTERRUPTED)
+
+    def uninstall(self) -> None:
+        if signal.getsignal(signal.SIGTERM) == self._handle:
+            signal.signal(signal.SIGTERM, self.previous)
+
+
+def stop_on_sigterm(config: pytest.Config) -> None:
+    if SIGTERM_KEY in config.stash or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+    try:
+        config.stash[SIGTERM_KEY] = SigtermAsInterrupt()
+    except ValueError:  # not the main thread: signals cannot be handled here
+        pass
+
+
+def finishing(session: pytest.Session, exitstatus) -> None:
+    """The session is finishing: a second SIGTERM now gets the previous handler; a quiet rank of a
+    launched world says in one line that it did not succeed."""
+    guard = session.config.stash.get(SIGTERM_KEY, None)
+    if guard is not None:
+        guard.finishing = True
+    attached = attached_world(session.config)
+    if attached is not None and attached.rank != 0 and exitstatus not in (0, pytest.ExitCode.NO_TESTS_COLLECTED):
+        # A quiet rank still says, in one line, that it did not succeed.
+        sys.stderr.write(f"pytest-ltconform: {attached.info.describe()} finished with exit status "
+                         f"{int(exitstatus)}; rank 0 prints the report for every rank.\n")
+
+
+def close(config: pytest.Config) -> None:
+    """Stop every world this process owns and put back the SIGTERM handler."""
+    pool = config.stash.get(POOL_KEY, None)
+    if pool is not None:
+        pool.close()
+    attached = attached_world(config)
+    if attached is not None:
+        attached.close()
+    guard = config.stash.get(SIGTERM_KEY, None)
+    if guard is not None:
+        guard.uninstall()
+
+
+def agree_collection(session: pytest.Session) -> None:
+    """In a launched world: check that every rank collected the same items (else exit with why)."""
+    attached = attached_world(session.config)
+    if attached is None:
+        return
+    from .world.attached import CollectionMismatch, host_facts
+
+    facts = {**host_facts(attached.info.node_rank), "errors": session.testsfailed}
+    timeout = max(300.0, session.config.stash[SETTINGS_KEY].timeout_s)
+    try:
+        attached.agree_collection([item.nodeid for item in session.items], facts, timeout_s=timeout)
+    except CollectionMismatch as exc:
+        message = f"pytest-ltconform: {exc}"
+        if session.config.pluginmanager.get_plugin("terminalreporter") is None:
+            sys.stderr.write(f"{attached.info.describe()}: {message}\n")  # a quiet rank says it too
+        pytest.exit(message, returncode=pytest.ExitCode.USAGE_ERROR)

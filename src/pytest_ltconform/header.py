@@ -1,0 +1,60 @@
+"""The lines ``pytest_report_header`` adds: targets the run leaves unchecked, the launched world
+pytest is a rank of, tiers that cannot run here, and the user's Trainer kwargs the runs replace."""
+
+from __future__ import annotations
+
+import pytest
+
+from . import controller
+
+
+def header_lines(config: pytest.Config) -> list[str] | None:
+    """What ``pytest_report_header`` prints for ltconform; None when there is nothing to say."""
+    lines = [config.stash[controller.UNSELECTED_KEY]] if controller.UNSELECTED_KEY in config.stash else []
+    attached = controller.attached_world(config)
+    if attached is not None:
+        lines.append(f"ltconform: pytest is {attached.info.describe()} (Lightning {attached.info.environment}); "
+                     f"contract runs happen in that world and this rank reports every rank's verdicts")
+    if config.stash.get(controller.TARGETS_KEY, None) is not None:
+        from . import tiers
+
+        reasons = dict(controller.hidden(config).values())  # {tier: reason}: one line per tier, in item order
+        lines += [tiers.not_run_line(tier, reason) for tier, reason in reasons.items()]
+        lines += overridden_line(config)
+    return lines or None
+
+
+def overridden_line(config: pytest.Config) -> list[str]:
+    """The header lines naming the user's Trainer kwargs that conformance runs replace (once,
+    instead of in every item; per target, named, when there are several); none when nothing is
+    replaced."""
+    every = config.stash[controller.ALL_TARGETS_KEY]
+    lines = []
+    for tid, targets in every.items():
+        said = _overridden(config, targets)
+        if said:
+            named = f"{tid}: " if len(every) > 1 else ""
+            lines.append(f"ltconform: {named}your Trainer kwargs: {', '.join(said)}")
+    return lines
+
+
+def _overridden(config: pytest.Config, targets) -> list[str]:
+    """What conformance runs replace of one target's Trainer kwargs."""
+    if targets.trainer is None and targets.trainer_dict is None:
+        return []
+    from . import harness
+    from . import target as target_mod
+
+    try:
+        user = target_mod.user_trainer_kwargs(targets)
+    except target_mod.TargetError:
+        return []  # validated at start-up; a factory that fails only now is the items' to report
+    settings, attached = config.stash[controller.SETTINGS_KEY], controller.attached_world(config)
+    avail = controller.availability(config)
+    strategies = tuple(s for s in settings.strategies if s != "deepspeed" or not avail.missing(s))
+    if attached is not None:
+        said = harness.overridden(user, attached.world_size, accelerator=attached.accelerator, num_nodes=None,
+                                  strategies=strategies)
+    else:
+        said = harness.overridden(user, settings.world_size, strategies=strategies)
+    return said

@@ -1,0 +1,145 @@
+"""The protocol between a world's supervisor and its ranks, spelled once: store keys, file names,
+the stop message, the environment a rank is started with, and the shape of a rank's result.
+
+A local world (``local.py``) and its rank processes (``rank.py``) meet in a ``TCPStore`` under
+keys of one generation of ranks (``g<gen>/...``); an attached world (``attached.py``) uses the
+same job runner and result shape over the launcher's store, under its own prefix. Pure Python,
+no torch: both sides import it.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from typing import Any, TypedDict
+
+# -- local worlds: the supervisor's store, one generation of ranks at a time -------------------------
+
+
+def ready_key(gen: int, rank: int) -> str:
+    """Where a rank says it paid its cold start (its pid) and waits for jobs."""
+    return f"g{gen}/ready/{rank}"
+
+
+def job_key(gen: int, n: int) -> str:
+    """Where the supervisor posts job ``n`` of generation ``gen`` (or :data:`STOP`)."""
+    return f"g{gen}/job/{n}"
+
+
+def result_key(gen: int, n: int, rank: int) -> str:
+    """Where a rank posts its result of job ``n`` (see :func:`result_payload`)."""
+    return f"g{gen}/result/{n}/{rank}"
+
+
+def group_prefix(gen: int, n: int) -> str:
+    """The store prefix of job ``n``'s default process group."""
+    return f"g{gen}/pg/{n}"
+
+
+def formed_keys(gen: int, n: int, world_size: int) -> list[str]:
+    """The store keys where each rank says whether it formed job ``n``'s process group."""
+    return [f"g{gen}/formed/{n}/{r}" for r in range(world_size)]
+
+
+# What a rank posts under its formed key once it has the job's group (else its error, as text).
+FORMED = b"formed"
+
+# The supervisor's "stop" message, posted as the next job: an idle rank exits at once.
+STOP = pickle.dumps(None)
+
+# -- attached worlds: the launcher's store, under PREFIX --------------------------------------------
+
+PREFIX = "ltconform/"
+
+
+def attached_result_key(n: int, rank: int) -> str:
+    return f"result/{n}/{rank}"
+
+
+def final_key(n: int) -> str:
+    """Where rank 0 of an attached world publishes job ``n``'s assembled result."""
+    return f"final/{n}"
+
+
+def left_key(rank: int) -> str:
+    """Where a rank of an attached world says it has finished with the store."""
+    return f"left/{rank}"
+
+
+# -- files: a world's folder and a job's folder -----------------------------------------------------
+
+
+def trace_file(job_dir: str, rank: int) -> str:
+    """The JSON-lines trace rank ``rank`` records in a job's folder."""
+    return os.path.join(job_dir, f"rank{rank}.trace.jsonl")
+
+
+def rank_dir(job_dir: str, rank: int) -> str:
+    """Rank ``rank``'s own folder inside a job's folder."""
+    return os.path.join(job_dir, f"rank{rank}")
+
+
+def log_file(root: str, gen: int, rank: int) -> str:
+    """A local rank process's stdout and stderr, in its world's folder."""
+    return os.path.join(root, f"g{gen}-rank{rank}.log")
+
+
+def stack_file(root: str, gen: int, rank: int) -> str:
+    """Where a local rank's faulthandler writes its stack (a crash, or SIGUSR1 from the supervisor)."""
+    return os.path.join(root, f"g{gen}-rank{rank}.stack")
+
+
+# -- the environment of a rank process --------------------------------------------------------------
+
+GENERATION_ENV = "LTCONFORM_GENERATION"
+WORLD_DIR_ENV = "LTCONFORM_WORLD_DIR"
+SUPERVISOR_PID_ENV = "LTCONFORM_SUPERVISOR_PID"
+PRELOAD_ENV = "LTCONFORM_PRELOAD"
+
+# Inherited variables that would make Lightning think it runs under a cluster launcher.
+FOREIGN_ENV_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "TORCHELASTIC_", "GROUP_", "ROLE_", "LSB_",
+                        "JSM_", "KUBEFLOW_")
+FOREIGN_ENV = ("LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID", "NODE_RANK", "GROUP_WORLD_SIZE")
+
+
+def without_launcher_env(environ: dict) -> dict:
+    """``environ`` less what a cluster launcher set (see :data:`FOREIGN_ENV_PREFIXES`)."""
+    return {k: v for k, v in environ.items() if not k.startswith(FOREIGN_ENV_PREFIXES) and k not in FOREIGN_ENV}
+
+
+# -- a rank's result of one job ---------------------------------------------------------------------
+
+# The stage of a job before the user's code runs: its process group is being formed.
+FORMATION = "formation"
+
+
+class RankResult(TypedDict, total=False):
+    """What a rank posts for one job (``rank.run_job`` makes it, ``RankOutcome.from_wire`` reads
+    it): ``status`` 'ok', 'error' or 'skip'; ``value`` what the job function returned;
+    ``exc_type``, ``message``, ``traceback`` when it raised; ``stage`` :data:`FORMATION` when that
+    was before the job's code ran; ``trace`` the rank's events, sent along by attached ranks only."""
+
+    rank: int
+    status: str
+    value: Any
+    exc_type: str
+    message: str
+    traceback: str
+    stage: str
+    duration_s: float
+    trace: list
+
+
+def result_payload(result: RankResult) -> bytes:
+    """``result`` pickled for the store; a value that cannot be pickled becomes an error."""
+    try:
+        return pickle.dumps(result)
+    except Exception as exc:
+        return pickle.dumps({"rank": result["rank"], "status": "error", "exc_type": "PicklingError",
+                             "message": f"the job's result could not be pickled: {exc}", "traceback": "",
+                             "trace": result.get("trace") or []})
+
+
+def read_result(raw: bytes) -> RankResult:
+    """The result a rank posted with :func:`result_payload`."""
+    return pickle.loads(raw)
