@@ -159,3 +159,17 @@ def test_a_stop_inside_validation_or_its_sanity_check_is_told_from_one_in_traini
     val_end = {"ev": "hook", "i": 3, "name": "[LightningModule]Model.on_validation_epoch_end", "epoch": 1,
                "step": 8, "sanity": False}
     assert stopped(sanity, closed, train, {"ev": "hook_exit", "i": 2}, val_end)
+
+
+def test_the_run_item_of_a_finished_run_says_what_ran(fake_runs):
+    # A pass that records a run says what the run did, not only that it finished.
+    from pytest_ltconform.session import _what_ran
+
+    def step(epoch):
+        return {"ev": "hook", "name": "[LightningModule]M.training_step", "epoch": epoch, "step": 0}
+
+    trace = [{"ev": "stage", "name": "fit"}, step(0), step(0), step(1), step(1), {"ev": "stage", "name": "test"},
+             {"ev": "stage", "name": "predict"}, {"ev": "stage_error", "name": "predict", "exc_type": "KeyError"}]
+    run = fake_runs.of([fake_runs.rank(0, trace=trace), fake_runs.rank(1, trace=trace)])
+    assert _what_ran(run) == ("the run finished on 2 ranks: fit (4 training step(s) over 2 epoch(s) on rank 0), "
+                              "then test, predict (it raised KeyError)")

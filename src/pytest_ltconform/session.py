@@ -81,10 +81,12 @@ class LtconformSession:
         if run.job.status == "skip":
             return "skipped", next((r.message for r in run.job.ranks if r.message), "skipped inside the ranks")
         if run.finished:
-            return "passed", "the run finished."
+            return "passed", f"{_what_ran(run)}. This item records the run; the contract items judge it."
         owner = contracts.blamed(run)
         if owner is not None:
-            return "passed", f"the run stopped because of the {owner}[{strategy}] failure (see that item)."
+            # The stop is a contract's finding: its item fails, once; this record does not fail again.
+            return "passed", (f"the run stopped because of the {owner}[{strategy}] failure (see that item); this item "
+                              f"only records the run.")
         configured = any(e.get("configured") for e in run.events(0, "strategy"))
         skipped = _not_a_sharded_module(contract, run) if strategy in SHARDED_STRATEGIES and not configured else None
         if skipped is not None:  # the same words as the contract items judged on this run
@@ -408,3 +410,26 @@ def _after_own_failure(contract, run: Run) -> Verdict:
 
 def _short_site(site: dict) -> str:
     return f"{site['file']}:{site['line']}"
+
+
+def _what_ran(run) -> str:
+    """What a finished run did, from rank 0's trace: ``the run finished on 2 ranks: fit (8 training
+    step(s) over 2 epoch(s) on rank 0), then test``; a later stage that raised is named with its
+    exception type."""
+    trace = run.job.ranks[0].trace if run.job.ranks else []
+    stepped = [e for e in trace if e.get("ev") == "hook" and str(e.get("name", "")).endswith(".training_step")]
+    stages = []
+    for e in trace:
+        if e.get("ev") == "stage" and e.get("name") not in stages:
+            stages.append(e["name"])
+    errors = {e.get("name"): e.get("exc_type") for e in trace if e.get("ev") == "stage_error"}
+    if stepped:
+        epochs = len({e.get("epoch") for e in stepped})
+        fit = f"fit ({len(stepped)} training step(s) over {epochs} epoch(s) on rank 0)"
+    else:
+        fit = "fit"
+    words = [fit if name == "fit" else name + (f" (it raised {errors[name]})" if name in errors else "")
+             for name in stages] or [fit]
+    text = words[0] + (", then " + ", ".join(words[1:]) if len(words) > 1 else "")
+    return f"the run finished on {len(run.job.ranks)} ranks: {text}"
+
