@@ -397,3 +397,11 @@ def test_a_loader_of_its_own_is_not_judged_naming_its_type_line_and_what_to_do(f
                          "over DictDataset (no dataset indices to read).")
     assert any("DictLoader (built at /pkg/datamodule.py:168 (DictModule.val_dataloader)) is not a torch DataLoader, "
                "so Lightning injects no DistributedSampler into it" in n for n in v.notes)
+
+
+def test_a_target_without_evaluation_loaders_is_not_judged(fake_runs):
+    # Nothing was evaluated, so nothing was compared: a pass here would be a pass that judged nothing.
+    v = judge(fake_runs.run(values=_values([{}, {}], driver=()), kind="eval"))
+    assert v.outcome == "skipped", v.render()
+    assert v.summary == ("not judged: the target has no validation, test or predict dataloader, so no evaluation "
+                         "ran to count samples in.")

@@ -103,7 +103,9 @@ class EvalDuplication(Contract):
         limited = data[0].get("limited")
         stages = [s for s in data[0].get("driver", []) if s in data[0]["stages"]]
         if not stages:
-            return self.verdict("passed", "the target has no validation, test or predict dataloader to check.")
+            # Nothing was evaluated, so nothing was compared: not a pass.
+            return self.verdict("skipped", "not judged: the target has no validation, test or predict dataloader, so "
+                                           "no evaluation ran to count samples in.")
         found = Findings()
         ref = _reference(run, found.notes)
         if limited:
