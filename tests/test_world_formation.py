@@ -159,3 +159,21 @@ def test_an_item_whose_world_never_forms_says_so_not_that_the_code_stopped(pytes
     out = result.stdout.str()
     assert "could not start a world: the process group of a world of 2 gloo ranks did not form" in out, out[-3000:]
     assert "ltconform-no-such-if" in out and "stopped in your code" not in out, out[-3000:]
+
+
+def test_the_world_fixture_says_when_its_world_never_forms(pytester, monkeypatch, no_leftover_ranks):
+    # A test using ltconform_world fails with one line naming the world, not the plugin's traceback.
+    pytester.makepyfile(test_fixture_world='''
+def rank_of(ctx):
+    return ctx.rank
+
+
+def test_ranks(ltconform_world):
+    ltconform_world(2).run(rank_of)
+''')
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "ltconform-no-such-if")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "ltconform_world.run(test_fixture_world:rank_of): could not start a 2-rank world: " in out, out[-3000:]
+    assert "did not form, in two fresh worlds" in out and "Traceback" not in out, out[-3000:]

@@ -29,10 +29,14 @@ class WorldHandle:
         if not isinstance(fn, str) and "<locals>" in fn.__qualname__:
             raise pytest.UsageError(f"ltconform_world.run: {fn.__qualname__} is a local function; ranks import "
                                     f"the function by name, so define it at module level.")
-        from .world import JobRequest
+        from .world import JobRequest, WorldStartError
 
         limit, name = (timeout_s, "timeout_s") if timeout_s else (self.timeout_s, self.timeout_name)
-        result = self._world.run(JobRequest(ref, args, timeout_s=limit, timeout_name=name))
+        try:
+            result = self._world.run(JobRequest(ref, args, timeout_s=limit, timeout_name=name))
+        except WorldStartError as exc:  # the machine's, not the test's code: one line, no plugin traceback
+            pytest.fail(f"ltconform_world.run({ref}): could not start a {self.world_size}-rank world: {exc}",
+                        pytrace=False)
         if result.status == "skip":
             pytest.skip(result.ranks[0].message or "skipped inside the ranks")
         if result.status != "ok":
