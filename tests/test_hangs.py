@@ -4,6 +4,7 @@ the same code are not started (session.py, ``_hung_before``), and a failed rank'
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -56,8 +57,15 @@ def test_one_hung_rank_costs_one_timeout_not_one_per_item(pytester, no_leftover_
     result = pytester.runpytest_subprocess(
         "--ltconform", "sleepy.Model", "--ltconform-strategies", "ddp,fsdp", "--ltconform-timeout", "10",
         "-m", "ltconform_cpu", "-k", "all-rank-save or sync-dist or eval-duplication or effective-batch",
-        "-p", "no:cacheprovider", "-rA")
+        "-p", "no:cacheprovider", "-rA", "--ltconform-report", "hang.json")
     out = result.stdout.str()
+    # The report and the summary table say what pytest says: the run item FAILED (it is not "not judged").
+    records = json.loads((pytester.path / "hang.json").read_text())["results"]
+    assert [r["outcome"] for r in records if r.get("run") and r["strategy"] == "ddp"] == ["failed"], records
+    assert re.search(r"^fit +failed", out, re.M) and " not judged " not in out.split("ltconform summary")[1], \
+        out[-4000:]
+    assert re.search(r"failed \(each block is in FAILURES above\) \S*\nfit\[ddp\]: the run did not finish", out), \
+        out[-4000:]
     # The fit[ddp] run item leads with the hang; all-rank-save[ddp] and sync-dist[ddp] share that fit and are
     # not judged; 5 items are never started (eval-duplication[ddp] and effective-batch[ddp] make runs of their
     # own, and the fit[fsdp] run item with the two [fsdp] contract items).

@@ -131,14 +131,18 @@ class LtconformRunItem(pytest.Item):
 
         started = time.monotonic()
         session = controller.session_for(self.config, self.target_id)
+        no_world = False
         try:
             outcome, text = session.run_failure(self.contract_id, self.variant.strategy, self.variant.tier, self.name)
         except WorldStartError as exc:
-            outcome, text = "error", f"[{self.name}] could not start a world: {exc}"
+            outcome, text, no_world = "error", f"[{self.name}] could not start a world: {exc}", True
         summary = text.splitlines()[0].removeprefix(f"[{self.name}] ")
+        # The report says what pytest says: a run the user's code stopped FAILED; a world that never
+        # started is recorded as an error (not judged: the machine's, not the user's).
+        recorded = "failed" if outcome == "error" and not no_world else outcome
         # Its record carries the run's time (the contract items after it only judge).
         rec = report.record(self.kind, self.variant.label, self.config.stash[controller.SETTINGS_KEY].world_size,
-                            {"outcome": outcome, "message": text, "summary": summary,
+                            {"outcome": recorded, "message": text, "summary": summary,
                              "category": "crash" if outcome == "error" else None},
                             time.monotonic() - started, target=self.target_id)
         self.user_properties.append((report.PROPERTY, json.dumps({**rec, "run": True})))
