@@ -347,3 +347,19 @@ def test_norms_within_tolerance_but_gradients_apart_are_not_judged_not_passed(fa
     assert verdict.summary.startswith("not judged: the world's and the 1-rank gradients differ beyond rounding "
                                       "(relative difference 0.8 > 0.001) but not by a factor")
     assert _judge(fake_runs, [_info(), _info()], {**_REF, "rel_diff": 2e-6}).outcome == "passed"
+
+
+def test_no_dropout_also_switches_off_attention_dropout():
+    """field26 replay SasRec: nn.MultiheadAttention(dropout=0.2) drew inside the step, so the item was not judged."""
+    import torch
+
+    from pytest_ltconform.contracts.effective_batch.probe import _no_dropout
+
+    net = torch.nn.ModuleDict({"att": torch.nn.MultiheadAttention(8, 2, dropout=0.2), "drop": torch.nn.Dropout(0.1)})
+    assert _no_dropout(net) == 2
+    assert net["att"].dropout == 0.0 and net["drop"].p == 0.0
+    x = torch.randn(3, 2, 8)
+    torch.manual_seed(1)
+    first = net["att"](x, x, x)[0]
+    torch.manual_seed(2)
+    assert torch.equal(first, net["att"](x, x, x)[0])

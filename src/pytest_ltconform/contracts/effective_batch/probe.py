@@ -57,6 +57,9 @@ def _no_dropout(module) -> int:
         if isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0:
             m.p = 0.0
             count += 1
+        elif isinstance(m, torch.nn.MultiheadAttention) and m.dropout > 0:
+            m.dropout = 0.0  # attention dropout is a float inside the module, not a Dropout child
+            count += 1
     return count
 
 
