@@ -256,3 +256,110 @@ def test_a_collated_graph_batch_counts_molecules_not_atom_rows_in_a_real_world(p
     assert result["outcome"] == "passed", result["message"]
     assert "Effective batch 8 = 4 (per rank) x 2 (ranks) x 1 (accumulation)" in result["message"]
     assert "x batch 4 vs" in result["message"] and "same 8 samples and weights" in result["message"]
+
+
+def test_batchnorm_without_running_statistics_is_not_judged(fake_runs):
+    coupled = _info(batch_coupled=["BatchNorm1d(track_running_stats=False)"])
+    verdict = _judge(fake_runs, [coupled, coupled], {**_REF, "world_norm": 1.0})
+    assert verdict.outcome == "skipped"
+    assert verdict.summary.startswith("not judged: BatchNorm1d(track_running_stats=False) normalises each sample by "
+                                      "the statistics of its own batch even in eval mode")
+
+
+def test_frozen_batch_statistics_and_a_raise_after_the_reference_step_are_noted(fake_runs):
+    info = _info(batch_stats_off=["BatchNorm1d"], batch_stats_n=2)
+    ref = {**_REF, "after_step": "MisconfigurationException: ModelCheckpoint(monitor='recall@10') could not find"}
+    verdict = _judge(fake_runs, [info, info], ref)
+    assert verdict.outcome == "passed"
+    assert any(n.startswith("2 batch-statistics layer(s) (BatchNorm1d) ran in eval mode") for n in verdict.notes)
+    assert any("reference run raised after its step (MisconfigurationException" in n for n in verdict.notes)
+
+
+def test_a_reference_that_took_no_step_is_named_the_plugins_run_not_the_batch(fake_runs):
+    run = fake_runs.run(values=[{"ebatch": _info()}] * 2)
+    run.reference = None
+    verdict = get_contract("effective-batch").judge(run)
+    assert verdict.outcome == "skipped"
+    assert "the plugin's one-rank reference run took no step" in verdict.summary
+    assert "a failure of the plugin's own run, not a finding" in verdict.summary
+
+
+def test_batch_stats_off_freezes_batchnorm_but_not_syncbatchnorm():
+    import torch
+
+    from pytest_ltconform.contracts.effective_batch.probe import batch_stats_off
+
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.SyncBatchNorm(4),
+                              torch.nn.BatchNorm1d(4, track_running_stats=False), torch.nn.InstanceNorm1d(4))
+    frozen, coupled = batch_stats_off(net)
+    assert frozen == ["BatchNorm1d"] and coupled == ["BatchNorm1d(track_running_stats=False)"]
+    assert not net[1].training and net[2].training and net[0].training
+
+
+def _run_conformance_case(pytester, name: str):
+    import json
+
+    from conftest import CONFORMANCE
+
+    source = (CONFORMANCE / "effective-batch" / name).read_text()
+    pytester.makepyfile(case_under_test=source)
+    args = ["--ltconform", "case_under_test.py:Model", "--ltconform-datamodule", "case_under_test.py:DataModule"]
+    if "def trainer_kwargs" in source:
+        args += ["--ltconform-trainer", "case_under_test.py:trainer_kwargs"]
+    pytester.runpytest_subprocess("-p", "no:cacheprovider", *args, "--ltconform-report", "out.json",
+                                  "-k", "effective-batch[ and not gpu and not multinode")
+    doc = json.loads((pytester.path / "out.json").read_text())
+    (result,) = [r for r in doc["results"] if r["contract"] == "effective-batch"]
+    return result
+
+
+@pytest.mark.slow
+def test_a_module_that_changes_its_batch_in_place_is_judged_on_copies(pytester, no_leftover_ranks):
+    result = _run_conformance_case(pytester, "ok_batch_changed_in_place_by_forward.py")
+    assert result["outcome"] == "passed", result["message"]
+    assert "ratio 1, cosine 1.0000" in result["message"]
+
+
+@pytest.mark.slow
+def test_batchnorm_with_a_mean_loss_passes_with_the_layers_in_eval_mode(pytester, no_leftover_ranks):
+    result = _run_conformance_case(pytester, "ok_batchnorm_mean_loss.py")
+    assert result["outcome"] == "passed", result["message"]
+    assert "ratio 1, cosine 1.0000" in result["message"]
+
+
+@pytest.mark.slow
+def test_batchnorm_with_a_sum_loss_still_fails_by_the_world_size(pytester, no_leftover_ranks):
+    result = _run_conformance_case(pytester, "batchnorm_sum_loss_under_ddp_average.py")
+    assert result["outcome"] == "failed", result["message"]
+    assert "(ratio 0.5, cosine 1.0000): the gradient shrinks by the world size (2)" in result["message"]
+
+
+@pytest.mark.slow
+def test_a_metric_logged_at_the_last_validation_batch_does_not_fail_the_reference(pytester, no_leftover_ranks):
+    result = _run_conformance_case(pytester, "ok_metric_logged_at_last_validation_batch.py")
+    assert result["outcome"] == "passed", result["message"]
+
+
+def test_norms_within_tolerance_but_gradients_apart_are_not_judged_not_passed(fake_runs):
+    """field26 item 5: ts3l's 1st phase passed at ratio 0.957 with the gradients pointing elsewhere."""
+    verdict = _judge(fake_runs, [_info(), _info()], {**_REF, "world_norm": 1.914, "cosine": 0.65, "rel_diff": 0.8})
+    assert verdict.outcome == "skipped"
+    assert verdict.summary.startswith("not judged: the world's and the 1-rank gradients differ beyond rounding "
+                                      "(relative difference 0.8 > 0.001) but not by a factor")
+    assert _judge(fake_runs, [_info(), _info()], {**_REF, "rel_diff": 2e-6}).outcome == "passed"
+
+
+def test_no_dropout_also_switches_off_attention_dropout():
+    """field26 replay SasRec: nn.MultiheadAttention(dropout=0.2) drew inside the step, so the item was not judged."""
+    import torch
+
+    from pytest_ltconform.contracts.effective_batch.probe import _no_dropout
+
+    net = torch.nn.ModuleDict({"att": torch.nn.MultiheadAttention(8, 2, dropout=0.2), "drop": torch.nn.Dropout(0.1)})
+    assert _no_dropout(net) == 2
+    assert net["att"].dropout == 0.0 and net["drop"].p == 0.0
+    x = torch.randn(3, 2, 8)
+    torch.manual_seed(1)
+    first = net["att"](x, x, x)[0]
+    torch.manual_seed(2)
+    assert torch.equal(first, net["att"](x, x, x)[0])

@@ -18,7 +18,10 @@ holds the same gradient at the step (DDP averaged it), (b) the reference step is
 weights and samples (two RNG seeds give the same gradient), (c) the merged batch can be built
 (through the user's dataset and collate_fn, else field by field for plain tensors). The effective
 batch, a partial final window and an uneven last batch are reported (informational: they pass).
-Dropout modules are switched off in both runs so that only the reduction is compared.
+Dropout modules are switched off and batch-statistics layers (BatchNorm*, not SyncBatchNorm) run in
+eval mode in both runs, so that only the reduction is compared; a BatchNorm without running statistics
+keeps coupling the samples of a batch, which is a premise that does not hold. The reference run
+validates as the user's Trainer would (no plugin bound), and a raise after its step does not undo it.
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ from ..base import Contract, Evidence, Run, Verdict
 from .probe import EffectiveBatchProbe
 
 TOLERANCE = 0.10  # relative gap between the two gradient norms that fails
+# A mean-reduced loss gives the same gradient both ways up to float32 rounding (~1e-6); a pass needs
+# the gradients to agree, not only their norms (a norm within TOLERANCE may point elsewhere).
+AGREE = 1e-3
 SAME_GRAD = 1e-4  # relative gap between ranks' gradient norms that says DDP did not average them
 REPEAT = 1e-5     # relative gap between two reference steps (two RNG seeds) that says the step draws
 SCALE = 1e-6      # relative tolerance on a manual loss's constant factor (1 or 1/N)
@@ -121,18 +127,25 @@ class EffectiveBatch(Contract):
         if not ref or not ref.get("stepped") or ref.get("norm") is None:
             # A premise too: the merged batch must be one the module accepts (a model built for a
             # fixed number of series or a fixed width refuses a batch of world x local samples).
-            return self.verdict("skipped", f"not judged: the one-rank reference step on the merged batch could "
-                                           f"not be made ({_reference_failure(ref_run)}). {report}", notes=notes)
+            return self.verdict("skipped", f"not judged: the plugin's one-rank reference run took no step on the "
+                                           f"ranks' samples merged into one batch ({_reference_failure(ref_run)}); "
+                                           f"a failure of the plugin's own run, not a finding. {report}", notes=notes)
         if ref.get("merged_by") == "concat" and info.get("merge_note"):
             notes.append(f"the ranks' batches were concatenated field by field for the 1-rank step: "
                          f"{info['merge_note']}.")
         if info.get("dropout_off"):
             notes.append(f"{info['dropout_off']} dropout module(s) were switched off in both runs for the comparison.")
+        notes.extend(_plugin_run_notes(info, ref))
         return self._world_size(info, infos, ref, world, local, report, notes)
 
     @staticmethod
     def _premise(infos: list, ref: dict | None) -> str | None:
         """The premise of a fair comparison that does not hold, in one line; None when all hold."""
+        coupled = (infos[0] or {}).get("batch_coupled")
+        if coupled:
+            return (f"{', '.join(coupled)} normalises each sample by the statistics of its own batch even in eval "
+                    f"mode, so a sample's output depends on the other samples of its batch and 2 ranks x b and 1 rank "
+                    f"x {len(infos)}b compute different functions; their gradients cannot be compared")
         spread = unaveraged(infos)
         if spread:
             return (f"the ranks hold different gradients at the first optimizer step ({spread}), so DDP did not "
@@ -161,9 +174,17 @@ class EffectiveBatch(Contract):
         measured = (f"first-step gradient norm {n_world:.4g} on {batches}, same {samples or 'samples'} and weights "
                     f"(ratio {ratio:.3g}" + (f", cosine {cos:.4f}" if cos is not None else "") + ")")
         if cos is not None and cos < 0.99:
-            notes.append(f"the gradient direction differs too (cosine {cos:.3f}): batch statistics (BatchNorm without "
-                         f"SyncBatchNorm) or per-rank weighting make the step depend on how samples are split.")
+            notes.append(f"the gradient direction differs too (cosine {cos:.3f}): a loss or layer that couples the "
+                         f"samples of a batch (a contrastive loss, batch statistics) or per-rank weighting make the "
+                         f"step depend on how samples are split.")
         if abs(ratio - 1.0) <= TOLERANCE:
+            gap = _disagreement(ref, cos)
+            if gap:
+                return self.verdict("skipped", f"not judged: the world's and the 1-rank gradients differ beyond "
+                                    f"rounding ({gap}) but not by a factor ({measured}): a loss or layer that couples "
+                                    f"the samples of a batch (a contrastive loss over in-batch negatives) or a per-rank"
+                                    f" normalisation by nearly equal counts would both do this, and one step cannot "
+                                    f"tell them apart. {report}", notes=notes)
             manual = self._manual_window(info, world, samples, report, notes)
             return manual or self.verdict("passed", f"{report} The {measured}: world-size invariant.", notes=notes)
         lines = info.get("loss_lines") or []
@@ -289,6 +310,29 @@ def _samples(infos: list) -> str | None:
     if distinct and distinct < total:
         return f"{total} samples ({distinct} distinct: ranks drew the same samples)"
     return f"{total} samples"
+
+
+def _disagreement(ref: dict, cos: float | None) -> str | None:
+    """How the two gradients differ beyond float rounding, or None when they agree."""
+    rel = ref.get("rel_diff")
+    if rel is not None:
+        return f"relative difference {rel:.2g} > {AGREE:g}" if rel > AGREE else None
+    return f"cosine {cos:.4f}" if cos is not None and cos < 1 - AGREE else None
+
+
+def _plugin_run_notes(info: dict, ref: dict) -> list[str]:
+    """What the plugin's own step runs did differently from the user's training, in notes."""
+    notes = []
+    if info.get("batch_stats_off"):
+        count = f"{info['batch_stats_n']} " if info.get("batch_stats_n") else ""
+        notes.append(f"{count}batch-statistics layer(s) ({', '.join(info['batch_stats_off'])}) ran in eval mode "
+                     f"(running statistics) in both runs: in training mode they normalise by each rank's own batch, "
+                     f"which differs between world x b and 1 x world*b whatever the loss; the user's training is "
+                     f"unchanged.")
+    if ref.get("after_step"):
+        notes.append(f"the plugin's one-rank reference run raised after its step ({ref['after_step']}); the step's "
+                     f"gradient was taken before, so the comparison stands.")
+    return notes
 
 
 def _reference_failure(ref_run) -> str:

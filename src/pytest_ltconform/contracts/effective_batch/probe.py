@@ -14,6 +14,7 @@ Imported only in ranks.
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import re
@@ -56,7 +57,31 @@ def _no_dropout(module) -> int:
         if isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0:
             m.p = 0.0
             count += 1
+        elif isinstance(m, torch.nn.MultiheadAttention) and m.dropout > 0:
+            m.dropout = 0.0  # attention dropout is a float inside the module, not a Dropout child
+            count += 1
     return count
+
+
+def batch_stats_off(module) -> tuple[list[str], list[str]]:
+    """Put every layer that normalises by the statistics of the batch it is given (BatchNorm*,
+    not SyncBatchNorm) in eval mode. Returns ``(frozen, still_coupled)`` class names; still
+    coupled: no running statistics (track_running_stats=False), so eval mode keeps the batch's.
+    In training mode a sample's output depends on the other samples of its batch, so 2 ranks x b
+    and 1 rank x 2b compute different functions and their gradients cannot be compared (seed
+    "Choose using measured memory"); both runs freeze them alike."""
+    import torch
+
+    frozen, coupled = [], []
+    for m in module.modules():
+        if not isinstance(m, torch.nn.modules.batchnorm._BatchNorm) or isinstance(m, torch.nn.SyncBatchNorm):
+            continue
+        if getattr(m, "running_mean", None) is None:
+            coupled.append(f"{type(m).__name__}(track_running_stats=False)")
+        elif m.training:
+            m.eval()
+            frozen.append(type(m).__name__)
+    return frozen, coupled
 
 
 def _loss_methods(model):
@@ -238,6 +263,11 @@ class EffectiveBatchProbe(Probe):
         state = self.state
         if state.get("stepped"):
             return
+        # Lightning puts the module back in train mode (after validation): freeze before each step.
+        frozen, coupled = batch_stats_off(trainer.lightning_module)
+        state.setdefault("batch_stats_off", []).extend(frozen)
+        state["batch_stats_n"] = max(state.get("batch_stats_n", 0), len(frozen))
+        state.setdefault("batch_coupled", []).extend(coupled)
         state["batches"].append(window.to_cpu(batch))
         state["sizes"].append(batch_size(batch))
         state["backwards"].append(0)
@@ -339,6 +369,9 @@ def _world_value(state: dict, accumulate: int, manual: bool, model, rank: int) -
             "grad_sig": state.get("grad_sig"), "backwards": state["backwards"], "scales": state["scales"],
             "backward_site": state.get("backward_site"), "sum_norm": state.get("sum_norm"),
             "after_backward_diff": state.get("after_backward_diff"), "merge_note": state.get("merge_note"),
+            "batch_stats_off": sorted(set(state.get("batch_stats_off") or [])),
+            "batch_coupled": sorted(set(state.get("batch_coupled") or [])),
+            "batch_stats_n": state.get("batch_stats_n", 0),
             "loss_lines": _loss_lines(model) if rank == 0 else []}
 
 
@@ -389,23 +422,41 @@ def _reference_batches(folder: str, world: int, micro: int) -> tuple[list | None
     return [window.concat([per_rank[r][j] for r in range(world)]) for j in range(micro)], "concat", None
 
 
+def _reference_kwargs(run: RankRun, strategy, micro: int) -> dict:
+    """The reference's Trainer kwargs: the world's, with the user's whole validation (no sanity
+    check): a callback that logs at a loader's last batch must see it, or a monitor of the user's
+    raises for the plugin's bound, not for the user's code."""
+    user = dict(run.objects.user_kwargs)
+    kwargs = _one_step_kwargs(run, user, strategy, 1, micro)
+    kwargs.update(limit_val_batches=user.get("limit_val_batches", 1.0), num_sanity_val_steps=0)
+    return kwargs
+
+
 def _fit_reference(run: RankRun, model, dm, batches: list, folder: str, seed: int) -> EffectiveBatchProbe:
-    """One rank, the saved weights, one step on ``batches``, every micro-batch seeded from ``seed``;
-    ``dm``: a datamodule no fit has torn down yet (or None)."""
+    """One rank, the saved weights, one step on a copy of ``batches`` (a module may change its
+    batch in place), every micro-batch seeded from ``seed``; ``dm``: a datamodule no fit has torn
+    down yet (or None). A raise after the step is kept in ``probe.state["after_step"]``: the
+    step's gradient was taken."""
     objects = run.objects
     probe = EffectiveBatchProbe(folder, seed=seed)
     strategy = run.strategy("ddp", None)
     _keep_ddp_going(strategy)
-    kwargs = _one_step_kwargs(run, dict(objects.user_kwargs), strategy, 1, len(batches))
-    trainer = run.build_trainer(kwargs, callbacks=(_make_callback(objects.ns, probe),))
+    trainer = run.build_trainer(_reference_kwargs(run, strategy, len(batches)),
+                                callbacks=(_make_callback(objects.ns, probe),))
     # The same samples come from wherever the user's train_dataloader lives; the rest of the
     # datamodule (validation, setup) stays the user's.
     ns = run.targets.namespace
     holder = dm if dm is not None and defines(dm, "train_dataloader", ns) else model
     # The user's loader is built where Lightning builds it (after the datamodule's setup).
     own = holder.train_dataloader if defines(holder, "train_dataloader", ns) else None
-    object.__setattr__(holder, "train_dataloader", lambda: _Replay(batches, own() if own else None))
-    trainer.fit(model, datamodule=dm)
+    mine = copy.deepcopy(batches)
+    object.__setattr__(holder, "train_dataloader", lambda: _Replay(mine, own() if own else None))
+    try:
+        trainer.fit(model, datamodule=dm)
+    except Exception as exc:
+        if not probe.grads:
+            raise
+        probe.state["after_step"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
     return probe
 
 
@@ -428,9 +479,9 @@ def reference(ctx, targets, folder: str, world: int, micro: int, pg_timeout_s: f
         second = _fit_reference(run, run.objects.new_model(), run.objects.new_datamodule(), batches, folder, seed=2)
     state = first.state
     out = {"norm": state.get("norm"), "sizes": state["sizes"], "stepped": bool(state.get("stepped")),
-           "merged_by": how, "draws": draws,
+           "merged_by": how, "draws": draws, "after_step": state.get("after_step") or second.state.get("after_step"),
            "repeat_diff": _rel_diff(second.grads, first.grads) if second.grads and first.grads else None}
     if first.grads:
         world_grads = torch.load(os.path.join(folder, "ebatch_grads.pt"), map_location="cpu", weights_only=False)
-        out.update(_grad_comparison(first.grads, world_grads))
+        out.update(_grad_comparison(first.grads, world_grads), rel_diff=_rel_diff(world_grads, first.grads))
     return {"reference": out}
