@@ -24,6 +24,7 @@ import threading
 import time
 import traceback
 
+from .. import user_modules
 from . import protocol
 from .job import Job
 from .protocol import FORMATION, formed_keys
@@ -145,6 +146,7 @@ def _isolated(job_dir: str):
     """Undo what a job may leave behind: env vars, cwd, newly imported user modules, sys.path."""
     env = dict(os.environ)
     cwd = os.getcwd()
+    user_modules.install()
     modules = set(sys.modules)
     path = list(sys.path)
     os.chdir(job_dir)
@@ -158,7 +160,7 @@ def _isolated(job_dir: str):
         for name in set(sys.modules) - modules:
             mod = sys.modules.get(name)
             if mod is not None and not _library_module(mod):
-                del sys.modules[name]
+                user_modules.forget(name)  # executed once per process: a later job gets it back
 
 
 def _seed(seed: int = 0) -> None:
