@@ -202,7 +202,13 @@ def _user_frame(tb) -> str:
 
 
 def import_module(spec: TargetSpec):
-    """Import the module a spec names; raises :class:`TargetError` with the cause."""
+    """Import the module a spec names (once per process, see :mod:`.user_modules`); raises
+    :class:`TargetError` with the cause."""
+    with user_modules.reusing():
+        return _import_module(spec)
+
+
+def _import_module(spec: TargetSpec):
     try:
         if spec.path:
             return _import_file_module(spec)
@@ -657,7 +663,6 @@ def own_imports():
     next target of the session imports its own ``model.py`` or ``utils.py``, not this one's.
     Installed packages, the standard library and this plugin stay loaded; a later import of the
     same file gets the module back (see :mod:`.user_modules`)."""
-    user_modules.install()
     before = set(sys.modules)
     path = list(sys.path)
     keep = tuple(os.path.realpath(p) for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"],

@@ -6,11 +6,12 @@ classes while a package's process-global registry (GraphGym's ``register.loader_
 ``@register_x("name")`` at import time) keeps the first execution's: instances built through the
 registry then no longer pickle ("not the same object"), or the second import raises KeyError
 "already defined". So a forgotten module is kept aside, and an import that resolves to the same,
-unchanged file gets it back instead of executing the file again.
+unchanged file gets it back, while a target loads, instead of executing the file again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.abc
 import importlib.machinery
@@ -21,6 +22,8 @@ import types
 # (module name, real path) -> (module, the file's mtime when it was forgotten)
 _FORGOTTEN: dict[tuple[str, str], tuple[types.ModuleType, int]] = {}
 _NAMES: set[str] = set()
+# Only while a target loads: a job function's own modules (ltconform_world) are executed afresh.
+_LOADING = 0
 
 
 def _mtime(path: str) -> int | None:
@@ -68,7 +71,7 @@ class ReuseLoader(importlib.abc.Loader):
 
 class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
-        if name not in _NAMES:
+        if not _LOADING or name not in _NAMES:
             return None
         found = importlib.machinery.PathFinder.find_spec(name, path)
         module = reused(name, found.origin) if found is not None and found.origin else None
@@ -77,6 +80,18 @@ class _Finder(importlib.abc.MetaPathFinder):
         spec = copy.copy(getattr(module, "__spec__", None) or found)
         spec.loader = ReuseLoader(module)
         return spec
+
+
+@contextlib.contextmanager
+def reusing():
+    """Inside, an import of a forgotten, unchanged file gets its module back (a target's loading)."""
+    global _LOADING
+    install()
+    _LOADING += 1
+    try:
+        yield
+    finally:
+        _LOADING -= 1
 
 
 def install() -> None:

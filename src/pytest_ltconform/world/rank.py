@@ -146,7 +146,6 @@ def _isolated(job_dir: str):
     """Undo what a job may leave behind: env vars, cwd, newly imported user modules, sys.path."""
     env = dict(os.environ)
     cwd = os.getcwd()
-    user_modules.install()
     modules = set(sys.modules)
     path = list(sys.path)
     os.chdir(job_dir)
@@ -160,7 +159,7 @@ def _isolated(job_dir: str):
         for name in set(sys.modules) - modules:
             mod = sys.modules.get(name)
             if mod is not None and not _library_module(mod):
-                user_modules.forget(name)  # executed once per process: a later job gets it back
+                user_modules.forget(name)  # a later job's target loading gets it back
 
 
 def _seed(seed: int = 0) -> None:
