@@ -67,3 +67,97 @@ def test_configure_sharded_model_override_fails_with_site(fake_runs):
     v = judge(fake_runs, sharded_override_site="m.py:30")
     assert v.outcome == "failed" and "configure_sharded_model is overridden" in v.summary
     assert v.evidence[0].site == "m.py:30" and "configure_model" in v.fix
+
+
+def test_a_copy_holding_the_trained_values_is_not_lost():
+    """rl4co's setup() deep-copies the policy into ``baseline`` on every stage: new tensor objects,
+    the trained values; only a parameter whose values differ is lost (field26 item 8)."""
+    import copy
+
+    import torch
+
+    from pytest_ltconform.contracts.configure_model import _compare, _params
+
+    model = torch.nn.Module()
+    model.policy = torch.nn.Linear(3, 2)
+    model.baseline = copy.deepcopy(model.policy)
+    trained = _params(model)
+    model.baseline = copy.deepcopy(model.policy)
+    kept = _compare(trained, _params(model))
+    assert (kept["replaced"], kept["changed"]) == ({}, {})
+    model.baseline = torch.nn.Linear(3, 2)  # re-initialised: other values
+    lost = _compare(trained, _params(model))
+    assert lost["replaced"]["baseline"]["n"] == 2 and lost["changed"] == {}
+    with torch.no_grad():
+        model.policy.weight.add_(1.0)
+    assert _compare(trained, _params(model))["changed"]["policy"]["n"] == 1
+
+
+def test_evidence_never_shows_equal_checksums_as_a_difference(fake_runs):
+    close = {"n": 1, "of": 2, "before": 59.82231, "after": 59.82234, "moved": 3e-5}
+    swapped = {"n": 2, "of": 2, "before": 1.5, "after": 1.5, "moved": 2.0}
+    v = judge(fake_runs, eval={"stage": "validate", "fit_metrics": {}, "eval_metrics": {},
+                               "weights": {"replaced": {"head": close}, "changed": {"body": swapped}}})
+    assert v.outcome == "failed"
+    texts = [e.detail for e in v.evidence]
+    assert "head: 1 of 2 parameters hold other values after validate than at the end of fit " \
+           "(checksum 59.822310 -> 59.822340)" in texts
+    assert "body: 2 of 2 parameters hold other values after validate than at the end of fit (group checksum " \
+           "1.5000 on both sides, per-tensor checksums moved by 2 in all)" in texts
+
+
+SETUP_COPIES_THE_POLICY = '''
+import copy
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def _data(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 4, generator=g)
+    return TensorDataset(x, x.sum(1, keepdim=True))
+
+
+class Model(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.policy = torch.nn.Linear(4, 1)
+        self.baseline = copy.deepcopy(self.policy)
+
+    def setup(self, stage):
+        # A rollout baseline (rl4co): a fresh copy of the current policy on every stage, and after
+        # every training epoch, so at the end of fit it holds the trained values.
+        self.baseline = copy.deepcopy(self.policy).requires_grad_(False)
+
+    def on_train_epoch_end(self):
+        self.setup("fit")
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.policy(x), y)
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", torch.nn.functional.mse_loss(self.policy(x), y), sync_dist=True, batch_size=len(y))
+
+    def train_dataloader(self):
+        return DataLoader(_data(32, 1), batch_size=4)
+
+    def val_dataloader(self):
+        return DataLoader(_data(16, 2), batch_size=4)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.policy.parameters(), lr=0.1)
+'''
+
+
+def test_a_hook_that_copies_trained_weights_passes_end_to_end(pytester, no_leftover_ranks):
+    """setup() deep-copies the trained policy for validate: new tensor objects with the trained
+    values are not lost weights (field26 rl4co: a false FAILED showing 59.8223 -> 59.8223)."""
+    pytester.makepyfile(copies=SETUP_COPIES_THE_POLICY)
+    result = pytester.runpytest_subprocess("--ltconform", "copies.py:Model", "--ltconform-strategies", "ddp",
+                                           "-k", "configure", "-p", "no:cacheprovider", "-rA")
+    result.stdout.fnmatch_lines(["*PASSED ltconform::copies.py:Model::configure-model[[]ddp[]]*"])
+    result.stdout.fnmatch_lines(["*validate after fit used the trained weights*"])

@@ -179,3 +179,41 @@ def test_a_fit_stopped_in_validation_by_sync_dist_leaves_the_sharded_round_trip_
     assert records["all-rank-save"]["outcome"] == "passed", records["all-rank-save"]["message"]
     assert "judged on a second fit with validation switched off (limit_val_batches=0, num_sanity_val_steps=0)" \
            in records["all-rank-save"]["message"]
+
+
+RAISES_IN_STEP = '''
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Model(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        out = self.layer(x).squeeze()
+        return torch.cat([out, y])  # 1-d and 2-d: raises under any strategy
+
+    def train_dataloader(self):
+        return DataLoader(TensorDataset(torch.randn(16, 4), torch.randn(16, 1)), batch_size=4)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+'''
+
+
+def test_a_crash_in_user_code_under_every_strategy_is_not_blamed_on_the_sharded_one(pytester, no_leftover_ranks):
+    """The ddp fit stops in the user's step; the fsdp run stops with the same exception at the same
+    line: its items point at fit[ddp] instead of saying the module does not run under FSDP
+    (field26 ts3l, field19 chemprop)."""
+    pytester.makepyfile(raises=RAISES_IN_STEP)
+    result = pytester.runpytest_subprocess("--ltconform", "raises.py:Model", "--ltconform-strategies", "ddp,fsdp",
+                                           "-k", "configure", "-p", "no:cacheprovider", "-rA")
+    assert "does not run under FSDP" not in result.stdout.str()
+    # The ddp item that reported the crash (the first one judged on that run) is the one named.
+    result.stdout.fnmatch_lines(["*SKIPPED*configure-model[[]fsdp[]]: not judged: the fit run stops in your code "
+                                 "under every strategy (RuntimeError at raises.py:14 (training_step): Tensors must "
+                                 "have same number of dimensions*) (see configure-model[[]ddp[]])."])

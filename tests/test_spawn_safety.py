@@ -63,3 +63,83 @@ def test_tripwire_keeps_the_partial_module(tmp_path, monkeypatch):
     finally:
         sys.modules.pop("train_at_import_mod", None)
         tripwire.TRIPPED.pop("train_at_import_mod", None)
+
+
+# A package with a process-global registry filled at import time (GraphGym's register_loader).
+REGISTRY = '''
+LOADERS = {}
+
+
+def register_loader(name, guard):
+    def register(fn):
+        if name in LOADERS and not guard:
+            raise KeyError(f"{name!r} is already defined")
+        LOADERS.setdefault(name, fn)
+        return fn
+    return register
+'''
+
+REGISTERING_TARGET = '''
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+import fakereg
+
+
+class Synthetic(Dataset):
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        return torch.randn(4, generator=g), torch.randn(1, generator=g)
+
+
+@fakereg.register_loader("synthetic", guard=GUARD)
+def load():
+    return Synthetic()
+
+
+class DataModule(L.LightningDataModule):
+    def __init__(self):
+        super().__init__()
+        self.dataset = fakereg.LOADERS["synthetic"]()  # held, so pickling the datamodule pickles it
+
+    def train_dataloader(self):
+        return DataLoader(self.dataset, batch_size=4)
+
+
+class Model(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.layer(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+'''
+
+
+@pytest.mark.parametrize("guard", [False, True])
+def test_a_user_module_runs_once_per_process_so_import_time_registries_hold(pytester, monkeypatch, guard,
+                                                                             no_leftover_ranks):
+    """Every rank runs several jobs, and the pytest process loads the target more than once; a file
+    executed again makes new classes while the package's registry keeps the first execution's
+    loader: the dataset it builds no longer pickles ('not the same object', a false advisory), or
+    the re-import raises KeyError 'already defined' (field26 GraphGym). The module is executed once."""
+    packages = pytester.path / "lib" / "site-packages"
+    packages.mkdir(parents=True)
+    (packages / "fakereg.py").write_text(REGISTRY)
+    monkeypatch.setenv("PYTHONPATH", str(packages))
+    pytester.makepyfile(reg=REGISTERING_TARGET.replace("GUARD", str(guard)))
+    result = pytester.runpytest_subprocess("--ltconform", "reg.py:Model", "--ltconform-datamodule", "reg.py:DataModule",
+                                           "--ltconform-strategies", "ddp", "-k", "unused or spawn",
+                                           "-p", "no:cacheprovider", "-rA")
+    out = result.stdout.str()
+    assert "already defined" not in out and "not the same object" not in out and "does not pickle" not in out
+    result.stdout.fnmatch_lines(["*PASSED ltconform::reg.py:Model::unused-parameters[[]ddp[]]*"])
+    result.stdout.fnmatch_lines(["*PASSED ltconform::reg.py:Model::spawn-safety[[]ddp[]]*"])

@@ -189,6 +189,33 @@ def test_own_imports_forgets_the_user_modules_of_one_target(tmp_path, monkeypatc
     assert kinds == ["a", "b"]  # b's model imported b's helpers, not a's
 
 
+def test_a_user_module_forgotten_between_targets_is_executed_once(tmp_path, monkeypatch):
+    """Loading the same target again (the pytest process, every job of a rank) gets the module
+    executed the first time: a package's import-time registry keeps that execution's classes
+    (field26 GraphGym). An edited file is executed again."""
+    import os
+
+    from pytest_ltconform import target
+
+    monkeypatch.setattr(sys, "modules", dict(sys.modules))
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    runs = tmp_path / "runs.txt"
+    source = f"with open({str(runs)!r}, 'a') as fh:\n    fh.write('x')\n\nclass Net:\n    pass\n"
+    (tmp_path / "model.py").write_text(source)
+    spec = target.parse(f"{tmp_path / 'model.py'}:Net", "--x")
+    classes = []
+    for _ in range(2):
+        with target.own_imports():
+            classes.append(target.load_object(spec))
+        assert "model" not in sys.modules
+    assert runs.read_text() == "x" and classes[0] is classes[1]
+    (tmp_path / "model.py").write_text(source + "# edited\n")
+    os.utime(tmp_path / "model.py", ns=(1, 1))  # a new mtime even within the clock's resolution
+    with target.own_imports():
+        assert target.load_object(spec) is not classes[0]
+    assert runs.read_text() == "xx"
+
+
 def test_a_module_executed_again_under_a_name_drops_the_earlier_trip(tmp_path, monkeypatch):
     """A rank runs the jobs of several targets: a model.py that trained at import must not be
     reported for the next target's model.py."""

@@ -88,7 +88,8 @@ class LtconformSession:
             return "passed", (f"the run stopped because of the {owner}[{strategy}] failure (see that item); this item "
                               f"only records the run.")
         configured = any(e.get("configured") for e in run.events(0, "strategy"))
-        skipped = _not_a_sharded_module(contract, run) if strategy in SHARDED_STRATEGIES and not configured else None
+        skipped = _not_a_sharded_module(contract, run, self._ddp_run(run, tier)) \
+            if strategy in SHARDED_STRATEGIES and not configured else None
         if skipped is not None:  # the same words as the contract items judged on this run
             return "skipped", skipped.summary
         cause = first_cause(run.job)
@@ -100,6 +101,15 @@ class LtconformSession:
 
     def _key(self, kind: str, strategy: str, tier: str) -> RunKey:
         return RunKey(kind, strategy, self.settings.world_size, tier)
+
+    def _ddp_run(self, run: Run, tier: str) -> Run | None:
+        """The ddp run already made of ``run``'s kind (else the traced fit) in the same tier: what a
+        sharded run's failure is compared with before the sharded strategy is blamed."""
+        for kind in (run.kind, FIT.name):
+            made = self._runs.get(self._key(kind, "ddp", tier))
+            if isinstance(made, Run):
+                return made
+        return None
 
     def _make(self, spec: RunSpec, strategy: str, tier: str, probes_of: str | None = None) -> Run:
         probes = contracts.probes_for(probes_of or spec.name)
@@ -146,7 +156,7 @@ class LtconformSession:
             return contract.verdict("error", f"could not start a world: {exc}"), time.monotonic() - started
         if run.first_item is None:
             run.first_item = f"{contract_id}[{strategy}]"  # what a later item names when this run hung
-        verdict = judge(contract, run)
+        verdict = judge(contract, run, self._ddp_run(run, tier) if strategy in SHARDED_STRATEGIES else None)
         if contract.run_spec.name == FIT.name:
             verdict = self._judged_without_validation(contract, run, verdict, tier) or verdict
         if verdict.outcome == "error" and contract.run_spec.name != FIT.name:
@@ -289,8 +299,9 @@ def hung_verdict(contract, hung: Run) -> Verdict:
                                 f"would reach the same code (see {item}).")
 
 
-def judge(contract, run: Run) -> Verdict:
-    """Apply ``contract`` to ``run``, deciding what an unfinished world means for it."""
+def judge(contract, run: Run, ddp: Run | None = None) -> Verdict:
+    """Apply ``contract`` to ``run``, deciding what an unfinished world means for it; ``ddp`` is
+    the same module's ddp run, when ``run`` is a sharded one (see :func:`_not_a_sharded_module`)."""
     job = run.job
     if job.status == "skip":
         reason = next((r.message for r in job.ranks if r.message), "skipped inside the ranks")
@@ -318,7 +329,7 @@ def judge(contract, run: Run) -> Verdict:
     # Whether the user's config asks for what this item ran (traced runs say; others never do).
     configured = any(e.get("configured") for e in run.events(0, "strategy"))
     if run.strategy in SHARDED_STRATEGIES and not configured and owner is None:
-        skipped = _not_a_sharded_module(contract, run)
+        skipped = _not_a_sharded_module(contract, run, ddp)
         if skipped is not None:
             return skipped
     return _after_own_failure(contract, run)
@@ -369,12 +380,18 @@ def _reached_a_step(run: Run) -> bool:
     return any(e.get("ev") == "hook" and str(e.get("name", "")).endswith("_step") for t in run.traces for e in t)
 
 
-def _not_a_sharded_module(contract, run: Run) -> Verdict | None:
+def _not_a_sharded_module(contract, run: Run, ddp: Run | None = None) -> Verdict | None:
     """The user's config does not ask for this sharded strategy; a module that cannot run under it
-    is information for them, not a verdict on this contract."""
+    is information for them, not a verdict on this contract. When ``ddp`` (the ddp run) stopped
+    the same way (the same exception at the same user line), the strategy is not the cause: the
+    item points at the ddp item instead."""
     cause = first_cause(run.job)
     if cause is None:
         return None
+    same = _same_stop_under_ddp(cause, ddp)
+    if same is not None:
+        return not_judged(contract, f"the fit run stops in your code under every strategy ({cause.exc_type} at "
+                                    f"{fmt_site(cause.site)}: {cause.message}) (see {same}).")
     where = f" at {_short_site(cause.site)}" if cause.site else ""
     what = f"{cause.exc_type or cause.kind}{where}: {cause.message}" if cause.message else \
         f"{cause.exc_type or cause.kind}{where}"
@@ -406,6 +423,19 @@ def _after_own_failure(contract, run: Run) -> Verdict:
                                 diagnosis="\n".join(p for p in parts if p))
     return not_judged(contract, f"the shared {run.kind} run did not finish because {headline} "
                                 f"(see {run.cause_item}).")
+
+
+def _same_stop_under_ddp(cause, ddp: Run | None) -> str | None:
+    """The item that reports ``ddp``'s stop when it raised ``cause``'s exception type at the same
+    user line (so no strategy is to blame); None otherwise."""
+    if ddp is None or ddp.finished or cause.kind != "raised" or not cause.site:
+        return None
+    theirs = first_cause(ddp.job)
+    if theirs is None or theirs.kind != "raised" or not theirs.site or theirs.exc_type != cause.exc_type:
+        return None
+    if (theirs.site.get("file"), theirs.site.get("line")) != (cause.site.get("file"), cause.site.get("line")):
+        return None
+    return ddp.cause_item or f"fit[{ddp.strategy}]"
 
 
 def _short_site(site: dict) -> str:

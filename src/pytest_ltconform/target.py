@@ -28,7 +28,7 @@ import traceback
 import warnings
 from typing import Any
 
-from . import tripwire  # Trainer.fit at import time trips instead of training
+from . import tripwire, user_modules  # tripwire: Trainer.fit at import time trips instead of training
 
 NAMESPACES = ("lightning.pytorch", "pytorch_lightning")
 
@@ -172,6 +172,10 @@ def _import_file_module(spec: TargetSpec):
     name = private_name(spec)
     if _same_file(sys.modules.get(name), spec.path):
         return sys.modules[name]
+    loaded = user_modules.reused(name, spec.path)
+    if loaded is not None:
+        sys.modules[name] = loaded
+        return loaded
     loader_spec = importlib.util.spec_from_file_location(name, spec.path)
     return tripwire.exec_guarded(name, loader_spec)
 
@@ -198,7 +202,13 @@ def _user_frame(tb) -> str:
 
 
 def import_module(spec: TargetSpec):
-    """Import the module a spec names; raises :class:`TargetError` with the cause."""
+    """Import the module a spec names (once per process, see :mod:`.user_modules`); raises
+    :class:`TargetError` with the cause."""
+    with user_modules.reusing():
+        return _import_module(spec)
+
+
+def _import_module(spec: TargetSpec):
     try:
         if spec.path:
             return _import_file_module(spec)
@@ -651,7 +661,8 @@ def _check_plain_dict(values: Any, where: str, what: str) -> None:
 def own_imports():
     """Forget, on exit, the user modules imported and the ``sys.path`` entries added inside: the
     next target of the session imports its own ``model.py`` or ``utils.py``, not this one's.
-    Installed packages, the standard library and this plugin stay loaded."""
+    Installed packages, the standard library and this plugin stay loaded; a later import of the
+    same file gets the module back (see :mod:`.user_modules`)."""
     before = set(sys.modules)
     path = list(sys.path)
     keep = tuple(os.path.realpath(p) for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"],
@@ -666,4 +677,4 @@ def own_imports():
                 continue
             real = os.path.realpath(file)
             if not real.startswith(keep) and "site-packages" not in real and "dist-packages" not in real:
-                del sys.modules[name]
+                user_modules.forget(name)

@@ -20,11 +20,15 @@ import importlib.util
 import os
 import sys
 
+from . import user_modules
+
 NAMESPACES = ("lightning.pytorch", "pytorch_lightning")
 ENTRY_POINTS = ("fit", "validate", "test", "predict")
 
 #: module name -> {"method", "file", "line", "func"}: where importing it started training.
 TRIPPED: dict[str, dict] = {}
+# path -> its TRIPPED record, for a module that user_modules hands back without executing it again
+_TRIPPED_AT: dict[str, dict] = {}
 
 
 class TrainingAtImport(BaseException):
@@ -113,6 +117,10 @@ def exec_guarded(name: str, spec) -> object:
     path, source = _source_of(spec)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
+    if isinstance(spec.loader, user_modules.ReuseLoader):  # executed once already: its record holds
+        if path in _TRIPPED_AT:
+            TRIPPED[name] = _TRIPPED_AT[path]
+        return module
     # A rank runs the jobs of several targets: what an earlier module of this name did at import
     # (two folders each with model.py) is not this one's record.
     TRIPPED.pop(name, None)
@@ -121,6 +129,7 @@ def exec_guarded(name: str, spec) -> object:
             spec.loader.exec_module(module)
     except TrainingAtImport as trip:
         TRIPPED[name] = {"method": f"Trainer.{trip.method}", "module": name, "path": path, **(trip.site or {})}
+        _TRIPPED_AT[path] = TRIPPED[name]
     except BaseException:
         sys.modules.pop(name, None)
         raise

@@ -10,8 +10,9 @@ the sharded context), followed by a ``validate`` (or ``test``) on the same Train
 when Lightning calls ``configure_model`` a second time:
 
 - each call's effect on the parameters: names, tensor identities and value checksums before and
-  after; a later call that replaces parameters or changes their values fails, with the
-  metric the evaluation reported next to the one at the end of fit;
+  after; a later call that leaves parameters with other values (new tensors or in place) fails,
+  with the metric the evaluation reported next to the one at the end of fit (equal values in new
+  tensors lose nothing);
 - the trained weights at the end of fit against those the evaluation used;
 - bytes of parameters that exist after ``__init__`` against those ``configure_model`` creates,
   reported when a sharded strategy runs or the Trainer config names one; failed when
@@ -61,32 +62,44 @@ def _group(name: str) -> str:
     return parts[0] if parts else name
 
 
+def _same_values(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-6 * max(1.0, abs(a))
+
+
 def _compare(before: dict, after: dict) -> dict:
-    """What one configure_model call did to the parameters, grouped by top-level module."""
+    """What one hook did to the parameters, grouped by top-level module: a parameter counts as
+    lost only when its values differ; a new tensor object holding the same values (a deep copy,
+    a re-wrap) keeps the trained weights."""
     replaced: dict[str, dict] = {}
     changed: dict[str, dict] = {}
     for name, (pid, csum, *_rest) in before.items():
-        if name not in after:
+        if name not in after or _same_values(csum, after[name][1]):
             continue
-        g = _group(name)
-        new_id, new_csum = after[name][0], after[name][1]
-        if new_id != pid:
-            entry = replaced.setdefault(g, {"n": 0, "of": 0, "before": 0.0, "after": 0.0})
-            entry["n"] += 1
-        elif abs(new_csum - csum) > 1e-6 * max(1.0, abs(csum)):
-            entry = changed.setdefault(g, {"n": 0, "of": 0, "before": 0.0, "after": 0.0})
-            entry["n"] += 1
+        table = replaced if after[name][0] != pid else changed
+        entry = table.setdefault(_group(name), {"n": 0, "of": 0, "before": 0.0, "after": 0.0, "moved": 0.0})
+        entry["n"] += 1
+        entry["moved"] += abs(after[name][1] - csum)
     for table in (replaced, changed):
         for g, entry in table.items():
             names = [n for n in before if _group(n) == g and n in after]
             entry["of"] = len(names)
-            entry["before"] = round(sum(before[n][1] for n in names), 4)
-            entry["after"] = round(sum(after[n][1] for n in names), 4)
+            entry["before"] = sum(before[n][1] for n in names)
+            entry["after"] = sum(after[n][1] for n in names)
     old_ids = {v[0] for v in before.values()}
     created = [v for v in after.values() if v[0] not in old_ids]
     return {"replaced": replaced, "changed": changed, "removed": sorted(set(before) - set(after)),
             "created_numel": sum(v[2] for v in created), "created_bytes": sum(v[3] for v in created),
             "params_before": len(before), "params_after": len(after)}
+
+
+def _checksums(e: dict) -> str:
+    """'checksum a -> b' for a group, at the precision at which the two differ: equal numbers are
+    never shown as a difference (the group's sum can stay while its tensors change)."""
+    a, b = e["before"], e["after"]
+    for digits in (4, 6, 8, 10):
+        if f"{a:.{digits}f}" != f"{b:.{digits}f}":
+            return f"checksum {a:.{digits}f} -> {b:.{digits}f}"
+    return f"group checksum {a:.4f} on both sides, per-tensor checksums moved by {e.get('moved', 0.0):.4g} in all"
 
 
 def _group_numel(params: dict) -> dict[str, int]:
@@ -264,7 +277,7 @@ class ConfigureModel(Contract):
                         amount = "every parameter" if e["n"] == e["of"] else f"{e['n']} of {e['of']} parameters"
                         what = "new tensor ids" if kind == "replaced" else "same tensors, new values"
                         text = (f"configure_model call {index} (during {call.get('stage')}) {verb} {amount} of "
-                                f"{group} ({what}, checksum {e['before']:.4f} -> {e['after']:.4f})")
+                                f"{group} ({what}, {_checksums(e)})")
                         evidence.append(Evidence(text, rank=r, site=d.get("configure_model_site")))
                         if worst is None:
                             worst = (r, index, call, group, e, kind, amount)
@@ -281,7 +294,7 @@ class ConfigureModel(Contract):
             verb = "replaced" if kind == "replaced" else "changed the values of"
             what = "new tensor ids" if kind == "replaced" else "same tensors, new values"
             summary = (f"configure_model called {len(stages)} times ({', then '.join(map(str, stages))}) {verb} "
-                       f"{amount} of {group} ({what}, checksum {e['before']:.4f} -> {e['after']:.4f}), so "
+                       f"{amount} of {group} ({what}, {_checksums(e)}), so "
                        f"{stage or 'the evaluation'} after fit ran on weights that were never trained"
                        + (f": {metric_text}" if metric_text else "") + ". Lightning calls configure_model "
                        "again at the start of every fit, validate, test and predict.")
@@ -290,8 +303,8 @@ class ConfigureModel(Contract):
             summary = (f"the weights {stage or 'the evaluation'} used differ from those at the end of fit "
                        f"({groups})" + (f": {metric_text}" if metric_text else "") + ".")
             for g, e in sorted(drift.items()):
-                evidence.append(Evidence(f"{g}: checksum {e['before']:.4f} at the end of fit -> {e['after']:.4f} "
-                                         f"after {stage}"))
+                evidence.append(Evidence(f"{g}: {e['n']} of {e['of']} parameters hold other values after {stage} "
+                                         f"than at the end of fit ({_checksums(e)})"))
         if metric_text:
             evidence.append(Evidence(metric_text))
         fix = ("make configure_model idempotent: return early when the layers already exist (e.g. "

@@ -24,6 +24,7 @@ import threading
 import time
 import traceback
 
+from .. import user_modules
 from . import protocol
 from .job import Job
 from .protocol import FORMATION, formed_keys
@@ -158,7 +159,7 @@ def _isolated(job_dir: str):
         for name in set(sys.modules) - modules:
             mod = sys.modules.get(name)
             if mod is not None and not _library_module(mod):
-                del sys.modules[name]
+                user_modules.forget(name)  # a later job's target loading gets it back
 
 
 def _seed(seed: int = 0) -> None:
