@@ -650,3 +650,21 @@ def test_a_loader_iterated_inside_a_hook_on_every_rank_is_not_the_train_stream(p
     result.assert_outcomes(passed=1)
     assert "identical" not in out
     assert "train batches differ across ranks" in out and "dataset Points, sampler DistributedSampler" in out
+
+
+def test_only_the_stage_loaders_fetches_count_and_an_unreadable_wrapper_keeps_all():
+    from types import SimpleNamespace
+
+    import torch
+    from torch.utils.data import DataLoader
+
+    from pytest_ltconform.contracts.data_sharding import _is_stage_stream
+
+    data = torch.arange(6.0)
+    train, own = DataLoader(data, batch_size=2), DataLoader(data, batch_size=2)
+    trainer = SimpleNamespace(train_dataloader={"a": [train]})
+    assert _is_stage_stream(trainer, "train", index_sampler=iter(train)._index_sampler)
+    assert not _is_stage_stream(trainer, "train", index_sampler=iter(own)._index_sampler)
+    wrapped = SimpleNamespace(train_dataloader=SimpleNamespace(dataset=data))  # no torch DataLoader
+    assert _is_stage_stream(wrapped, "train", index_sampler=iter(own)._index_sampler)
+    assert _is_stage_stream(SimpleNamespace(), "train", index_sampler=iter(own)._index_sampler)

@@ -425,12 +425,12 @@ def _is_stage_stream(trainer, stage: str, index_sampler=None, dataset=None) -> b
     user iterates inside a hook (a baseline rollout over a fixed set in on_train_epoch_end runs on
     every rank on purpose, rule 'Sampling, metrics and writes'). A map-style iterator is known by
     its loader's index sampler (unique to the loader), an iterable one by its dataset."""
-    loaders = _stage_loaders(trainer, stage)
-    if loaders is None:
-        return True
+    loaders = _stage_loaders(trainer, stage) or []
+    # loaders that cannot be read or matched (a wrapper that is no torch DataLoader): every fetch counts
     if index_sampler is not None:
-        return any(getattr(dl, "_index_sampler", None) is index_sampler for dl in loaders)
-    return any(getattr(dl, "dataset", None) is dataset for dl in loaders)
+        known = [dl._index_sampler for dl in loaders if hasattr(dl, "_index_sampler")]
+        return not known or any(s is index_sampler for s in known)
+    return not loaders or any(getattr(dl, "dataset", None) is dataset for dl in loaders)
 
 
 class _Indices:
