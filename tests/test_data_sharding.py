@@ -590,3 +590,81 @@ def test_a_loader_built_before_the_hooks_that_lightning_cannot_recreate_is_named
     verdict = contract.judge(fake_runs.of(ranks, status="error"))
     assert verdict.outcome == "failed" and "Fit fails on every rank at /pkg/dataloader.py:87" in verdict.summary
     assert "/pkg/dataloader.py:87 (build_dataloader): the train DataLoader is built here" in verdict.render()
+
+
+_HOOK_LOADER_MODULE = '''
+import lightning.pytorch as L
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class Points(Dataset):
+    def __init__(self, n, seed):
+        self.x = torch.randn(n, 4, generator=torch.Generator().manual_seed(seed))
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i]
+
+
+class Model(L.LightningModule):
+    """Like rl4co's RolloutBaseline: every rank evaluates the same fixed set at the start of fit and in
+    on_train_epoch_end through a DataLoader of its own, on purpose (the ranks must agree on the result)."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+        self.baseline_set = Points(18, 7)
+
+    def training_step(self, batch, batch_idx):
+        return self.layer(batch).pow(2).mean()
+
+    def rollout(self):
+        with torch.no_grad():
+            costs = [self.layer(b).sum() for b in DataLoader(self.baseline_set, batch_size=8)]
+        self.baseline_cost = float(sum(costs))
+
+    def on_train_start(self):  # before the first training fetch, as rl4co's setup() does
+        self.rollout()
+
+    def on_train_epoch_end(self):
+        self.rollout()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    def train_dataloader(self):
+        return DataLoader(Points(48, 3), batch_size=8, shuffle=True)
+'''
+
+
+def test_a_loader_iterated_inside_a_hook_on_every_rank_is_not_the_train_stream(pytester, no_leftover_ranks):
+    """The training loader is sharded by Lightning's DistributedSampler; the same 18 samples every
+    rank fetches in on_train_epoch_end are not training batches (field trial: rl4co)."""
+    pytester.makepyfile(hook_loader=_HOOK_LOADER_MODULE)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ltconform", "hook_loader.py:Model",
+                                           "-k", "data-sharding[ and ddp", "-rA")
+    out = result.stdout.str()
+    result.assert_outcomes(passed=1)
+    assert "identical" not in out
+    assert "train batches differ across ranks" in out and "dataset Points, sampler DistributedSampler" in out
+
+
+def test_only_the_stage_loaders_fetches_count_and_an_unreadable_wrapper_keeps_all():
+    from types import SimpleNamespace
+
+    import torch
+    from torch.utils.data import DataLoader
+
+    from pytest_ltconform.contracts.data_sharding import _is_stage_stream
+
+    data = torch.arange(6.0)
+    train, own = DataLoader(data, batch_size=2), DataLoader(data, batch_size=2)
+    trainer = SimpleNamespace(train_dataloader={"a": [train]})
+    assert _is_stage_stream(trainer, "train", index_sampler=iter(train)._index_sampler)
+    assert not _is_stage_stream(trainer, "train", index_sampler=iter(own)._index_sampler)
+    wrapped = SimpleNamespace(train_dataloader=SimpleNamespace(dataset=data))  # no torch DataLoader
+    assert _is_stage_stream(wrapped, "train", index_sampler=iter(own)._index_sampler)
+    assert _is_stage_stream(SimpleNamespace(), "train", index_sampler=iter(own)._index_sampler)

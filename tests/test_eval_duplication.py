@@ -59,6 +59,27 @@ def test_rank_zero_shard_metric_fails_with_coverage(fake_runs):
     assert "m.py:42" in text and "vs 0.4688 on 1 device" in text
 
 
+def test_a_metric_logged_on_step_and_on_epoch_names_its_log_line(fake_runs):
+    """self.log("val_loss", on_step=True, on_epoch=True) publishes val_loss_epoch; the evidence names
+    that call's line, and every such metric is named (field trial: srai's val_loss and val_f1)."""
+    def log(name, line):
+        return {"ev": "log", "name": name, "hook": "validation_step", "rank_zero_only": False, "sync_dist": False,
+                "on_step": True, "on_epoch": True, "user": True,
+                "site": {"file": "/x/model.py", "line": line, "func": "Model.validation_step"}}
+
+    ranks = [{"validate": _stage([_loader(list(range(0, 32, 2)), 32)], {"val_loss_epoch": 0.7, "val_f1_epoch": 0.5})},
+             {"validate": _stage([_loader(list(range(1, 32, 2)), 32)], {"val_loss_epoch": 0.8, "val_f1_epoch": 0.6})}]
+    ref_stages = {"validate": _stage([_loader(list(range(32)), 32)], {"val_loss_epoch": 0.75, "val_f1_epoch": 0.55})}
+    ref = fake_runs.run(values=_values([ref_stages]), kind="eval-reference")
+    v = judge(fake_runs.run([[log("val_loss", 173), log("val_f1", 174)], []], _values(ranks), kind="eval",
+                            reference=ref))
+    assert v.outcome == "failed"
+    text = v.render()
+    assert "val_loss_epoch 0.7 on rank 0" in text and "model.py:173 (Model.validation_step)" in text
+    assert "val_f1_epoch 0.5 on rank 0" in text and "model.py:174 (Model.validation_step)" in text
+    assert "logged in validation_step with no sync" in text
+
+
 def _predict_ranks():
     write = {"path": "predictions.csv", "stage": "predict", "lines": 5,
              "site": {"file": "/x/m.py", "line": 68, "func": "Model.on_predict_epoch_end"}}

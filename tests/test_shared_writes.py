@@ -100,3 +100,64 @@ def test_prediction_writer_saving_one_path_on_every_rank_fails_in_a_real_world(p
     result.assert_outcomes(failed=1)
     assert "predictions.pt written with torch.save by rank 0 and rank 1" in out and "during predict" in out
     assert "prediction_writer_same_file_every_rank.py:33" in out  # the user's torch.save line
+
+
+_THIRD_PARTY_LOGGER = '''
+import json
+import os
+
+from lightning.pytorch.callbacks import Callback
+
+
+class StatsLogger(Callback):  # like GraphGym's LoggerCallback: Lightning calls it, no user frame above
+    def on_train_epoch_end(self, trainer, pl_module):
+        out = os.path.join(trainer.default_root_dir, "train")
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "stats.json"), "a") as fh:
+            fh.write(json.dumps({"epoch": trainer.current_epoch}) + "\\n")
+'''
+
+_MODEL_USING_IT = '''
+import lightning.pytorch as L
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from torch_statslib import StatsLogger
+
+
+class Model(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.layer(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def configure_callbacks(self):
+        return [StatsLogger()]
+
+    def train_dataloader(self):
+        g = torch.Generator().manual_seed(0)
+        return DataLoader(TensorDataset(torch.randn(16, 4, generator=g), torch.randn(16, 1, generator=g)),
+                          batch_size=4)
+'''
+
+
+@pytest.mark.slow
+def test_an_installed_package_named_torch_something_writing_on_every_rank_fails(pytester, no_leftover_ranks,
+                                                                                  monkeypatch):
+    # A third-party package whose name starts with "torch" (torch_geometric) is the user's code, not torch's.
+    pkg = pytester.path / "site-packages" / "torch_statslib"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(_THIRD_PARTY_LOGGER)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(pkg.parent), os.environ.get("PYTHONPATH")])))
+    pytester.makepyfile(stats_model=_MODEL_USING_IT)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ltconform", "stats_model.py:Model",
+                                           "-k", "shared-writes[ and ddp", "-v")
+    out = result.stdout.str()
+    result.assert_outcomes(failed=1)
+    assert "stats.json opened for appending by rank 0 and rank 1" in out
+    assert "site-packages/torch_statslib/__init__.py:12 (StatsLogger.on_train_epoch_end)" in out  # its open()

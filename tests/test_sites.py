@@ -24,6 +24,10 @@ def test_libraries_the_stdlib_and_the_plugin_are_not_user_code(monkeypatch):
     assert not sites.is_user_file("<string>")
     torch = pytest.importorskip("torch")
     assert not sites.is_user_file(torch.__file__)
+    import functorch
+    import torchgen  # both ship in the torch wheel
+
+    assert not sites.is_user_file(functorch.__file__) and not sites.is_user_file(torchgen.__file__)
 
 
 def test_a_package_installed_in_site_packages_is_user_code(monkeypatch, tmp_path):
@@ -31,15 +35,17 @@ def test_a_package_installed_in_site_packages_is_user_code(monkeypatch, tmp_path
     # A system or conda Python keeps site-packages inside its stdlib folder.
     stdlib = tmp_path / "lib" / "python3.x"
     installed = stdlib / "site-packages" / "forecastlib" / "models.py"
-    companion = stdlib / "site-packages" / "torchvision" / "datasets.py"
-    for path in (installed, companion):
+    # A name that starts with "torch" is not torch: torch_geometric's GraphGym logger is the user's.
+    named_like_torch = [stdlib / "site-packages" / pkg / "logger.py"
+                        for pkg in ("torch_geometric", "torch_ema", "torchdyn", "torchvision", "lightning_extras")]
+    for path in (installed, *named_like_torch):
         path.parent.mkdir(parents=True)
         path.write_text("x = 1\n")
     real_paths = sysconfig.get_paths()
     monkeypatch.setattr(sysconfig, "get_paths", lambda: {**real_paths, "stdlib": str(stdlib),
                                                          "platstdlib": str(stdlib)})
     assert sites.is_user_file(str(installed))
-    assert not sites.is_user_file(str(companion))
+    assert [p.parent.name for p in named_like_torch if not sites.is_user_file(str(p))] == []
     assert not sites.is_user_file(str(stdlib / "json.py"))
     assert sites.is_user_file(os.path.abspath(__file__))
 

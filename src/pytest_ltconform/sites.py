@@ -15,9 +15,12 @@ import sys
 import sysconfig
 
 # The libraries whose frames are never the user's: what the plugin drives, pytest, and itself.
+# Exact import names, never a prefix: torch_geometric, torch_ema or lightning_habana are packages
+# like any other, so their frames are the user's (DESIGN 'User code'). functorch and torchgen ship
+# in the torch wheel; triton is torch.compile's kernel runtime.
 _LIB_PACKAGES = (
-    "torch", "lightning", "lightning_fabric", "pytorch_lightning", "lightning_utilities",
-    "torchmetrics", "deepspeed", "pytest", "_pytest", "pluggy", "pytest_ltconform",
+    "torch", "functorch", "torchgen", "triton", "lightning", "lightning_fabric", "pytorch_lightning",
+    "lightning_utilities", "torchmetrics", "deepspeed", "pytest", "_pytest", "pluggy", "pytest_ltconform",
 )
 # Third-party code installed next to the standard library (a system or conda Python keeps
 # site-packages inside the stdlib folder) is user code unless it is one of the libraries above.
@@ -62,9 +65,7 @@ def is_user_file(filename: str) -> bool:
         real = os.path.realpath(filename)
         installed = next((real.split(d, 1)[1] for d in _INSTALLED_DIRS if d in real), None)
         in_stdlib = real.startswith(stdlib) and installed is None
-        # torch's companions (torchvision, torchaudio, torchdata...) are library code too.
-        torch_family = installed is not None and installed.startswith("torch")
-        result = not (real.startswith(packages) or in_stdlib or torch_family)
+        result = not (real.startswith(packages) or in_stdlib)
     _USER_CACHE[filename] = result
     return result
 

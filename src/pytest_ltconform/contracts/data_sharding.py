@@ -395,6 +395,44 @@ def _keys(index) -> list | None:
     return out
 
 
+_STAGE_LOADERS = {"train": "train_dataloader", "val": "val_dataloaders", "test": "test_dataloaders",
+                  "predict": "predict_dataloaders"}
+
+
+def _stage_loaders(trainer, stage: str) -> list | None:
+    """The DataLoaders Lightning iterates for ``stage``'s steps (``trainer.train_dataloader`` and
+    its siblings, nested in lists or dicts); None when they cannot be read (then every fetch of the
+    stage counts, as before)."""
+    try:
+        iterables = getattr(trainer, _STAGE_LOADERS[stage])
+    except Exception:
+        return None
+    found: list = []
+    todo = [iterables]
+    while todo:
+        obj = todo.pop()
+        if isinstance(obj, dict):
+            todo.extend(obj.values())
+        elif isinstance(obj, (list, tuple)):
+            todo.extend(obj)
+        elif obj is not None and hasattr(obj, "dataset"):
+            found.append(obj)
+    return found or None
+
+
+def _is_stage_stream(trainer, stage: str, index_sampler=None, dataset=None) -> bool:
+    """Whether a fetch belongs to the loader(s) the stage's loop iterates, not to a DataLoader the
+    user iterates inside a hook (a baseline rollout over a fixed set in on_train_epoch_end runs on
+    every rank on purpose, rule 'Sampling, metrics and writes'). A map-style iterator is known by
+    its loader's index sampler (unique to the loader), an iterable one by its dataset."""
+    loaders = _stage_loaders(trainer, stage) or []
+    # loaders that cannot be read or matched (a wrapper that is no torch DataLoader): every fetch counts
+    if index_sampler is not None:
+        known = [dl._index_sampler for dl in loaders if hasattr(dl, "_index_sampler")]
+        return not known or any(s is index_sampler for s in known)
+    return not loaders or any(getattr(dl, "dataset", None) is dataset for dl in loaders)
+
+
 class _Indices:
     """Records, per stage and epoch, the keys every fetch of a map-style dataset receives: the
     source of its samples. Read in the main process where the DataLoader iterator draws them from
@@ -429,7 +467,7 @@ class _Indices:
             return  # 0: a map-style dataset (torch's _DatasetKind.Map)
         stage = _STAGE_NAMES.get(str(getattr(trainer.state.stage, "value", trainer.state.stage)))
         keys = _keys(index)
-        if stage is None or keys is None:
+        if stage is None or keys is None or not _is_stage_stream(trainer, stage, index_sampler=it._index_sampler):
             return
         key = (stage, int(trainer.current_epoch))
         self.counts[key] += 1
@@ -480,7 +518,8 @@ class _Items:
             original(fetcher, *args, **kwargs)
             try:
                 where = items.where()
-                if where is not None:
+                if where is not None and _is_stage_stream(items.recorder.trainer, where["stage"],
+                                                          dataset=fetcher.dataset):
                     fetcher.dataset_iter = items.tap(fetcher.dataset_iter, where)
             except Exception:
                 pass  # an iterator that cannot be followed is fingerprinted by its batches instead

@@ -455,9 +455,14 @@ def _metric_counts(recs) -> dict:
 
 
 def _log_event(run, key) -> dict | None:
-    """Rank 0's last user ``self.log`` of ``key`` (recorded by the harness's trace)."""
+    """Rank 0's last user ``self.log`` of ``key`` (recorded by the harness's trace). A call with
+    on_step=True and on_epoch=True publishes ``<name>_epoch``, so that key names the call too."""
     for e in reversed(run.events(0, "log")):
-        if e.get("name") == key and e.get("user"):
+        if not e.get("user"):
+            continue
+        name = e.get("name")
+        both = e.get("on_step") and e.get("on_epoch")
+        if key == name or (both and key in (f"{name}_epoch", f"{name}_step")):
             return e
     return None
 
