@@ -25,7 +25,7 @@ from collections import defaultdict
 
 from ..harness import batch_leaves, batch_size
 from ..sites import first_sentence, fmt_site
-from . import loader_sites
+from . import fetches, loader_sites
 from .base import Blame, Contract, Evidence, Probe, Run, Verdict, class_site, user_class
 from .rank_reads import describe, gating_reads, selecting_reads
 
@@ -444,22 +444,7 @@ class _Indices:
         self.counts: dict = defaultdict(int)
 
     def install(self) -> None:
-        from torch.utils.data import dataloader
-
-        self.recorder.patch(dataloader._BaseDataLoaderIter, "_next_index", self._wrap)
-
-    def _wrap(self, original):
-        indices = self
-
-        def _next_index(it):
-            index = original(it)
-            try:
-                indices.record(it, index)
-            except Exception:
-                pass  # a key that cannot be read is not recorded
-            return index
-
-        return _next_index
+        fetches.tap(self.recorder, self.record)
 
     def record(self, it, index) -> None:
         trainer = self.recorder.trainer

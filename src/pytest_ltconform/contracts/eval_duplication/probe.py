@@ -22,7 +22,7 @@ from typing import Any
 
 from ...harness import Probe, RankRun, UserObjects, batch_leaves, can_run, rank_run, tolerate_unused_parameters
 from ...sites import user_site
-from .. import loader_sites
+from .. import fetches, loader_sites
 
 STAGES = ("validate", "test", "predict")
 _LOADER = {"validate": "val_dataloader", "test": "test_dataloader", "predict": "predict_dataloader"}
@@ -130,22 +130,7 @@ class _Fetches:
         self.state = state
 
     def install(self, recorder) -> None:
-        from torch.utils.data import dataloader
-
-        recorder.patch(dataloader._BaseDataLoaderIter, "_next_index", self._wrap)
-
-    def _wrap(self, original):
-        fetches = self
-
-        def _next_index(it):
-            index = original(it)
-            try:
-                fetches.record(it, index)
-            except Exception:
-                pass  # a key that cannot be read is not recorded
-            return index
-
-        return _next_index
+        fetches.tap(recorder, self.record)
 
     def record(self, it, index) -> None:
         # Keyed by the loader's index sampler: workers prefetch before the stage's start hook
