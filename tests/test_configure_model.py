@@ -82,12 +82,16 @@ def test_a_copy_holding_the_trained_values_is_not_lost():
     model.policy = torch.nn.Linear(3, 2)
     model.baseline = copy.deepcopy(model.policy)
     trained = _params(model)
+    # The replaced layers stay referenced: a freed tensor's id() can be reused by a new one, which
+    # would read as "changed in place" instead of "replaced" (both are lost weights).
+    kept_alive = [model.baseline]
     model.baseline = copy.deepcopy(model.policy)
     kept = _compare(trained, _params(model))
     assert (kept["replaced"], kept["changed"]) == ({}, {})
+    kept_alive.append(model.baseline)
     model.baseline = torch.nn.Linear(3, 2)  # re-initialised: other values
     lost = _compare(trained, _params(model))
-    assert lost["replaced"]["baseline"]["n"] == 2 and lost["changed"] == {}
+    assert lost["replaced"]["baseline"]["n"] == 2 and lost["changed"] == {}, lost
     with torch.no_grad():
         model.policy.weight.add_(1.0)
     assert _compare(trained, _params(model))["changed"]["policy"]["n"] == 1
