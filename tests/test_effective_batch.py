@@ -363,3 +363,20 @@ def test_no_dropout_also_switches_off_attention_dropout():
     first = net["att"](x, x, x)[0]
     torch.manual_seed(2)
     assert torch.equal(first, net["att"](x, x, x)[0])
+
+
+def test_only_draws_made_during_a_training_step_are_named():
+    # rl4co draws its next epoch's dataset and its baseline rollout in on_train_epoch_end: those
+    # draws do not make the step's gradient random, and naming them points the user at the wrong line.
+    import torch
+
+    from pytest_ltconform.contracts.effective_batch import window
+
+    in_step = {"on": False}
+    found: list = []
+    with window.watch_draws(found, active=lambda: in_step["on"]):
+        torch.rand(3)  # an epoch-end hook's draw
+        in_step["on"] = True
+        torch.randint(0, 5, (2,))  # the step's draw
+    assert [(d["what"], d["func"]) for d in found] == \
+        [("torch.randint", "test_only_draws_made_during_a_training_step_are_named")]

@@ -325,6 +325,11 @@ class EffectiveBatchProbe(Probe):
         self.state["merge_note"] = why
 
 
+# Whether a training step (forward, loss, backward) is under way: only its draws make the step's
+# gradient random; the epoch's other hooks (a next epoch's dataset, a baseline rollout) do not.
+IN_STEP = {"on": False}
+
+
 def _make_callback(ns, probe: EffectiveBatchProbe):
     class Capture(ns.Callback):
         def setup(self, trainer, pl_module, stage):
@@ -336,6 +341,10 @@ def _make_callback(ns, probe: EffectiveBatchProbe):
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
             probe.batch_start(trainer, batch, batch_idx)
+            IN_STEP["on"] = True
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            IN_STEP["on"] = False
 
         def on_before_optimizer_step(self, trainer, pl_module, optimizer):
             probe.before_step(pl_module)
@@ -473,7 +482,7 @@ def reference(ctx, targets, folder: str, world: int, micro: int, pg_timeout_s: f
         if batches is None:
             return {"reference": {"not_judged": why, "stepped": False}}
         draws: list = []
-        with window.watch_draws(draws):
+        with window.watch_draws(draws, active=lambda: IN_STEP["on"]):
             first = _fit_reference(run, run.objects.model, run.objects.datamodule, batches, folder, seed=1)
         # A fresh datamodule too: the first fit tore its own down, and a user's run sets up each one once.
         second = _fit_reference(run, run.objects.new_model(), run.objects.new_datamodule(), batches, folder, seed=2)

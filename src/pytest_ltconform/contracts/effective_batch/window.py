@@ -194,8 +194,9 @@ _F_DRAWS = ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "
 
 
 @contextlib.contextmanager
-def watch_draws(found: list):
-    """While active, the first user call site of each torch/random draw is appended to ``found``
+def watch_draws(found: list, active=lambda: True):
+    """While active, the first user call site of each torch/random draw made while ``active()``
+    is true (the reference's training steps, not the epoch's other hooks) is appended to ``found``
     as ``{"file", "line", "func", "what"}`` (functional dropout only when training)."""
     import torch
     import torch.nn.functional as F
@@ -211,7 +212,7 @@ def watch_draws(found: list):
         if original is None:
             continue
         saved.append((owner, name, original, name in vars(owner)))
-        setattr(owner, name, _draw_tap(original, label, found, name in _F_DRAWS))
+        setattr(owner, name, _draw_tap(original, label, found, name in _F_DRAWS, active))
     try:
         yield found
     finally:
@@ -222,10 +223,11 @@ def watch_draws(found: list):
                 delattr(owner, name)  # inherited (Tensor methods live on TensorBase)
 
 
-def _draw_tap(original, label: str, found: list, dropout: bool):
+def _draw_tap(original, label: str, found: list, dropout: bool, active):
     def tap(*args, **kwargs):
         training = kwargs.get("training", args[2] if len(args) > 2 else True)
-        if (not dropout or (training and kwargs.get("p", args[1] if len(args) > 1 else 0.5))) and len(found) < 8:
+        drawn = not dropout or (training and kwargs.get("p", args[1] if len(args) > 1 else 0.5))
+        if drawn and len(found) < 8 and active():
             site, _ = user_site(1)
             if site is not None and all((s["file"], s["line"]) != (site["file"], site["line"]) for s in found):
                 found.append({**site, "what": label})
