@@ -380,3 +380,25 @@ def test_only_draws_made_during_a_training_step_are_named():
         torch.randint(0, 5, (2,))  # the step's draw
     assert [(d["what"], d["func"]) for d in found] == \
         [("torch.randint", "test_only_draws_made_during_a_training_step_are_named")]
+
+
+def test_a_loss_module_built_with_reduction_sum_is_named_where_the_step_calls_it():
+    # CrossEntropyLoss(reduction=REDUCTION) in __init__: no literal "sum" in the loss code to read.
+    import torch
+
+    from pytest_ltconform.contracts.effective_batch.probe import _loss_lines
+
+    class Model(torch.nn.Module):
+        def __init__(self, reduction):
+            super().__init__()
+            self.net = torch.nn.Linear(2, 2)
+            self.criterion = torch.nn.CrossEntropyLoss(reduction=reduction)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return self.criterion(self.net(x), y)
+
+    lines = _loss_lines(Model("sum"))
+    assert [(ln["what"], ln["text"]) for ln in lines] == [
+        ("self.criterion is CrossEntropyLoss(reduction='sum')", "return self.criterion(self.net(x), y)")]
+    assert _loss_lines(Model("mean")) == []

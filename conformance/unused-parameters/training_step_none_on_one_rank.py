@@ -14,8 +14,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 SOURCE = "Lightning-AI/pytorch-lightning discussions: returning None from training_step under DDP (issue #19)"
 EXPECTED = {"unused-parameters": "fail"}
-EVIDENCE = ("training_step returned None on one rank only (the `return None` line), the other rank's backward "
-            "waits in DDP's gradient all-reduce")
+EVIDENCE = ("training_step returned None on one rank only (at the file:line of its return), the other rank's "
+            "backward waits in DDP's gradient all-reduce")
 
 
 def _data():

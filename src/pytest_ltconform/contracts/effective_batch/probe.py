@@ -103,6 +103,12 @@ def _loss_lines(model) -> list[dict]:
                 (re.compile(r"/\s*[\w.\[\]()]*\.sum\(\)"), "divides by a local count (x / mask.sum())"),
                 (re.compile(r"\.sum\(\)\s*$|\.sum\(\)\s*#|\breturn\b.*\.sum\(\)\s*(\*|$)"),
                  "sums over the batch")]
+    # A loss module built with reduction="sum" (the value may come from a constant or a config):
+    # named where the loss code calls it.
+    for attr, child in model.named_children():
+        if getattr(child, "reduction", None) == "sum":
+            patterns.append((re.compile(rf"\bself\.{re.escape(attr)}\s*\("),
+                             f"self.{attr} is {type(child).__name__}(reduction='sum')"))
     found = []
     for method in _loss_methods(model):
         if method is None or not callable(method):
