@@ -36,7 +36,8 @@ case's own code stopped the run); error. The rule per expected value, item by it
   stop. On a conforming case no "pass" may be left unjudged by another item's failure either.
 
 A contract with no CPU item (launch-env: multi-node only) is judged in the local world as before;
-``--as-user`` shows it as the run's hidden record (unavailable, with the reason).
+``--as-user`` shows it as unavailable (a local run has no item of it; the report counts its tier
+under ``not_run``).
 
 Each item is then right, wrong, error, skipped (an accepted skip, not judged or stop) or unchecked
 (an item of a faulty case's contract that EXPECTED does not name, ``--as-user`` only). The
@@ -569,10 +570,12 @@ def rows_from_records(case: Case, records: list[dict], problem: str = "", only: 
                 _row(case, rec["contract"], rec["strategy"], got, rec.get("message") or "", rec.get("duration_s", 0.0),
                      consequence=rec.get("category") == "consequence"))
     for cid in case.expected:
-        # A contract without CPU items (launch-env: multi-node only) shows as its hidden record.
-        hidden = [r for r in records if r["contract"] == cid and r.get("category") == "unavailable"]
-        if cid not in groups and hidden and only in (None, cid):
-            groups[cid] = [_row(case, cid, hidden[0]["strategy"], "unavailable", hidden[0].get("message") or "", 0.0)]
+        # A contract without CPU items (launch-env: multi-node only) has no record in a local run:
+        # the report counts its tier under not_run, so it shows as unavailable, not as missing.
+        cpu = "cpu" in getattr(contracts.get_contract(cid), "tiers", ("cpu",))
+        if cid not in groups and not cpu and only in (None, cid):
+            groups[cid] = [_row(case, cid, "ddp-multinode", "unavailable", "a multi-node-only contract: a local "
+                                "run has no item of it (the report counts its tier under not_run)", 0.0)]
     rows = []
     for group in groups.values():
         _mark_keys(case, group)
