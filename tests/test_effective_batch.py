@@ -402,3 +402,21 @@ def test_a_loss_module_built_with_reduction_sum_is_named_where_the_step_calls_it
     assert [(ln["what"], ln["text"]) for ln in lines] == [
         ("self.criterion is CrossEntropyLoss(reduction='sum')", "return self.criterion(self.net(x), y)")]
     assert _loss_lines(Model("mean")) == []
+
+
+def test_an_odd_factor_with_another_direction_fails_only_with_a_local_count_in_the_loss_code(fake_runs):
+    # ts3l's contrastive first phase: ratio 0.904, cosine 0.98, a mean loss over in-batch negatives. A
+    # per-rank count normalisation looks the same in one step; only the loss code tells them apart.
+    odd = {**_REF, "world_norm": 2.0 * 0.8, "cosine": 0.95}
+    coupled = _judge(fake_runs, [_info(), _info()], odd)
+    assert coupled.outcome == "skipped", coupled.render()
+    assert coupled.summary.startswith("not judged: the gradient changes by a factor that is not the world size and "
+                                      "its direction differs")
+    assert "contrastive loss over in-batch negatives" in coupled.summary
+    count = {"file": "/x/model.py", "line": 9, "func": "Model.training_step",
+             "what": "divides by a local count (x / mask.sum())", "text": "return (err * mask).sum() / mask.sum()"}
+    counted = _judge(fake_runs, [_info(loss_lines=[count]), _info(loss_lines=[count])], odd)
+    assert counted.outcome == "failed" and "each rank normalises by its own count" in counted.summary
+    # A world-size factor stays a failure whatever the direction or the loss code.
+    shrunk = _judge(fake_runs, [_info(), _info()], {**_REF, "world_norm": 1.0, "cosine": 0.95})
+    assert shrunk.outcome == "failed" and "shrinks by the world size" in shrunk.summary

@@ -188,6 +188,9 @@ class EffectiveBatch(Contract):
             manual = self._manual_window(info, world, samples, report, notes)
             return manual or self.verdict("passed", f"{report} The {measured}: world-size invariant.", notes=notes)
         lines = info.get("loss_lines") or []
+        coupled = self._coupled_not_counted(ratio, world, cos, lines, measured, report, notes)
+        if coupled is not None:
+            return coupled
         line_text = "; ".join(f"{ln['what']} at {fmt_site(ln)}" for ln in lines)
         summary = f"{measured}: {_factor(ratio, world)}" + (f" ({line_text})" if line_text else "") + f". {report}"
         each = f", batch {local} each" if local else ""
@@ -200,6 +203,22 @@ class EffectiveBatch(Contract):
         for name, r in (ref.get("per_param") or [])[:3]:
             evidence.append(Evidence(f"parameter {name}: gradient ratio {r:.3g}"))
         return self.verdict("failed", summary, evidence=evidence, fix=_FIX, category="silent", notes=notes)
+
+    def _coupled_not_counted(self, ratio: float, world: int, cos, lines: list, measured: str, report: str,
+                             notes: list) -> Verdict | None:
+        """A factor that is not the world size with the direction changed too, and no loss line
+        that divides by a local count: samples coupled within a batch (a contrastive loss over
+        in-batch negatives) do the same, and one step cannot tell them apart, so not judged. None
+        when the verdict stands (a world-size factor, the same direction, or a local-count line)."""
+        if _close(ratio, 1.0 / world) or _close(ratio, float(world)) or cos is None or cos >= 0.99:
+            return None
+        if any(ln.get("what", "").startswith(("divides", "averages")) for ln in lines):
+            return None
+        return self.verdict("skipped", f"not judged: the gradient changes by a factor that is not the world size and "
+                            f"its direction differs ({measured}), but no loss line divides by a count of its own "
+                            f"batch: a loss or layer that couples the samples of a batch (a contrastive loss over "
+                            f"in-batch negatives) would do the same, and one step cannot tell them apart. {report}",
+                            notes=notes)
 
     def _manual_window(self, info: dict, world: int, samples: str | None, report: str, notes: list) -> Verdict | None:
         """Manual optimization over N >= 2 micro-batches: the applied step against the gradient of
@@ -283,7 +302,8 @@ CONTRACT = EffectiveBatch()
 def _unchecked_sums(info: dict | None) -> str:
     """The loss lines that sum over the batch, named in a "not judged" reason: what a reader should
     check by hand, not a finding."""
-    lines = [ln for ln in (info or {}).get("loss_lines") or [] if not ln.get("what", "").startswith("divides")]
+    lines = [ln for ln in (info or {}).get("loss_lines") or []
+             if not ln.get("what", "").startswith(("divides", "averages"))]
     if not lines:
         return ""
     shown = "; ".join(f"`{ln['text']}` at {fmt_site(ln)}" for ln in lines[:2])

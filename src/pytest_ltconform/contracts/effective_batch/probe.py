@@ -101,6 +101,7 @@ def _loss_lines(model) -> list[dict]:
 
     patterns = [(re.compile(r"reduction\s*=\s*['\"]sum['\"]"), "reduction='sum'"),
                 (re.compile(r"/\s*[\w.\[\]()]*\.sum\(\)"), "divides by a local count (x / mask.sum())"),
+                (re.compile(r"\bignore_index\s*="), "averages over this rank's tokens not ignored (ignore_index)"),
                 (re.compile(r"\.sum\(\)\s*$|\.sum\(\)\s*#|\breturn\b.*\.sum\(\)\s*(\*|$)"),
                  "sums over the batch")]
     # A loss module built with reduction="sum" (the value may come from a constant or a config):
