@@ -119,7 +119,7 @@ class EffectiveBatch(Contract):
             return self.verdict("skipped", f"not judged: no optimizer step was taken in the first "
                                 f"{len(info['sizes'])} training batches, so there is no step to compare. {report}",
                                 notes=notes)
-        ref_run = getattr(run, "reference", None)
+        ref_run = run.reference
         ref = (ref_run.value(0) or {}).get("reference") if ref_run is not None and ref_run.finished else None
         premise = self._premise(infos, ref)
         if premise:

@@ -156,7 +156,7 @@ def _stage_error_note(stage: str, recs: list, driver: list, stages: list) -> str
 
 def _reference(run: Run, notes: list[str]) -> dict | None:
     """The one-device run's observations; None (with a note saying why) when they cannot be compared."""
-    ref_run = getattr(run, "reference", None)
+    ref_run = run.reference
     ref = None
     if ref_run is not None and ref_run.finished:
         ref = (ref_run.values()[0] or {}).get("eval")
