@@ -1102,9 +1102,6 @@ class DataSharding(Contract):
     def _creation_events(self, run: Run) -> list[dict]:
         return [e for r in range(run.world_size) for e in run.events(r, "ds_created")][:4]
 
-    def _creation_sites(self, run: Run) -> list[str]:
-        return [fmt_site(e["site"]) for e in self._creation_events(run) if e.get("site")]
-
     # -- 2. identical data on every rank ---------------------------------------------------------
     def _identical_across_ranks(self, run, batches, loaders, split: dict) -> list[Verdict]:
         """Stages whose batches are the same on every rank; a stage whose step selects its rows by

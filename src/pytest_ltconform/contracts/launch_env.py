@@ -337,11 +337,6 @@ def _launcher(env: dict) -> _Launcher:
     return next(launcher for launcher in _LAUNCHERS if launcher.detect(env))
 
 
-def launcher_of(env: dict) -> str:
-    """'torchrun', 'slurm', 'slurm-interactive' or 'manual' (MASTER_*/NODE_RANK set by hand)."""
-    return _launcher(env).name
-
-
 def view(env: dict, index: int) -> dict:
     """One process's world as its launcher describes it (the values Lightning would use)."""
     return _launcher(env).view(env, index)

@@ -74,10 +74,6 @@ def _policy_classes(policy) -> list[type] | None:
     return None
 
 
-def _cls_name(cls: type) -> str:
-    return cls.__qualname__ if cls.__module__.startswith("torch.") else f"{cls.__qualname__}"
-
-
 def _model_modules(model) -> tuple[list, str | None]:
     """Every module of the model after configure_model (built on the meta device)."""
     import torch
