@@ -76,8 +76,8 @@ def test_value_comparing_items_are_not_judged_on_a_nonfinite_loss(fake_runs):
     session._runs[session._key("fit", "ddp", "cpu")] = fake_runs.run(
         traces=[[STEP, dict(nan, step=3, loss="inf")], [STEP, nan]], values=[{}, {}])
     verdict, _ = session.verdict("sync-dist", "ddp")
-    assert verdict.outcome == "skipped", verdict.render()
-    assert verdict.summary.startswith("not judged: the training loss was nan on rank 1 at step 2 (epoch 0, batch 2), "
+    assert verdict.outcome == "not_judged", verdict.render()
+    assert verdict.not_judged.reason.startswith("the training loss was nan on rank 1 at step 2 (epoch 0, batch 2), "
                                       "returned at /src/model.py:36 (Model.training_step)")
     # A contract that compares no values judges as usual on the same run.
     assert session.verdict("shared-writes", "ddp")[0].outcome == "passed"

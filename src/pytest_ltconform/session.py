@@ -188,7 +188,7 @@ class LtconformSession:
         if not isinstance(run, Run):
             return None
         second = judge(contract, run)
-        if not (second.failed or (run.finished and second.outcome == "passed" and not second.empty)):
+        if not (second.finding or (run.finished and second.outcome == "passed" and not second.empty)):
             return None
         switched = ", ".join(f"{k}={v}" for k, v in WITHOUT_VALIDATION.items())
         second.notes.append(f"judged on a second fit with validation switched off ({switched}): the shared fit "
@@ -255,7 +255,8 @@ class LtconformSession:
         if owner == contract.id:
             return None
         return not_judged(contract, f"its own run did not finish either; the module's fit does not finish "
-                                    f"because of the {owner}[{strategy}] failure (see that item).")
+                                    f"because of the {owner}[{strategy}] failure (see that item).",
+                          f"{owner}[{strategy}]")
 
     def _same_failure_as_fit(self, contract, strategy: str, tier: str, fit: Run) -> Verdict | None:
         """This item's own run stopped the way the traced fit did (the same rank failure at the same
@@ -266,13 +267,15 @@ class LtconformSession:
         if mine is None or theirs is None or item is None or \
                 (mine.kind, mine.exc_type, mine.site) != (theirs.kind, theirs.exc_type, theirs.site):
             return None
-        return not_judged(contract, f"its own run stopped the same way as the fit: {mine.headline()} (see {item}).")
+        return not_judged(contract, f"its own run stopped the same way as the fit: {mine.headline()} (see {item}).",
+                          item)
 
 
-def not_judged(contract, reason: str) -> Verdict:
-    """The verdict of an item that cannot be judged because of another item's failure: skipped,
-    with the reason in one line naming that item, and no traceback of its own."""
-    return contract.verdict("skipped", f"not judged: {reason}", category="consequence")
+def not_judged(contract, reason: str, item: str | None = None) -> Verdict:
+    """The verdict of an item that cannot be judged because of another item's failure (``item``,
+    when one is named): not judged, with the reason in one line naming that item, and no traceback
+    of its own."""
+    return contract.not_judged(reason, depends_on=item, category="consequence")
 
 
 def first_nonfinite(run: Run) -> tuple[int, dict] | None:
@@ -296,7 +299,7 @@ def hung_verdict(contract, hung: Run) -> Verdict:
     until = f"until {hung.job.timed_out_by}" if hung.job.timed_out_by else f"and was killed {hung.job.killed_early}"
     return not_judged(contract, f"not started: the {hung.kind}[{hung.strategy}] run of this target hung "
                                 f"({where} stopped making progress {until}), and this run "
-                                f"would reach the same code (see {item}).")
+                                f"would reach the same code (see {item}).", item)
 
 
 def judge(contract, run: Run, ddp: Run | None = None) -> Verdict:
@@ -321,7 +324,7 @@ def judge(contract, run: Run, ddp: Run | None = None) -> Verdict:
         return verdict
     owner = contracts.blamed(run)
     # A rank that raised in the user's code leads: what its peers did next is no finding.
-    if verdict.failed and (owner == contract.id or not run.raised_in_user_code()):
+    if verdict.finding and (owner == contract.id or not run.raised_in_user_code()):
         verdict.diagnosis = job.diagnosis
         return verdict
     if owner is not None and owner != contract.id:
@@ -343,10 +346,10 @@ def _after_owned_failure(contract, run: Run, verdict: Verdict, owner: str) -> Ve
     if verdict.outcome == "passed" and not _reached_a_step(run):
         # Nothing to judge: a pass on a run that stopped in its setup would be vacuous.
         return not_judged(contract, f"the shared {run.kind} run stopped before its first step because of the "
-                                    f"{item} failure (see that item).")
+                                    f"{item} failure (see that item).", item)
     if verdict.outcome == "passed" and verdict.empty:
         return not_judged(contract, f"the shared {run.kind} run stopped because of the {item} failure before "
-                                    f"anything this contract judges was recorded (see that item).")
+                                    f"anything this contract judges was recorded (see that item).", item)
     if verdict.outcome == "passed":
         verdict.partial = True
         verdict.notes.append(
@@ -355,7 +358,7 @@ def _after_owned_failure(contract, run: Run, verdict: Verdict, owner: str) -> Ve
         )
         return verdict
     return not_judged(contract, f"the shared {run.kind} run did not finish because of the {item} failure "
-                                f"(see that item), and this contract needs the run's end.")
+                                f"(see that item), and this contract needs the run's end.", item)
 
 
 def _stopped_in_validation(run: Run) -> bool:
@@ -391,7 +394,7 @@ def _not_a_sharded_module(contract, run: Run, ddp: Run | None = None) -> Verdict
     same = _same_stop_under_ddp(cause, ddp)
     if same is not None:
         return not_judged(contract, f"the fit run stops in your code under every strategy ({cause.exc_type} at "
-                                    f"{fmt_site(cause.site)}: {cause.message}) (see {same}).")
+                                    f"{fmt_site(cause.site)}: {cause.message}) (see {same}).", same)
     where = f" at {_short_site(cause.site)}" if cause.site else ""
     what = f"{cause.exc_type or cause.kind}{where}: {cause.message}" if cause.message else \
         f"{cause.exc_type or cause.kind}{where}"
@@ -422,7 +425,7 @@ def _after_own_failure(contract, run: Run) -> Verdict:
         return contract.verdict("error", f"the run did not finish: {headline}.", category="crash",
                                 diagnosis="\n".join(p for p in parts if p))
     return not_judged(contract, f"the shared {run.kind} run did not finish because {headline} "
-                                f"(see {run.cause_item}).")
+                                f"(see {run.cause_item}).", run.cause_item)
 
 
 def _same_stop_under_ddp(cause, ddp: Run | None) -> str | None:

@@ -20,6 +20,7 @@ import linecache
 from typing import Any
 
 from ..harness import FIT, Probe, RunSpec
+from ..outcomes import NOT_JUDGED_PREFIX, NotJudged, Outcome
 from ..sites import fmt_site
 
 
@@ -55,14 +56,15 @@ class Evidence:
 class Verdict:
     """The judgement of one contract on one run.
 
-    ``outcome``: 'passed', 'failed', 'advisory' (a failed item whose finding wastes resources
-    but computes the right thing), 'error' (the run could not be judged) or 'skipped'.
-    ``summary`` is one paragraph naming the rule and what broke it; ``category`` says whether
-    the fault deadlocks the world ('deadlock') or silently mixes values ('silent').
+    ``outcome``: an :class:`~..outcomes.Outcome` (today's strings are accepted too: 'skipped'
+    with a summary starting "not judged: " is :attr:`Outcome.NOT_JUDGED`). ``summary`` is one
+    paragraph naming the rule and what broke it; ``category`` says whether the fault deadlocks
+    the world ('deadlock') or silently mixes values ('silent'). ``depends_on`` names the item
+    whose failure left this one not judged, when another item did.
     """
 
     contract: str
-    outcome: str
+    outcome: Outcome
     summary: str
     evidence: list[Evidence] = dataclasses.field(default_factory=list)
     fix: str | None = None
@@ -75,16 +77,35 @@ class Verdict:
     # backward): kept on a finished run, but on an unfinished one the session reports the item
     # not judged, since a pass that compared nothing is no pass.
     empty: bool = False
+    depends_on: str | None = None
+
+    def __post_init__(self):
+        self.outcome = Outcome.read(self.outcome, self.summary)
+        if self.outcome is Outcome.NOT_JUDGED and not self.summary.startswith(NOT_JUDGED_PREFIX):
+            self.summary = NOT_JUDGED_PREFIX + self.summary
+
+    @property
+    def finding(self) -> bool:
+        """A failure or an advisory (which passes): the verdict found something against the rule."""
+        return self.outcome.finding
 
     @property
     def failed(self) -> bool:
-        return self.outcome in ("failed", "advisory")
+        """The name before :attr:`finding` (true for advisories too), kept for code written against it."""
+        return self.finding
+
+    @property
+    def not_judged(self) -> NotJudged | None:
+        """Why the item was not judged, and the item it depends on; None when it was judged."""
+        if self.outcome is not Outcome.NOT_JUDGED:
+            return None
+        return NotJudged(self.summary.removeprefix(NOT_JUDGED_PREFIX), self.depends_on)
 
     def render(self, with_diagnosis: bool = True) -> str:
         """The evidence block shown in the pytest report (with the hang diagnosis) and in the
         terminal summary (without it)."""
         head = {"failed": "FAILED", "advisory": "ADVISORY", "error": "NOT JUDGED",
-                "passed": "passed", "skipped": "skipped"}[self.outcome]
+                "passed": "passed", "skipped": "skipped", "not_judged": "skipped"}[self.outcome]
         if self.partial and self.outcome == "passed":
             head += " (on the part of the run before the world stopped)"
         kind = {"deadlock": " (deadlocks the world)", "silent": " (silently wrong values, no error)",
@@ -92,7 +113,7 @@ class Verdict:
         if self.outcome == "error" and self.category == "crash":
             head = "NOT JUDGED (the run stopped in your code)"
         lines = [f"[{self.contract}] {head}{kind}: {self.summary}"]
-        if self.outcome == "skipped" and self.summary.startswith("not judged"):
+        if self.outcome is Outcome.NOT_JUDGED:
             lines = [f"[{self.contract}] {self.summary}"]
         if self.evidence:
             lines.append("Evidence:")
@@ -113,8 +134,8 @@ class Verdict:
         return "\n".join(lines)
 
     def as_dict(self) -> dict:
-        return {"outcome": self.outcome, "message": self.render(), "summary": self.summary, "partial": self.partial,
-                "block": self.render(with_diagnosis=False),
+        return {"outcome": self.outcome.reported, "message": self.render(), "summary": self.summary,
+                "partial": self.partial, "block": self.render(with_diagnosis=False),
                 "category": self.category, "fix": self.fix, "rule_section": self.rule_section,
                 "seed": self.rule_section,  # the name before 0.2, kept for report readers
                 "evidence": [e.as_dict() for e in self.evidence], "notes": list(self.notes)}
@@ -226,8 +247,15 @@ class Contract:
     def judge(self, run: Run) -> Verdict:
         raise NotImplementedError
 
-    def verdict(self, outcome: str, summary: str, **kwargs) -> Verdict:
+    def verdict(self, outcome: Outcome | str, summary: str, **kwargs) -> Verdict:
+        """This contract's verdict; ``outcome`` an :class:`Outcome` or its value ('skipped' with a
+        "not judged: " summary, as contracts wrote it before the enum, is :attr:`Outcome.NOT_JUDGED`)."""
         return Verdict(contract=self.id, outcome=outcome, summary=summary, rule_section=self.rule_section, **kwargs)
+
+    def not_judged(self, reason: str, depends_on: str | None = None, **kwargs) -> Verdict:
+        """Not judged for ``reason`` (one line; a premise of the verdict does not hold, or the plugin
+        cannot read something), or because of the item ``depends_on``."""
+        return self.verdict(Outcome.NOT_JUDGED, reason, depends_on=depends_on, **kwargs)
 
 
 # -- source helpers for evidence -----------------------------------------------------------------

@@ -1005,7 +1005,7 @@ class DataSharding(Contract):
             return None
         loader = loaders.get("train") or {}
         what = f"{loader.get('type') or 'the train loader'} over {self._what(loader)}"
-        return self.verdict("skipped", f"not judged: cannot tell samples apart in {what}: its fetches hand the "
+        return self.not_judged(f"cannot tell samples apart in {what}: its fetches hand the "
                                        f"dataset no keys this check can read and its batches hold no tensors, "
                                        f"so nothing was compared across ranks.")
 
