@@ -229,6 +229,8 @@ class Contract:
     # Strategies whose items exist only for targets whose Trainer config names them (there is
     # nothing of theirs to judge otherwise).
     configured_only: tuple[str, ...] = ()
+    # The tiers it has items in (vocabulary.TIERS); None: the default ones (cpu, gpu, multinode).
+    tiers: tuple[str, ...] | None = None
     # Whether the verdict compares values (metrics, gradients, weights): not judged on top of a
     # non-finite training loss (nan never equals nan).
     needs_finite_loss: bool = False
