@@ -155,8 +155,7 @@ def _session_with(fake_runs, hung_stack: str, strategy: str = "ddp"):
 
 
 def test_runs_after_a_hang_in_user_code_are_not_started_under_any_strategy(fake_runs, tmp_path):
-    from pytest_ltconform import contracts
-    from pytest_ltconform.harness import inspection
+    from pytest_ltconform.runs import FIT, inspection
 
     user = str(tmp_path / "model.py")
     session = _session_with(fake_runs, _dump([(user, 15, "training_step"), (pytest.__file__, 3, "run")]))
@@ -168,7 +167,7 @@ def test_runs_after_a_hang_in_user_code_are_not_started_under_any_strategy(fake_
                                     "(see all-rank-save[ddp]).")
     # A run that trains nothing cannot reach the hung step: it is started.
     assert session._hung_before(inspection("config"), "ddp", "cpu") is None
-    assert session._hung_before(contracts.run_spec("fit"), "ddp", "gpu") is None  # another tier: its own world
+    assert session._hung_before(FIT, "ddp", "gpu") is None  # another tier: its own world
 
 
 def test_a_rank_stuck_in_a_library_call_blocks_only_its_own_strategy(fake_runs, tmp_path):

@@ -14,15 +14,12 @@ import time
 
 from . import contracts, tiers
 from .contracts.base import Run, Verdict
-from .harness import FIT, FIT_WITHOUT_VALIDATION, WITHOUT_VALIDATION, RunSpec, inspection
+from .runs import FIT, FIT_WITHOUT_VALIDATION, WITHOUT_VALIDATION, RunSpec
 from .settings import Settings
 from .sites import fmt_site
 from .vocabulary import CUDA_TIERS, SHARDED_STRATEGIES, STRATEGY_NAMES
 from .world import JobRequest, WorldPool, WorldStartError
 from .world.causes import cause_text, first_cause, stack_user_site
-
-# The job function of runs that load the user's objects without training (they cannot hang in a step).
-INSPECT_FN = inspection("-").fn
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,17 +45,17 @@ class LtconformSession:
         # progress(label) -> a callback for LocalWorld.run's progress (label: "fit[ddp]"), or None.
         self.progress = None
 
-    def run_for(self, kind: str, strategy: str, tier: str = "cpu") -> Run:
-        """The run called ``kind`` (a contract's ``run_spec.name``) under ``strategy`` in
-        ``tier``'s world (see tiers.py): a local gloo world for 'cpu', a local NCCL world for
-        'gpu'/'deepspeed', the attached world for 'multinode'. Made once and cached; raises
-        WorldStartError when no world could run it."""
-        key = self._key(kind, strategy, tier)
+    def run_for(self, spec: RunSpec, strategy: str, tier: str = "cpu") -> Run:
+        """The run ``spec`` (a contract's ``run_spec``) under ``strategy`` in ``tier``'s world (see
+        tiers.py): a local gloo world for 'cpu', a local NCCL world for 'gpu'/'deepspeed', the
+        attached world for 'multinode'. Made once and cached; raises WorldStartError when no world
+        could run it."""
+        key = self._key(spec.name, strategy, tier)
         # Fresh-world mode (the benchmark's baseline) shares nothing between items.
         cached = None if self.pool.fresh_per_job else self._runs.get(key)
         if cached is None:
             try:
-                cached = self._make(contracts.run_spec(kind), strategy, tier)
+                cached = self._make(spec, strategy, tier)
             except WorldStartError as exc:
                 cached = exc
             self._runs[key] = cached
@@ -77,7 +74,7 @@ class LtconformSession:
         hung = self._hung_before(contract.run_spec, strategy, tier)
         if hung is not None:
             return "skipped", hung_verdict(contract, hung).summary
-        run = self.run_for(contract.run_spec.name, strategy, tier)
+        run = self.run_for(contract.run_spec, strategy, tier)
         if run.job.status == "skip":
             return "skipped", next((r.message for r in run.job.ranks if r.message), "skipped inside the ranks")
         if run.finished:
@@ -111,8 +108,8 @@ class LtconformSession:
                 return made
         return None
 
-    def _make(self, spec: RunSpec, strategy: str, tier: str, probes_of: str | None = None) -> Run:
-        probes = contracts.probes_for(probes_of or spec.name)
+    def _make(self, spec: RunSpec, strategy: str, tier: str, probes_of: RunSpec | None = None) -> Run:
+        probes = contracts.probes_for(probes_of or spec)
         settings = self.settings
         world = tiers.world_for(tier, self.pool, self.attached, settings.world_size, settings.pg_timeout_s)
         label = strategy + ("-gpu" if tier in CUDA_TIERS else "")
@@ -151,15 +148,15 @@ class LtconformSession:
         if hung is not None:
             return hung_verdict(contract, hung), time.monotonic() - started
         try:
-            run = self.run_for(contract.run_spec.name, strategy, tier)
+            run = self.run_for(contract.run_spec, strategy, tier)
         except WorldStartError as exc:
             return contract.verdict("error", f"could not start a world: {exc}"), time.monotonic() - started
         if run.first_item is None:
             run.first_item = f"{contract_id}[{strategy}]"  # what a later item names when this run hung
         verdict = judge(contract, run, self._ddp_run(run, tier) if strategy in SHARDED_STRATEGIES else None)
-        if contract.run_spec.name == FIT.name:
+        if contract.run_spec == FIT:
             verdict = self._judged_without_validation(contract, run, verdict, tier) or verdict
-        if verdict.outcome == "error" and contract.run_spec.name != FIT.name:
+        if verdict.outcome == "error" and contract.run_spec != FIT:
             verdict = self._explained_by_fit(contract, strategy, tier) or verdict
         verdict = self._on_nonfinite_loss(contract, run, strategy, tier) or verdict
         # The first item that needs a run pays for it; later items only for their judgement.
@@ -181,7 +178,7 @@ class LtconformSession:
         run = self._runs.get(key)
         if run is None and self._hung_before(FIT_WITHOUT_VALIDATION, fit.strategy, tier) is None:
             try:
-                run = self._make(FIT_WITHOUT_VALIDATION, fit.strategy, tier, probes_of=FIT.name)
+                run = self._make(FIT_WITHOUT_VALIDATION, fit.strategy, tier, probes_of=FIT)
             except WorldStartError as exc:
                 run = exc
             self._runs[key] = run
@@ -224,7 +221,7 @@ class LtconformSession:
         collective, a strategy's gather) may be that strategy's doing, so other strategies still
         run. Inspection runs train nothing and always run."""
         own_key = self._key(spec.name, strategy, tier)
-        if spec.fn == INSPECT_FN or own_key in self._runs:
+        if not spec.trains or own_key in self._runs:
             return None  # made already: its items are judged on it
         for key, run in self._runs.items():
             # Killed at the time limit, or before it once its peers had failed or finished: a rank

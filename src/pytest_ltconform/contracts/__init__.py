@@ -83,23 +83,14 @@ def forget_added() -> None:
     _ADDED.clear()
 
 
-def run_spec(name: str):
-    """The :class:`~..harness.RunSpec` called ``name`` that a registered contract declares;
-    raises KeyError when none does."""
-    for cid in ids():
-        spec = get_contract(cid).run_spec
-        if spec.name == name:
-            return spec
-    raise KeyError(f"no contract declares a run called {name!r}")
-
-
-def probes_for(name: str) -> list[tuple[str, str]]:
-    """``[(contract_id, "module:Class")]`` of every contract that declares the run ``name`` and
-    has a probe, in registry order: what the harness loads on the ranks of that run."""
+def probes_for(spec) -> list[tuple[str, str]]:
+    """``[(contract_id, "module:Class")]`` of every contract that declares the run ``spec`` (a
+    :class:`~..runs.RunSpec`) and has a probe, in registry order: what the harness loads on the
+    ranks of that run."""
     found = []
     for cid in ids():
         contract = get_contract(cid)
-        ref = contract.probe_ref() if contract.run_spec.name == name else None
+        ref = contract.probe_ref() if contract.run_spec == spec else None
         if ref is not None:
             found.append((cid, ref))
     return found

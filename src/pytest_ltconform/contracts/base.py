@@ -2,7 +2,7 @@
 unfinished run it owns, and a verdict over all ranks.
 
 A contract never starts processes itself. It declares the run it needs (``run_spec``, a
-:class:`~..harness.RunSpec`) and its probe (``probe_class``, a :class:`~..harness.Probe`); the
+:class:`~..runs.RunSpec`) and its probe (``probe_class``, a :class:`~..runs.Probe`); the
 session makes that run once per (target, strategy, world) and hands every contract that declares
 it the same :class:`Run`. When a run did not finish, the session asks every contract's
 :meth:`Contract.blames`; the claim with the lowest :class:`Blame` names the cause. Verdicts are
@@ -19,8 +19,8 @@ import inspect
 import linecache
 from typing import Any
 
-from ..harness import FIT, Probe, RunSpec
 from ..outcomes import NOT_JUDGED_PREFIX, NotJudged, Outcome
+from ..runs import FIT, Probe, RunSpec
 from ..sites import fmt_site
 
 

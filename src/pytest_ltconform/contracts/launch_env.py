@@ -28,7 +28,7 @@ import dataclasses
 import os
 from typing import Any
 
-from ..harness import Probe, inspection
+from ..runs import Probe, inspection
 from ..sites import fmt_site
 from .base import Contract, Evidence, Run, Verdict
 

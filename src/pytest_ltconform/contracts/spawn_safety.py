@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
-from ..harness import Probe, inspection
+from ..runs import Probe, inspection
 from ..sites import fmt_site
 from .base import Contract, Evidence, Run, Verdict
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 
-from ..harness import Probe, inspection
+from ..runs import Probe, inspection
 from .base import Blame, Contract, Evidence, Run, Verdict
 
 NUMERIC_ZERO_KEYS = ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size",

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 
-from ...harness import RunSpec
+from ...runs import RunSpec
 from ...sites import fmt_site
 from ..base import Contract, Evidence, Run, Verdict
 from .probe import EffectiveBatchProbe

@@ -24,7 +24,7 @@ import dataclasses
 import math
 from collections import Counter, defaultdict
 
-from ...harness import RunSpec
+from ...runs import RunSpec
 from ...sites import fmt_site
 from ..base import Contract, Evidence, Run, Verdict, method_site, rank_guard, user_class
 from ..rank_reads import describe, selecting_reads
