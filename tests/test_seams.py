@@ -34,3 +34,16 @@ def test_the_session_branches_on_no_tier_and_reads_no_run_attribute_by_name():
     text = (SRC / "session.py").read_text()
     assert "tier ==" not in text and "getattr(" not in text
     assert not any('startswith("not judged' in p.read_text() for p in SRC.rglob("*.py"))
+
+
+def test_several_findings_merge_into_the_first():
+    from pytest_ltconform.contracts.base import Evidence, Verdict, merged
+
+    def finding(n):
+        return Verdict(contract="x", outcome="failed", summary=f"finding {n}", evidence=[Evidence(f"e{n}")],
+                       notes=[f"note {n}"])
+
+    first = merged([finding(1), finding(2), finding(3)], ["after"])
+    assert first.summary == "finding 1"
+    assert [e.detail for e in first.evidence] == ["e1", "e2", "e3"]
+    assert first.notes == ["finding 2", "finding 3", "note 1", "after"]

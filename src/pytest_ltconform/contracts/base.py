@@ -141,6 +141,16 @@ class Verdict:
                 "evidence": [e.as_dict() for e in self.evidence], "notes": list(self.notes)}
 
 
+def merged(findings: list[Verdict], notes: list[str] = ()) -> Verdict:
+    """The verdict of a contract whose checks found several things: the first finding leads, with
+    every finding's evidence in order and the others' summaries as notes before its own (then
+    ``notes``). Mutates and returns ``findings[0]``."""
+    first = findings[0]
+    first.evidence = [e for f in findings for e in f.evidence]
+    first.notes = [f.summary for f in findings[1:]] + first.notes + list(notes)
+    return first
+
+
 class Run:
     """One run (e.g. a traced fit) as every contract sees it: per-rank outcomes, traces,
     rank-side observations, and, for a world that did not finish, the divergence and diagnosis.

@@ -21,7 +21,7 @@ import sys
 import threading
 
 from ..sites import fmt_site
-from .base import Contract, Evidence, Probe, Run, Verdict, rank_guard
+from .base import Contract, Evidence, Probe, Run, Verdict, merged, rank_guard
 
 ROOT = "<default_root_dir>"
 _SKIP_PREFIXES = ("/dev/", "/proc/", "/sys/")
@@ -225,10 +225,7 @@ class SharedWrites(Contract):
             verdict.notes += _stage_error_notes(run)
             return verdict
         verdicts = [self._shared(run, path, ranks) for path, ranks in sorted(shared.items())]
-        first = verdicts[0]
-        first.evidence = [e for v in verdicts for e in v.evidence]
-        first.notes = [v.summary for v in verdicts[1:]] + first.notes + _stage_error_notes(run)
-        return first
+        return merged(verdicts, _stage_error_notes(run))
 
     def _shared(self, run: Run, path: str, ranks: dict[int, list[dict]]) -> Verdict:
         name = os.path.basename(path)
