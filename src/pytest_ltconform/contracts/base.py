@@ -22,6 +22,7 @@ from typing import Any
 from ..outcomes import NOT_JUDGED_PREFIX, NotJudged, Outcome
 from ..runs import FIT, Probe, RunSpec
 from ..sites import fmt_site
+from ..vocabulary import DEFAULT_CONTRACT_TIERS
 
 
 class Blame(enum.IntEnum):
@@ -239,8 +240,8 @@ class Contract:
     # Strategies whose items exist only for targets whose Trainer config names them (there is
     # nothing of theirs to judge otherwise).
     configured_only: tuple[str, ...] = ()
-    # The tiers it has items in (vocabulary.TIERS); None: the default ones (cpu, gpu, multinode).
-    tiers: tuple[str, ...] | None = None
+    # The tiers it has items in (vocabulary.TIERS).
+    tiers: tuple[str, ...] = DEFAULT_CONTRACT_TIERS
     # Whether the verdict compares values (metrics, gradients, weights): not judged on top of a
     # non-finite training loss (nan never equals nan).
     needs_finite_loss: bool = False
