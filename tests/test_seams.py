@@ -47,3 +47,37 @@ def test_several_findings_merge_into_the_first():
     assert first.summary == "finding 1"
     assert [e.detail for e in first.evidence] == ["e1", "e2", "e3"]
     assert first.notes == ["finding 2", "finding 3", "note 1", "after"]
+
+
+def test_the_target_fixture_returns_a_public_type(pytester):
+    pytester.makepyfile(model='''
+import torch
+import lightning.pytorch as pl
+
+
+class Model(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+
+    def training_step(self, batch, batch_idx):
+        return self.layer(batch).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(torch.randn(8, 2), batch_size=2)
+''', test_fixture='''
+import pytest_ltconform
+
+
+def test_target(ltconform_target):
+    assert type(ltconform_target) is pytest_ltconform.ResolvedTarget
+    assert type(ltconform_target.model) is pytest_ltconform.target.ObjectRef
+    assert ltconform_target.model.text == "model.py:Model"
+''')
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ltconform", "model.py:Model",
+                                           "test_fixture.py", "-m", "not ltconform")
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    result.assert_outcomes(passed=1)

@@ -1,17 +1,18 @@
 """pytest-ltconform: distributed-training conformance checks for PyTorch Lightning code.
 
 Importing this package imports neither torch nor lightning. ``pytest_ltconform.Target`` (for the
-``pytest_ltconform_targets`` hook in ``conftest.py``) and the types a project's own contract is
+``pytest_ltconform_targets`` hook in ``conftest.py``), ``ResolvedTarget`` (what the
+``ltconform_target`` fixture returns) and the types a project's own contract is
 made of (for ``pytest_ltconform_contracts``: ``Contract``, ``Probe``, ``Verdict``, ``Evidence``,
 ``Outcome``, ``FIT``; docs/design.md, "Adding a contract") are loaded on first use.
 """
 
 __version__ = "0.1.0"
 
-__all__ = ["Contract", "Evidence", "FIT", "Outcome", "Probe", "Target", "Verdict"]
+__all__ = ["Contract", "Evidence", "FIT", "Outcome", "Probe", "ResolvedTarget", "Target", "Verdict"]
 
 # name -> the module that defines it
-_LAZY = {"Target": "target", "Contract": "contracts.base", "Evidence": "contracts.base",
+_LAZY = {"Target": "target", "ResolvedTarget": "target", "Contract": "contracts.base", "Evidence": "contracts.base",
          "Verdict": "contracts.base", "Probe": "harness", "FIT": "harness", "Outcome": "outcomes"}
 
 
