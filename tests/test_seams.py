@@ -33,7 +33,8 @@ def test_the_pytest_side_reads_the_run_interface_from_runs_not_the_harness():
 def test_the_session_branches_on_no_tier_and_reads_no_run_attribute_by_name():
     text = (SRC / "session.py").read_text()
     assert "tier ==" not in text and "getattr(" not in text
-    assert not any('startswith("not judged' in p.read_text() for p in SRC.rglob("*.py"))
+    parsed_back = 'startswith("not ' + 'judged'  # split, so that a grep of the tree finds none either
+    assert not any(parsed_back in p.read_text() for p in SRC.rglob("*.py"))
 
 
 def test_several_findings_merge_into_the_first():
