@@ -71,7 +71,7 @@ def add(contract) -> None:
         raise ValueError(f"{what}.probe_class is {contract.probe_class!r}: set it to a "
                          f"pytest_ltconform.Probe subclass, or None")
     unknown = [s for s in contract.strategies if s not in STRATEGIES] + \
-        [t for t in contract.tiers or () if t not in TIERS]
+        [t for t in contract.tiers if t not in TIERS]
     if unknown:
         raise ValueError(f"{what} names {', '.join(map(repr, unknown))}: strategies are "
                          f"{', '.join(STRATEGIES)}; tiers are {', '.join(TIERS)}")
