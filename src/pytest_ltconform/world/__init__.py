@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import atexit
 import os
+import shutil
 from typing import Protocol
 
+from . import launch
 from .job import JobRequest
-from .local import LocalWorld, WorldStartError, remove_stale_worlds
+from .launch import DEFAULT_LAUNCHER, LAUNCHERS
+from .local import LocalWorld, WorldStartError, new_world_folder, remove_stale_worlds
 from .outcome import JobResult, RankOutcome
 
-__all__ = ["JobRequest", "JobResult", "LocalWorld", "RankOutcome", "World", "WorldPool", "WorldStartError",
-           "remove_stale_worlds"]
+__all__ = ["LAUNCHERS", "JobRequest", "JobResult", "LocalWorld", "RankOutcome", "World", "WorldPool",
+           "WorldStartError", "remove_stale_worlds"]
 
 
 class World(Protocol):
@@ -42,10 +45,19 @@ class WorldPool:
     folders that killed sessions left behind (see :func:`remove_stale_worlds`).
     """
 
-    def __init__(self, fresh_per_job: bool | None = None, timeout_name: str = "timeout_s"):
+    def __init__(self, fresh_per_job: bool | None = None, timeout_name: str = "timeout_s",
+                 launcher: str = DEFAULT_LAUNCHER, preload: tuple[str, ...] = ("lightning.pytorch",)):
         remove_stale_worlds()
+        if launcher not in LAUNCHERS:
+            raise ValueError(f"unknown rank launcher {launcher!r}; choose from {', '.join(LAUNCHERS)}")
         self.timeout_name = timeout_name
+        self.launcher = launcher
+        self.preload = preload
         self._worlds: dict[tuple, LocalWorld] = {}
+        # One fork parent per rank environment (DeepSpeed reads its accelerator when imported),
+        # shared by the worlds of every size: each parent is one import for the session.
+        self._launchers: dict[tuple, object] = {}
+        self._folder: str | None = None
         if fresh_per_job is None:
             # LTCONFORM_FRESH_WORLDS=1: a cold world per job, for measuring what reuse saves.
             fresh_per_job = os.environ.get("LTCONFORM_FRESH_WORLDS", "") not in ("", "0")
@@ -55,18 +67,40 @@ class WorldPool:
     def get(self, world_size: int, backend: str = "gloo", pg_timeout_s: float = 30.0,
             env: dict | None = None) -> LocalWorld:
         """The world for these parameters; ``env`` ({name: value}) is set in each rank's environment."""
-        key = (world_size, backend, pg_timeout_s, tuple(sorted((env or {}).items())))
+        env_key = tuple(sorted((env or {}).items()))
+        key = (world_size, backend, pg_timeout_s, env_key)
         world = self._worlds.get(key)
         if world is None or world.closed:
             world = self._worlds[key] = LocalWorld(world_size, backend=backend, pg_timeout_s=pg_timeout_s, env=env,
-                                                   timeout_name=self.timeout_name, fresh_per_job=self.fresh_per_job)
+                                                   timeout_name=self.timeout_name, fresh_per_job=self.fresh_per_job,
+                                                   preload=self.preload, launcher=self._launcher(env_key))
         return world
+
+    def _launcher(self, env_key: tuple):
+        launcher = self._launchers.get(env_key)
+        if launcher is None:
+            if self._folder is None:
+                self._folder = new_world_folder()
+            folder = os.path.join(self._folder, f"launcher{len(self._launchers)}")
+            launcher = self._launchers[env_key] = launch.launcher_for(self.launcher, self.preload, folder)
+        return launcher
 
     @property
     def cold_starts(self) -> int:
         return sum(w.cold_starts for w in self._worlds.values())
 
+    @property
+    def imports(self) -> int:
+        """Processes that imported the preload modules: fork parents, or every spawned rank."""
+        return sum(launcher.imports for launcher in self._launchers.values())
+
     def close(self) -> None:
         for world in self._worlds.values():
             world.close()
         self._worlds.clear()
+        for launcher in self._launchers.values():
+            launcher.close()
+        self._launchers.clear()
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = None
