@@ -227,3 +227,33 @@ def test_ranks_die_with_their_parent_and_the_next_run_forks_from_a_new_one(pytes
     pytester.makepyfile(test_parent_killed=PARENT_KILLED)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
+
+
+FIXTURE = '''
+import os
+import sys
+
+
+def parent(ctx):
+    return os.getppid(), "lightning" in sys.modules
+
+
+def test_parent(ltconform_world):
+    parents, lightning = zip(*ltconform_world(2).run(parent))
+    if os.environ["EXPECT"] == "spawn":
+        assert parents == (os.getpid(),) * 2
+    else:
+        assert parents[0] == parents[1] != os.getpid()
+    assert lightning == (False, False)  # LTCONFORM_PRELOAD replaced the preload
+'''
+
+
+@pytest.mark.parametrize("how", ["fork", "spawn"])
+def test_the_launcher_option_reaches_the_fixture_worlds(pytester, monkeypatch, how):
+    monkeypatch.setenv("EXPECT", how)
+    monkeypatch.setenv("LTCONFORM_PRELOAD", "torch.distributed")  # a world of the fixture, without Lightning
+    pytester.makepyfile(test_fixture=FIXTURE)
+    args = ["--ltconform-launcher", how] if how == "spawn" else []
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", *args)
+    result.assert_outcomes(passed=1)
+
