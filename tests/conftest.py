@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import os
 import pathlib
+import re
 import sys
 import time
 
@@ -133,3 +136,45 @@ def _forget_modules_of_temporary_files(tmp_path_factory):
     for name in set(sys.modules) - before:
         if (getattr(sys.modules.get(name), "__file__", None) or "").startswith(base):
             del sys.modules[name]
+
+
+# -- the `world` marker: tests that start rank processes -------------------------------------------
+
+# What starts worlds: a pytest subprocess (the usual way), a world or pool made here, another process,
+# the corpus command; an in-process pytest run checking a module; the fixture that runs on ranks.
+_WORLD_CALLS = re.compile(r"runpytest_subprocess|LocalWorld\(|WorldPool\(|popen\(|subprocess\.(run|Popen)\("
+                          r"|pytest_ltconform\.corpus|judge_items|runpytest\([^)]*(BORING|case\()")
+_WORLD_FIXTURES = {"ltconform_world", "no_leftover_ranks"}
+
+
+def _world_names(module) -> set[str]:
+    """The module's functions (fixtures and helpers included) that start worlds, directly or through
+    another of them."""
+    sources = {}
+    for name, obj in vars(module).items():
+        fn = getattr(obj, "__wrapped__", obj)
+        if inspect.isfunction(fn) and fn.__module__ == module.__name__:
+            with contextlib.suppress(OSError, TypeError):
+                sources[name] = inspect.getsource(fn)
+    names = {n for n, src in sources.items() if _WORLD_CALLS.search(src)}
+    while True:  # helpers that call helpers
+        more = {n for n, src in sources.items() if n not in names and any(re.search(rf"\b{m}\b", src) for m in names)}
+        if not more:
+            return names
+        names |= more
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark ``world`` every test that starts rank processes, so ``-m "not world"`` is the quick inner
+    loop; the marker deselects nothing by default."""
+    by_module: dict = {}
+    for item in items:
+        module = getattr(item, "module", None)
+        if module is None:
+            continue
+        if module not in by_module:
+            by_module[module] = _world_names(module)
+        names = by_module[module] | _WORLD_FIXTURES
+        tiers = {"slow", "multinode", "gpu"} & {m.name for m in item.iter_markers()}  # all start processes
+        if tiers or item.originalname in names or names & set(item.fixturenames):
+            item.add_marker(pytest.mark.world)
