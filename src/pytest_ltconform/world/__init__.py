@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import atexit
 import os
-import shutil
 from typing import Protocol
 
 from . import launch
 from .job import JobRequest
 from .launch import DEFAULT_LAUNCHER, LAUNCHERS
-from .local import LocalWorld, WorldStartError, new_world_folder, remove_stale_worlds
+from .local import LocalWorld, WorldStartError, remove_stale_worlds
 from .outcome import JobResult, RankOutcome
 
 __all__ = ["LAUNCHERS", "JobRequest", "JobResult", "LocalWorld", "RankOutcome", "World", "WorldPool",
@@ -57,7 +56,6 @@ class WorldPool:
         # One fork parent per rank environment (DeepSpeed reads its accelerator when imported),
         # shared by the worlds of every size: each parent is one import for the session.
         self._launchers: dict[tuple, object] = {}
-        self._folder: str | None = None
         if fresh_per_job is None:
             # LTCONFORM_FRESH_WORLDS=1: a cold world per job, for measuring what reuse saves.
             fresh_per_job = os.environ.get("LTCONFORM_FRESH_WORLDS", "") not in ("", "0")
@@ -79,10 +77,7 @@ class WorldPool:
     def _launcher(self, env_key: tuple):
         launcher = self._launchers.get(env_key)
         if launcher is None:
-            if self._folder is None:
-                self._folder = new_world_folder()
-            folder = os.path.join(self._folder, f"launcher{len(self._launchers)}")
-            launcher = self._launchers[env_key] = launch.launcher_for(self.launcher, self.preload, folder)
+            launcher = self._launchers[env_key] = launch.launcher_for(self.launcher, self.preload)
         return launcher
 
     @property
@@ -101,6 +96,3 @@ class WorldPool:
         for launcher in self._launchers.values():
             launcher.close()
         self._launchers.clear()
-        if self._folder is not None:
-            shutil.rmtree(self._folder, ignore_errors=True)
-            self._folder = None

@@ -87,14 +87,15 @@ class ForkedRank:
 
 class ForkLauncher:
     """Ranks forked from one parent (``zygote.py``) that imported ``preload`` once; started on the
-    first rank, with that rank's environment less its per-rank variables, in ``folder`` (its log).
-    A parent that died is started again on the next rank (one more import)."""
+    first rank, with that rank's environment less its per-rank variables, in that rank's world
+    folder (its log there: it is read when the parent cannot start). A parent that died is started
+    again on the next rank (one more import)."""
 
     kind = "fork"
 
-    def __init__(self, preload: tuple[str, ...], folder: str, start_timeout_s: float = 300.0):
+    def __init__(self, preload: tuple[str, ...], start_timeout_s: float = 300.0):
         self.preload = tuple(preload)
-        self.folder = folder
+        self.log_path = ""
         self.start_timeout_s = start_timeout_s
         self.imports = 0
         self.exits: dict[int, int] = {}
@@ -107,15 +108,11 @@ class ForkLauncher:
         self._ready: tuple | None = None
 
     @property
-    def log_path(self) -> str:
-        return os.path.join(self.folder, "launcher.log")
-
-    @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
 
     def start(self, env: dict, log_path: str, cwd: str) -> ForkedRank:
-        self._ensure_parent(env)
+        self._ensure_parent(env, cwd)
         token = self._next_token = self._next_token + 1
         try:
             zygote.send(self._to, ("fork", token, env, log_path, cwd))
@@ -129,11 +126,11 @@ class ForkLauncher:
             self.pump(0.1)
         return ForkedRank(self, self._forked.pop(token))
 
-    def _ensure_parent(self, env: dict) -> None:
+    def _ensure_parent(self, env: dict, folder: str) -> None:
         if self._proc is not None and self._proc.poll() is None and self._from >= 0:
             return
         self.close()
-        os.makedirs(self.folder, exist_ok=True)
+        self.log_path = os.path.join(folder, "launcher.log")
         request_r, self._to = os.pipe()
         self._from, reply_w = os.pipe()
         parent_env = {k: v for k, v in env.items() if k not in PER_RANK_ENV}
@@ -142,7 +139,7 @@ class ForkLauncher:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "pytest_ltconform.world.zygote", str(request_r), str(reply_w)],
                 env=parent_env, pass_fds=(request_r, reply_w), stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, cwd=self.folder, start_new_session=True)
+                stderr=subprocess.STDOUT, cwd=folder, start_new_session=True)
         os.close(request_r)
         os.close(reply_w)
         self.imports += 1
@@ -221,10 +218,10 @@ class ForkLauncher:
         self._proc = None
 
 
-def launcher_for(kind: str, preload: tuple[str, ...], folder: str, start_timeout_s: float = 300.0):
+def launcher_for(kind: str, preload: tuple[str, ...], start_timeout_s: float = 300.0):
     """A new launcher of ``kind`` (one of :data:`LAUNCHERS`); ValueError names a bad one."""
     if kind == "fork":
-        return ForkLauncher(preload, folder, start_timeout_s)
+        return ForkLauncher(preload, start_timeout_s)
     if kind == "spawn":
         return SpawnLauncher()
     raise ValueError(f"unknown rank launcher {kind!r}; choose from {', '.join(LAUNCHERS)}")

@@ -61,12 +61,13 @@ class LocalWorld:
         self._own_root = root is None
         self.timeout_name = timeout_name  # what a job killed at its time limit names (an option)
         self.fresh_per_job = fresh_per_job
-        self.root = root or new_world_folder()
+        self.root = root or tempfile.mkdtemp(prefix=WORLD_PREFIX)
+        if self._own_root:
+            _write_owner(self.root)
         self._store = None
         # A launcher given by name is this world's own (closed with it); an object is shared (a pool's).
         self._own_launcher = isinstance(launcher, str)
-        self.launcher = launch.launcher_for(launcher, preload, os.path.join(self.root, "launcher"),
-                                            start_timeout_s) if self._own_launcher else launcher
+        self.launcher = launch.launcher_for(launcher, preload, start_timeout_s) if self._own_launcher else launcher
         self._procs: list = []  # subprocess.Popen or launch.ForkedRank
         self.generation = -1
         self._next_job = 0
@@ -445,13 +446,6 @@ def _process_identity(pid: int) -> tuple[str, str] | None:
         return fields[0].decode(), fields[19].decode()
     except (OSError, IndexError):
         return None
-
-
-def new_world_folder() -> str:
-    """A new folder for a world's files under the temp dir, naming its owner (this process)."""
-    root = tempfile.mkdtemp(prefix=WORLD_PREFIX)
-    _write_owner(root)
-    return root
 
 
 def _write_owner(root: str) -> None:
