@@ -22,9 +22,11 @@ def case(path: str) -> str:
     return f"{CONFORMANCE / path}:Model"
 
 
-def rank_pids(supervisor_pid: int | None = None, cwd_marker: str | None = None) -> list[int]:
+def rank_pids(supervisor_pid: int | None = None, cwd_marker: str | None = None, parents: bool = False) -> list[int]:
     """Live rank processes, optionally only those of one supervisor, or of supervisors started in a
-    directory under ``cwd_marker`` (a rank's PYTHONPATH carries its supervisor's working directory)."""
+    directory under ``cwd_marker`` (a rank's PYTHONPATH carries its supervisor's working directory);
+    with ``parents``, the fork launcher's parents too (a forked rank is told from its parent by
+    that: the parent's parent is the supervisor)."""
     from pytest_ltconform.world.protocol import SUPERVISOR_PID_ENV
 
     supervisor_key = SUPERVISOR_PID_ENV.encode()  # every rank's environment names its supervisor
@@ -45,8 +47,20 @@ def rank_pids(supervisor_pid: int | None = None, cwd_marker: str | None = None) 
             continue
         if cwd_marker is not None and cwd_marker.encode() not in env.get(b"PYTHONPATH", b""):
             continue
+        if not parents and _is_fork_parent(int(entry), int(env[supervisor_key])):
+            continue
         found.append(int(entry))
     return found
+
+
+def _is_fork_parent(pid: int, supervisor_pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            ppid = int(fh.read().rsplit(b")", 1)[1].split()[1])
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return b"world.zygote" in fh.read() and ppid == supervisor_pid
+    except (OSError, ValueError, IndexError):
+        return False
 
 
 def wait_until(predicate, timeout: float, interval: float = 0.1) -> bool:
@@ -60,11 +74,12 @@ def wait_until(predicate, timeout: float, interval: float = 0.1) -> bool:
 
 @pytest.fixture
 def no_leftover_ranks(pytester):
-    """Fails the test if rank processes its pytest subprocesses started are still alive afterwards."""
+    """Fails the test if rank processes its pytest subprocesses started, or their fork parents, are
+    still alive afterwards."""
     yield
     marker = str(pytester.path)
-    assert wait_until(lambda: not rank_pids(cwd_marker=marker), 15), \
-        f"rank processes left behind: {rank_pids(cwd_marker=marker)}"
+    assert wait_until(lambda: not rank_pids(cwd_marker=marker, parents=True), 15), \
+        f"rank processes left behind: {rank_pids(cwd_marker=marker, parents=True)}"
 
 
 # -- fake runs: the Run a contract judges, from hand-made per-rank data (no world started) --------

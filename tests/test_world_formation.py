@@ -172,6 +172,7 @@ def test_ranks(ltconform_world):
     ltconform_world(2).run(rank_of)
 ''')
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "ltconform-no-such-if")
+    monkeypatch.setenv("LTCONFORM_PRELOAD", "torch")  # machinery: its ranks need no Lightning
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(failed=1)
     out = result.stdout.str()

@@ -174,7 +174,8 @@ def test_dead_rank_is_reported(ltconform_world):
 '''
 
 
-def test_ltconform_world_fixture_reuses_ranks_and_isolates_jobs(pytester, no_leftover_ranks):
+def test_ltconform_world_fixture_reuses_ranks_and_isolates_jobs(pytester, monkeypatch, no_leftover_ranks):
+    monkeypatch.setenv("LTCONFORM_PRELOAD", "torch")  # machinery: its ranks need no Lightning
     pytester.makepyfile(helper_state="COUNTER = 0\n", test_user_dist=LEAKY)
     sleep_line = next(n for n, line in enumerate(LEAKY.lstrip("\n").splitlines(), 1) if "time.sleep(600)" in line)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-v")
