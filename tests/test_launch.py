@@ -17,8 +17,6 @@ from conftest import wait_until
 
 pytest_plugins = ["pytester"]
 
-pytestmark = pytest.mark.world
-
 FORKED = '''
 import os
 import sys
@@ -257,3 +255,19 @@ def test_the_launcher_option_reaches_the_fixture_worlds(pytester, monkeypatch, h
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", *args)
     result.assert_outcomes(passed=1)
 
+
+def test_a_pool_has_one_fork_parent_per_rank_environment_and_none_preloads_deepspeed_for_cuda():
+    """Worlds of every size with one rank environment share one parent (one import for the
+    session); a CUDA world's parent leaves DeepSpeed out (its import may initialise CUDA)."""
+    from pytest_ltconform.world import WorldPool
+
+    pool = WorldPool(preload=("lightning.pytorch", "deepspeed"))
+    try:
+        cpu2, cpu1 = (pool.get(n, "gloo", 30.0, {"DS_ACCELERATOR": "cpu"}) for n in (2, 1))
+        gpu = pool.get(2, "nccl", 30.0, {})
+        assert cpu2.launcher is cpu1.launcher and cpu2.launcher is not gpu.launcher
+        assert cpu2.launcher.preload == ("lightning.pytorch", "deepspeed")
+        assert gpu.launcher.preload == gpu.preload == ("lightning.pytorch",)
+        assert pool.imports == 0  # nothing is started before a run
+    finally:
+        pool.close()

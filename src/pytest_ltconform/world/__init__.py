@@ -71,13 +71,19 @@ class WorldPool:
         if world is None or world.closed:
             world = self._worlds[key] = LocalWorld(world_size, backend=backend, pg_timeout_s=pg_timeout_s, env=env,
                                                    timeout_name=self.timeout_name, fresh_per_job=self.fresh_per_job,
-                                                   preload=self.preload, launcher=self._launcher(env_key))
+                                                   preload=self._preload(backend),
+                                                   launcher=self._launcher(env_key, backend))
         return world
 
-    def _launcher(self, env_key: tuple):
-        launcher = self._launchers.get(env_key)
+    def _preload(self, backend: str) -> tuple[str, ...]:
+        # DeepSpeed picks its CUDA accelerator when imported, which may initialise CUDA: the ranks of
+        # a CUDA world import it themselves, after the fork.
+        return tuple(m for m in self.preload if backend != "nccl" or m.split(".")[0] != "deepspeed")
+
+    def _launcher(self, env_key: tuple, backend: str):
+        launcher = self._launchers.get((env_key, backend))
         if launcher is None:
-            launcher = self._launchers[env_key] = launch.launcher_for(self.launcher, self.preload)
+            launcher = self._launchers[env_key, backend] = launch.launcher_for(self.launcher, self._preload(backend))
         return launcher
 
     @property
