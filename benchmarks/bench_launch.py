@@ -14,7 +14,7 @@ Prints, for each launcher:
 - replace: the seconds from asking a world whose last run failed (a rank raised) for a new run to
   that run's result, for a job that does nothing (the time to replace the world), median of 3.
 - corpus: the wall time of ``python -m pytest_ltconform.corpus`` over the named cases (default:
-  four of ``conformance/sync-dist``, two failing and two conforming).
+  four of ``conformance/all-rank-save`` whose runs fail on a rank, so each replaces its world).
 """
 
 from __future__ import annotations
@@ -32,9 +32,10 @@ import time
 BORING = "lightning.pytorch.demos.boring_classes.BoringModel"
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-CORPUS = [os.path.join(REPO, "conformance", "sync-dist", name) for name in (
-    "monitor_rank_zero_only.py", "ok_monitored_val_loss_synced.py",
-    "nonfinite_loss_on_rank_one.py", "ok_should_stop_reduced_across_ranks.py")]
+# Cases whose runs fail on a rank (each replaces its world), where the launchers differ.
+CORPUS = [os.path.join(REPO, "conformance", "all-rank-save", name) for name in (
+    "callback_save_rank_zero_only.py", "deepspeed_zero3_save_on_rank_zero.py",
+    "deepspeed_checkpoint_dir_torch_load.py", "load_sharded_checkpoint_as_file.py")]
 
 NOTHING_JOB = '''
 import os
@@ -119,7 +120,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default=BORING)
     ap.add_argument("--corpus", nargs="*", default=CORPUS,
-                    help="corpus cases or folders (default: four sync-dist cases)")
+                    help="corpus cases or folders (default: four all-rank-save cases)")
     ap.add_argument("--skip-corpus", action="store_true")
     args = ap.parse_args()
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
