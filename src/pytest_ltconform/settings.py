@@ -12,7 +12,7 @@ import tempfile
 
 import pytest
 
-from .vocabulary import STRATEGIES, TIERS
+from .vocabulary import LAUNCHERS, STRATEGIES, TIERS
 
 # Option names are constants so tests and other plugins can refer to them.
 OPT_TARGET = "ltconform"
@@ -25,11 +25,12 @@ OPT_REQUIRE = "ltconform_require"
 OPT_STRATEGIES = "ltconform_strategies"
 OPT_OVERSUBSCRIBE = "ltconform_oversubscribe"
 OPT_EXPLAIN = "ltconform_explain"
+OPT_LAUNCHER = "ltconform_launcher"
 
 INI_TARGET = "ltconform_target"
 # Every ini key of the plugin (the others share their option's dest).
 INI_NAMES = (INI_TARGET, OPT_DATAMODULE, OPT_TRAINER, OPT_WORLD_SIZE, OPT_TIMEOUT, OPT_REPORT, OPT_REQUIRE,
-             OPT_STRATEGIES, OPT_OVERSUBSCRIBE)
+             OPT_STRATEGIES, OPT_OVERSUBSCRIBE, OPT_LAUNCHER)
 
 
 DEFAULT_WORLD_SIZE = 2
@@ -68,6 +69,8 @@ class Settings:
     trainer_from: str = "--ltconform-trainer"
     # The strategies given explicitly (command line or ini); () when the default, all, applies.
     strategies_named: tuple[str, ...] = ()
+    # How local worlds start their ranks: 'fork' (from a parent that imported Lightning once) or 'spawn'.
+    launcher: str = LAUNCHERS[0]
 
     @property
     def enabled(self) -> bool:
@@ -85,6 +88,11 @@ def pg_timeout_for(timeout_s: float) -> float:
 
 
 def add_options(parser: pytest.Parser) -> None:
+    _add_target_options(parser)
+    _add_launcher_option(parser, parser.getgroup("ltconform"))
+
+
+def _add_target_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("ltconform", "distributed-training conformance (pytest-ltconform)")
     group.addoption(
         "--ltconform", dest=OPT_TARGET, metavar="TARGET", default=None, action="append",
@@ -146,6 +154,15 @@ def add_options(parser: pytest.Parser) -> None:
                   type="bool", default=False)
 
 
+def _add_launcher_option(parser: pytest.Parser, group) -> None:
+    group.addoption(
+        "--ltconform-launcher", dest=OPT_LAUNCHER, metavar="HOW", default=None,
+        help=f"how local worlds start their ranks: {LAUNCHERS[0]} (default: forked from one parent that imported "
+             f"torch and Lightning once) or {LAUNCHERS[1]} (a fresh interpreter per rank; ini: ltconform_launcher).",
+    )
+    parser.addini(OPT_LAUNCHER, "how local worlds start their ranks (as --ltconform-launcher)", default=None)
+
+
 def _lookup(config: pytest.Config, dest: str, ini: str | None = None) -> tuple[str | None, str]:
     """Return (raw value, where it came from); the command line wins over the ini file. An empty
     value on the command line is refused: it would otherwise fall back to the ini file or the
@@ -181,6 +198,7 @@ _EMPTY_FIX = {
     OPT_REPORT: "Give the path of the JSON file to write",
     OPT_DATAMODULE: "Name a LightningDataModule (pkg.mod.DataModule, pkg.mod:factory or path/to/file.py:Name)",
     OPT_TRAINER: "Name a dict of Trainer kwargs or a zero-argument callable returning one (pkg.mod:kwargs)",
+    OPT_LAUNCHER: f"Name one of {', '.join(LAUNCHERS)}",
 }
 
 
@@ -229,6 +247,15 @@ def _validate_choices(raw: str, where: str, choices: tuple[str, ...]) -> tuple[s
             f"{where}: unknown value(s) {', '.join(map(repr, unknown))}; choose from {', '.join(choices)}."
         )
     return values
+
+
+def _validate_launcher(raw: str, where: str) -> str:
+    value = raw.strip().lower()
+    if value not in LAUNCHERS:
+        raise pytest.UsageError(f"{where}: unknown launcher {raw!r}; choose from {', '.join(LAUNCHERS)} "
+                                f"({LAUNCHERS[0]}, the default, forks ranks from one parent that imported Lightning "
+                                f"once; {LAUNCHERS[1]} starts a fresh interpreter per rank).")
+    return value
 
 
 def _validate_report_path(raw: str, where: str) -> str:
@@ -397,6 +424,9 @@ def resolve(config: pytest.Config, project_targets: bool = True) -> Settings:
     raw, where = _lookup(config, OPT_STRATEGIES)
     if raw is not None:
         kwargs["strategies"] = kwargs["strategies_named"] = _validate_choices(raw, where, STRATEGIES)
+    raw, where = _lookup(config, OPT_LAUNCHER)
+    if raw is not None:
+        kwargs["launcher"] = _validate_launcher(raw, where)
     kwargs["oversubscribe"] = bool(config.getoption(OPT_OVERSUBSCRIBE) or config.getini(OPT_OVERSUBSCRIBE))
     return Settings(target=target, datamodule=datamodule, trainer=trainer, targets=targets, **kwargs)
 
