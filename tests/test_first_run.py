@@ -15,7 +15,7 @@ import re
 import pytest
 from conftest import BORING
 
-from pytest_ltconform import harness, progress, tiers, vocabulary
+from pytest_ltconform import harness, progress, tiers, trainer_overrides, vocabulary
 
 pytest_plugins = ["pytester"]
 
@@ -136,7 +136,7 @@ def test_overridden_lists_every_replaced_value_and_matches_what_is_built(tmp_pat
             "max_steps": 1000, "limit_val_batches": 1.0, "limit_train_batches": 0.25, "default_root_dir": "/runs",
             "precision": "bf16-mixed", "accumulate_grad_batches": 4, "enable_checkpointing": True,
             "callbacks": [TQDMProgressBar(), ckpt]}
-    said = harness.overridden(user, 2, strategies=("ddp",))
+    said = trainer_overrides.overridden(user, 2, strategies=("ddp",))
     assert said == [
         "devices=8 -> 2 (the world size)", "strategy='ddp_spawn' -> DDP in started ranks",
         "max_epochs=100 -> 4 (the cap)", "accelerator='gpu' -> 'cpu' (the CPU tier)", "num_nodes=2 -> 1",
@@ -150,12 +150,12 @@ def test_overridden_lists_every_replaced_value_and_matches_what_is_built(tmp_pat
     assert changed == {re.match(r"\w+", s).group(0) for s in said} - {"strategy"}
     assert built["callbacks"] == [ckpt] and built["limit_train_batches"] == 0.25
 
-    every = harness.overridden({"strategy": "ddp_spawn", "precision": "16-mixed"}, 2,
+    every = trainer_overrides.overridden({"strategy": "ddp_spawn", "precision": "16-mixed"}, 2,
                                strategies=("ddp", "fsdp", "deepspeed"))
     assert every == ["strategy='ddp_spawn' -> DDP in started ranks on the [ddp] items",
                      "precision='16-mixed' -> '32-true' on the [deepspeed] items (half precision under DeepSpeed "
                      "needs a GPU)"]
-    assert harness.overridden({"devices": 2, "accelerator": "cpu", "strategy": "ddp", "max_epochs": 3,
+    assert trainer_overrides.overridden({"devices": 2, "accelerator": "cpu", "strategy": "ddp", "max_epochs": 3,
                                "logger": False, "accumulate_grad_batches": 2}, 2) == []
 
 
@@ -164,11 +164,12 @@ def test_overridden_strategy_follows_adapt_strategy():
     from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 
     spawn = DDPStrategy(start_method="spawn")
-    assert harness.overridden({"strategy": spawn}, 2) == \
+    assert trainer_overrides.overridden({"strategy": spawn}, 2) == \
         ["strategy=DDPStrategy(start_method='spawn') -> DDP in started ranks"]
-    assert harness.overridden({"strategy": SingleDeviceStrategy("cpu")}, 2) == ["strategy=SingleDeviceStrategy -> DDP"]
+    assert trainer_overrides.overridden({"strategy": SingleDeviceStrategy("cpu")}, 2) == \
+        ["strategy=SingleDeviceStrategy -> DDP"]
     for kept in (DDPStrategy(), "ddp", "auto", "ddp_find_unused_parameters_true", "fsdp", "deepspeed_stage_2"):
-        assert harness.overridden({"strategy": kept}, 2) == [], kept
+        assert trainer_overrides.overridden({"strategy": kept}, 2) == [], kept
     # What adapt_strategy builds agrees: a new DDPStrategy for the spawn one, the user's own otherwise.
     assert adapt_is_users(L, spawn) is False and adapt_is_users(L, DDPStrategy()) is True
 
