@@ -334,8 +334,9 @@ def _finite_loss_watch(ns: Any, recorder: Recorder) -> Any:
     return FiniteLossWatch()
 
 
-def _step_site(cls: type) -> dict | None:
-    """The user's ``training_step`` of ``cls`` as a site: its last ``return`` line, else its ``def``."""
+def training_step_source(cls: type):
+    """``(fn, tree, first line, file)`` of ``cls.training_step``'s source parsed with ``ast``; None
+    when it has no readable source."""
     import ast
     import inspect
     import textwrap
@@ -343,10 +344,19 @@ def _step_site(cls: type) -> dict | None:
     fn = getattr(cls, "training_step", None)
     try:
         lines, start = inspect.getsourcelines(fn)
-        tree = ast.parse(textwrap.dedent("".join(lines)))
-        path = inspect.getsourcefile(fn)
+        return fn, ast.parse(textwrap.dedent("".join(lines))), start, inspect.getsourcefile(fn)
     except (TypeError, OSError, SyntaxError):
         return None
+
+
+def _step_site(cls: type) -> dict | None:
+    """The user's ``training_step`` of ``cls`` as a site: its last ``return`` line, else its ``def``."""
+    import ast
+
+    source = training_step_source(cls)
+    if source is None:
+        return None
+    _, tree, start, path = source
     returns = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Return) and n.value is not None]
     line = start + (max(returns) if returns else 1) - 1
     return {"file": path, "line": line, "func": f"{cls.__name__}.training_step"}

@@ -4,7 +4,7 @@ what the verdict makes of it).
 
 from __future__ import annotations
 
-from ...harness import tolerate_unused_parameters
+from ...harness import tolerate_unused_parameters, training_step_source
 from ..base import Probe
 
 _DDP_ERROR_PATTERNS = (
@@ -190,16 +190,11 @@ def none_return_site(cls: type) -> dict | None:
     nested function), else, with none, its last line (it falls off the end); with several, the
     first, and ``also`` lists the others."""
     import ast
-    import inspect
-    import textwrap
 
-    fn = getattr(cls, "training_step", None)
-    try:
-        lines, start = inspect.getsourcelines(fn)
-        tree = ast.parse(textwrap.dedent("".join(lines)))
-        path = inspect.getsourcefile(fn)
-    except (TypeError, OSError, SyntaxError):
+    source = training_step_source(cls)
+    if source is None:
         return None
+    fn, tree, start, path = source
     body = tree.body[0] if tree.body and isinstance(tree.body[0], (ast.FunctionDef, ast.AsyncFunctionDef)) else None
     if body is None:
         return None
