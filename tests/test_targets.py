@@ -433,10 +433,43 @@ def pytest_ltconform_targets(config):
 '''
 
 
+LEAKS = """
+import torch
+from lightning.pytorch.demos.boring_classes import BoringModel
+
+
+class Leaks(BoringModel):
+    def training_step(self, batch, batch_idx):
+        torch.distributions.Distribution.set_default_validate_args(False)  # process-wide
+        return super().training_step(batch, batch_idx)
+
+
+class Sees(BoringModel):
+    def training_step(self, batch, batch_idx):
+        if not torch.distributions.Distribution._validate_args:
+            raise RuntimeError("validate_args is off: another module's run switched it off")
+        return super().training_step(batch, batch_idx)
+"""
+
+
+def test_a_target_never_runs_in_ranks_another_target_changed(pytester, no_leftover_ranks):
+    """A target's run switches a library flag off process-wide; the next target's ranks are fresh,
+    so it sees the library's default, not the flag the first one left."""
+    pytester.makepyfile(leaks=LEAKS)
+    report = pytester.path / "r.json"
+    result = pytester.runpytest_subprocess(
+        "--ltconform", "leaks.Leaks", "--ltconform", "leaks.Sees", "--ltconform-strategies", "ddp",
+        "-m", "ltconform_cpu", "-k", "sync-dist", "--ltconform-report", str(report), "-p", "no:cacheprovider", "-rA")
+    out = result.stdout.str()
+    assert result.parseoutcomes().get("passed") == 2 and "failed" not in result.parseoutcomes(), out[-4000:]
+    assert "validate_args is off" not in out
+    assert json.loads(report.read_text())["cold_starts"] == 2
+
+
 def test_three_targets_share_one_world(pytester, no_leftover_ranks):
     """Lightning's BoringModel, a conforming corpus case (a/model.py) and a violating one
     (b/model.py, the same basename, built with init= and a trainer dict from conftest.py): each
-    target is judged on its own module, and the session starts one world."""
+    target is judged on its own module, in ranks of its own: one world, three rank generations."""
     for folder, name in (("a", "ok_linear_metrics_summed_per_batch.py"), ("b", "per_batch_f1_value_logged.py")):
         (pytester.path / folder).mkdir()
         shutil.copy(CONFORMANCE / "sync-dist" / name, pytester.path / folder / "model.py")
@@ -465,7 +498,7 @@ def test_three_targets_share_one_world(pytester, no_leftover_ranks):
     body = out.split("short test summary info")[0]  # on CI pytest's short summary repeats the message
     assert body.count("rank 0 at b/model.py:39 (Model.validation_step)") == 1, out[-4000:]
     doc = json.loads(report.read_text())
-    assert doc["target"] == BORING and doc["cold_starts"] == 1
+    assert doc["target"] == BORING and doc["cold_starts"] == 3
     assert [(t["id"], t["model"], t["trainer"], t["init"]) for t in doc["targets"]] == [
         (BORING, BORING, None, None), (linear, "a/model.py:Model", "a/model.py:trainer_kwargs", None),
         ("f1", "b/model.py:Wide", {"max_epochs": 2}, {"hidden": 32})]

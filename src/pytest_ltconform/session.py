@@ -114,7 +114,8 @@ class LtconformSession:
         world = tiers.world_for(tier, self.pool, self.attached, settings.world_size, settings.pg_timeout_s)
         label = strategy + ("-gpu" if tier in CUDA_TIERS else "")
         job = world.run(JobRequest(spec.fn, (self.targets, strategy, probes, settings.pg_timeout_s),
-                                   timeout_s=settings.timeout_s, progress=self._progress(spec.name, label)))
+                                   timeout_s=settings.timeout_s, progress=self._progress(spec.name, label),
+                                   tenant=self._tenant(strategy)))
         run = Run(job, strategy, spec.name, self.targets)
         if spec.reference:
             run.reference = self._reference(spec, job, strategy, tier)
@@ -130,12 +131,19 @@ class LtconformSession:
             return None
         request = JobRequest(spec.reference, (self.targets, *args, self.settings.pg_timeout_s),
                              timeout_s=self.settings.timeout_s,
-                             progress=self._progress(f"{spec.name}-reference", strategy))
+                             progress=self._progress(f"{spec.name}-reference", strategy),
+                             tenant=self._tenant(strategy))
         try:
             ref = world.run(request)
         except WorldStartError:
             return None
         return Run(ref, strategy, f"{spec.name}-reference", self.targets)
+
+    def _tenant(self, strategy: str) -> str:
+        """Whose process state a run is (world.job.JobRequest.tenant): this target under this
+        strategy. Ranks that ran another target's or strategy's jobs are replaced first, so the
+        module never sees what another run left in a rank (a library's process-wide flag, threads)."""
+        return f"{self.targets.id or self.targets.model_name}@{id(self):x}/{strategy}"
 
     def _progress(self, run: str, label: str):
         return self.progress(f"{run}[{label}]") if self.progress is not None else None

@@ -14,7 +14,13 @@ class JobRequest:
 
     A world killed at that limit names it as ``timeout_name=<value>`` (None: the world's own
     name for it); ``progress``, when given, is called while ranks still run (see
-    ``LocalWorld.run``; a launched world does not call it)."""
+    ``LocalWorld.run``; a launched world does not call it).
+
+    ``tenant`` names whose process state the job runs in (the session passes its target and
+    strategy): a local world replaces ranks that last ran another tenant's job before this one,
+    so no target sees what an earlier one left in a rank process (thread pools, patched modules,
+    library flags). None is a tenant too (the fixtures' jobs share their ranks). A launched world
+    cannot replace its ranks and ignores it."""
 
     fn: str
     args: tuple = ()
@@ -23,6 +29,7 @@ class JobRequest:
     timeout_name: str | None = None
     progress: Callable[[float, dict], None] | None = None
     seed: int = 0
+    tenant: str | None = None
 
 
 @dataclasses.dataclass

@@ -73,6 +73,7 @@ class LocalWorld:
         self._next_job = 0
         self._jobs_total = 0
         self.cold_starts = 0
+        self._tenant: str | None = None  # whose job these ranks ran last (JobRequest.tenant)
         self.closed = False
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -181,11 +182,8 @@ class LocalWorld:
                 pass
         self._procs = []
 
-    def close(self, keep_files: bool = False) -> None:
-        """Stop the ranks (politely if idle, else by SIGKILL) and remove the world's files,
-        unless ``keep_files`` (a later job, e.g. a reference run, reads what this one wrote)."""
-        if self.closed:
-            return
+    def _stop_ranks(self) -> None:
+        """Stop idle ranks politely (a stop message), then SIGKILL what is left."""
         if self.alive and self._store is not None:
             try:
                 self._store.set(protocol.job_key(self.generation, self._next_job), protocol.STOP)
@@ -196,6 +194,13 @@ class LocalWorld:
             except Exception:
                 pass
         self.kill()
+
+    def close(self, keep_files: bool = False) -> None:
+        """Stop the ranks (politely if idle, else by SIGKILL) and remove the world's files,
+        unless ``keep_files`` (a later job, e.g. a reference run, reads what this one wrote)."""
+        if self.closed:
+            return
+        self._stop_ranks()
         if self._own_launcher:
             self.launcher.close()
         self.closed = True
@@ -215,6 +220,9 @@ class LocalWorld:
         A world whose process group fails to form (before ``fn_ref`` runs) is started once more; a
         second failure raises :class:`WorldStartError` with what each failing rank said."""
         timeout_s, first_failure = request.timeout_s, None
+        if request.tenant != self._tenant and self.alive:
+            self._stop_ranks()  # another target's process state stays with it
+        self._tenant = request.tenant
         while True:
             if not self.alive:
                 if self._procs:
