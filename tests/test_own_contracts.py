@@ -40,6 +40,8 @@ class StepProbe(Probe):
 
 
 class SameSteps(Contract):
+    """Counts each rank's optimizer steps after the fit."""
+
     id = "same-steps"
     title = "every rank takes the same number of optimizer steps"
     rule_section = "Sampling, metrics and writes"
@@ -83,6 +85,28 @@ def test_a_contract_registered_in_conftest_is_judged_on_the_ranks(pytester, no_l
     assert [(e["rank"], e["detail"]) for e in rec["evidence"]] == [(0, "took 4 optimizer step(s)"),
                                                                   (1, "took 4 optimizer step(s)")]
     assert "from the 'Sampling, metrics and writes' section" in rec["message"]
+
+
+def test_explain_shows_a_contract_registered_in_conftest_and_lists_it_for_an_unknown_id(pytester):
+    import pytest
+
+    from pytest_ltconform import report
+
+    pytester.makepyfile(my_contracts=CONTRACTS, conftest=CONFTEST)
+    result = pytester.runpytest_subprocess("--ltconform-explain", "same-steps", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.OK, result.stderr.str()[-2000:]
+    assert result.stdout.lines[:10] == [
+        "# same-steps", "", "**every rank takes the same number of optimizer steps**", "",
+        "Counts each rank's optimizer steps after the fit.", "",
+        "Rule: the 'Sampling, metrics and writes' section of the distributed-training contracts (Lightning 2.6.6).",
+        "", "Strategies: ddp; tiers: cpu.",
+        "A contract of this project: my_contracts.SameSteps, registered through pytest_ltconform_contracts."]
+    bad = pytester.runpytest_subprocess("--ltconform-explain", "same_steps", "-p", "no:cacheprovider")
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+    known = ", ".join(report.contract_pages() + ["same-steps"])
+    assert (f"ERROR: --ltconform-explain: no contract 'same_steps'. Did you mean 'same-steps'? Choose from "
+            f"{known}.") in bad.stderr.lines
+    assert "INTERNALERROR" not in bad.stderr.str() + bad.stdout.str()
 
 
 def test_a_contract_that_cannot_be_judged_is_a_usage_error_naming_it(pytester):

@@ -50,6 +50,26 @@ def test_several_findings_merge_into_the_first():
     assert first.notes == ["finding 2", "finding 3", "note 1", "after"]
 
 
+def test_findings_collected_before_a_verdict_are_led_by_the_first():
+    # launch-env, eval-duplication and unused-parameters collect their findings in one accumulator.
+    from pytest_ltconform.contracts.base import Findings
+
+    found = Findings()
+    found.add("deadlock", "ranks disagree", rank=1, fix="b fix")
+    found.add("silent", "sizes differ", fix="a fix")
+    found.add("silent", "sizes differ again", fix="a fix")
+    found.note("a note")
+    assert (found.lead.category, found.lead.rank, found.lead.detail) == ("deadlock", 1, "ranks disagree")
+    assert found.summary() == "ranks disagree; and 2 more finding(s) below"
+    assert found.summary(every=True) == "ranks disagree sizes differ sizes differ again"
+    assert found.fixes() == "a fix b fix"
+    assert found.notes == ["a note"]
+    single = Findings()
+    single.add(None, "only one")
+    assert (single.summary(), single.fixes()) == ("only one", "")
+    assert Findings().lead is None
+
+
 def test_the_target_fixture_returns_a_public_type(pytester):
     pytester.makepyfile(model='''
 import torch

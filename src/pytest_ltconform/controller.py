@@ -84,6 +84,26 @@ def _add_project_contracts(config: pytest.Config) -> None:
                 raise pytest.UsageError(f"pytest_ltconform_contracts: {exc}.") from None
 
 
+def explain(config: pytest.Config, contract_id: str) -> str:
+    """``--ltconform-explain``: the rule page of ``contract_id``, one of the plugin's (shipped in the
+    package) or one the project registers through ``pytest_ltconform_contracts``. Raises
+    ``pytest.UsageError`` for an unknown id, naming the close one and every id."""
+    from . import contracts
+    from . import report as report_mod
+
+    page = report_mod.contract_page(contract_id)
+    if page is not None:
+        return page  # no hook called: a built-in page needs nothing of the project's
+    try:
+        _add_project_contracts(config)
+        own = {contract.id: contract for contract in contracts.added()}
+    finally:
+        contracts.forget_added()
+    if contract_id in own:
+        return report_mod.own_contract_page(own[contract_id])
+    raise pytest.UsageError(f"--ltconform-explain: {report_mod.unknown_contract(contract_id, list(own))}")
+
+
 def _selects_project_contracts(config: pytest.Config) -> bool:
     """Whether this run selects the contract items of targets the project declares (ini list,
     ``pytest_ltconform_targets``): yes for a run that names no test path (``pytest``, ``pytest -k

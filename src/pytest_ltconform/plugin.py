@@ -30,17 +30,12 @@ def pytest_addhooks(pluginmanager) -> None:
 
 
 def pytest_cmdline_main(config: pytest.Config) -> int | None:
-    """``--ltconform-explain CONTRACT``: print the contract's rule page and exit, like ``--markers``
-    (no target needed, nothing heavy imported)."""
+    """``--ltconform-explain CONTRACT``: print the contract's rule page (the project's contracts
+    included) and exit, like ``--markers`` (no target needed, nothing heavy imported)."""
     cid = config.getoption(settings_mod.OPT_EXPLAIN)
     if cid is None:
         return None
-    from . import report as report_mod
-
-    page = report_mod.contract_page(cid.strip())
-    if page is None:
-        sys.stderr.write(f"ERROR: --ltconform-explain: {report_mod.unknown_contract(cid)}\n")
-        return pytest.ExitCode.USAGE_ERROR
+    page = controller.explain(config, cid.strip())
     sys.stdout.write(page if page.endswith("\n") else page + "\n")
     return pytest.ExitCode.OK
 

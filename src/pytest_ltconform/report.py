@@ -132,11 +132,33 @@ def contract_page(contract: str) -> str | None:
     return (resources.files(__package__) / "contract_docs" / f"{contract}.md").read_text(encoding="utf-8")
 
 
-def unknown_contract(contract: str) -> str:
-    """The message for --ltconform-explain of an id that has no page: the close id, and every id."""
+def own_contract_page(contract) -> str:
+    """The page of a contract a project registered (``pytest_ltconform_contracts``), which ships no
+    page of its own: its title, its class's docstring, the rules' section it enforces, where it runs."""
+    import inspect
+
+    cls = type(contract)
+    lines = [f"# {contract.id}", ""]
+    if contract.title:
+        lines += [f"**{contract.title}**", ""]
+    doc = vars(cls).get("__doc__")  # its own, not one inherited from Contract
+    if doc:
+        lines += [inspect.cleandoc(doc), ""]
+    if contract.rule_section:
+        lines += [f"Rule: the '{contract.rule_section}' section of the distributed-training contracts "
+                  f"(Lightning 2.6.6).", ""]
+    lines += [f"Strategies: {', '.join(contract.strategies)}; tiers: {', '.join(contract.tiers)}.",
+              f"A contract of this project: {cls.__module__}.{cls.__qualname__}, registered through "
+              f"pytest_ltconform_contracts."]
+    return "\n".join(lines) + "\n"
+
+
+def unknown_contract(contract: str, own: list[str] = ()) -> str:
+    """The message for --ltconform-explain of an id that has no page: the close id, and every id
+    (the plugin's, then ``own``: those of the project's contracts)."""
     import difflib
 
-    ids = contract_pages()
+    ids = contract_pages() + list(own)
     close = difflib.get_close_matches(contract.lower().replace("_", "-"), ids, n=1) or \
         difflib.get_close_matches(contract, ids, n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""

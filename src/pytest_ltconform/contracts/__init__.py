@@ -78,6 +78,11 @@ def add(contract) -> None:
     _ADDED[contract.id] = contract
 
 
+def added() -> list:
+    """The contracts a project registered (:func:`add`), in registration order."""
+    return list(_ADDED.values())
+
+
 def forget_added() -> None:
     """Unregister every project's contract (the pytest session that added them ended)."""
     _ADDED.clear()

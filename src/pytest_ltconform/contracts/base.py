@@ -142,10 +142,57 @@ class Verdict:
                 "evidence": [e.as_dict() for e in self.evidence], "notes": list(self.notes)}
 
 
+@dataclasses.dataclass
+class Finding:
+    """One thing a check found against the rule: its sentence, the kind of fault it is
+    (:attr:`Verdict.category`), the rank it is about (None: all ranks, or none in particular) and
+    the fix it calls for."""
+
+    category: str | None
+    detail: str
+    rank: int | None = None
+    fix: str | None = None
+
+
+@dataclasses.dataclass
+class Findings:
+    """What a contract's checks found for one verdict, in the order found: the first finding
+    leads (its sentence opens the summary, its category is the verdict's) and the others follow.
+    Evidence and notes are kept in order; ``causes`` collects the causes the evidence names, for
+    the fix. :func:`merged` does the same for checks that each return a whole verdict."""
+
+    items: list[Finding] = dataclasses.field(default_factory=list)
+    evidence: list[Evidence] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)
+    causes: set[str] = dataclasses.field(default_factory=set)
+
+    def add(self, category: str | None, detail: str, rank: int | None = None, fix: str | None = None) -> None:
+        self.items.append(Finding(category, detail, rank, fix))
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+    @property
+    def lead(self) -> Finding | None:
+        return self.items[0] if self.items else None
+
+    def summary(self, every: bool = False) -> str:
+        """The lead's sentence and a count of the findings below it; ``every``: all the sentences."""
+        if every:
+            return " ".join(f.detail for f in self.items)
+        more = len(self.items) - 1
+        return self.items[0].detail + (f"; and {more} more finding(s) below" if more else "")
+
+    def fixes(self) -> str:
+        """The distinct fixes of the findings, sorted, as one paragraph."""
+        return " ".join(sorted({f.fix for f in self.items if f.fix}))
+
+
 def merged(findings: list[Verdict], notes: list[str] = ()) -> Verdict:
     """The verdict of a contract whose checks found several things: the first finding leads, with
     every finding's evidence in order and the others' summaries as notes before its own (then
-    ``notes``). Mutates and returns ``findings[0]``."""
+    ``notes``). Mutates and returns ``findings[0]``. :class:`Findings` collects findings that are
+    not yet verdicts."""
     first = findings[0]
     first.evidence = [e for f in findings for e in f.evidence]
     first.notes = [f.summary for f in findings[1:]] + first.notes + list(notes)

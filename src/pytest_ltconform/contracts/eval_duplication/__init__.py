@@ -26,7 +26,7 @@ from collections import Counter, defaultdict
 
 from ...runs import RunSpec
 from ...sites import fmt_site
-from ..base import Contract, Evidence, Run, Verdict, method_site, rank_guard, user_class
+from ..base import Contract, Evidence, Findings, Run, Verdict, method_site, rank_guard, user_class
 from ..rank_reads import describe, selecting_reads
 from .content import ContentCheck
 from .probe import STAGES as STAGES_ORDER
@@ -71,19 +71,15 @@ def _ranks(rs: list[int]) -> str:
 
 
 @dataclasses.dataclass
-class Findings:
-    """What the stages found, in order: failure sentences, evidence, fixes, passing sentences, notes."""
+class StageFindings(Findings):
+    """What the stages found, in order (:class:`~..base.Findings`), and what held: passing sentences,
+    and the loaders whose samples could not be told apart."""
 
-    failures: list[str] = dataclasses.field(default_factory=list)
-    evidence: list[Evidence] = dataclasses.field(default_factory=list)
-    fixes: set[str] = dataclasses.field(default_factory=set)
     good: list[str] = dataclasses.field(default_factory=list)
-    notes: list[str] = dataclasses.field(default_factory=list)
-    unread: list[str] = dataclasses.field(default_factory=list)  # loaders whose samples could not be told apart
+    unread: list[str] = dataclasses.field(default_factory=list)
 
     def fail(self, text: str, fix: str) -> None:
-        self.failures.append(text)
-        self.fixes.add(fix)
+        self.add("silent", text, fix=fix)  # a duplicated or missing sample raises nothing
 
 
 class EvalDuplication(Contract):
@@ -106,7 +102,7 @@ class EvalDuplication(Contract):
             # Nothing was evaluated, so nothing was compared: not a pass.
             return self.not_judged("the target has no validation, test or predict dataloader, so "
                                            "no evaluation ran to count samples in.")
-        found = Findings()
+        found = StageFindings()
         ref = _reference(run, found.notes)
         if limited:
             found.notes.append("the user's limit_*_batches makes worlds of different sizes evaluate different "
@@ -126,9 +122,9 @@ class EvalDuplication(Contract):
             judged.append(stage)
         if not judged:
             return self.not_judged(found.notes[-1], notes=found.notes[:-1])
-        if found.failures:
-            return self.verdict("failed", " ".join(found.failures), evidence=found.evidence,
-                                fix=" ".join(sorted(found.fixes)), category="silent", notes=found.notes)
+        if found.items:
+            return self.verdict("failed", found.summary(every=True), evidence=found.evidence,
+                                fix=found.fixes(), category=found.lead.category, notes=found.notes)
         if found.unread and not found.good:  # nothing compared: never a pass
             return self.not_judged("cannot tell samples apart in " + "; ".join(found.unread)
                                 + " (no dataset indices to read).", notes=found.notes)
@@ -176,7 +172,7 @@ class _StageCheck:
     record ``ref_rec`` (None: not compared); adds what it finds to ``found``."""
 
     def __init__(self, run: Run, stage: str, recs: list[dict], ref_rec: dict | None, limited: bool,
-                 found: Findings):
+                 found: StageFindings):
         self.run, self.stage, self.recs, self.ref_rec = run, stage, recs, ref_rec
         self.limited, self.found = limited, found
         self.word = _STAGE_WORDS[stage]

@@ -29,7 +29,7 @@ from typing import Any
 
 from ...runs import inspection
 from ...sites import fmt_site
-from ..base import Contract, Evidence, Run, Verdict
+from ..base import Contract, Evidence, Findings, Run, Verdict
 from .probe import LaunchEnvProbe
 
 _INTERACTIVE_JOB_NAMES = ("bash", "interactive")
@@ -53,19 +53,6 @@ def first_host(nodelist: str) -> str:
         first = rest.split("]")[0].split(",")[0].split("-")[0]
         return prefix + first
     return head
-
-class _Findings:
-    """Problems (category, rank or None, detail) and notes of one launch, in the order found."""
-
-    def __init__(self):
-        self.problems: list[tuple[str, int | None, str]] = []
-        self.notes: list[str] = []
-
-    def problem(self, category: str, detail: str, rank: int | None = None) -> None:
-        self.problems.append((category, rank, detail))
-
-    def note(self, text: str) -> None:
-        self.notes.append(text)
 
 def _who(v: dict) -> int:
     return v["rank"] if v["rank"] is not None else v["index"]
@@ -119,20 +106,20 @@ class _Launcher:
                 "node_rank": _int(env.get(self.node_var, "0")), "node_var": self.node_var,
                 "master_addr": env.get("MASTER_ADDR"), "master_port": env.get("MASTER_PORT"), "env": env}
 
-    def validate_process(self, v: dict, findings: _Findings) -> None:
+    def validate_process(self, v: dict, findings: Findings) -> None:
         """Checks of one process's own variables (none for a manual launch)."""
 
-    def validate(self, views: list[dict], layout: _Layout, findings: _Findings) -> None:
+    def validate(self, views: list[dict], layout: _Layout, findings: Findings) -> None:
         """Checks of the launcher's own settings across the launch (none for a manual launch)."""
 
 class _OwnNodeRank(_Launcher):
     """A launcher that sets its own node rank: a NODE_RANK exported next to it must agree."""
 
-    def validate_process(self, v: dict, findings: _Findings) -> None:
+    def validate_process(self, v: dict, findings: Findings) -> None:
         exported = _int(v["env"].get("NODE_RANK"))
         if exported is not None and exported != v["node_rank"]:
-            findings.problem("deadlock", f"NODE_RANK={exported} but the launcher's {v['node_var']}={v['node_rank']}",
-                             rank=_who(v))
+            findings.add("deadlock", f"NODE_RANK={exported} but the launcher's {v['node_var']}={v['node_rank']}",
+                         rank=_who(v))
 
 class _TorchElastic(_OwnNodeRank):
     name = "torchrun"
@@ -160,29 +147,29 @@ class _Slurm(_OwnNodeRank):
                 "master_addr": env.get("MASTER_ADDR") or first_host(env.get("SLURM_NODELIST", "127.0.0.1")),
                 "master_port": port, "env": env}
 
-    def validate(self, views: list[dict], layout: _Layout, findings: _Findings) -> None:
+    def validate(self, views: list[dict], layout: _Layout, findings: Findings) -> None:
         """SLURM's task layout: tasks per node, tasks = nodes x tasks per node, nodes = num_nodes."""
         env0 = views[0]["env"]
         per_node = _int(env0.get("SLURM_NTASKS_PER_NODE"))
         nnodes = _int(env0.get("SLURM_NNODES") or env0.get("SLURM_JOB_NUM_NODES"))
         ntasks = _int(env0.get("SLURM_NTASKS"))
         if per_node is None and ntasks and ntasks > 1:
-            findings.problem("deadlock", f"SLURM_NTASKS={ntasks} without SLURM_NTASKS_PER_NODE: "
-                                         f"launch with --ntasks-per-node, not --ntasks")
+            findings.add("deadlock", f"SLURM_NTASKS={ntasks} without SLURM_NTASKS_PER_NODE: "
+                                     f"launch with --ntasks-per-node, not --ntasks")
         if per_node is not None:
             procs = layout.procs_per_node
             if per_node != procs:
-                findings.problem("silent", f"SLURM_NTASKS_PER_NODE={per_node} but {procs} "
-                                           f"process{'es' if procs != 1 else ''} per node "
-                                           f"(devices={layout.devices})")
+                findings.add("silent", f"SLURM_NTASKS_PER_NODE={per_node} but {procs} "
+                                       f"process{'es' if procs != 1 else ''} per node "
+                                       f"(devices={layout.devices})")
             elif per_node != layout.devices:
-                findings.problem("silent", f"SLURM_NTASKS_PER_NODE={per_node} but the Trainer has "
-                                           f"devices={layout.devices}")
+                findings.add("silent", f"SLURM_NTASKS_PER_NODE={per_node} but the Trainer has "
+                                       f"devices={layout.devices}")
             if nnodes is not None and ntasks is not None and ntasks != nnodes * per_node:
-                findings.problem("silent", f"SLURM_NTASKS={ntasks} != SLURM_NNODES {nnodes} x "
-                                           f"SLURM_NTASKS_PER_NODE {per_node} = {nnodes * per_node}")
+                findings.add("silent", f"SLURM_NTASKS={ntasks} != SLURM_NNODES {nnodes} x "
+                                       f"SLURM_NTASKS_PER_NODE {per_node} = {nnodes * per_node}")
         if nnodes is not None and nnodes != layout.num_nodes:
-            findings.problem("silent", f"SLURM_NNODES={nnodes} but the Trainer has num_nodes={layout.num_nodes}")
+            findings.add("silent", f"SLURM_NNODES={nnodes} but the Trainer has num_nodes={layout.num_nodes}")
 
 class _SlurmInteractive(_Slurm):
     """An srun job named like an interactive shell: Lightning does not treat it as a SLURM launch."""
@@ -193,11 +180,11 @@ class _SlurmInteractive(_Slurm):
     def detect(env: dict) -> bool:
         return "SLURM_NTASKS" in env and env.get("SLURM_JOB_NAME") in _INTERACTIVE_JOB_NAMES
 
-    def validate(self, views: list[dict], layout: _Layout, findings: _Findings) -> None:
+    def validate(self, views: list[dict], layout: _Layout, findings: Findings) -> None:
         if len(views) > 1:
-            findings.problem("deadlock", f"SLURM_JOB_NAME={views[0]['env'].get('SLURM_JOB_NAME')} makes Lightning "
-                                         f"treat this {len(views)}-task job as an interactive shell: every "
-                                         f"task takes global rank 0")
+            findings.add("deadlock", f"SLURM_JOB_NAME={views[0]['env'].get('SLURM_JOB_NAME')} makes Lightning "
+                                     f"treat this {len(views)}-task job as an interactive shell: every "
+                                     f"task takes global rank 0")
         super().validate(views, layout, findings)
 
 # In the order they are tried; the manual launch takes what no launcher claims.
@@ -212,12 +199,12 @@ def view(env: dict, index: int) -> dict:
     """One process's world as its launcher describes it (the values Lightning would use)."""
     return _launcher(env).view(env, index)
 
-def _check_node_sizes(layout: _Layout, trainer: dict, findings: _Findings) -> None:
+def _check_node_sizes(layout: _Layout, trainer: dict, findings: Findings) -> None:
     """Every node runs the same number of processes; say which Trainer settings were filled in."""
     if len(set(layout.per_node.values())) > 1:
         listing = ", ".join(f"node {n}: {c}" for n, c in sorted(layout.per_node.items(), key=lambda kv: str(kv[0])))
-        findings.problem("deadlock", f"nodes run different numbers of processes ({listing}); "
-                                     f"Lightning assumes devices processes on every node")
+        findings.add("deadlock", f"nodes run different numbers of processes ({listing}); "
+                                 f"Lightning assumes devices processes on every node")
     unset = [k for k in ("num_nodes", "devices") if not trainer.get(k)]
     if unset:
         why = (f"Lightning's default num_nodes=1 under a launch of {layout.nodes} nodes shards the data for the "
@@ -227,30 +214,30 @@ def _check_node_sizes(layout: _Layout, trainer: dict, findings: _Findings) -> No
                       f"{layout.num_nodes} and devices={layout.devices} as launched. Set them in the production "
                       f"Trainer: {why}.")
 
-def _check_world_size(views: list[dict], layout: _Layout, findings: _Findings) -> None:
+def _check_world_size(views: list[dict], layout: _Layout, findings: Findings) -> None:
     """The world size is the same everywhere, the processes that exist, and num_nodes x devices."""
     var, world = layout.var, layout.world
     sizes = _sizes(views)
     if len(set(sizes.values())) > 1:
         listing = ", ".join(f"rank {r}: {s}" for r, s in sorted(sizes.items()))
-        findings.problem("deadlock", f"{var} differs across ranks ({listing})")
+        findings.add("deadlock", f"{var} differs across ranks ({listing})")
     if world is not None and world != len(views):
-        findings.problem("deadlock", f"{var}={world} but {len(views)} processes were started "
-                                     f"({layout.nodes} node(s) x {layout.procs_per_node})")
+        findings.add("deadlock", f"{var}={world} but {len(views)} processes were started "
+                                 f"({layout.nodes} node(s) x {layout.procs_per_node})")
     wanted = layout.num_nodes * layout.devices
     if world is not None and world != wanted:
-        findings.problem("silent", f"{var}={world} but num_nodes {layout.num_nodes} x devices {layout.devices} = "
-                                   f"{wanted}")
+        findings.add("silent", f"{var}={world} but num_nodes {layout.num_nodes} x devices {layout.devices} = "
+                               f"{wanted}")
 
-def _check_master(views: list[dict], findings: _Findings) -> None:
+def _check_master(views: list[dict], findings: Findings) -> None:
     for key, label in (("master_addr", "MASTER_ADDR"), ("master_port", "MASTER_PORT")):
         values = {_who(v): v[key] for v in views}
         if len(set(values.values())) > 1:
             listing = ", ".join(f"rank {r}: {val}" for r, val in sorted(values.items()))
-            findings.problem("deadlock", f"{label} differs across ranks ({listing}); every rank must "
-                                         f"rendezvous at the same address")
+            findings.add("deadlock", f"{label} differs across ranks ({listing}); every rank must "
+                                     f"rendezvous at the same address")
 
-def _check_node_count(views: list[dict], layout: _Layout, trainer: dict, findings: _Findings) -> None:
+def _check_node_count(views: list[dict], layout: _Layout, trainer: dict, findings: Findings) -> None:
     """The distinct node ranks the processes report are the Trainer's num_nodes."""
     wanted = trainer.get("num_nodes")
     if not wanted or layout.nodes == wanted:
@@ -258,27 +245,27 @@ def _check_node_count(views: list[dict], layout: _Layout, trainer: dict, finding
     node_var = views[0]["node_var"]
     seen = ", ".join(map(str, sorted(layout.per_node, key=str)))
     if layout.nodes < wanted:
-        findings.problem("deadlock", f"the Trainer has num_nodes={wanted} but the processes report {layout.nodes} "
-                                     f"distinct {node_var} value(s) ({seen}); every node needs its own {node_var}")
+        findings.add("deadlock", f"the Trainer has num_nodes={wanted} but the processes report {layout.nodes} "
+                                 f"distinct {node_var} value(s) ({seen}); every node needs its own {node_var}")
     else:
-        findings.problem("silent", f"the launch spans {layout.nodes} nodes ({node_var} {seen}) but the "
-                                   f"Trainer has num_nodes={wanted}")
+        findings.add("silent", f"the launch spans {layout.nodes} nodes ({node_var} {seen}) but the "
+                               f"Trainer has num_nodes={wanted}")
 
-def _check_seats(views: list[dict], layout: _Layout, findings: _Findings) -> None:
+def _check_seats(views: list[dict], layout: _Layout, findings: Findings) -> None:
     """Each (node rank, local rank) and global rank once; node ranks 0..nodes-1."""
     seats = [(v["node_rank"], v["local_rank"]) for v in views if v["local_rank"] is not None]
     doubled = sorted({s for s in seats if seats.count(s) > 1}, key=str)
     if doubled:
-        findings.problem("deadlock", "several processes claim the same (node rank, local rank): "
-                                     + ", ".join(f"{n}/{lr}" for n, lr in doubled))
+        findings.add("deadlock", "several processes claim the same (node rank, local rank): "
+                                 + ", ".join(f"{n}/{lr}" for n, lr in doubled))
     ranks = sorted(_who(v) for v in views)
     if layout.world is not None and ranks != list(range(len(views))):
-        findings.problem("deadlock", f"global ranks are {ranks}, not 0..{len(views) - 1} once each")
+        findings.add("deadlock", f"global ranks are {ranks}, not 0..{len(views) - 1} once each")
     node_ranks = sorted(n for n in layout.per_node if n is not None)
     if node_ranks != list(range(layout.nodes)):
-        findings.problem("deadlock", f"node ranks are {node_ranks}, not 0..{layout.nodes - 1}")
+        findings.add("deadlock", f"node ranks are {node_ranks}, not 0..{layout.nodes - 1}")
 
-def _check_timeout(views: list[dict], trainer: dict, findings: _Findings) -> None:
+def _check_timeout(views: list[dict], trainer: dict, findings: Findings) -> None:
     """The timeout belongs to the strategy: NCCL_TIMEOUT is read by neither torch nor Lightning."""
     nccl = {_who(v): v["env"]["NCCL_TIMEOUT"] for v in views if "NCCL_TIMEOUT" in v["env"]}
     if not nccl:
@@ -288,8 +275,8 @@ def _check_timeout(views: list[dict], trainer: dict, findings: _Findings) -> Non
         findings.note(f"NCCL_TIMEOUT={value} is set but has no effect; the strategy's timeout "
                       f"({trainer['timeout_s']:g} s) is the one in force.")
     else:
-        findings.problem("silent", f"NCCL_TIMEOUT={value} is set on rank(s) {', '.join(map(str, sorted(nccl)))} "
-                                   f"while the strategy keeps its default process-group timeout")
+        findings.add("silent", f"NCCL_TIMEOUT={value} is set on rank(s) {', '.join(map(str, sorted(nccl)))} "
+                               f"while the strategy keeps its default process-group timeout")
 
 def check(views: list[dict], trainer: dict) -> tuple[list[tuple[str, int | None, str]], list[str], dict]:
     """Judge a launch: ``views`` (one per started process, from :func:`view`) against the user's
@@ -297,7 +284,12 @@ def check(views: list[dict], trainer: dict) -> tuple[list[tuple[str, int | None,
 
     Returns (problems as (category, rank or None, detail), notes, layout facts).
     """
-    findings = _Findings()
+    findings, facts = _checked(views, trainer)
+    return [(f.category, f.rank, f.detail) for f in findings.items], findings.notes, facts
+
+def _checked(views: list[dict], trainer: dict) -> tuple[Findings, dict]:
+    """:func:`check`'s findings in the order found, and the layout facts."""
+    findings = Findings()
     layout = _Layout.of(views, trainer)
     _check_node_sizes(layout, trainer, findings)
     _check_world_size(views, layout, findings)
@@ -308,7 +300,7 @@ def check(views: list[dict], trainer: dict) -> tuple[list[tuple[str, int | None,
         _BY_NAME[v["launcher"]].validate_process(v, findings)
     _BY_NAME[views[0]["launcher"]].validate(views, layout, findings)
     _check_timeout(views, trainer, findings)
-    return findings.problems, findings.notes, layout.facts(views[0])
+    return findings, layout.facts(views[0])
 
 _FIX = {
     "size": "launch exactly num_nodes x devices processes, devices per node (srun --nodes=N "
@@ -346,27 +338,27 @@ class LaunchEnv(Contract):
                            "itself, so there is no torchrun or SLURM launch to check (run pytest under "
                            "torchrun or srun and select -m ltconform_multinode).")
         views = [view(env, i) for i, env in enumerate(envs)]
-        problems, notes, layout = check(views, trainer)
+        found, layout = _checked(views, trainer)
         where = f"{layout['launcher']} launch of {layout['nodes']} node(s) x {layout['per_node']} process(es)"
-        if not problems:
+        if not found.items:
             summary = (f"the {where} matches the Trainer: {layout['var']}={layout['world']} = num_nodes "
                        f"{layout['num_nodes']} x devices {layout['devices']}, and every rank agrees on the node "
                        f"ranks and on MASTER {layout['master']} ({source}).")
-            return self.verdict("passed", summary, notes=notes)
-        evidence = [Evidence(detail, rank=rank, site=launch_site) for _, rank, detail in problems]
+            return self.verdict("passed", summary, notes=found.notes)
+        evidence = [Evidence(f.detail, rank=f.rank, site=launch_site) for f in found.items]
         trainer_site = observed[0].get("trainer_site")
         if trainer_site and (trainer.get("num_nodes") or trainer.get("devices")):
             evidence.append(Evidence(f"the Trainer kwargs (num_nodes={trainer.get('num_nodes') or 'unset'}, devices="
                                      f"{trainer.get('devices_raw') or 'unset'}, strategy={trainer.get('strategy')}) "
                                      f"come from here", site=fmt_site(trainer_site)))
         kinds = set()
-        for _, _, detail in problems:
+        for detail in (f.detail for f in found.items):
             rendezvous = ("MASTER_", "NODE_RANK", "node ranks", "global ranks", "claim", "interactive")
             kinds.add("timeout" if "NCCL_TIMEOUT" in detail else
                       "rendezvous" if any(w in detail for w in rendezvous) else "size")
         fix = "; ".join(_FIX[k] for k in ("size", "rendezvous", "timeout") if k in kinds) + "."
-        summary = (f"the {where} disagrees with the Trainer or across ranks ({source}): {problems[0][2]}"
-                   + (f"; and {len(problems) - 1} more finding(s) below" if len(problems) > 1 else "") + ".")
-        return self.verdict("failed", summary, evidence=evidence, fix=fix, category=problems[0][0], notes=notes)
+        summary = f"the {where} disagrees with the Trainer or across ranks ({source}): {found.summary()}."
+        return self.verdict("failed", summary, evidence=evidence, fix=fix, category=found.lead.category,
+                            notes=found.notes)
 
 CONTRACT = LaunchEnv()

@@ -27,7 +27,7 @@ import re
 from collections import defaultdict
 
 from ...sites import first_sentence, plural
-from ..base import Blame, Contract, Evidence, Run, Verdict, definition_evidence, target_site
+from ..base import Blame, Contract, Evidence, Findings, Run, Verdict, definition_evidence, target_site
 from .probe import UnusedParametersProbe
 
 _INDEX_RE = re.compile(r"Parameter indices which did not receive grad for rank (\d+):\s*([\d ]+)")
@@ -147,7 +147,7 @@ class UnusedParameters(Contract):
 
     def _unused(self, run: Run, use: _GradUse) -> Verdict:
         always, sometimes = use.always_and_sometimes()
-        found = _Findings()
+        found = Findings()
         for r, recs in use.records.items():
             _pattern_evidence(r, recs, found)
         _ddp_error_evidence(use, found)
@@ -181,7 +181,7 @@ class UnusedParameters(Contract):
             f"{plural(len(sometimes), 'parameter')} ({_group(sometimes)}) skip some backward passes, and "
             f"find_unused_parameters=True is set, which is what dynamic usage needs.")
 
-    def _failed(self, run: Run, use: _GradUse, always: list[str], sometimes: list[str], found: _Findings) -> Verdict:
+    def _failed(self, run: Run, use: _GradUse, always: list[str], sometimes: list[str], found: Findings) -> Verdict:
         """find_unused_parameters=False with parameters that miss a gradient."""
         if not run.finished:
             stopped = (" DDP's reducer then stopped the run at the next step (the reduction of the previous "
@@ -242,14 +242,7 @@ class _GradUse:
         sometimes = [n for n in self.names if n in self.missing and n not in always]
         return always, sometimes
 
-class _Findings:
-    """Evidence collected so far, and the causes it names ('no_grad', 'not_run', 'toggled')."""
-
-    def __init__(self):
-        self.evidence: list[Evidence] = []
-        self.causes: set[str] = set()
-
-def _pattern_evidence(rank: int, recs: list[dict], found: _Findings) -> None:
+def _pattern_evidence(rank: int, recs: list[dict], found: Findings) -> None:
     """One evidence line per (backward within the step, unused set) pattern of one rank."""
     patterns: dict[tuple, list[dict]] = defaultdict(list)
     for e in recs:
@@ -272,7 +265,7 @@ def _pattern_evidence(rank: int, recs: list[dict], found: _Findings) -> None:
                   f"training steps: {step_text}")
         found.evidence.append(Evidence(detail, rank=rank, site=_site(first.get("site"))))
 
-def _why_unused(event: dict, unused: tuple, found: _Findings) -> list[str]:
+def _why_unused(event: dict, unused: tuple, found: Findings) -> list[str]:
     """The reasons one grad_use event gives for its unused parameters; notes each cause."""
     why = []
     if event.get("no_grad"):
@@ -288,7 +281,7 @@ def _why_unused(event: dict, unused: tuple, found: _Findings) -> list[str]:
         found.causes.add("toggled")
     return why
 
-def _ddp_error_evidence(use: _GradUse, found: _Findings) -> None:
+def _ddp_error_evidence(use: _GradUse, found: Findings) -> None:
     """DDP's own reducer message per rank, with its parameter indices mapped back to names."""
     for r, msg in use.ddp_errors.items():
         if msg:
