@@ -55,7 +55,7 @@ def test_data_sharding_recreate_failure_names_the_dataloader_line(fake_runs):
 def test_fingerprint_rows_and_ids():
     import torch
 
-    from pytest_ltconform.contracts.data_sharding import fingerprint
+    from pytest_ltconform.contracts.data_sharding.probe import fingerprint
 
     fp = fingerprint((torch.arange(6.0).reshape(3, 2), torch.tensor([5, 6, 7])))
     assert fp["n"] == 3 and len(fp["rows"]) == 3 and fp["ids"] == [5, 6, 7]
@@ -223,7 +223,7 @@ def test_fingerprint_of_opaque_batches_has_no_addresses():
 
     import torch
 
-    from pytest_ltconform.contracts.data_sharding import fingerprint
+    from pytest_ltconform.contracts.data_sharding.probe import fingerprint
 
     @dataclasses.dataclass
     class Batch:
@@ -363,7 +363,7 @@ def test_batches_without_keys_or_tensors_are_not_judged(fake_runs):
 
 
 def test_keys_of_a_fetch():
-    from pytest_ltconform.contracts.data_sharding import _keys
+    from pytest_ltconform.contracts.data_sharding.probe import _keys
 
     assert _keys(3) == [3] and _keys([4, 5]) == [4, 5] and _keys(None) is None
     assert _keys(("a", 1)) == ["'a'", 1]
@@ -392,7 +392,7 @@ class _Emits:
 
 def _uses_of(step) -> list[tuple[int, str]]:
     """The ``ds_draw_use`` (draw id, use) events a step makes with draw 1 tracked."""
-    from pytest_ltconform.contracts.data_sharding import _Draws
+    from pytest_ltconform.contracts.data_sharding.probe import _Draws
 
     recorder = _Emits()
     draws = _Draws(recorder)
@@ -478,7 +478,7 @@ def test_items_of_an_iterable_are_recorded_in_dataloader_workers(tmp_path):
     import torch
     from torch.utils.data import DataLoader, IterableDataset
 
-    from pytest_ltconform.contracts.data_sharding import _item_hash, _Items
+    from pytest_ltconform.contracts.data_sharding.probe import _item_hash, _Items
 
     class Stream(IterableDataset):  # every worker replays the same 6 items
         def __iter__(self):
@@ -521,7 +521,7 @@ def test_iterable_items_fill_the_batches_they_were_collated_into(fake_runs):
 def test_an_item_that_cannot_be_hashed_never_breaks_the_stream(tmp_path, monkeypatch):
     from torch.utils.data import DataLoader, IterableDataset
 
-    from pytest_ltconform.contracts import data_sharding
+    from pytest_ltconform.contracts.data_sharding import probe as data_sharding
 
     def refuse(item):
         raise TypeError("unhashable")
@@ -658,7 +658,7 @@ def test_only_the_stage_loaders_fetches_count_and_an_unreadable_wrapper_keeps_al
     import torch
     from torch.utils.data import DataLoader
 
-    from pytest_ltconform.contracts.data_sharding import _is_stage_stream
+    from pytest_ltconform.contracts.data_sharding.probe import _is_stage_stream
 
     data = torch.arange(6.0)
     train, own = DataLoader(data, batch_size=2), DataLoader(data, batch_size=2)

@@ -1,0 +1,696 @@
+"""data-sharding, rank side: fingerprints of every batch, the dataset keys each fetch hands
+``__getitem__``, what an iterable dataset yields, the random draws of the first training steps,
+and each loader's sampler and order (see the package's docstring for what the verdict makes of
+them). Runs inside the ranks of the traced fit.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+
+from ...harness import batch_leaves, batch_size
+from ...runs import Probe
+from .. import fetches, loader_sites
+
+ROWS_PER_BATCH = 64        # sample rows hashed per batch
+BATCHES_PER_EPOCH = 8      # batches fingerprinted per epoch and stage (all are counted)
+STREAM_COUNT_LIMIT = 100_000
+DRAW_STEPS = 8             # training steps whose random draws are fingerprinted
+DRAWS_PER_STEP = 8
+
+
+# -- rank side: fingerprints -------------------------------------------------------------------
+
+def _row_bytes(t) -> bytes:
+    import torch
+
+    t = t.detach().cpu().contiguous().reshape(-1)
+    if t.dtype in (torch.bfloat16,) or t.is_complex():
+        t = torch.view_as_real(t) if t.is_complex() else t.float()
+    return t.numpy().tobytes()
+
+
+def fingerprint(batch, rows: int = ROWS_PER_BATCH) -> dict:
+    """``{"n": batch size, "fp": batch hash, "rows": [per-sample hashes]}`` of one batch;
+    ``{"n": None}`` for a batch without tensor leaves (not fingerprinted)."""
+    import hashlib
+
+    import torch
+
+    leaves: list = []
+    batch_leaves(batch, leaves)
+    if not any(isinstance(t, torch.Tensor) for t in leaves):
+        return {"n": None}
+    n = batch_size(batch)
+    whole = hashlib.blake2b(digest_size=8)
+    row_hashes = []
+    if n:
+        per_row = [hashlib.blake2b(digest_size=8) for _ in range(min(n, rows))]
+        for t in leaves:
+            if isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape[0] == n:
+                for i, h in enumerate(per_row):
+                    h.update(_row_bytes(t[i]))
+        row_hashes = [h.hexdigest() for h in per_row]
+    ids = None
+    if n:
+        for t in leaves:  # an integer vector per sample reads as sample ids in the evidence
+            if isinstance(t, torch.Tensor) and t.dim() == 1 and t.shape[0] == n and not t.is_floating_point() \
+                    and t.dtype != torch.bool:
+                ids = [int(v) for v in t[:rows]]
+    for t in leaves:
+        if isinstance(t, torch.Tensor):
+            whole.update(_row_bytes(t) if t.numel() <= 1_000_000 else repr(t.shape).encode())
+        else:
+            whole.update(repr(t).encode()[:1000])
+    out = {"n": n, "fp": whole.hexdigest(), "rows": row_hashes}
+    if ids is not None:
+        out["ids"] = ids
+    return out
+
+
+def _class_site(cls) -> dict | None:
+    import inspect
+
+    try:
+        lines, line = inspect.getsourcelines(cls)
+        return {"file": inspect.getsourcefile(cls), "line": line, "func": cls.__qualname__}
+    except (TypeError, OSError):
+        return None
+
+
+def _loader_info(trainer, stage: str, loader) -> dict:
+    from torch.utils.data import DataLoader, IterableDataset
+
+    info = {"ev": "ds_loader", "stage": stage, "type": type(loader).__name__}
+    if isinstance(loader, DataLoader):
+        ds = loader.dataset
+        bs = loader.batch_sampler
+        sampler = loader.sampler
+        inner = getattr(bs, "sampler", None)
+        info.update(
+            dataset=type(ds).__qualname__, dataset_site=_class_site(type(ds)),
+            iterable=isinstance(ds, IterableDataset), num_workers=int(loader.num_workers),
+            batch_size=loader.batch_size, sampler=type(sampler).__name__ if sampler is not None else None,
+            batch_sampler=type(bs).__name__ if bs is not None else None,
+            inner_sampler=type(inner).__name__ if inner is not None else None,
+            shuffle=bool(getattr(inner if inner is not None else sampler, "shuffle", False)),
+            created_at=getattr(loader, "_ltconform_site", None),
+        )
+        try:
+            info["length"] = len(loader)
+        except TypeError:
+            info["length"] = None
+        info.update(_order_info(loader))
+    info["use_distributed_sampler"] = bool(getattr(trainer._accelerator_connector, "use_distributed_sampler", True))
+    return info
+
+
+def _samplers(loader) -> list:
+    """The loader's sampler, batch sampler, the batch sampler's sampler and the sampler that
+    Lightning's DistributedSamplerWrapper wraps (whichever exist)."""
+    bs = getattr(loader, "batch_sampler", None)
+    chain = [s for s in (getattr(loader, "sampler", None), bs, getattr(bs, "sampler", None)) if s is not None]
+    for s in list(chain):
+        wrapped = getattr(getattr(s, "dataset", None), "_sampler", None)  # DistributedSamplerWrapper
+        if wrapped is not None:
+            chain.append(wrapped)
+    return chain
+
+
+def _shuffles_in_iter(cls) -> bool:
+    """Whether a user IterableDataset's __iter__ (or what it calls on the class) shuffles."""
+    import inspect
+
+    from ...sites import is_user_file
+
+    try:
+        path = inspect.getsourcefile(cls)
+        source = inspect.getsource(cls)
+    except (TypeError, OSError):
+        return False
+    return bool(path and is_user_file(path) and re.search(r"shuffle|randperm|permutation", source))
+
+
+def _order_info(loader) -> dict:
+    """What decides the sample order of a DataLoader: replacement sampling, a custom batch
+    sampler, a dataset that shuffles itself."""
+    from torch.utils.data import BatchSampler, IterableDataset
+
+    bs = loader.batch_sampler
+    return {
+        "replacement": any(getattr(s, "replacement", False) is True for s in _samplers(loader)),
+        "samplers": [type(s).__name__ for s in _samplers(loader)],
+        "custom_batch_sampler": type(bs).__name__ if bs is not None and type(bs) is not BatchSampler else None,
+        "batch_sampler_shuffles": bool(getattr(bs, "shuffle", False)) or _shuffles_in_iter(type(bs)),
+        "drop_last": bool(getattr(bs, "drop_last", False) or loader.drop_last),
+        "dataset_shuffles": isinstance(loader.dataset, IterableDataset) and _shuffles_in_iter(type(loader.dataset)),
+    }
+
+
+def _first_loader(loaders):
+    if isinstance(loaders, (list, tuple)):
+        return loaders[0] if loaders else None
+    if isinstance(loaders, dict):
+        return next(iter(loaders.values()), None)
+    return loaders
+
+
+def count_stream(dataset, limit: int = STREAM_COUNT_LIMIT, seconds: float = 3.0) -> int | None:
+    """How many items one fresh iterator of an IterableDataset yields (None past the bounds).
+    Counted in a daemon thread, so a stream that blocks cannot hold up the rank."""
+    import threading
+
+    box: dict = {}
+
+    def count() -> None:
+        n = 0
+        try:
+            for _ in dataset:
+                n += 1
+                if n >= limit or box.get("stop"):
+                    return
+        except Exception:
+            return
+        box["n"] = n
+
+    worker = threading.Thread(target=count, name="ltconform-stream-count", daemon=True)
+    worker.start()
+    worker.join(seconds)
+    box["stop"] = True  # past the bound the thread stops at its next item
+    return box.get("n")
+
+
+def _creation_site() -> dict | None:
+    """The user's frame that built a DataLoader: the first user frame that is not a DataLoader
+    subclass's own __init__."""
+    import sys
+
+    from ...sites import is_user_file
+
+    frame = sys._getframe(2)
+    while frame is not None:
+        code = frame.f_code
+        if is_user_file(code.co_filename) and code.co_name != "__init__":
+            func = getattr(code, "co_qualname", code.co_name)
+            return {"file": code.co_filename, "line": frame.f_lineno, "func": func}
+        frame = frame.f_back
+    return None
+
+
+# Random values a step feeds to the model (noise, latents). Index draws (randint, randperm,
+# multinomial) are left out: identical on every rank they still pick different samples from each
+# rank's own batch (seen in neuralforecast's window sampling), so they prove nothing.
+RANDOM_FACTORIES = ("randn", "rand", "randn_like", "rand_like", "normal")
+RANDOM_METHODS = ("normal_", "uniform_")
+
+
+# Ops whose output carries a draw on without deciding its use: shape and dtype changes,
+# concatenation (a conditional GAN's latent next to its labels is still the latent).
+_CARRIES = frozenset({"cat", "concat", "concatenate", "stack", "hstack", "vstack", "float", "double", "half",
+                      "to", "view", "reshape", "unsqueeze", "squeeze", "expand", "expand_as", "repeat",
+                      "flatten", "transpose", "permute", "contiguous", "clone", "detach", "type_as", "__getitem__"})
+
+
+def _tensors(obj, out: list, depth: int = 0) -> list:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        out.append(obj)
+    elif depth < 3 and isinstance(obj, (list, tuple)):
+        for item in obj:
+            _tensors(item, out, depth + 1)
+    elif depth < 3 and isinstance(obj, dict):
+        for item in obj.values():
+            _tensors(item, out, depth + 1)
+    return out
+
+
+def _is_weight(t) -> bool:
+    import torch
+
+    return isinstance(t, torch.nn.Parameter) or (t.is_leaf and t.requires_grad)
+
+
+def _uses_mode(draws):
+    """A TorchFunctionMode that follows each recorded draw to the first op that decides its use
+    (see :meth:`_Draws.follow`); built lazily (no torch import at module level)."""
+    from torch.overrides import TorchFunctionMode
+
+    class DrawUses(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if draws.tracked:
+                try:
+                    draws.follow(func, args, kwargs or {}, out)
+                except Exception:
+                    pass  # following a draw must never change the step
+            return out
+
+    return DrawUses()
+
+
+class _Draws:
+    """Fingerprints what torch's random factories return to user code inside training_step, for
+    the first DRAW_STEPS steps: one ``ds_draw`` event (the user's file:line, a 64-bit hash of the
+    first 64 values) per draw, at most DRAWS_PER_STEP per step. Each draw is followed to the first
+    op that meets another tensor: only weights there means the draw is the model's input (a GAN's
+    latent); a tensor of the rank's own data means noise combined with it (a VAE's
+    reparameterisation, a dropout mask): one ``ds_draw_use`` event says which."""
+
+    def __init__(self, recorder):
+        self.recorder = recorder
+        self.module = None
+        self.key = None      # [epoch, batch_idx] while a recorded step runs
+        self.steps = 0
+        self.count = 0
+        self.busy = False
+        self.ids = 0
+        self.tracked: dict = {}   # id(tensor) -> (weakref to it, draw id)
+        self.mode = None
+
+    def follow(self, func, args, kwargs, out) -> None:
+        tensors = _tensors(kwargs, _tensors(args, []))
+        hits, others = set(), []
+        for t in tensors:
+            draw = self.tracked.get(id(t))
+            if draw is not None and draw[0]() is t:
+                hits.add(draw[1])
+            elif t.numel() > 1:
+                others.append(t)
+        if not hits:
+            return
+        name = getattr(func, "__name__", str(func))
+        if name in _CARRIES or not others:
+            for o in _tensors(out, []):
+                self._track(o, min(hits))
+            return
+        use = "input" if all(_is_weight(t) for t in others) else "combined"
+        for draw_id in hits:
+            self.recorder.emit({"ev": "ds_draw_use", "id": draw_id, "use": use, "op": name})
+        self.tracked = {k: v for k, v in self.tracked.items() if v[1] not in hits}
+
+    def _track(self, tensor, draw_id: int) -> None:
+        import weakref
+
+        self.tracked[id(tensor)] = (weakref.ref(tensor), draw_id)
+
+    def enter(self) -> None:
+        if self.key is not None and self.mode is None:
+            self.mode = _uses_mode(self)
+            self.mode.__enter__()
+
+    def leave(self) -> None:
+        self.key = None
+        self.tracked = {}
+        if self.mode is not None:
+            mode, self.mode = self.mode, None
+            mode.__exit__(None, None, None)
+
+    def install(self) -> None:
+        import torch
+
+        for name in RANDOM_FACTORIES:
+            if hasattr(torch, name):
+                self.recorder.patch(torch, name, lambda original, n=name: self._wrap(original, f"torch.{n}"))
+        for name in RANDOM_METHODS:  # defined on torch._C.TensorBase: shadowed on torch.Tensor
+            self.recorder.patch(torch.Tensor, name, lambda original, n=name: self._wrap(original, f"Tensor.{n}"),
+                                inherited=True)
+
+    def _wrap(self, original, label: str):
+        draws = self
+
+        def wrapper(*args, **kwargs):
+            out = original(*args, **kwargs)
+            if draws.key is not None and not draws.busy:
+                draws.record(label, out)
+            return out
+
+        return wrapper
+
+    def step(self, module, epoch: int, batch_idx: int) -> None:
+        self.module, self.count = module, 0
+        self.key = [epoch, batch_idx] if self.steps < DRAW_STEPS else None
+        self.steps += 1
+
+    def record(self, label: str, out) -> None:
+        import hashlib
+
+        import torch
+
+        from ...sites import user_site
+
+        if (not isinstance(out, torch.Tensor) or self.count >= DRAWS_PER_STEP
+                or getattr(self.module, "_current_fx_name", None) != "training_step"):
+            return
+        self.busy = True
+        try:
+            site, _ = user_site(2)
+            if site is not None:
+                self.count += 1
+                digest = hashlib.blake2b(_row_bytes(out.detach().reshape(-1)[:64]), digest_size=8).hexdigest()
+                self.ids += 1
+                self.recorder.emit({"ev": "ds_draw", "fn": label, "site": site, "key": self.key, "hash": digest,
+                                    "shape": list(out.shape), "id": self.ids})
+                self._track(out, self.ids)
+        except Exception:
+            pass  # a fingerprint that cannot be taken is not recorded
+        finally:
+            self.busy = False
+
+
+INDEX_GROUPS = 64          # index groups (one per batch the loader fetches) recorded per stage and epoch
+INDEX_KEYS = 256           # dataset keys recorded per group
+_STAGE_NAMES = {"train": "train", "validate": "val", "test": "test", "predict": "predict"}
+
+
+def _keys(index) -> list | None:
+    """The dataset keys one fetch hands ``__getitem__``/``__getitems__``: one key, or the list a
+    batch sampler yields; None for an iterable dataset's placeholder (no key)."""
+    if index is None:
+        return None
+    items = index if isinstance(index, (list, tuple)) else [index]
+    out = []
+    for k in items[:INDEX_KEYS]:
+        try:
+            out.append(int(k))
+        except (TypeError, ValueError):
+            out.append(repr(k)[:60])  # a key that is not an integer (a string, a tuple) still names one sample
+    return out
+
+
+_STAGE_LOADERS = {"train": "train_dataloader", "val": "val_dataloaders", "test": "test_dataloaders",
+                  "predict": "predict_dataloaders"}
+
+
+def _stage_loaders(trainer, stage: str) -> list | None:
+    """The DataLoaders Lightning iterates for ``stage``'s steps (``trainer.train_dataloader`` and
+    its siblings, nested in lists or dicts); None when they cannot be read (then every fetch of the
+    stage counts, as before)."""
+    try:
+        iterables = getattr(trainer, _STAGE_LOADERS[stage])
+    except Exception:
+        return None
+    found: list = []
+    todo = [iterables]
+    while todo:
+        obj = todo.pop()
+        if isinstance(obj, dict):
+            todo.extend(obj.values())
+        elif isinstance(obj, (list, tuple)):
+            todo.extend(obj)
+        elif obj is not None and hasattr(obj, "dataset"):
+            found.append(obj)
+    return found or None
+
+
+def _is_stage_stream(trainer, stage: str, index_sampler=None, dataset=None) -> bool:
+    """Whether a fetch belongs to the loader(s) the stage's loop iterates, not to a DataLoader the
+    user iterates inside a hook (a baseline rollout over a fixed set in on_train_epoch_end runs on
+    every rank on purpose, rule 'Sampling, metrics and writes'). A map-style iterator is known by
+    its loader's index sampler (unique to the loader), an iterable one by its dataset."""
+    loaders = _stage_loaders(trainer, stage) or []
+    # loaders that cannot be read or matched (a wrapper that is no torch DataLoader): every fetch counts
+    if index_sampler is not None:
+        known = [dl._index_sampler for dl in loaders if hasattr(dl, "_index_sampler")]
+        return not known or any(s is index_sampler for s in known)
+    return not loaders or any(getattr(dl, "dataset", None) is dataset for dl in loaders)
+
+
+class _Indices:
+    """Records, per stage and epoch, the keys every fetch of a map-style dataset receives: the
+    source of its samples. Read in the main process where the DataLoader iterator draws them from
+    its sampler, so DataLoader workers (num_workers>0), batch samplers yielding index lists and
+    collated graphs are all read the same way; one ``ds_index`` event per fetch."""
+
+    def __init__(self, recorder):
+        self.recorder = recorder
+        self.counts: dict = defaultdict(int)
+
+    def install(self) -> None:
+        fetches.tap(self.recorder, self.record)
+
+    def record(self, it, index) -> None:
+        trainer = self.recorder.trainer
+        if trainer is None or trainer.sanity_checking or getattr(it, "_dataset_kind", 0) != 0:
+            return  # 0: a map-style dataset (torch's _DatasetKind.Map)
+        stage = _STAGE_NAMES.get(str(getattr(trainer.state.stage, "value", trainer.state.stage)))
+        keys = _keys(index)
+        if stage is None or keys is None or not _is_stage_stream(trainer, stage, index_sampler=it._index_sampler):
+            return
+        key = (stage, int(trainer.current_epoch))
+        self.counts[key] += 1
+        if self.counts[key] <= INDEX_GROUPS:
+            self.recorder.emit({"ev": "ds_index", "stage": stage, "keys": keys, "ds": id(it._dataset),
+                                "dataset": type(it._dataset).__qualname__})
+
+
+ITEMS_PER_ITERATOR = 256   # items hashed per iterator of an IterableDataset (per worker, stage and epoch)
+
+
+def _item_hash(item) -> str:
+    """A 64-bit hash of one item an IterableDataset yields: its tensor and plain leaves."""
+    import hashlib
+
+    import torch
+
+    leaves: list = []
+    batch_leaves(item, leaves)
+    h = hashlib.blake2b(digest_size=8)
+    for leaf in leaves:
+        h.update(_row_bytes(leaf) if isinstance(leaf, torch.Tensor) and leaf.numel() <= 1_000_000
+                 else repr(leaf).encode()[:1000])
+    return h.hexdigest()
+
+
+class _Items:
+    """Records what an IterableDataset's iterator yields, item by item, per stage, epoch and
+    DataLoader worker: the source of its samples (``ds_item`` events). A worker process writes
+    its line straight to the rank's trace file (one append each), not through the recorder, whose
+    lock may have been held by another thread when the worker was forked."""
+
+    def __init__(self, recorder):
+        import os
+
+        self.recorder = recorder
+        self.pid = os.getpid()
+
+    def install(self) -> None:
+        from torch.utils.data._utils import fetch
+
+        self.recorder.patch(fetch._IterableDatasetFetcher, "__init__", self._wrap)
+
+    def _wrap(self, original):
+        items = self
+
+        def __init__(fetcher, *args, **kwargs):
+            original(fetcher, *args, **kwargs)
+            try:
+                where = items.where()
+                if where is not None and _is_stage_stream(items.recorder.trainer, where["stage"],
+                                                          dataset=fetcher.dataset):
+                    fetcher.dataset_iter = items.tap(fetcher.dataset_iter, where)
+            except Exception:
+                pass  # an iterator that cannot be followed is fingerprinted by its batches instead
+
+        return __init__
+
+    def where(self) -> dict | None:
+        from torch.utils.data import get_worker_info
+
+        trainer = self.recorder.trainer
+        if trainer is None or trainer.sanity_checking:
+            return None
+        stage = _STAGE_NAMES.get(str(getattr(trainer.state.stage, "value", trainer.state.stage)))
+        if stage is None:
+            return None
+        info = get_worker_info()
+        return {"ev": "ds_item", "stage": stage, "epoch": int(trainer.current_epoch),
+                "w": info.id if info is not None else 0, "nw": info.num_workers if info is not None else 1}
+
+    def tap(self, iterator, where: dict):
+        for n, item in enumerate(iterator):
+            if n < ITEMS_PER_ITERATOR:
+                try:
+                    self.emit({**where, "h": _item_hash(item)})
+                except Exception:
+                    pass  # an item that cannot be hashed is not recorded; the user's stream goes on
+            yield item
+
+    def emit(self, event: dict) -> None:
+        import json
+        import os
+
+        if os.getpid() == self.pid:
+            self.recorder.emit(event)
+        else:
+            os.write(self.recorder._fh.fileno(), (json.dumps(event) + "\n").encode())
+
+
+class DataShardingProbe(Probe):
+    """Records one ``batch`` event per batch, one ``ds_loader`` event per stage and epoch, the
+    item count of a train IterableDataset (``ds_stream``), random draws in training_step and the
+    rank reads of user code inside step hooks (``rank_read``, see :mod:`.rank_reads`)."""
+
+    def __init__(self):
+        self._loaders: dict[str, object] = {}
+        self._recorder = None
+        self._draws = None
+        self._streams: set = set()
+
+    def install(self, recorder) -> None:
+        loader_sites.install(recorder)
+
+    def before_trainer(self, loaded, trainer_kwargs, recorder) -> None:
+        import torch.utils.data as tud
+
+        from ..rank_reads import RankReads, step_hook
+
+        self._draws = _Draws(recorder)
+        self._draws.install()
+        _Indices(recorder).install()
+        _Items(recorder).install()
+        RankReads(recorder.emit, lambda: step_hook(recorder.trainer)).install(loaded.ns, recorder)
+
+        def factory(original):
+            def __init__(loader, *args, **kwargs):
+                original(loader, *args, **kwargs)
+                if getattr(loader, "_ltconform_site", None) is not None:
+                    return  # a subclass's __init__ already recorded the outer call
+                site = _creation_site()
+                if site is None:
+                    return  # built by Lightning (sampler injection) or a library, not by the user
+                try:
+                    object.__setattr__(loader, "_ltconform_site", site)
+                    recorder.emit({"ev": "ds_created", "site": site, "positional": len(args) + 1,
+                                   "cls": type(loader).__name__, "hook": recorder.current_hook()})
+                except Exception:
+                    pass
+
+            return __init__
+
+        recorder.patch(tud.DataLoader, "__init__", factory)
+        self._recorder = recorder
+        trainer_kwargs["callbacks"] = list(trainer_kwargs.get("callbacks") or []) + \
+            [self._callback(loaded.ns, recorder)]
+
+    def watch_sampler(self, sampler) -> None:
+        """Record the first indices each iteration of a user-defined sampler yields."""
+        import inspect
+
+        from ...sites import is_user_file
+
+        cls = type(sampler)
+        try:
+            path = inspect.getsourcefile(cls)
+        except TypeError:
+            return
+        if not path or not is_user_file(path) or "__iter__" not in cls.__dict__:
+            return
+        recorder = self._recorder
+
+        def factory(original):
+            def __iter__(obj):
+                got, done = [], False
+                try:
+                    limit = max(1, min(ROWS_PER_BATCH, len(obj)))
+                except Exception:
+                    limit = ROWS_PER_BATCH
+                for item in original(obj):
+                    if not done:
+                        try:
+                            got.append([int(i) for i in item] if isinstance(item, (list, tuple)) else int(item))
+                        except Exception:
+                            got.append(repr(item)[:40])
+                        if len(got) >= limit:
+                            recorder.emit({"ev": "ds_sampler", "cls": cls.__name__, "indices": got})
+                            done = True
+                    yield item
+                if not done:
+                    recorder.emit({"ev": "ds_sampler", "cls": cls.__name__, "indices": got})
+
+            return __iter__
+
+        recorder.patch(cls, "__iter__", factory)
+
+    def _callback(self, ns, recorder):
+        probe = self
+
+        class Fingerprints(ns.Callback):
+            def __init__(self):
+                self.seen: dict[tuple, int] = defaultdict(int)
+
+            def _loader(self, trainer, stage, loaders):
+                loader = _first_loader(loaders)
+                probe._loaders[stage] = loader
+                for sampler in (getattr(loader, "sampler", None), getattr(loader, "batch_sampler", None),
+                                getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
+                    if sampler is not None:
+                        probe.watch_sampler(sampler)
+                try:
+                    recorder.emit({**_loader_info(trainer, stage, loader),
+                                   "built": loader_sites.loader_of(f"{stage}_dataloader")})
+                except Exception as exc:
+                    recorder.emit({"ev": "trace_error", "where": "data-sharding loader", "error": repr(exc)})
+
+            def _batch(self, trainer, stage, batch, batch_idx, dataloader_idx=0):
+                key = (stage, int(trainer.current_epoch), dataloader_idx)
+                self.seen[key] += 1
+                event = {"ev": "batch", "stage": stage, "idx": int(batch_idx), "dl": dataloader_idx}
+                try:
+                    if self.seen[key] <= BATCHES_PER_EPOCH:
+                        event.update(fingerprint(batch))
+                    else:
+                        event["n"] = batch_size(batch)
+                except Exception as exc:
+                    event["error"] = repr(exc)
+                recorder.emit(event)
+
+            def on_train_epoch_start(self, trainer, pl_module):
+                self._loader(trainer, "train", trainer.train_dataloader)
+                probe.count_train_stream(recorder)
+
+            def on_validation_epoch_start(self, trainer, pl_module):
+                if not trainer.sanity_checking:
+                    self._loader(trainer, "val", trainer.val_dataloaders)
+
+            def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+                self._batch(trainer, "train", batch, batch_idx)
+                probe._draws.step(pl_module, int(trainer.current_epoch), int(batch_idx))
+                probe._draws.enter()
+
+            def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+                probe._draws.leave()
+
+            def on_exception(self, trainer, pl_module, exception):
+                probe._draws.leave()
+
+            def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+                if not trainer.sanity_checking:
+                    self._batch(trainer, "val", batch, batch_idx, dataloader_idx)
+
+        return Fingerprints()
+
+    def count_train_stream(self, recorder) -> None:
+        """Once, before the first train epoch iterates: how many items the rank's stream yields
+        (a hung world keeps it; uneven shards show even when the run caps the epoch)."""
+        from torch.utils.data import DataLoader, IterableDataset
+
+        loader = self._loaders.get("train")
+        if "train" in self._streams or not isinstance(loader, DataLoader) \
+                or not isinstance(loader.dataset, IterableDataset):
+            return
+        self._streams.add("train")
+        recorder.emit({"ev": "ds_stream", "stage": "train", "n": count_stream(loader.dataset)})
+
+    def collect(self, loaded, trainer, recorder):
+        from torch.utils.data import DataLoader, IterableDataset
+
+        out = {}
+        for stage, loader in self._loaders.items():
+            if isinstance(loader, DataLoader) and isinstance(loader.dataset, IterableDataset):
+                out[stage] = count_stream(loader.dataset)
+        return {"stream_len": out}
+
+
+# -- pytest side -------------------------------------------------------------------------------
