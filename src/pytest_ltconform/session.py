@@ -143,7 +143,9 @@ class LtconformSession:
         """Whose process state a run is (world.job.JobRequest.tenant): this target under this
         strategy. Ranks that ran another target's or strategy's jobs are replaced first, so the
         module never sees what another run left in a rank (a library's process-wide flag, threads)."""
-        return f"{self.targets.id or self.targets.model_name}@{id(self):x}/{strategy}"
+        target = self.targets
+        name = (target.id or target.model_name) if target is not None else "-"
+        return f"{name}@{id(self):x}/{strategy}"
 
     def _progress(self, run: str, label: str):
         return self.progress(f"{run}[{label}]") if self.progress is not None else None
