@@ -48,7 +48,12 @@ def record(contract: str, strategy: str, world_size: int, verdict_dict: dict, du
             "fix": verdict_dict.get("fix"), "rule_section": verdict_dict.get("rule_section"),
             "seed": verdict_dict.get("rule_section"),
             "evidence": verdict_dict.get("evidence", []), "notes": list(verdict_dict.get("notes", [])),
-            "duration_s": round(duration_s, 3)}
+            "duration_s": round(duration_s, 3), **_figures(verdict_dict)}
+
+
+def _figures(verdict_dict: dict) -> dict:
+    """A verdict's table of figures (the memory contract's bytes per category, rank and strategy)."""
+    return {"table": verdict_dict["table"]} if verdict_dict.get("table") is not None else {}
 
 
 def from_report(report) -> dict | None:

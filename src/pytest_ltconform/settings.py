@@ -25,11 +25,12 @@ OPT_REQUIRE = "ltconform_require"
 OPT_STRATEGIES = "ltconform_strategies"
 OPT_OVERSUBSCRIBE = "ltconform_oversubscribe"
 OPT_EXPLAIN = "ltconform_explain"
+OPT_DEVICE_MEMORY = "ltconform_device_memory"
 
 INI_TARGET = "ltconform_target"
 # Every ini key of the plugin (the others share their option's dest).
 INI_NAMES = (INI_TARGET, OPT_DATAMODULE, OPT_TRAINER, OPT_WORLD_SIZE, OPT_TIMEOUT, OPT_REPORT, OPT_REQUIRE,
-             OPT_STRATEGIES, OPT_OVERSUBSCRIBE)
+             OPT_STRATEGIES, OPT_OVERSUBSCRIBE, OPT_DEVICE_MEMORY)
 
 
 DEFAULT_WORLD_SIZE = 2
@@ -68,6 +69,9 @@ class Settings:
     trainer_from: str = "--ltconform-trainer"
     # The strategies given explicitly (command line or ini); () when the default, all, applies.
     strategies_named: tuple[str, ...] = ()
+    # The memory of one device in bytes (--ltconform-device-memory); None: not stated.
+    device_memory: int | None = None
+    device_memory_from: str | None = None
 
     @property
     def enabled(self) -> bool:
@@ -146,6 +150,16 @@ def add_options(parser: pytest.Parser) -> None:
                   type="bool", default=False)
 
 
+def add_device_memory_option(parser: pytest.Parser) -> None:
+    """The memory contract's device size (``--ltconform-device-memory`` and its ini twin)."""
+    parser.getgroup("ltconform").addoption(
+        "--ltconform-device-memory", dest=OPT_DEVICE_MEMORY, metavar="SIZE", default=None,
+        help="memory of one production device, e.g. 80GiB or 24GB: the memory contract fails when the configured "
+             "strategy's step does not fit it (ini: ltconform_device_memory).",
+    )
+    parser.addini(OPT_DEVICE_MEMORY, "memory of one production device (as --ltconform-device-memory)", default=None)
+
+
 def _lookup(config: pytest.Config, dest: str, ini: str | None = None) -> tuple[str | None, str]:
     """Return (raw value, where it came from); the command line wins over the ini file. An empty
     value on the command line is refused: it would otherwise fall back to the ini file or the
@@ -181,6 +195,7 @@ _EMPTY_FIX = {
     OPT_REPORT: "Give the path of the JSON file to write",
     OPT_DATAMODULE: "Name a LightningDataModule (pkg.mod.DataModule, pkg.mod:factory or path/to/file.py:Name)",
     OPT_TRAINER: "Name a dict of Trainer kwargs or a zero-argument callable returning one (pkg.mod:kwargs)",
+    OPT_DEVICE_MEMORY: "Give the memory of one device with its unit, e.g. 80GiB",
 }
 
 
@@ -229,6 +244,26 @@ def _validate_choices(raw: str, where: str, choices: tuple[str, ...]) -> tuple[s
             f"{where}: unknown value(s) {', '.join(map(repr, unknown))}; choose from {', '.join(choices)}."
         )
     return values
+
+
+_BYTES = {"b": 1, "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9, "tb": 10 ** 12,
+          "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30, "tib": 2 ** 40}
+
+
+def _validate_bytes(raw: str, where: str) -> int:
+    """A device memory size with its unit ('80GiB', '24 GB', '1.5TiB'), in bytes."""
+    text = raw.strip().replace(" ", "")
+    number = text.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+    unit = text[len(number):].lower()
+    try:
+        value = float(number) * _BYTES[unit]
+    except (ValueError, KeyError):
+        value = None
+    if value is None or value != value or value == float("inf") or value < 1:
+        raise pytest.UsageError(
+            f"{where}: expected the memory of one device with a unit, e.g. 80GiB, 24GB or 1.5TiB, got {raw!r} "
+            f"(units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB).")
+    return int(value)
 
 
 def _validate_report_path(raw: str, where: str) -> str:
@@ -397,6 +432,9 @@ def resolve(config: pytest.Config, project_targets: bool = True) -> Settings:
     raw, where = _lookup(config, OPT_STRATEGIES)
     if raw is not None:
         kwargs["strategies"] = kwargs["strategies_named"] = _validate_choices(raw, where, STRATEGIES)
+    raw, where = _lookup(config, OPT_DEVICE_MEMORY)
+    if raw is not None:
+        kwargs["device_memory"], kwargs["device_memory_from"] = _validate_bytes(raw, where), where
     kwargs["oversubscribe"] = bool(config.getoption(OPT_OVERSUBSCRIBE) or config.getini(OPT_OVERSUBSCRIBE))
     return Settings(target=target, datamodule=datamodule, trainer=trainer, targets=targets, **kwargs)
 

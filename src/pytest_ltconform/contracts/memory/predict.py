@@ -1,0 +1,219 @@
+"""Rank side: one training step at production size, traced without allocating it.
+
+The user's module is built again under torch's ``FakeTensorMode`` (tensors with shapes and dtypes
+but no data), its optimizers come from its own ``configure_optimizers``, the batch is the first one
+its train loader gives, grown to the loader's stated ``batch_size``, and the step (training_step,
+backward, optimizer step) runs under the Trainer config's precision. Torch's ``MemTracker``
+follows every storage the step creates; a first untraced step creates the optimizer state, so the
+traced second one sees the state a steady step holds. What cannot be built or stepped this way
+raises :class:`CannotTrace` with the reason, and the verdict falls back to the measured run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+from typing import Any
+
+from ...sharded import sharded_kind, zero_stage
+
+
+class CannotTrace(Exception):
+    """The production step cannot be traced under fake tensors; the message says why."""
+
+
+def strategy_label(strategy: Any) -> str:
+    """How a strategy object is named in the tables: 'DDP', 'FSDP FULL_SHARD', 'DeepSpeed ZeRO-2'."""
+    kind = sharded_kind(strategy)
+    if kind == "fsdp":
+        return f"FSDP {getattr(getattr(strategy, 'sharding_strategy', None), 'name', 'FULL_SHARD')}"
+    if kind == "deepspeed":
+        return f"DeepSpeed ZeRO-{zero_stage(strategy) or 0}"
+    return "DDP"
+
+
+def configured(user_strategy: Any) -> str:
+    """The production strategy's label, as :func:`strategy_label` names it, from the user's config
+    (an instance or a registered name; DeepSpeed's default stage is 2, FSDP's FULL_SHARD)."""
+    kind = sharded_kind(user_strategy)
+    if kind == "deepspeed":
+        stage = zero_stage(user_strategy)
+        return f"DeepSpeed ZeRO-{2 if stage is None else stage}"
+    if kind == "fsdp":
+        sharding = getattr(getattr(user_strategy, "sharding_strategy", None), "name", None)
+        return f"FSDP {sharding or 'FULL_SHARD'}"
+    return "DDP"
+
+
+def production_world(user: dict, run_world: int) -> tuple[int, str | None]:
+    """(devices x num_nodes, None) from the Trainer config; the run's world size and why when the
+    config does not say a number of devices."""
+    devices, nodes = user.get("devices"), user.get("num_nodes", 1)
+    if isinstance(devices, (list, tuple)):
+        devices = len(devices)
+    elif isinstance(devices, str) and devices.strip().isdigit():
+        devices = int(devices)
+    if not isinstance(devices, int) or isinstance(devices, bool) or devices < 1:
+        return run_world * int(nodes or 1), f"the Trainer config gives devices={devices!r}, not a count"
+    return devices * int(nodes or 1), None
+
+
+_AUTOCAST = {"16-mixed": "float16", "16": "float16", "bf16-mixed": "bfloat16", "bf16": "bfloat16"}
+_TRUE = {"bf16-true": "bfloat16", "16-true": "float16", "64-true": "float64", "64": "float64"}
+_FP32 = ("32-true", "32", "None")
+
+
+def _precision(value: Any) -> tuple[str, str | None, str | None]:
+    """(the precision's name, autocast dtype, parameter dtype) for a Trainer ``precision``."""
+    name = str(value)
+    if name in _AUTOCAST:
+        return name, _AUTOCAST[name], None
+    if name in _TRUE:
+        return name, None, _TRUE[name]
+    if name in _FP32:
+        return "32-true", None, None
+    raise CannotTrace(f"precision={value!r} has no fake-tensor equivalent here")
+
+
+def _first_batch(objects) -> tuple[Any, int | None]:
+    """The first batch the user's train loader gives and the loader's stated batch size."""
+    source = objects.datamodule if objects.datamodule is not None else objects.model
+    loader = source.train_dataloader()
+    try:
+        batch = next(iter(loader))
+    except TypeError as exc:
+        raise CannotTrace(f"the train loader ({type(loader).__name__}) cannot be iterated here: {exc}") from None
+    stated = getattr(loader, "batch_size", None)
+    return batch, stated if isinstance(stated, int) else None
+
+
+def _fake_batch(mode, batch: Any, drawn: int | None, stated: int | None) -> Any:
+    """``batch`` as fake tensors, with the drawn batch dimension grown to the stated batch size."""
+    import torch
+    from torch.utils._pytree import tree_map_only
+
+    def grown(t):
+        if drawn and stated and t.dim() > 0 and t.shape[0] == drawn:
+            with mode:
+                return torch.empty((stated, *t.shape[1:]), dtype=t.dtype)
+        return mode.from_tensor(t)
+
+    return tree_map_only(torch.Tensor, grown, batch)
+
+
+def _leaves(batch) -> list:
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    return [t for t in tree_leaves(batch) if isinstance(t, torch.Tensor)]
+
+
+def _optimizers(ns, model) -> list:
+    parse = importlib.import_module(f"{ns.__name__}.core.optimizer")._configure_optimizers
+    conf = model.configure_optimizers()
+    if conf is None:
+        raise CannotTrace("configure_optimizers returns None (a DeepSpeed config's optimizer is not traced)")
+    return list(parse(conf)[0])
+
+
+def _unit(model) -> tuple[str, int]:
+    """The largest unit a sharded strategy gathers whole during the step, with a wrap per block:
+    the biggest element of a ModuleList/Sequential, or what lies outside the blocks (the root's
+    own unit) when that is bigger; without blocks, the whole module (its name, bytes)."""
+    import torch
+
+    def size(m):
+        return sum(p.numel() * p.element_size() for p in m.parameters())
+
+    blocks = [(f"{name}.{i}", child) for name, mod in model.named_modules()
+              if isinstance(mod, (torch.nn.ModuleList, torch.nn.Sequential)) for i, child in enumerate(mod)]
+    if not blocks:
+        return "(the whole module)", size(model)
+    name, block = max(blocks, key=lambda b: size(b[1]))
+    rest = size(model) - sum(size(b) for _, b in blocks)
+    return (name, size(block)) if size(block) >= rest else ("(the weights outside the blocks)", rest)
+
+
+def _step(model, optimizers, batch, autocast: str | None) -> None:
+    import contextlib
+
+    import torch
+
+    cast = torch.autocast("cpu", dtype=getattr(torch, autocast)) if autocast else contextlib.nullcontext()
+    with cast:
+        out = model.training_step(batch, 0)
+    loss = out.get("loss") if isinstance(out, dict) else out
+    if not isinstance(loss, torch.Tensor):
+        raise CannotTrace("training_step returned no loss tensor")
+    loss.backward()
+    for opt in optimizers:
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
+def _state_bytes(model, optimizers) -> dict:
+    seen: set = set()
+
+    def total(tensors) -> int:
+        n = 0
+        for t in tensors:
+            st = t.untyped_storage()
+            if id(st) not in seen and st.nbytes():
+                seen.add(id(st))
+                n += st.nbytes()
+        return n
+
+    params = total(model.parameters())
+    buffers = total(model.buffers())
+    state = [v for opt in optimizers for s in opt.state.values() for v in s.values() if hasattr(v, "untyped_storage")]
+    return {"params": params, "buffers": buffers, "optimizer": total(state),
+            "grads": sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)}
+
+
+def predict(objects, run_world: int) -> dict:
+    """The production step's bytes per category (one replica, unsharded) and its setting."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    user = objects.user_kwargs
+    precision, autocast, dtype = _precision(user.get("precision", "32-true"))
+    world, world_note = production_world(user, run_world)
+    if not objects.model.automatic_optimization:
+        raise CannotTrace("the module steps its own optimizers (manual optimization), which needs a Trainer")
+    batch, stated = _first_batch(objects)
+    from ...harness import batch_size
+
+    drawn = batch_size(batch)
+    mode = FakeTensorMode(allow_non_fake_inputs=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with mode:
+            model = objects.new_model()
+            if hasattr(model, "configure_model"):
+                model.configure_model()
+            if dtype:
+                model = model.to(getattr(__import__("torch"), dtype))
+            optimizers = _optimizers(objects.ns, model)
+        fake = _fake_batch(mode, batch, drawn, stated)
+        with mode:
+            _step(model, optimizers, fake, autocast)  # creates the optimizer state
+            tracker = MemTracker()
+            tracker.track_external(model, *optimizers, *_leaves(fake))
+            with tracker:
+                _step(model, optimizers, fake, autocast)
+    state = _state_bytes(model, optimizers)
+    unit, unit_bytes = _unit(model)
+    peak, activations = _peak(tracker)
+    return {"bytes": state, "peak": peak, "activations": activations,
+            "batch": stated or drawn, "drawn": drawn, "precision": precision, "world": world,
+            "world_note": world_note, "configured": configured(user.get("strategy")),
+            "optimizers": [type(o).__name__ for o in optimizers], "unit": unit, "unit_bytes": unit_bytes}
+
+
+def _peak(tracker) -> tuple[int, int]:
+    """(the traced step's peak bytes, of which activations and temporaries): what the peak holds
+    besides parameters, buffers, gradients and optimizer state (gradients are added in full per
+    strategy, as a step holds them all at its end)."""
+    snap = next(iter(tracker.get_tracker_snapshot("peak").values()), {})
+    named = {getattr(k, "name", str(k)): v for k, v in snap.items()}
+    return int(named.get("Total", 0)), int(sum(named.get(k, 0) for k in ("ACT", "TEMP", "OTH")))
