@@ -13,6 +13,8 @@ The JSON keys are a stable interface for CI jobs and dashboards::
      "not_run": [{"tier", "reason", "items"}],  # tiers not run here and not asked for: a count each
      "interrupted": bool, "exitstatus": int}    # Ctrl-C, SIGTERM, -x or pytest.exit; pytest's exit code
 
+A memory item's record also has ``table`` (bytes per category, per rank measured, per strategy
+predicted; see contract_docs/memory.md).
 ``outcome`` is one of 'passed', 'failed', 'advisory', 'skipped', 'error'; a record's ``target`` is
 its target's id (the middle part of the item id ``ltconform::<id>::<contract>[<strategy>]``).
 ``trainer`` is the trainer target string, or for a dict given in ``conftest.py`` the dict with
