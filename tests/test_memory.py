@@ -124,7 +124,10 @@ def test_per_device_bytes_shard_what_each_strategy_shards():
 def test_without_a_device_size_every_item_is_an_advisory_table(fake_runs):
     verdict = _judge(fake_runs, [_rank(_prediction()), _rank()])
     assert verdict.outcome == "advisory"
-    assert "DDP on 8 devices: 26.0 GiB per device" in verdict.summary and "no device size is stated" in verdict.summary
+    assert verdict.summary.startswith("DDP held up to 1.2 KiB per rank on this run (measured); predicted for 8 "
+                                      "devices, precision bf16-mixed, AdamW, batch 16 per device: DDP on 8 devices: "
+                                      "26.0 GiB per device"), verdict.summary
+    assert verdict.summary.endswith("No device size is stated, so nothing is judged (--ltconform-device-memory).")
     assert "rank 0: measured, DDP on 2 ranks (32-true): params 264 B, grads 264 B, optimizer 536 B" in verdict.render()
     table = verdict.as_dict()["table"]
     assert table["measured"]["ranks"][1]["optimizer"] == 536 and table["capacity"] is None
@@ -153,6 +156,30 @@ def test_an_item_of_another_strategy_does_not_fail_for_the_configured_one(fake_r
     run.settings = types.SimpleNamespace(device_memory=24 * GIB, device_memory_from="--ltconform-device-memory")
     verdict = get_contract("memory").judge(run)
     assert verdict.outcome == "advisory" and "the [ddp] item judges the configured strategy" in verdict.summary
+    run.settings = None  # no device size: the item leads with its own strategy, then the configured one
+    rows = [_rank(_prediction(), strategy="FSDP FULL_SHARD"), _rank(strategy="FSDP FULL_SHARD")]
+    run = fake_runs.probed("memory", rows)
+    run.strategy = "fsdp"
+    summary = get_contract("memory").judge(run).summary
+    assert summary.startswith("FSDP FULL_SHARD held up to 1.2 KiB per rank on this run (measured)"), summary
+    assert "FSDP FULL_SHARD on 8 devices: 12.2 GiB per device" in summary
+    assert "; the configured DDP: 26.0 GiB per device." in summary
+
+
+def test_a_configured_offload_is_not_judged_since_the_count_does_not_model_it(fake_runs):
+    from lightning.pytorch.strategies import DeepSpeedStrategy
+
+    from pytest_ltconform.contracts.memory.predict import offloads
+
+    offload = offloads(DeepSpeedStrategy(stage=3, offload_optimizer=True))
+    assert offload == "the DeepSpeed config's offload_optimizer moves state off the device"
+    assert offloads("fsdp_cpu_offload") and offloads("deepspeed_stage_2") is None
+    pred = _prediction(configured="DeepSpeed ZeRO-3", offload=offload)
+    run = fake_runs.probed("memory", [_rank(pred), _rank()])
+    run.strategy = "deepspeed"
+    run.settings = types.SimpleNamespace(device_memory=GIB, device_memory_from="--ltconform-device-memory")
+    verdict = get_contract("memory").judge(run)
+    assert verdict.outcome == "skipped" and verdict.summary.startswith(f"not judged: {offload}, which this count")
 
 
 def test_an_untraceable_production_step_falls_back_to_the_measured_run_named_as_such(fake_runs):
@@ -231,11 +258,12 @@ def test_production_step_is_traced_at_the_configs_devices_precision_and_stated_b
 
 # -- end to end: real ranks ------------------------------------------------------------------------
 
-def _report(pytester, *args) -> list[dict]:
+def _report(pytester, *args) -> tuple[list[dict], str]:
     result = pytester.runpytest_subprocess(*args, "--ltconform-report", "memory.json", "-p", "no:cacheprovider",
                                            "-rA", "--ltconform-timeout", "300")
     assert result.ret in (0, 1), result.stdout.str()[-3000:]
-    return [r for r in json.loads((pytester.path / "memory.json").read_text())["results"] if r["contract"] == "memory"]
+    results = json.loads((pytester.path / "memory.json").read_text())["results"]
+    return [r for r in results if r["contract"] == "memory"], result.stdout.str()
 
 
 def _shapes(path) -> list[int]:
@@ -275,7 +303,7 @@ def _check_zero3(ranks, numels):
 
 @pytest.mark.skipif(not sharded.deepspeed_installed(), reason="deepspeed not installed")
 def test_measured_bytes_per_rank_equal_the_tensors_each_rank_holds(pytester):
-    records = _report(pytester, "--ltconform", f"{BORING}:Model",
+    records, out = _report(pytester, "--ltconform", f"{BORING}:Model",
                       "--ltconform", f"{TRANSFORMER}:Model trainer={TRANSFORMER}:trainer_kwargs",
                       "-k", "memory[")
     got = {(r["target"].split("/")[-1].split(".")[0], r["strategy"]): r for r in records}
@@ -293,3 +321,33 @@ def test_measured_bytes_per_rank_equal_the_tensors_each_rank_holds(pytester):
             assert row["activations"] > 0
     _check_zero2(ranks[("ok_boring_model_adam", "deepspeed")], boring)
     _check_zero3(ranks[("ok_small_transformer_zero3", "deepspeed")], transformer)
+    # -rA prints each rank's row (the advisory's evidence block, in PASSES and the summary).
+    row = "rank 1: measured, DeepSpeed ZeRO-3 on 2 ranks (32-true): params 42.5 KiB, grads 42.5 KiB"
+    assert row in out, out[-3000:]
+
+
+def _production(pytester, device_memory: str) -> dict:
+    records, _ = _report(pytester, "--ltconform", "lm_production.Model", "--ltconform-trainer",
+                      "lm_production:trainer_kwargs", "--ltconform-strategies", "ddp", "-k", "memory[",
+                      "--ltconform-device-memory", device_memory)
+    assert len(records) == 1, records
+    return records[0]
+
+
+@pytest.mark.slow
+def test_a_production_config_that_does_not_fit_24gib_fails_and_passes_at_80gib(pytester):
+    """8 devices, DDP, bf16-mixed, AdamW, 146 sequences per device: the activations (about 23 GiB) and a
+    whole replica do not fit 24 GiB, FULL_SHARD's eighth of the state does; 80 GiB holds DDP."""
+    pytester.makepyfile(lm_production=LM)
+    pytester.syspathinsert()
+    small = _production(pytester, "24GiB")
+    assert small["outcome"] == "failed", small["message"]
+    assert small["summary"].startswith("DDP on 8 devices needs 24.5 GiB per device for 8 devices, precision "
+                                       "bf16-mixed, AdamW, batch 146 per device, more than the 24.0 GiB stated "
+                                       "(--ltconform-device-memory)"), small["summary"]
+    assert "Strategies that would fit: FSDP FULL_SHARD on 8 devices: 23.6 GiB per device" in small["summary"]
+    assert small["table"]["predicted"]["strategies"]["DDP"]["total"] > 24 * GIB
+    large = _production(pytester, "80GiB")
+    assert large["outcome"] == "passed", large["message"]
+    assert "DDP on 8 devices fits 80.0 GiB (--ltconform-device-memory)" in large["summary"]
+    assert "55.5 GiB headroom" in large["summary"], large["summary"]

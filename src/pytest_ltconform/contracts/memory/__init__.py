@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..base import Contract, Evidence, Run, Verdict
-from .plan import CANDIDATES, fits, per_device, row_text, size
+from .plan import CANDIDATES, SHARDING, fits, per_device, row_text, size
 from .probe import MemoryProbe
 
 _LABELS = {"ddp": "DDP", "fsdp": "FSDP", "deepspeed": "DeepSpeed"}
@@ -72,18 +72,21 @@ class Memory(Contract):
             return self._measured_only(mine, measured, prediction, capacity, source, evidence, notes)
         world = prediction["world"]
         configured = prediction["configured"]
-        rows = {label: per_device(label, prediction, world) for label in dict.fromkeys((configured, *CANDIDATES))}
+        rows = {label: per_device(label, prediction, world)
+                for label in dict.fromkeys((configured, mine, *CANDIDATES)) if label in SHARDING}
         evidence += [Evidence(f"production step (predicted): {row_text(label, row, world)}"
                               + (" (configured)" if label == configured else ""))
                      for label, row in rows.items()]
         setting = _production_setting(prediction)
         if capacity is None:
-            return self.verdict("advisory", f"per-device memory, predicted for {setting}: "
-                                            f"{row_text(configured, rows[configured], world)}; no device size "
-                                            f"is stated, so nothing is judged (--ltconform-device-memory).",
+            return self.verdict("advisory", _advisory(mine, measured, rows, configured, world, setting),
                                 evidence=evidence, notes=notes)
         need = rows[configured]["total"]
         judged_here = _kind(configured) == run.strategy
+        if prediction.get("offload") and judged_here:
+            return self.verdict("skipped", f"not judged: {prediction['offload']}, which this count of device memory "
+                                           f"does not model; {row_text(configured, rows[configured], world)} without "
+                                           f"offloading.", evidence=evidence, notes=notes)
         if need <= capacity:
             return self.verdict("passed", f"{configured} on {world} devices fits {size(capacity)} ({source}) "
                                           f"for {setting}: {size(need)} per device, {size(capacity - need)} "
@@ -115,6 +118,17 @@ class Memory(Contract):
         return self.verdict("failed", f"{mine} needs {size(peak)} per rank on this small run, more than the "
                                       f"{size(capacity)} stated ({source}) (measured, not predicted).",
                             evidence=evidence, notes=notes, fix=_fix([], mine))
+
+
+def _advisory(mine: str, measured: dict, rows: dict, configured: str, world: int, setting: str) -> str:
+    """The item's own strategy, measured on this run and predicted at production size, then the
+    configured one when it is another."""
+    peak = max(row["total"] for row in measured["ranks"].values())
+    text = f"{mine} held up to {size(peak)} per rank on this run (measured); predicted for {setting}: "
+    text += row_text(mine, rows[mine], world) if mine in rows else "not modelled for this strategy"
+    if mine != configured:
+        text += f"; the configured {configured}: {size(rows[configured]['total'])} per device"
+    return text + ". No device size is stated, so nothing is judged (--ltconform-device-memory)."
 
 
 def _kind(label: str) -> str:

@@ -45,6 +45,24 @@ def configured(user_strategy: Any) -> str:
     return "DDP"
 
 
+def offloads(user_strategy: Any) -> str | None:
+    """What the configured strategy moves off the device (CPU or NVMe offload), in words; None
+    when nothing. This count does not model offloading, so a verdict on it would be wrong."""
+    kind = sharded_kind(user_strategy)
+    if isinstance(user_strategy, str):
+        return f"strategy={user_strategy!r} offloads to the CPU" if kind and "offload" in user_strategy else None
+    if kind == "fsdp":
+        offload = getattr(user_strategy, "cpu_offload", None)
+        return "FSDPStrategy(cpu_offload=...) offloads parameters to the CPU" \
+            if getattr(offload, "offload_params", False) else None
+    config = getattr(user_strategy, "config", None) if kind == "deepspeed" else None
+    zero = (config or {}).get("zero_optimization") if isinstance(config, dict) else None
+    moved = [k for k in ("offload_optimizer", "offload_param") if isinstance((zero or {}).get(k), dict)
+             and zero[k].get("device", "cpu") not in (None, "none")]
+    verb = "moves" if len(moved) == 1 else "move"
+    return f"the DeepSpeed config's {' and '.join(moved)} {verb} state off the device" if moved else None
+
+
 def production_world(user: dict, run_world: int) -> tuple[int, str | None]:
     """(devices x num_nodes, None) from the Trainer config; the run's world size and why when the
     config does not say a number of devices."""
@@ -207,6 +225,7 @@ def predict(objects, run_world: int) -> dict:
     return {"bytes": state, "peak": peak, "activations": activations,
             "batch": stated or drawn, "drawn": drawn, "precision": precision, "world": world,
             "world_note": world_note, "configured": configured(user.get("strategy")),
+            "offload": offloads(user.get("strategy")),
             "optimizers": [type(o).__name__ for o in optimizers], "unit": unit, "unit_bytes": unit_bytes}
 
 
