@@ -110,6 +110,25 @@ def _judge(fake_runs, observations, device_memory=None):
     return get_contract("memory").judge(run)
 
 
+def test_held_counts_each_storage_once_in_the_first_category_that_reaches_it():
+    import torch
+
+    from pytest_ltconform.contracts.memory.held import held
+
+    flat = torch.zeros(10)  # two parameters viewing one flat buffer, as FSDP's use_orig_params keeps them
+    module = torch.nn.Module()
+    module.a, module.b = torch.nn.Parameter(flat[:6].view(2, 3)), torch.nn.Parameter(flat[6:])
+    opt = torch.optim.Adam(module.parameters())
+    module.a.grad, module.b.grad = torch.ones(2, 3), torch.ones(4)
+    opt.step()
+    opt.state[module.b]["alias"] = module.a.grad  # a state entry that is a gradient: counted as a gradient
+    trainer = types.SimpleNamespace(strategy=types.SimpleNamespace(model=module), lightning_module=module,
+                                    optimizers=[opt])
+    got = held(trainer)
+    assert got["bytes"] == {"params": 40, "grads": 24 + 16, "optimizer": 2 * 40 + 2 * 4}, got
+    assert got["storages"] == {"params": 1, "grads": 2, "optimizer": 6}
+
+
 def test_per_device_bytes_shard_what_each_strategy_shards():
     pred = _prediction()
     ddp, full, grad_op = (per_device(s, pred, 8) for s in ("DDP", "FSDP FULL_SHARD", "FSDP SHARD_GRAD_OP"))
