@@ -273,6 +273,11 @@ def test_production_step_is_traced_at_the_configs_devices_precision_and_stated_b
     # The logits alone of 146 x 255 tokens over 50304 words, in bf16, are 3.5 GiB: the activations are larger.
     assert pred["activations"] > 146 * 255 * 50304 * 2
     assert per_device("DDP", pred, 8)["total"] > 24 * GIB > per_device("FSDP FULL_SHARD", pred, 8)["total"]
+    # A trace slower than its budget stops with a reason (the verdict then falls back to the measured run).
+    from pytest_ltconform.contracts.memory.predict import CannotTrace
+
+    with pytest.raises(CannotTrace, match="took longer than 0.001 s here"):
+        predict(objects, 2, budget_s=0.001)
 
 
 # -- end to end: real ranks ------------------------------------------------------------------------

@@ -11,6 +11,7 @@ raises :class:`CannotTrace` with the reason, and the verdict falls back to the m
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import warnings
 from typing import Any
@@ -188,8 +189,37 @@ def _state_bytes(model, optimizers) -> dict:
             "grads": sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)}
 
 
-def predict(objects, run_world: int) -> dict:
-    """The production step's bytes per category (one replica, unsharded) and its setting."""
+@contextlib.contextmanager
+def time_budget(seconds: float):
+    """Raise :class:`CannotTrace` in the main thread after ``seconds``: the trace runs inside the
+    user's fit run, whose time limit a slow trace must not eat (a timeout would be the plugin's own)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def expired(signum, frame):
+        raise CannotTrace(f"tracing the production step took longer than {seconds:g} s here")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def predict(objects, run_world: int, budget_s: float = 60.0) -> dict:
+    """The production step's bytes per category (one replica, unsharded) and its setting, traced
+    within ``budget_s`` seconds."""
+    with time_budget(budget_s):
+        return _predict(objects, run_world)
+
+
+def _predict(objects, run_world: int) -> dict:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
 
