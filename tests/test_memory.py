@@ -280,6 +280,35 @@ def test_production_step_is_traced_at_the_configs_devices_precision_and_stated_b
         predict(objects, 2, budget_s=0.001)
 
 
+def test_a_batch_object_is_grown_only_when_its_tensors_share_the_batch_dimension():
+    import dataclasses
+
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    from pytest_ltconform.contracts.memory.predict import CannotTrace, _fake_batch
+
+    @dataclasses.dataclass
+    class Batch:
+        ids: torch.Tensor
+        mask: torch.Tensor
+
+    mode = FakeTensorMode()
+    grown = _fake_batch(mode, {"b": Batch(torch.zeros(4, 7, dtype=torch.long), torch.ones(4, 7))}, 4, 64)
+    assert isinstance(grown["b"].ids, FakeTensor) and grown["b"].ids.shape == (64, 7)
+    assert grown["b"].ids.dtype == torch.long and grown["b"].mask.shape == (64, 7)
+
+    class Graphs:  # a collated graph batch: node rows, not samples, lead its tensors
+        def __init__(self):
+            self.x, self.y = torch.zeros(19, 3), torch.zeros(4)
+
+    with pytest.raises(CannotTrace, match=r"leading sizes \[4, 19\]\), so it cannot be grown to the loader's "
+                                          r"batch_size=64"):
+        _fake_batch(mode, Graphs(), 4, 64)
+    kept = _fake_batch(mode, Graphs(), 4, 4)  # nothing to grow: traced as drawn, every tensor fake
+    assert isinstance(kept.x, FakeTensor) and kept.x.shape == (19, 3)
+
+
 # -- end to end: real ranks ------------------------------------------------------------------------
 
 def _report(pytester, *args) -> tuple[list[dict], str]:

@@ -106,25 +106,55 @@ def _first_batch(objects) -> tuple[Any, int | None]:
     return batch, stated if isinstance(stated, int) else None
 
 
-def _fake_batch(mode, batch: Any, drawn: int | None, stated: int | None) -> Any:
-    """``batch`` as fake tensors, with the drawn batch dimension grown to the stated batch size."""
-    import torch
-    from torch.utils._pytree import tree_map_only
+def _mapped(obj: Any, fn, depth: int = 0) -> Any:
+    """``obj`` with every tensor replaced by ``fn(tensor)``: through dicts, lists, tuples (named
+    ones too) and the attributes of other objects (a dataclass, a graph batch), copied shallowly."""
+    import copy
 
-    def grown(t):
-        if drawn and stated and t.dim() > 0 and t.shape[0] == drawn:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if depth >= 6 or isinstance(obj, (str, bytes, int, float, bool, type(None))):
+        return obj
+    if isinstance(obj, dict):
+        return {k: _mapped(v, fn, depth + 1) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        items = [_mapped(v, fn, depth + 1) for v in obj]
+        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
+    if isinstance(getattr(obj, "__dict__", None), dict):
+        new = copy.copy(obj)
+        for key, value in vars(obj).items():
+            setattr(new, key, _mapped(value, fn, depth + 1))
+        return new
+    return obj
+
+
+def _leaves(batch) -> list:
+    found: list = []
+    _mapped(batch, lambda t: found.append(t) or t)
+    return found
+
+
+def _fake_batch(mode, batch: Any, drawn: int | None, stated: int | None) -> Any:
+    """``batch`` as fake tensors, with the batch dimension grown from ``drawn`` to ``stated``. Only
+    a batch whose tensors all share that leading dimension is grown: rows of a collated graph or a
+    packed sequence are not samples, and growing some of them would trace a batch nobody makes."""
+    import torch
+
+    grow = bool(drawn and stated and drawn != stated)
+    dims = {t.shape[0] for t in _leaves(batch) if t.dim() > 0}
+    if grow and dims != {drawn}:
+        raise CannotTrace(f"the batch's tensors do not share one batch dimension (leading sizes "
+                          f"{sorted(dims)[:4]}), so it cannot be grown to the loader's batch_size={stated}")
+
+    def fake(t):
+        if grow and t.dim() > 0:
             with mode:
                 return torch.empty((stated, *t.shape[1:]), dtype=t.dtype)
         return mode.from_tensor(t)
 
-    return tree_map_only(torch.Tensor, grown, batch)
-
-
-def _leaves(batch) -> list:
-    import torch
-    from torch.utils._pytree import tree_leaves
-
-    return [t for t in tree_leaves(batch) if isinstance(t, torch.Tensor)]
+    return _mapped(batch, fake)
 
 
 def _optimizers(ns, model) -> list:
