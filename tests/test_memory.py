@@ -202,12 +202,24 @@ def test_a_configured_offload_is_not_judged_since_the_count_does_not_model_it(fa
 
 
 def test_an_untraceable_production_step_falls_back_to_the_measured_run_named_as_such(fake_runs):
-    error = {"error": "CannotTrace: the module steps its own optimizers (manual optimization), which needs a Trainer"}
+    error = {"error": "the module steps its own optimizers (manual optimization), which needs a Trainer"}
     verdict = _judge(fake_runs, [_rank(error), _rank()], device_memory=1000)
     assert verdict.outcome == "failed"
     assert "needs 1.2 KiB per rank on this small run, more than the 1000 B stated" in verdict.summary
     assert "(measured, not predicted)" in verdict.summary
     assert any("manual optimization" in n and "figures of this small run" in n for n in verdict.notes)
+
+
+def test_the_rank_reports_why_the_production_step_was_not_traced_in_its_own_words():
+    from pytest_ltconform.contracts.memory.probe import _predicted
+
+    model = types.SimpleNamespace(automatic_optimization=False)
+    objects = types.SimpleNamespace(model=model, user_kwargs={"precision": "32-true"})
+    assert _predicted(objects, None, 2, 5.0) == {
+        "error": "the module steps its own optimizers (manual optimization), which needs a Trainer"}
+    objects.user_kwargs = {"precision": "transformer-engine"}
+    assert _predicted(objects, None, 2, 5.0) == {"error": "precision='transformer-engine' has no fake-tensor "
+                                                          "equivalent here"}
 
 
 def test_no_training_batch_is_not_judged(fake_runs):

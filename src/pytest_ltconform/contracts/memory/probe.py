@@ -139,11 +139,13 @@ def _budget(trainer) -> float:
 def _predicted(objects, recorder, world_size: int, budget_s: float) -> dict:
     import torch
 
-    from .predict import predict
+    from .predict import CannotTrace, predict
 
     try:
         with recorder.paused() if recorder is not None else _nothing(), torch.random.fork_rng(devices=[]):
             return predict(objects, world_size, budget_s)
+    except CannotTrace as exc:
+        return {"error": str(exc)}
     except Exception as exc:  # the user's module may refuse fake tensors in many ways
         return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"}
 
