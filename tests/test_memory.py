@@ -97,7 +97,8 @@ def _prediction(**extra) -> dict:
 def _rank(prediction=None, **extra) -> dict:
     obs = {"bytes": {"params": 264, "grads": 264, "optimizer": 536, "activations": 144},
            "storages": {"params": 2, "grads": 2, "optimizer": 6}, "batches": 3, "errors": [],
-           "strategy": "DDP", "world_size": 2, "precision": "32-true", "device": "cpu"}
+           "strategy": "DDP", "world_size": 2, "precision": "32-true", "device": "cpu", "configured": "DDP",
+           "offload": None}
     if prediction is not None:
         obs["prediction"] = prediction
     obs.update(extra)
@@ -208,6 +209,12 @@ def test_an_untraceable_production_step_falls_back_to_the_measured_run_named_as_
     assert "needs 1.2 KiB per rank on this small run, more than the 1000 B stated" in verdict.summary
     assert "(measured, not predicted)" in verdict.summary
     assert any("manual optimization" in n and "figures of this small run" in n for n in verdict.notes)
+    # The same under another strategy than the configured one: the figures, never a failure.
+    run = fake_runs.probed("memory", [_rank(error, strategy="FSDP FULL_SHARD"), _rank(strategy="FSDP FULL_SHARD")])
+    run.strategy = "fsdp"
+    run.settings = types.SimpleNamespace(device_memory=1000, device_memory_from="--ltconform-device-memory")
+    verdict = get_contract("memory").judge(run)
+    assert verdict.outcome == "advisory" and "the [ddp] item judges the configured DDP" in verdict.render()
 
 
 def test_the_rank_reports_why_the_production_step_was_not_traced_in_its_own_words():

@@ -107,6 +107,13 @@ class Memory(Contract):
         peak = max(row["total"] for row in measured["ranks"].values())
         why = f"the production step was not traced ({prediction['error']}), so these are the figures of this small run"
         notes.append(why)
+        configured = measured.get("configured") or "DDP"
+        if capacity is not None and _kind(configured) != _kind(mine):
+            capacity = None  # only the configured strategy's item is judged against the device
+            notes.append(f"the [{_kind(configured)}] item judges the configured {configured} against the device")
+        elif capacity is not None and measured.get("offload"):
+            return self.verdict("skipped", f"not judged: {measured['offload']}, which this count of device memory "
+                                           f"does not model.", evidence=evidence, notes=notes)
         if capacity is None:
             return self.verdict("advisory", f"{mine} on this run: up to {size(peak)} per rank (measured; {why}); "
                                             f"no device size is stated (--ltconform-device-memory).",
@@ -151,7 +158,8 @@ def _measured(ranks: dict) -> dict:
         if "cuda_peak" in obs:
             row["cuda_peak"] = obs["cuda_peak"]
         rows[r] = row
-    return {"kind": "measured", "ranks": rows}
+    first = ranks[min(ranks)]
+    return {"kind": "measured", "ranks": rows, "configured": first.get("configured"), "offload": first.get("offload")}
 
 
 def _measured_text(row: dict) -> str:

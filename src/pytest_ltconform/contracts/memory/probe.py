@@ -93,7 +93,7 @@ class MemoryProbe(Probe):
             return out
 
         object.__setattr__(strategy, "training_step", measured_step)
-        self.setting = _setting(trainer)
+        self.setting = _setting(trainer, objects.user_kwargs.get("strategy"))
 
     def collect(self, objects, trainer, recorder):
         out = {"bytes": dict(self.peak, activations=self.activations), "storages": dict(self.storages),
@@ -104,14 +104,16 @@ class MemoryProbe(Probe):
         return out
 
 
-def _setting(trainer) -> dict:
-    """What this run measured under: its strategy, sharding, ranks, precision and batch size."""
-    from .predict import strategy_label
+def _setting(trainer, user_strategy) -> dict:
+    """What this run measured under (its strategy, ranks, precision, device), and the strategy the
+    user's Trainer config names (its label, and what it offloads)."""
+    from .predict import configured, offloads, strategy_label
 
     strategy = trainer.strategy
     precision = getattr(trainer.precision_plugin, "precision", None) or "32-true"
     return {"strategy": strategy_label(strategy), "world_size": int(trainer.world_size),
-            "precision": str(precision), "device": str(getattr(strategy, "root_device", "cpu"))}
+            "precision": str(precision), "device": str(getattr(strategy, "root_device", "cpu")),
+            "configured": configured(user_strategy), "offload": offloads(user_strategy)}
 
 
 def _cuda_figures(trainer) -> dict:
