@@ -100,7 +100,7 @@ class MemoryProbe(Probe):
                "batches": min(self.batches, WATCHED), "errors": self.errors[:3], **self.setting,
                **_cuda_figures(trainer)}
         if trainer is not None and trainer.global_rank == 0:
-            out["prediction"] = _predicted(objects, recorder, trainer.world_size, _budget(trainer))
+            out["prediction"] = _predicted(objects, recorder, trainer.world_size)
         return out
 
 
@@ -130,22 +130,14 @@ def _cuda_figures(trainer) -> dict:
         return {}
 
 
-def _budget(trainer) -> float:
-    """Seconds the production trace may take: half the run's collective timeout (which is a quarter
-    of --ltconform-timeout), at most 30 s, so that it never costs the run its time limit."""
-    timeout = getattr(trainer.strategy, "_timeout", None)
-    seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else 30.0
-    return max(1.0, min(30.0, seconds / 2))
-
-
-def _predicted(objects, recorder, world_size: int, budget_s: float) -> dict:
+def _predicted(objects, recorder, world_size: int) -> dict:
     import torch
 
     from .predict import CannotTrace, predict
 
     try:
         with recorder.paused() if recorder is not None else _nothing(), torch.random.fork_rng(devices=[]):
-            return predict(objects, world_size, budget_s)
+            return predict(objects, world_size)
     except CannotTrace as exc:
         return {"error": str(exc)}
     except Exception as exc:  # the user's module may refuse fake tensors in many ways
