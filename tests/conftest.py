@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import os
 import pathlib
+import re
 import sys
 import time
 
@@ -19,9 +22,11 @@ def case(path: str) -> str:
     return f"{CONFORMANCE / path}:Model"
 
 
-def rank_pids(supervisor_pid: int | None = None, cwd_marker: str | None = None) -> list[int]:
+def rank_pids(supervisor_pid: int | None = None, cwd_marker: str | None = None, parents: bool = False) -> list[int]:
     """Live rank processes, optionally only those of one supervisor, or of supervisors started in a
-    directory under ``cwd_marker`` (a rank's PYTHONPATH carries its supervisor's working directory)."""
+    directory under ``cwd_marker`` (a rank's PYTHONPATH carries its supervisor's working directory);
+    with ``parents``, the fork launcher's parents too (a forked rank is told from its parent by
+    that: the parent's parent is the supervisor)."""
     from pytest_ltconform.world.protocol import SUPERVISOR_PID_ENV
 
     supervisor_key = SUPERVISOR_PID_ENV.encode()  # every rank's environment names its supervisor
@@ -42,8 +47,20 @@ def rank_pids(supervisor_pid: int | None = None, cwd_marker: str | None = None) 
             continue
         if cwd_marker is not None and cwd_marker.encode() not in env.get(b"PYTHONPATH", b""):
             continue
+        if not parents and _is_fork_parent(int(entry), int(env[supervisor_key])):
+            continue
         found.append(int(entry))
     return found
+
+
+def _is_fork_parent(pid: int, supervisor_pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            ppid = int(fh.read().rsplit(b")", 1)[1].split()[1])
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return b"world.zygote" in fh.read() and ppid == supervisor_pid
+    except (OSError, ValueError, IndexError):
+        return False
 
 
 def wait_until(predicate, timeout: float, interval: float = 0.1) -> bool:
@@ -57,11 +74,12 @@ def wait_until(predicate, timeout: float, interval: float = 0.1) -> bool:
 
 @pytest.fixture
 def no_leftover_ranks(pytester):
-    """Fails the test if rank processes its pytest subprocesses started are still alive afterwards."""
+    """Fails the test if rank processes its pytest subprocesses started, or their fork parents, are
+    still alive afterwards."""
     yield
     marker = str(pytester.path)
-    assert wait_until(lambda: not rank_pids(cwd_marker=marker), 15), \
-        f"rank processes left behind: {rank_pids(cwd_marker=marker)}"
+    assert wait_until(lambda: not rank_pids(cwd_marker=marker, parents=True), 15), \
+        f"rank processes left behind: {rank_pids(cwd_marker=marker, parents=True)}"
 
 
 # -- fake runs: the Run a contract judges, from hand-made per-rank data (no world started) --------
@@ -133,3 +151,45 @@ def _forget_modules_of_temporary_files(tmp_path_factory):
     for name in set(sys.modules) - before:
         if (getattr(sys.modules.get(name), "__file__", None) or "").startswith(base):
             del sys.modules[name]
+
+
+# -- the `world` marker: tests that start rank processes -------------------------------------------
+
+# What starts worlds: a pytest subprocess (the usual way), a world or pool made here, another process,
+# the corpus command; an in-process pytest run checking a module; the fixture that runs on ranks.
+_WORLD_CALLS = re.compile(r"runpytest_subprocess|LocalWorld\(|WorldPool\(|popen\(|subprocess\.(run|Popen)\("
+                          r"|pytest_ltconform\.corpus|judge_items|runpytest\([^)]*(BORING|case\()")
+_WORLD_FIXTURES = {"ltconform_world", "no_leftover_ranks"}
+
+
+def _world_names(module) -> set[str]:
+    """The module's functions (fixtures and helpers included) that start worlds, directly or through
+    another of them."""
+    sources = {}
+    for name, obj in vars(module).items():
+        fn = getattr(obj, "__wrapped__", obj)
+        if inspect.isfunction(fn) and fn.__module__ == module.__name__:
+            with contextlib.suppress(OSError, TypeError):
+                sources[name] = inspect.getsource(fn)
+    names = {n for n, src in sources.items() if _WORLD_CALLS.search(src)}
+    while True:  # helpers that call helpers
+        more = {n for n, src in sources.items() if n not in names and any(re.search(rf"\b{m}\b", src) for m in names)}
+        if not more:
+            return names
+        names |= more
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark ``world`` every test that starts rank processes, so ``-m "not world"`` is the quick inner
+    loop; the marker deselects nothing by default."""
+    by_module: dict = {}
+    for item in items:
+        module = getattr(item, "module", None)
+        if module is None:
+            continue
+        if module not in by_module:
+            by_module[module] = _world_names(module)
+        names = by_module[module] | _WORLD_FIXTURES
+        tiers = {"slow", "multinode", "gpu"} & {m.name for m in item.iter_markers()}  # all start processes
+        if tiers or item.originalname in names or names & set(item.fixturenames):
+            item.add_marker(pytest.mark.world)

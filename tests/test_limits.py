@@ -189,7 +189,8 @@ def test_sleeps(ltconform_world):
 '''
 
 
-def test_world_killed_at_the_timeout_says_so(pytester, no_leftover_ranks):
+def test_world_killed_at_the_timeout_says_so(pytester, monkeypatch, no_leftover_ranks):
+    monkeypatch.setenv("LTCONFORM_PRELOAD", "torch")  # machinery: its ranks need no Lightning
     pytester.makepyfile(test_sleep=SLEEPERS)
     result = pytester.runpytest_subprocess("--ltconform-timeout", "10", "-p", "no:cacheprovider")
     result.assert_outcomes(failed=1)
@@ -217,6 +218,7 @@ def test_sigterm_ends_the_session_like_ctrl_c(pytester, monkeypatch, no_leftover
     tmp = pytester.path / "tmp"
     tmp.mkdir()
     monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setenv("LTCONFORM_PRELOAD", "torch")
     pytester.makepyfile(test_term=SIGTERMED)
     out = pytester.path / "stdout.txt"
     with open(out, "w") as fh:
@@ -236,7 +238,7 @@ def test_sigterm_ends_the_session_like_ctrl_c(pytester, monkeypatch, no_leftover
     assert "ltconform summary" in text and "Traceback" not in text, text[-3000:]
     doc = json.loads((pytester.path / "r.json").read_text())
     assert [r["contract"] for r in doc["results"]] == ["sync-dist"]
-    assert wait_until(lambda: not rank_pids(proc.pid), 15)
+    assert wait_until(lambda: not rank_pids(proc.pid, parents=True), 15)
     assert _worlds(tmp) == []
 
 
@@ -246,6 +248,7 @@ def test_folders_of_a_killed_session_are_removed_at_the_next_start(pytester, mon
     tmp = pytester.path / "tmp"
     tmp.mkdir()
     monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setenv("LTCONFORM_PRELOAD", "torch")
     pytester.makepyfile(test_sleep=SLEEPERS)
     proc = pytester.popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--ltconform-timeout", "300"],
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -259,7 +262,7 @@ def test_folders_of_a_killed_session_are_removed_at_the_next_start(pytester, mon
         if proc.poll() is None:
             proc.kill()
     assert _worlds(tmp) == live  # SIGKILL runs no clean-up
-    assert wait_until(lambda: not rank_pids(proc.pid), 15)
+    assert wait_until(lambda: not rank_pids(proc.pid, parents=True), 15)
     assert remove_stale_worlds(str(tmp)) == [str(tmp / live[0])]
     assert _worlds(tmp) == []
 

@@ -90,6 +90,10 @@ def test_ini_values_apply_and_command_line_wins(pytester):
          "no such option, so they would be ignored.*"),
         # A value given with -o is named as such, not as the ini file's.
         ("", ["-o", "ltconform_world_size=1"], "ERROR: -o ltconform_world_size=...: a one-rank world cannot*"),
+        ("ltconform_launcher = vfork", [], "ERROR: ini option 'ltconform_launcher' in *: unknown launcher 'vfork'; "
+         "choose from fork, spawn (fork, the default, forks ranks from one parent*"),
+        ("", ["--ltconform-launcher", "vfork"], "ERROR: --ltconform-launcher: unknown launcher 'vfork'; choose from "
+         "fork, spawn*"),
     ],
 )
 def test_bad_settings_name_where_they_came_from(pytester, ini, args, message):

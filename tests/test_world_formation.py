@@ -19,6 +19,7 @@ import sys
 from pytest_ltconform.world import JobRequest, LocalWorld
 
 JOBS = int(os.environ.get("SHORT_JOBS", "5"))
+TORCH = ("torch.distributed",)  # what the fork parent imports: these worlds never need Lightning
 BURNERS = int(os.environ.get("SHORT_JOBS_BURNERS", "0"))
 
 
@@ -36,7 +37,7 @@ def peers_formed(ctx, n):
 def test_back_to_back_short_jobs():
     # Busy loops beside the world: the race showed under a CPU load of about 6.
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(BURNERS)]
-    world = LocalWorld(2, preload=())
+    world = LocalWorld(2, preload=TORCH)
     failed = []
     try:
         for i in range(JOBS):
@@ -53,7 +54,7 @@ def test_back_to_back_short_jobs():
 
 
 def test_no_rank_starts_a_job_before_every_rank_formed_its_group():
-    world = LocalWorld(2, preload=())
+    world = LocalWorld(2, preload=TORCH)
     try:
         for n in range(JOBS):
             assert world.run(JobRequest("test_short_jobs:peers_formed", (n,), timeout_s=120)).values == [True, True]
@@ -62,7 +63,7 @@ def test_no_rank_starts_a_job_before_every_rank_formed_its_group():
 
 
 def test_a_fresh_world_per_job_pays_one_cold_start_per_job():
-    world = LocalWorld(2, preload=(), fresh_per_job=True)
+    world = LocalWorld(2, preload=TORCH, fresh_per_job=True)
     try:
         values = [world.run(JobRequest("test_short_jobs:rank_of", timeout_s=120)).values for _ in range(2)]
     finally:
@@ -103,6 +104,7 @@ import pytest
 from pytest_ltconform.world import JobRequest, LocalWorld, WorldStartError
 
 NO_SUCH_INTERFACE = {"GLOO_SOCKET_IFNAME": "ltconform-no-such-if"}  # gloo cannot form a group on it
+TORCH = ("torch.distributed",)  # what the fork parent imports: these worlds never need Lightning
 
 
 def rank_of(ctx):
@@ -120,7 +122,7 @@ class FirstWorldCannotForm(LocalWorld):
 
 
 def test_a_world_that_did_not_form_is_started_once_more():
-    world = FirstWorldCannotForm(2, preload=())
+    world = FirstWorldCannotForm(2, preload=TORCH)
     try:
         assert world.run(JobRequest("test_formation:rank_of", timeout_s=120)).values == [0, 1]
     finally:
@@ -129,7 +131,7 @@ def test_a_world_that_did_not_form_is_started_once_more():
 
 
 def test_a_world_that_never_forms_says_why_and_runs_nothing():
-    world = LocalWorld(2, preload=(), env=NO_SUCH_INTERFACE)
+    world = LocalWorld(2, preload=TORCH, env=NO_SUCH_INTERFACE)
     try:
         with pytest.raises(WorldStartError) as info:
             world.run(JobRequest("test_formation:rank_of", timeout_s=120))
@@ -172,6 +174,7 @@ def test_ranks(ltconform_world):
     ltconform_world(2).run(rank_of)
 ''')
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "ltconform-no-such-if")
+    monkeypatch.setenv("LTCONFORM_PRELOAD", "torch")  # machinery: its ranks need no Lightning
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(failed=1)
     out = result.stdout.str()

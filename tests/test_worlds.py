@@ -18,7 +18,23 @@ from conftest import BORING, CONFORMANCE, case, wait_until
 pytest_plugins = ["pytester"]
 
 
-def test_boring_model_passes_with_json_report(pytester, no_leftover_ranks):
+def _mpi4py_that_aborts(pytester, monkeypatch) -> None:
+    # A host with mpi4py installed but no working Open MPI (a GPU box's image, a login node): importing
+    # mpi4py.MPI aborts the process. Lightning probes MPI only when no launcher is recognised, so ranks
+    # started like torchrun must be recognised as torchrun's.
+    fake = pytester.path / "site"
+    (fake / "mpi4py").mkdir(parents=True)
+    (fake / "mpi4py" / "__init__.py").write_text("")
+    (fake / "mpi4py" / "MPI.py").write_text("import os\nos._exit(41)  # what a failing MPI_Init does\n")
+    (fake / "mpi4py-4.0.0.dist-info").mkdir()
+    (fake / "mpi4py-4.0.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: mpi4py\nVersion: 4.0.0\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(fake), os.environ.get("PYTHONPATH")])))
+
+
+def test_boring_model_passes_with_json_report_and_ranks_never_probe_mpi(pytester, monkeypatch, no_leftover_ranks):
+    """Two independent facts of one session on BoringModel (one session, not two): the report's
+    shape, and ranks that never import an MPI that would abort them."""
+    _mpi4py_that_aborts(pytester, monkeypatch)
     report = pytester.path / "out" / "ltconform.json"
     result = pytester.runpytest_subprocess("--ltconform", BORING, "--ltconform-strategies", "ddp",
                                            "--ltconform-report", str(report), "-p", "no:cacheprovider")
@@ -176,7 +192,8 @@ def test_dead_rank_is_reported(ltconform_world):
 '''
 
 
-def test_ltconform_world_fixture_reuses_ranks_and_isolates_jobs(pytester, no_leftover_ranks):
+def test_ltconform_world_fixture_reuses_ranks_and_isolates_jobs(pytester, monkeypatch, no_leftover_ranks):
+    monkeypatch.setenv("LTCONFORM_PRELOAD", "torch")  # machinery: its ranks need no Lightning
     pytester.makepyfile(helper_state="COUNTER = 0\n", test_user_dist=LEAKY)
     sleep_line = next(n for n, line in enumerate(LEAKY.lstrip("\n").splitlines(), 1) if "time.sleep(600)" in line)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-v")
@@ -314,21 +331,3 @@ def test_xdist_gives_the_same_verdicts(pytester, no_leftover_ranks):
     result.stdout.fnmatch_lines([f"*FAILED ltconform::{target}::all-rank-save[[]ddp[]]*"])
     result.stdout.fnmatch_lines([f"*PASSED ltconform::{target}::sync-dist[[]ddp[]]*"])
     result.stdout.fnmatch_lines(["*ltconform summary*", "*all-rank-save*failed*"])
-
-
-def test_ranks_never_probe_mpi(pytester, no_leftover_ranks, monkeypatch):
-    # A host with mpi4py installed but no working Open MPI (a GPU box's image, a login node): importing
-    # mpi4py.MPI aborts the process. Lightning probes MPI only when no launcher is recognised, so ranks
-    # started like torchrun must be recognised as torchrun's.
-    fake = pytester.path / "site"
-    (fake / "mpi4py").mkdir(parents=True)
-    (fake / "mpi4py" / "__init__.py").write_text("")
-    (fake / "mpi4py" / "MPI.py").write_text("import os\nos._exit(41)  # what a failing MPI_Init does\n")
-    (fake / "mpi4py-4.0.0.dist-info").mkdir()
-    (fake / "mpi4py-4.0.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: mpi4py\nVersion: 4.0.0\n")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(fake), os.environ.get("PYTHONPATH")])))
-    result = pytester.runpytest_subprocess("--ltconform", BORING, "--ltconform-strategies", "ddp", "-k", "sync-dist",
-                                           "-p", "no:cacheprovider")
-    outcomes = result.parseoutcomes()
-    assert outcomes.get("passed") == 1 and not outcomes.get("errors") and not outcomes.get("failed"), \
-        result.stdout.str()[-3000:]

@@ -6,6 +6,7 @@ target, SIGTERM handling. ``plugin.py``'s hooks delegate here; nothing heavy is 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 
@@ -235,10 +236,24 @@ def pool(config: pytest.Config):
     if pool is None:
         from .world import WorldPool
 
-        pool = WorldPool(timeout_name="--ltconform-timeout")
+        settings = config.stash.get(SETTINGS_KEY, None) or settings_mod.Settings(target=None)
+        pool = WorldPool(timeout_name="--ltconform-timeout", launcher=settings.launcher, preload=preload_for(settings))
         config.stash[POOL_KEY] = pool
         stop_on_sigterm(config)
     return pool
+
+
+def preload_for(settings) -> tuple[str, ...]:
+    """What the ranks import before their first job (once per session under the fork launcher):
+    Lightning, and DeepSpeed when its items may run (left out quietly where it is not installed).
+    ``LTCONFORM_PRELOAD`` (comma-separated modules) replaces it: e.g. ``torch`` for tests of the
+    ``ltconform_world`` fixture that never import Lightning."""
+    from .world.protocol import PRELOAD_ENV
+
+    if PRELOAD_ENV in os.environ:
+        return tuple(name.strip() for name in os.environ[PRELOAD_ENV].split(",") if name.strip())
+    deepspeed = settings.enabled and "deepspeed" in settings.strategies
+    return ("lightning.pytorch",) + (("deepspeed",) if deepspeed else ())
 
 
 class SigtermAsInterrupt:

@@ -48,8 +48,9 @@ case on stderr (``[12/111] sync-dist/monitor_rank_zero_only.py 14 s``). Items th
 is fixing are listed in ``known_failing.txt`` beside the cases (``read_known``) and show as
 "known", with the reason. Exit status 0 when no other item is wrong or an error.
 
-By default every case is judged in this process's persistent world pool (one cold start for the
-corpus, plus one per world a hanging case tears down). ``--as-user`` instead runs
+By default every case is judged in this process's persistent world pool: its ranks are forked
+from one parent that imported Lightning once, so a world a failing case tears down is replaced by
+a fork (``--launcher spawn``: by fresh interpreters, one import per rank). ``--as-user`` instead runs
 ``pytest --ltconform CASE.py:Model [--ltconform-datamodule ...] [--ltconform-trainer ...]
 --ltconform-report JSON`` per case, with default options, in an empty folder, exactly as a user
 would, and judges the report's items by the same rules: what a user sees, at the price of one
@@ -70,6 +71,7 @@ import time
 
 from . import contracts
 from .settings import Settings
+from .vocabulary import LAUNCHERS
 
 
 @dataclasses.dataclass
@@ -432,6 +434,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--keep-reports", metavar="DIR", help="--as-user: copy each case's JSON report and output here")
     ap.add_argument("--jobs", type=int, default=1, help="--as-user: cases run at a time (default 1)")
     ap.add_argument("--verbose", "-v", action="store_true", help="print every verdict's message")
+    ap.add_argument("--launcher", choices=LAUNCHERS, default=LAUNCHERS[0],
+                    help="how worlds start their ranks: fork (default; from one parent that imported Lightning "
+                         "once) or spawn (a fresh interpreter per rank), as --ltconform-launcher")
     return ap
 
 
@@ -479,7 +484,8 @@ def _judge_in_pool(cases: list[Case], args, strategies) -> tuple[list[dict], int
     from .world import WorldPool
 
     settings = Settings(target="corpus", world_size=args.world_size, timeout_s=args.timeout)
-    pool = WorldPool()
+    deepspeed = strategies is None or "deepspeed" in strategies
+    pool = WorldPool(launcher=args.launcher, preload=("lightning.pytorch",) + (("deepspeed",) if deepspeed else ()))
     rows: list[dict] = []
     try:
         for i, case in enumerate(cases, 1):

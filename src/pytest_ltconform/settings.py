@@ -12,7 +12,7 @@ import tempfile
 
 import pytest
 
-from .vocabulary import STRATEGIES, TIERS
+from .vocabulary import LAUNCHERS, STRATEGIES, TIERS
 
 # Option names are constants so tests and other plugins can refer to them.
 OPT_TARGET = "ltconform"
@@ -26,11 +26,12 @@ OPT_STRATEGIES = "ltconform_strategies"
 OPT_OVERSUBSCRIBE = "ltconform_oversubscribe"
 OPT_EXPLAIN = "ltconform_explain"
 OPT_DEVICE_MEMORY = "ltconform_device_memory"
+OPT_LAUNCHER = "ltconform_launcher"
 
 INI_TARGET = "ltconform_target"
 # Every ini key of the plugin (the others share their option's dest).
 INI_NAMES = (INI_TARGET, OPT_DATAMODULE, OPT_TRAINER, OPT_WORLD_SIZE, OPT_TIMEOUT, OPT_REPORT, OPT_REQUIRE,
-             OPT_STRATEGIES, OPT_OVERSUBSCRIBE, OPT_DEVICE_MEMORY)
+             OPT_STRATEGIES, OPT_OVERSUBSCRIBE, OPT_DEVICE_MEMORY, OPT_LAUNCHER)
 
 
 DEFAULT_WORLD_SIZE = 2
@@ -72,6 +73,8 @@ class Settings:
     # The memory of one device in bytes (--ltconform-device-memory); None: not stated.
     device_memory: int | None = None
     device_memory_from: str | None = None
+    # How local worlds start their ranks: 'fork' (from a parent that imported Lightning once) or 'spawn'.
+    launcher: str = LAUNCHERS[0]
 
     @property
     def enabled(self) -> bool:
@@ -89,6 +92,11 @@ def pg_timeout_for(timeout_s: float) -> float:
 
 
 def add_options(parser: pytest.Parser) -> None:
+    _add_target_options(parser)
+    _add_launcher_option(parser, parser.getgroup("ltconform"))
+
+
+def _add_target_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("ltconform", "distributed-training conformance (pytest-ltconform)")
     group.addoption(
         "--ltconform", dest=OPT_TARGET, metavar="TARGET", default=None, action="append",
@@ -158,6 +166,13 @@ def add_device_memory_option(parser: pytest.Parser) -> None:
              "strategy's step does not fit it (ini: ltconform_device_memory).",
     )
     parser.addini(OPT_DEVICE_MEMORY, "memory of one production device (as --ltconform-device-memory)", default=None)
+def _add_launcher_option(parser: pytest.Parser, group) -> None:
+    group.addoption(
+        "--ltconform-launcher", dest=OPT_LAUNCHER, metavar="HOW", default=None,
+        help=f"how local worlds start their ranks: {LAUNCHERS[0]} (default: forked from one parent that imported "
+             f"torch and Lightning once) or {LAUNCHERS[1]} (a fresh interpreter per rank; ini: ltconform_launcher).",
+    )
+    parser.addini(OPT_LAUNCHER, "how local worlds start their ranks (as --ltconform-launcher)", default=None)
 
 
 def _lookup(config: pytest.Config, dest: str, ini: str | None = None) -> tuple[str | None, str]:
@@ -196,6 +211,7 @@ _EMPTY_FIX = {
     OPT_DATAMODULE: "Name a LightningDataModule (pkg.mod.DataModule, pkg.mod:factory or path/to/file.py:Name)",
     OPT_TRAINER: "Name a dict of Trainer kwargs or a zero-argument callable returning one (pkg.mod:kwargs)",
     OPT_DEVICE_MEMORY: "Give the memory of one device with its unit, e.g. 80GiB",
+    OPT_LAUNCHER: f"Name one of {', '.join(LAUNCHERS)}",
 }
 
 
@@ -264,6 +280,13 @@ def _validate_bytes(raw: str, where: str) -> int:
             f"{where}: expected the memory of one device with a unit, e.g. 80GiB, 24GB or 1.5TiB, got {raw!r} "
             f"(units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB).")
     return int(value)
+def _validate_launcher(raw: str, where: str) -> str:
+    value = raw.strip().lower()
+    if value not in LAUNCHERS:
+        raise pytest.UsageError(f"{where}: unknown launcher {raw!r}; choose from {', '.join(LAUNCHERS)} "
+                                f"({LAUNCHERS[0]}, the default, forks ranks from one parent that imported Lightning "
+                                f"once; {LAUNCHERS[1]} starts a fresh interpreter per rank).")
+    return value
 
 
 def _validate_report_path(raw: str, where: str) -> str:
@@ -435,6 +458,9 @@ def resolve(config: pytest.Config, project_targets: bool = True) -> Settings:
     raw, where = _lookup(config, OPT_DEVICE_MEMORY)
     if raw is not None:
         kwargs["device_memory"], kwargs["device_memory_from"] = _validate_bytes(raw, where), where
+    raw, where = _lookup(config, OPT_LAUNCHER)
+    if raw is not None:
+        kwargs["launcher"] = _validate_launcher(raw, where)
     kwargs["oversubscribe"] = bool(config.getoption(OPT_OVERSUBSCRIBE) or config.getini(OPT_OVERSUBSCRIBE))
     return Settings(target=target, datamodule=datamodule, trainer=trainer, targets=targets, **kwargs)
 

@@ -27,6 +27,10 @@ DEFAULT_CONTRACT_TIERS = ("cpu", "gpu", "multinode")
 CUDA_TIERS = ("gpu", "deepspeed")
 
 
+# How local worlds start their ranks (--ltconform-launcher): forked from a parent that imported
+# torch and Lightning once, or each a fresh interpreter (the baseline).
+LAUNCHERS = ("fork", "spawn")
+
 # Environment of every rank of a tier's local worlds. DeepSpeed picks its accelerator once, at
 # import: on CPU ranks it must be the CPU one, also on a host with GPUs.
 RANK_ENV = {"cpu": {"DS_ACCELERATOR": "cpu"}}

@@ -11,12 +11,14 @@ import atexit
 import os
 from typing import Protocol
 
+from . import launch
 from .job import JobRequest
+from .launch import DEFAULT_LAUNCHER, LAUNCHERS
 from .local import LocalWorld, WorldStartError, remove_stale_worlds
 from .outcome import JobResult, RankOutcome
 
-__all__ = ["JobRequest", "JobResult", "LocalWorld", "RankOutcome", "World", "WorldPool", "WorldStartError",
-           "remove_stale_worlds"]
+__all__ = ["LAUNCHERS", "JobRequest", "JobResult", "LocalWorld", "RankOutcome", "World", "WorldPool",
+           "WorldStartError", "remove_stale_worlds"]
 
 
 class World(Protocol):
@@ -42,10 +44,18 @@ class WorldPool:
     folders that killed sessions left behind (see :func:`remove_stale_worlds`).
     """
 
-    def __init__(self, fresh_per_job: bool | None = None, timeout_name: str = "timeout_s"):
+    def __init__(self, fresh_per_job: bool | None = None, timeout_name: str = "timeout_s",
+                 launcher: str = DEFAULT_LAUNCHER, preload: tuple[str, ...] = ("lightning.pytorch",)):
         remove_stale_worlds()
+        if launcher not in LAUNCHERS:
+            raise ValueError(f"unknown rank launcher {launcher!r}; choose from {', '.join(LAUNCHERS)}")
         self.timeout_name = timeout_name
+        self.launcher = launcher
+        self.preload = preload
         self._worlds: dict[tuple, LocalWorld] = {}
+        # One fork parent per rank environment (DeepSpeed reads its accelerator when imported),
+        # shared by the worlds of every size: each parent is one import for the session.
+        self._launchers: dict[tuple, object] = {}
         if fresh_per_job is None:
             # LTCONFORM_FRESH_WORLDS=1: a cold world per job, for measuring what reuse saves.
             fresh_per_job = os.environ.get("LTCONFORM_FRESH_WORLDS", "") not in ("", "0")
@@ -55,18 +65,40 @@ class WorldPool:
     def get(self, world_size: int, backend: str = "gloo", pg_timeout_s: float = 30.0,
             env: dict | None = None) -> LocalWorld:
         """The world for these parameters; ``env`` ({name: value}) is set in each rank's environment."""
-        key = (world_size, backend, pg_timeout_s, tuple(sorted((env or {}).items())))
+        env_key = tuple(sorted((env or {}).items()))
+        key = (world_size, backend, pg_timeout_s, env_key)
         world = self._worlds.get(key)
         if world is None or world.closed:
             world = self._worlds[key] = LocalWorld(world_size, backend=backend, pg_timeout_s=pg_timeout_s, env=env,
-                                                   timeout_name=self.timeout_name, fresh_per_job=self.fresh_per_job)
+                                                   timeout_name=self.timeout_name, fresh_per_job=self.fresh_per_job,
+                                                   preload=self._preload(backend),
+                                                   launcher=self._launcher(env_key, backend))
         return world
+
+    def _preload(self, backend: str) -> tuple[str, ...]:
+        # DeepSpeed picks its CUDA accelerator when imported, which may initialise CUDA: the ranks of
+        # a CUDA world import it themselves, after the fork.
+        return tuple(m for m in self.preload if backend != "nccl" or m.split(".")[0] != "deepspeed")
+
+    def _launcher(self, env_key: tuple, backend: str):
+        launcher = self._launchers.get((env_key, backend))
+        if launcher is None:
+            launcher = self._launchers[env_key, backend] = launch.launcher_for(self.launcher, self._preload(backend))
+        return launcher
 
     @property
     def cold_starts(self) -> int:
         return sum(w.cold_starts for w in self._worlds.values())
 
+    @property
+    def imports(self) -> int:
+        """Processes that imported the preload modules: fork parents, or every spawned rank."""
+        return sum(launcher.imports for launcher in self._launchers.values())
+
     def close(self) -> None:
         for world in self._worlds.values():
             world.close()
         self._worlds.clear()
+        for launcher in self._launchers.values():
+            launcher.close()
+        self._launchers.clear()

@@ -18,8 +18,9 @@ import sys
 import tempfile
 import time
 
-from . import diagnose, protocol
+from . import diagnose, launch, protocol
 from .job import Job, JobRequest
+from .launch import DEFAULT_LAUNCHER
 from .outcome import JobResult, RankOutcome, read_trace, without_own_noise
 
 # Each world folder names the process that owns it, so that a later session can remove the folders
@@ -40,6 +41,8 @@ class LocalWorld:
     for what happens in a rank; raises :class:`WorldStartError` when ranks cannot be started at
     all. With ``fresh_per_job`` its ranks are stopped after every job, so each job pays a cold
     start (what the benchmark of reuse compares against); the files stay until :meth:`close`.
+    ``launcher`` starts the ranks (``launch.LAUNCHERS``): 'fork' from a parent that imported
+    ``preload`` once (default), 'spawn' a fresh interpreter each, or a launcher object to share.
     """
 
     # Seconds without trace progress, after a divergence, before a world is declared hung.
@@ -48,7 +51,7 @@ class LocalWorld:
     def __init__(self, world_size: int = 2, *, backend: str = "gloo", pg_timeout_s: float = 30.0,
                  preload: tuple[str, ...] = ("lightning.pytorch",), start_timeout_s: float = 300.0,
                  root: str | None = None, env: dict | None = None, timeout_name: str = "timeout_s",
-                 fresh_per_job: bool = False):
+                 fresh_per_job: bool = False, launcher: str | object = DEFAULT_LAUNCHER):
         self.world_size = world_size
         self.env = dict(env or {})  # set in each rank's environment, over the inherited one
         self.backend = backend
@@ -62,8 +65,10 @@ class LocalWorld:
         if self._own_root:
             _write_owner(self.root)
         self._store = None
-        self._procs: list[subprocess.Popen] = []
-        self._logs: list = []
+        # A launcher given by name is this world's own (closed with it); an object is shared (a pool's).
+        self._own_launcher = isinstance(launcher, str)
+        self.launcher = launch.launcher_for(launcher, preload, start_timeout_s) if self._own_launcher else launcher
+        self._procs: list = []  # subprocess.Popen or launch.ForkedRank
         self.generation = -1
         self._next_job = 0
         self._jobs_total = 0
@@ -105,7 +110,8 @@ class LocalWorld:
             TMPDIR=self._tmp_dir(),
         )
         env.update({protocol.GENERATION_ENV: str(self.generation), protocol.WORLD_DIR_ENV: self.root,
-                    protocol.SUPERVISOR_PID_ENV: str(os.getpid()), protocol.PRELOAD_ENV: ",".join(self.preload)})
+                    protocol.SUPERVISOR_PID_ENV: str(os.getpid()), protocol.PARENT_PID_ENV: str(os.getpid()),
+                    protocol.PRELOAD_ENV: ",".join(self.preload)})
         env.update(self.env)
         # Two ranks on a small machine: one intra-op thread each avoids oversubscription.
         env.setdefault("OMP_NUM_THREADS", "1")
@@ -125,15 +131,14 @@ class LocalWorld:
         self.generation += 1
         self._next_job = 0
         self.cold_starts += 1
-        self._procs, self._logs = [], []
+        self._procs = []
         for rank in range(self.world_size):
-            log = open(protocol.log_file(self.root, self.generation, rank), "wb")
-            self._logs.append(log)
-            self._procs.append(subprocess.Popen(
-                [sys.executable, "-m", "pytest_ltconform.world.rank"], env=self._rank_env(rank),
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=self.root,
-                start_new_session=True,
-            ))
+            log = protocol.log_file(self.root, self.generation, rank)
+            try:
+                self._procs.append(self.launcher.start(self._rank_env(rank), log, self.root))
+            except launch.LaunchError as exc:
+                self.kill()
+                raise WorldStartError(f"could not start a world of {self.world_size} ranks: {exc}") from None
         deadline = time.monotonic() + self.start_timeout_s
         keys = [protocol.ready_key(self.generation, r) for r in range(self.world_size)]
         while not store.check(keys):
@@ -174,9 +179,7 @@ class LocalWorld:
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
-        for log in self._logs:
-            log.close()
-        self._procs, self._logs = [], []
+        self._procs = []
 
     def close(self, keep_files: bool = False) -> None:
         """Stop the ranks (politely if idle, else by SIGKILL) and remove the world's files,
@@ -193,6 +196,8 @@ class LocalWorld:
             except Exception:
                 pass
         self.kill()
+        if self._own_launcher:
+            self.launcher.close()
         self.closed = True
         self._store = None
         if self._own_root and not keep_files:
@@ -310,6 +315,7 @@ class _JobWatch:
     POLL_S = 0.02
     LOOK_EVERY_S = 0.5  # how often trace growth is measured
     PROGRESS_EVERY_S = 1.0  # how often the progress callback is called
+    FORMATION_GRACE_S = 2.0  # how long the other ranks may take to report a failed group formation
 
     def __init__(self, world: LocalWorld, job: Job, timeout_s: float, progress=None):
         self.world = world
@@ -318,7 +324,7 @@ class _JobWatch:
         self.started = time.monotonic()
         self.keys = {r: protocol.result_key(world.generation, job.n, r) for r in range(world.world_size)}
         self.outcomes: dict[int, RankOutcome] = {}
-        self.first_error_at = self.first_done_at = self.first_dead_at = None
+        self.first_error_at = self.first_done_at = self.first_dead_at = self.formation_failed_at = None
         # Ranks that finished wait for the others for at most this long: a rank stuck in a
         # collective gets the process group's own timeout plus slack before we call it hung.
         self.straggler_s = world.pg_timeout_s + 10.0
@@ -339,7 +345,11 @@ class _JobWatch:
             if not waiting:
                 return [], None
             if self.formation_failure() is not None:
-                return waiting, None  # the rest are still forming the group: none runs the job's code
+                # The rest are still forming the group (none runs the job's code); a peer's own
+                # error comes a moment later: wait for it briefly, so every failing rank is named.
+                self.formation_failed_at = self.formation_failed_at or now
+                if now - self.formation_failed_at > self.FORMATION_GRACE_S:
+                    return waiting, None
             if now >= self.next_look:
                 self.next_look = now + self.LOOK_EVERY_S
                 early = self._stuck_after_divergence(now, waiting)

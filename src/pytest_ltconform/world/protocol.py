@@ -94,6 +94,8 @@ def stack_file(root: str, gen: int, rank: int) -> str:
 GENERATION_ENV = "LTCONFORM_GENERATION"
 WORLD_DIR_ENV = "LTCONFORM_WORLD_DIR"
 SUPERVISOR_PID_ENV = "LTCONFORM_SUPERVISOR_PID"
+# The process a rank dies with: the supervisor for a spawned rank, the fork parent for a forked one.
+PARENT_PID_ENV = "LTCONFORM_PARENT_PID"
 PRELOAD_ENV = "LTCONFORM_PRELOAD"
 
 # Inherited variables that would make Lightning think it runs under a cluster launcher.

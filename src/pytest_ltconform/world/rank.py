@@ -290,7 +290,7 @@ def main() -> int:
     world_size = int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     gen = int(os.environ[protocol.GENERATION_ENV])
-    _die_with_parent(int(os.environ[protocol.SUPERVISOR_PID_ENV]))
+    _die_with_parent(int(os.environ.get(protocol.PARENT_PID_ENV) or os.environ[protocol.SUPERVISOR_PID_ENV]))
     # torch's Flight Recorder (every collective, with its Python frames) is what finds a mismatch
     # no tap knows; a user's environment that switched it off would leave it blind. 1000 entries
     # (torch's default is 2000) reach back over several steps and halve the cost of a dump.

@@ -1,0 +1,227 @@
+"""How a local world's rank processes come to be: forked from a parent that imported torch and
+Lightning once (``fork``, the default), or each a fresh interpreter (``spawn``, the baseline).
+
+Either way ``start(env, log_path, cwd)`` returns a handle with ``pid``, ``poll()``,
+``returncode`` and ``wait(timeout)``, as ``subprocess.Popen`` has; the rank leads its own process
+group (the supervisor kills it with ``os.killpg``) and writes stdout and stderr to ``log_path``.
+
+Why a parent of our own (``zygote.py``) and not ``multiprocessing``'s forkserver: the forkserver
+is one per process with one preload list, while a session needs a parent per list (Lightning, plus
+DeepSpeed for its tier, nothing for the world machinery's own tests) and per import-time
+environment (DeepSpeed picks its accelerator when imported); its children do not die with it,
+nor lead their own process groups, and it drops preload errors. Ours does those in 200 lines.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+
+from ..vocabulary import LAUNCHERS
+from . import protocol, zygote
+
+DEFAULT_LAUNCHER = LAUNCHERS[0]
+# Rank variables the parent must not import with: it serves every rank (Lightning's rank-zero
+# logging reads RANK when imported; the child sets it again, see zygote._rank_zero_from_env).
+PER_RANK_ENV = ("RANK", "LOCAL_RANK", "ROLE_RANK", protocol.GENERATION_ENV)
+
+
+class LaunchError(RuntimeError):
+    """No rank could be started: the fork parent died while importing, or refused to fork."""
+
+
+class SpawnLauncher:
+    """Every rank a fresh ``python -m pytest_ltconform.world.rank`` (each pays the imports)."""
+
+    kind = "spawn"
+
+    def __init__(self):
+        self.imports = 0  # interpreters started that import the preload modules
+
+    def start(self, env: dict, log_path: str, cwd: str) -> subprocess.Popen:
+        self.imports += 1
+        with open(log_path, "wb") as log:
+            return subprocess.Popen([sys.executable, "-m", "pytest_ltconform.world.rank"], env=env,
+                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=cwd,
+                                    start_new_session=True)
+
+    def close(self) -> None:
+        pass
+
+
+class ForkedRank:
+    """A rank the fork parent made: not this process's child, so its exit status comes from the
+    parent (``ForkLauncher.pump``)."""
+
+    def __init__(self, launcher: ForkLauncher, pid: int):
+        self.launcher, self.pid = launcher, pid
+        self._code: int | None = None
+
+    @property
+    def returncode(self) -> int | None:
+        if self._code is None:  # kept once known: a later rank may get the same pid
+            self._code = self.launcher.exits.get(self.pid)
+        return self._code
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.launcher.pump(0.0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired(f"rank pid {self.pid}", timeout)
+            self.launcher.pump(0.1 if left is None else min(left, 0.1))
+        return self.returncode
+
+    def kill(self) -> None:
+        os.kill(self.pid, signal.SIGKILL)
+
+
+class ForkLauncher:
+    """Ranks forked from one parent (``zygote.py``) that imported ``preload`` once; started on the
+    first rank, with that rank's environment less its per-rank variables, in that rank's world
+    folder (its log there: it is read when the parent cannot start). A parent that died is started
+    again on the next rank (one more import)."""
+
+    kind = "fork"
+
+    def __init__(self, preload: tuple[str, ...], start_timeout_s: float = 300.0):
+        self.preload = tuple(preload)
+        self.log_path = ""
+        self.start_timeout_s = start_timeout_s
+        self.imports = 0
+        self.exits: dict[int, int] = {}
+        self._proc: subprocess.Popen | None = None
+        self._to = self._from = -1
+        self._buffer = bytearray()
+        self._next_token = 0
+        self._forked: dict[int, int] = {}
+        self._live: set[int] = set()  # ranks forked whose exit was not reported yet
+        self._ready: tuple | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+
+    def start(self, env: dict, log_path: str, cwd: str) -> ForkedRank:
+        self._ensure_parent(env, cwd)
+        token = self._next_token = self._next_token + 1
+        try:
+            zygote.send(self._to, ("fork", token, env, log_path, cwd))
+        except OSError:
+            pass  # the parent died: pump() below says so
+        deadline = time.monotonic() + 60.0
+        while token not in self._forked:
+            if self._from < 0 or time.monotonic() > deadline:
+                raise LaunchError(f"the fork launcher's parent stopped answering ({self._exit_text()})."
+                                  f"\n{self.log_tail()}")
+            self.pump(0.1)
+        return ForkedRank(self, self._forked.pop(token))
+
+    def _ensure_parent(self, env: dict, folder: str) -> None:
+        if self._proc is not None and self._proc.poll() is None and self._from >= 0:
+            return
+        self.close()
+        self.log_path = os.path.join(folder, "launcher.log")
+        request_r, self._to = os.pipe()
+        self._from, reply_w = os.pipe()
+        parent_env = {k: v for k, v in env.items() if k not in PER_RANK_ENV}
+        parent_env.update({protocol.PRELOAD_ENV: ",".join(self.preload), "PYTHONUNBUFFERED": "1"})
+        with open(self.log_path, "ab") as log:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "pytest_ltconform.world.zygote", str(request_r), str(reply_w)],
+                env=parent_env, pass_fds=(request_r, reply_w), stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, cwd=folder, start_new_session=True)
+        os.close(request_r)
+        os.close(reply_w)
+        self.imports += 1
+        self._ready = None
+        deadline = time.monotonic() + self.start_timeout_s
+        while self._ready is None:
+            if self._from < 0 or time.monotonic() > deadline:
+                why = "did not finish its imports in time" if self._from >= 0 else self._exit_text()
+                self.close()
+                preloading = ", ".join(self.preload) or "nothing"
+                raise LaunchError(f"the fork launcher's parent {why} (preloading {preloading}).\n{self.log_tail()}")
+            self.pump(0.1)
+        if self._ready[2]:
+            refusal = self._ready[2]
+            self.close()
+            raise LaunchError(refusal)
+
+    def pump(self, timeout: float) -> None:
+        """Read what the parent said (waiting at most ``timeout`` seconds for the first word)."""
+        if self._from < 0:
+            time.sleep(timeout)
+            return
+        ready, _, _ = select.select([self._from], [], [], timeout)
+        if not ready:
+            return
+        data = os.read(self._from, 65536)
+        if not data:  # the parent is gone; its ranks died with it (their death signal)
+            os.close(self._from)
+            self._from = -1
+            self._lost()
+            return
+        self._buffer += data
+        for message in zygote.take(self._buffer):
+            if message[0] == "exit":
+                self.exits[message[1]] = message[2]
+                self._live.discard(message[1])
+            elif message[0] == "forked":
+                self._forked[message[1]] = message[2]
+                self.exits.pop(message[2], None)  # a reused pid
+                self._live.add(message[2])
+            elif message[0] == "ready":
+                self._ready = message
+
+    def _lost(self) -> None:
+        """The parent is gone: its ranks died with it (their death signal is SIGKILL)."""
+        for pid in self._live:
+            self.exits[pid] = -9
+        self._live.clear()
+
+    def _exit_text(self) -> str:
+        code = self._proc.poll() if self._proc is not None else None
+        return "it is not running" if code is None else f"it exited with status {code}"
+
+    def log_tail(self, chars: int = 3000) -> str:
+        try:
+            with open(self.log_path, "rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                fh.seek(max(0, fh.tell() - chars))
+                return fh.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def close(self) -> None:
+        """Stop the parent; closing its pipe makes it SIGKILL the ranks it forked first."""
+        for fd in (self._to, self._from):
+            if fd >= 0:
+                os.close(fd)
+        self._to = self._from = -1
+        if self._proc is not None:
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._lost()
+        self._proc = None
+
+
+def launcher_for(kind: str, preload: tuple[str, ...], start_timeout_s: float = 300.0):
+    """A new launcher of ``kind`` (one of :data:`LAUNCHERS`); ValueError names a bad one."""
+    if kind == "fork":
+        return ForkLauncher(preload, start_timeout_s)
+    if kind == "spawn":
+        return SpawnLauncher()
+    raise ValueError(f"unknown rank launcher {kind!r}; choose from {', '.join(LAUNCHERS)}")

@@ -1,0 +1,230 @@
+"""The fork launcher's parent: ``python -m pytest_ltconform.world.zygote REQUEST_FD REPLY_FD``.
+
+It imports the preload modules (torch, Lightning, DeepSpeed when its tier runs) once, checks that
+forking is safe (one thread, CUDA not initialised, no process group), then forks a rank process
+for each request of the supervisor (``launch.ForkLauncher``) and reports each one's exit status.
+A forked rank becomes what a spawned one is: its own session, environment, working folder, log
+file and ``sys.path``, then ``rank.main()``. The user's code never runs here. This module never
+imports the pytest plugin.
+
+Messages both ways are length-prefixed pickles (see :func:`send`): to the parent
+``("fork", token, env, log_path, cwd)``; from it ``("ready", pid, refusal, env_added)``,
+``("forked", token, pid)`` and ``("exit", pid, returncode)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import faulthandler
+import importlib
+import os
+import pickle
+import select
+import signal
+import struct
+import sys
+import tempfile
+import threading
+import traceback
+
+from . import protocol, rank
+
+_HEADER = struct.Struct("!I")
+
+
+def send(fd: int, message: tuple) -> None:
+    """Write one message to the pipe ``fd`` (blocking until it is all written)."""
+    data = pickle.dumps(message)
+    view = memoryview(_HEADER.pack(len(data)) + data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def take(buffer: bytearray) -> list[tuple]:
+    """The whole messages at the start of ``buffer``, removed from it."""
+    out = []
+    while len(buffer) >= _HEADER.size:
+        (size,) = _HEADER.unpack_from(buffer)
+        if len(buffer) < _HEADER.size + size:
+            break
+        out.append(pickle.loads(bytes(buffer[_HEADER.size:_HEADER.size + size])))
+        del buffer[:_HEADER.size + size]
+    return out
+
+
+def unsafe_to_fork() -> str | None:
+    """Why this process must not fork ranks, or None: a second thread (its locks would be copied
+    held), CUDA initialised (a forked child cannot use it), or a process group open."""
+    threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else threading.active_count()
+    if threads > 1 or threading.active_count() > 1:
+        names = ", ".join(t.name for t in threading.enumerate())
+        return (f"it runs {threads} threads after its imports (Python threads: {names}); a forked rank would "
+                f"inherit their locks held")
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return "CUDA was initialised while importing the preloaded modules; a forked rank could not use it"
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return "a process group was opened while importing the preloaded modules"
+    return None
+
+
+def _preload(names: list[str]) -> None:
+    # As a spawned rank does: a module that is not installed is left out, not fatal.
+    for name in names:
+        if name:
+            with contextlib.suppress(ImportError):
+                importlib.import_module(name)
+
+
+class Zygote:
+    """The parent's loop: fork on request, reap children, report their exits."""
+
+    def __init__(self, request_fd: int, reply_fd: int):
+        self.request_fd, self.reply_fd = request_fd, reply_fd
+        self.children: set[int] = set()
+        self.base_path = [p for p in sys.path[1:] if p not in os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+        self.start_env = dict(os.environ)
+        self.env_added: dict = {}
+        self.wake_r, self.wake_w = os.pipe()
+
+    def serve(self) -> int:
+        names = os.environ.get(protocol.PRELOAD_ENV, "").split(",")
+        _preload(names)
+        refusal = unsafe_to_fork()
+        if refusal:
+            refusal = (f"the fork launcher's parent (pid {os.getpid()}) refuses to fork ranks: {refusal} "
+                       f"(preloaded: {', '.join(n for n in names if n) or 'nothing'}). Start ranks as fresh "
+                       f"interpreters instead: --ltconform-launcher=spawn.")
+        # What the imports set in os.environ (Lightning sets PYTORCH_NVML_BASED_CUDA_CHECK): a
+        # spawned rank has it too, since its imports run after its environment is set.
+        self.env_added = {k: v for k, v in os.environ.items() if self.start_env.get(k) != v}
+        send(self.reply_fd, ("ready", os.getpid(), refusal, self.env_added))
+        if refusal:
+            return 2
+        os.set_blocking(self.wake_w, False)
+        signal.set_wakeup_fd(self.wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake select through the fd
+        return self._loop()
+
+    def _loop(self) -> int:
+        buffer = bytearray()
+        while True:
+            try:
+                ready, _, _ = select.select([self.request_fd, self.wake_r], [], [], 1.0)
+            except InterruptedError:
+                ready = []
+            if self.wake_r in ready:
+                os.read(self.wake_r, 4096)
+            self._reap()
+            if self.request_fd in ready:
+                data = os.read(self.request_fd, 65536)
+                if not data:  # the supervisor closed the pipe or died: take the ranks down
+                    self._kill_all()
+                    return 0
+                buffer += data
+                for message in take(buffer):
+                    if message[0] == "fork":
+                        self._fork(*message[1:])
+
+    def _reap(self) -> None:
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            self.children.discard(pid)
+            send(self.reply_fd, ("exit", pid, os.waitstatus_to_exitcode(status)))
+
+    def _kill_all(self) -> None:
+        for pid in list(self.children):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+        for pid in list(self.children):
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+
+    def _fork(self, token: int, env: dict, log_path: str, cwd: str) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                code = self._become_rank(env, log_path, cwd)
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                with contextlib.suppress(Exception):
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                os._exit(code)
+        self.children.add(pid)
+        send(self.reply_fd, ("forked", token, pid))
+
+    def _become_rank(self, env: dict, log_path: str, cwd: str) -> int:
+        """In the child: what a spawned rank's start gives it, then the rank's own main."""
+        parent = os.getppid()
+        os.setsid()  # its own process group, as spawned ranks have: the supervisor kills it with killpg
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for fd in (self.request_fd, self.reply_fd, self.wake_r, self.wake_w):
+            os.close(fd)
+        log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+        os.close(null)
+        faulthandler.enable(file=sys.stderr, all_threads=True)
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(env)
+        os.environ.update(self.env_added)
+        os.environ[protocol.PARENT_PID_ENV] = str(parent)
+        # sys.path as `python -m` in ``cwd`` with the rank's PYTHONPATH would have it.
+        given = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        sys.path[:] = [cwd] + given + [p for p in self.base_path if p not in given]
+        importlib.invalidate_caches()  # files written since the parent listed their folders
+        tempfile.tempdir = None  # the rank's TMPDIR, not the parent's
+        _rank_zero_from_env()
+        return rank.main()
+
+
+def _rank_zero_from_env() -> None:
+    """Lightning reads the rank from the environment when it is imported (``rank_zero_only.rank``);
+    imported in the parent, it read none: give it what a rank importing it would have read."""
+    module = sys.modules.get("lightning_utilities.core.rank_zero")
+    if module is None or not hasattr(module.rank_zero_only, "rank"):
+        return
+    for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK"):
+        if os.environ.get(key) is not None:
+            module.rank_zero_only.rank = int(os.environ[key])
+            return
+
+
+def main() -> int:
+    request_fd, reply_fd = int(sys.argv[1]), int(sys.argv[2])
+    supervisor = int(os.environ[protocol.SUPERVISOR_PID_ENV])
+    rank._set_death_signal()  # the parent dies with the supervisor (SIGKILL of pytest included)
+    if os.getppid() != supervisor:
+        return 3
+    faulthandler.enable(all_threads=True)
+    try:
+        return Zygote(request_fd, reply_fd).serve()
+    except OSError as exc:
+        if exc.errno == errno.EPIPE:  # the supervisor is gone
+            return 0
+        raise
+
+
+if __name__ == "__main__":
+    from pytest_ltconform.world import zygote as _zygote
+
+    sys.exit(_zygote.main())

@@ -1,0 +1,273 @@
+"""The rank launchers: ranks forked from one parent that imported torch once (``fork``, the
+default) and a fresh interpreter per rank (``spawn``, the baseline, ``--ltconform-launcher``).
+
+Worlds start inside pytest subprocesses (a killed or hung world never takes this session down);
+they preload torch, never Lightning: these are tests of the machinery, not of a fit.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from conftest import wait_until
+
+pytest_plugins = ["pytester"]
+
+FORKED = '''
+import os
+import sys
+import tempfile
+
+import pytest
+
+from pytest_ltconform.world import JobRequest, LocalWorld, WorldStartError
+
+IMPORTED_IN = os.getpid()  # the process that imported this module: a rank, never the fork parent
+
+
+def facts(ctx):
+    from lightning_utilities.core.rank_zero import rank_zero_only
+
+    return {"pid": os.getpid(), "ppid": os.getppid(), "pgid": os.getpgid(0), "sid": os.getsid(0),
+            "imported_in": IMPORTED_IN, "rank_env": os.environ["RANK"],
+            "rank_zero": getattr(rank_zero_only, "rank", None), "path0": sys.path[0], "tmp": tempfile.gettempdir(),
+            "torch_preloaded": "torch.distributed" in sys.modules}
+
+
+def die(ctx):
+    if ctx.rank == 1:
+        os._exit(7)
+    return ctx.rank
+
+
+def test_a_replaced_world_is_a_fork_of_the_same_parent():
+    world = LocalWorld(2, preload=("torch.distributed", "reads_rank"))
+    try:
+        first = world.run(JobRequest("test_forked:facts", timeout_s=120)).values
+        parent = world.launcher.pid
+        died = world.run(JobRequest("test_forked:die", timeout_s=120))
+        second = world.run(JobRequest("test_forked:facts", timeout_s=120)).values
+    finally:
+        world.close()
+    assert [r.status for r in died.ranks] == ["ok", "died"] and died.ranks[1].exit_code == 7
+    assert world.cold_starts == 2 and world.launcher.imports == 1  # two generations, one import
+    assert {f["pid"] for f in first}.isdisjoint(f["pid"] for f in second)
+    for rank, f in enumerate(first + second):
+        rank %= 2
+        assert f["ppid"] == parent and f["pgid"] == f["sid"] == f["pid"], f  # own session, for killpg
+        assert f["imported_in"] == f["pid"], f  # the job's module was imported in the rank
+        # What the parent's imports read from the environment is what the rank's would have read.
+        assert (f["rank_env"], f["rank_zero"]) == (str(rank), rank), f
+        assert f["path0"] == world.root and f["tmp"] == os.path.join(world.root, "tmp") and f["torch_preloaded"], f
+
+
+def test_the_spawn_launcher_starts_a_fresh_interpreter_per_rank():
+    world = LocalWorld(2, preload=(), launcher="spawn")
+    try:
+        values = world.run(JobRequest("test_forked:facts", timeout_s=120)).values
+    finally:
+        world.close()
+    assert [v["ppid"] for v in values] == [os.getpid()] * 2 and world.launcher.imports == 2
+    assert [(v["path0"], v["rank_zero"], v["torch_preloaded"]) for v in values] == [(world.root, None, True)] * 2
+
+
+def test_an_unknown_launcher_is_refused():
+    with pytest.raises(ValueError, match="unknown rank launcher 'vfork'; choose from fork, spawn"):
+        LocalWorld(2, preload=(), launcher="vfork")
+'''
+
+
+def test_forked_ranks_are_what_spawned_ranks_are(pytester):
+    """A rank forked from the parent has its own session, environment, rank, folder and temp dir,
+    imports the job's module itself, and a world replaced after a rank died costs no import."""
+    # As lightning.fabric does when imported: it reads the rank from the environment, once.
+    pytester.makepyfile(test_forked=FORKED, reads_rank='''
+import os
+
+from lightning_utilities.core.rank_zero import rank_zero_only
+
+rank_zero_only.rank = int(os.environ.get("RANK", 0))
+''')
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly")
+    result.assert_outcomes(passed=3)
+
+
+UNSAFE = '''
+import pytest
+
+from pytest_ltconform.world import JobRequest, LocalWorld, WorldStartError
+
+
+def rank_of(ctx):
+    return ctx.rank
+
+
+@pytest.mark.parametrize("module, says", [
+    ("starts_a_thread", "runs 2 threads after its imports (Python threads: MainThread, left-running)"),
+    ("initialises_cuda", "CUDA was initialised while importing the preloaded modules"),
+])
+def test_a_parent_that_cannot_fork_safely_refuses(module, says):
+    world = LocalWorld(2, preload=(module,))
+    try:
+        with pytest.raises(WorldStartError) as info:
+            world.run(JobRequest("test_unsafe:rank_of", timeout_s=120))
+    finally:
+        world.close()
+    message = str(info.value)
+    assert says in message and f"(preloaded: {module})" in message, message
+    assert "--ltconform-launcher=spawn" in message, message
+    assert world.launcher.pid is None and world.generation == 0 and world._procs == []  # no rank was forked
+'''
+
+
+def test_a_fork_parent_with_a_thread_or_cuda_refuses_with_the_fix(pytester):
+    """Forking copies held locks of other threads, and a child of a process that initialised CUDA
+    cannot use it: the parent checks both after its imports and refuses, naming the spawn launcher."""
+    pytester.makepyfile(test_unsafe=UNSAFE, starts_a_thread='''
+import threading
+import time
+
+threading.Thread(target=time.sleep, args=(600,), name="left-running", daemon=True).start()
+''', initialises_cuda='''
+import torch
+
+# What torch.cuda's lazy init leaves once it ran: this CPU machine has no device to initialise.
+torch.cuda._initialized = True
+''')
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)
+
+
+SUPERVISOR = '''
+import os
+import sys
+import time
+
+from pytest_ltconform.world import JobRequest, LocalWorld
+
+world = LocalWorld(2, preload=("torch.distributed",), launcher=sys.argv[1])
+pids = world.run(JobRequest("jobs:pid", timeout_s=120)).values
+print("PIDS", world.launcher.pid if sys.argv[1] == "fork" else 0, *pids, world.root, flush=True)
+time.sleep(600)
+'''
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("launcher", ["fork", "spawn"])
+def test_sigkill_of_the_supervisor_takes_the_parent_and_its_ranks_down(pytester, launcher):
+    """SIGKILL runs no clean-up: the fork parent dies with the supervisor (its death signal), the
+    ranks with the parent, and the next session removes the folder."""
+    from pytest_ltconform.world import remove_stale_worlds
+
+    pytester.makepyfile(supervisor=SUPERVISOR, jobs="import os\n\n\ndef pid(ctx):\n    return os.getpid()\n")
+    tmp = pytester.mkdir("tmp")
+    env = dict(os.environ, TMPDIR=str(tmp), PYTHONPATH=os.pathsep.join([str(pytester.path)] + sys.path))
+    proc = subprocess.Popen([sys.executable, "supervisor.py", launcher], cwd=pytester.path, env=env,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline().split()
+        assert line[:1] == ["PIDS"], line
+        parent, ranks, root = int(line[1]), [int(p) for p in line[2:4]], line[4]
+        watched = ranks + ([parent] if launcher == "fork" else [])
+        assert all(_alive(pid) for pid in watched) and os.path.isdir(root)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+        assert wait_until(lambda: not any(_alive(pid) for pid in watched), 15), \
+            [pid for pid in watched if _alive(pid)]
+        assert root in remove_stale_worlds(str(tmp)) and os.listdir(tmp) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+PARENT_KILLED = '''
+import os
+import signal
+import time
+
+from pytest_ltconform.world import JobRequest, LocalWorld
+
+
+def pid(ctx):
+    return os.getpid()
+
+
+def test_a_world_whose_parent_was_killed_forks_from_a_new_one():
+    world = LocalWorld(2, preload=("torch.distributed",))
+    try:
+        first = world.run(JobRequest("test_parent_killed:pid", timeout_s=120)).values
+        os.kill(world.launcher.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while world.alive and time.monotonic() < deadline:  # its ranks die with it (their death signal)
+            time.sleep(0.1)
+        assert not world.alive
+        second = world.run(JobRequest("test_parent_killed:pid", timeout_s=120))
+    finally:
+        world.close()
+    assert second.status == "ok" and set(second.values).isdisjoint(first)
+    assert world.launcher.imports == 2 and world.cold_starts == 2
+'''
+
+
+def test_ranks_die_with_their_parent_and_the_next_run_forks_from_a_new_one(pytester):
+    pytester.makepyfile(test_parent_killed=PARENT_KILLED)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+
+
+FIXTURE = '''
+import os
+import sys
+
+
+def parent(ctx):
+    return os.getppid(), "lightning" in sys.modules
+
+
+def test_parent(ltconform_world):
+    parents, lightning = zip(*ltconform_world(2).run(parent))
+    if os.environ["EXPECT"] == "spawn":
+        assert parents == (os.getpid(),) * 2
+    else:
+        assert parents[0] == parents[1] != os.getpid()
+    assert lightning == (False, False)  # LTCONFORM_PRELOAD replaced the preload
+'''
+
+
+@pytest.mark.parametrize("how", ["fork", "spawn"])
+def test_the_launcher_option_reaches_the_fixture_worlds(pytester, monkeypatch, how):
+    monkeypatch.setenv("EXPECT", how)
+    monkeypatch.setenv("LTCONFORM_PRELOAD", "torch.distributed")  # a world of the fixture, without Lightning
+    pytester.makepyfile(test_fixture=FIXTURE)
+    args = ["--ltconform-launcher", how] if how == "spawn" else []
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", *args)
+    result.assert_outcomes(passed=1)
+
+
+def test_a_pool_has_one_fork_parent_per_rank_environment_and_none_preloads_deepspeed_for_cuda():
+    """Worlds of every size with one rank environment share one parent (one import for the
+    session); a CUDA world's parent leaves DeepSpeed out (its import may initialise CUDA)."""
+    from pytest_ltconform.world import WorldPool
+
+    pool = WorldPool(preload=("lightning.pytorch", "deepspeed"))
+    try:
+        cpu2, cpu1 = (pool.get(n, "gloo", 30.0, {"DS_ACCELERATOR": "cpu"}) for n in (2, 1))
+        gpu = pool.get(2, "nccl", 30.0, {})
+        assert cpu2.launcher is cpu1.launcher and cpu2.launcher is not gpu.launcher
+        assert cpu2.launcher.preload == ("lightning.pytorch", "deepspeed")
+        assert gpu.launcher.preload == gpu.preload == ("lightning.pytorch",)
+        assert pool.imports == 0  # nothing is started before a run
+    finally:
+        pool.close()
