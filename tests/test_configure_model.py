@@ -76,7 +76,7 @@ def test_a_copy_holding_the_trained_values_is_not_lost():
 
     import torch
 
-    from pytest_ltconform.contracts.configure_model import _compare, _params
+    from pytest_ltconform.contracts.configure_model.probe import _compare, _params
 
     model = torch.nn.Module()
     model.policy = torch.nn.Linear(3, 2)

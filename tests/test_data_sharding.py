@@ -358,8 +358,8 @@ def test_batches_without_keys_or_tensors_are_not_judged(fake_runs):
     contract = get_contract("data-sharding")
     opaque = [{"ev": "batch", "stage": "train", "idx": i, "dl": 0, "epoch": 0, "n": None} for i in range(3)]
     verdict = contract.judge(fake_runs.run([opaque, [dict(e) for e in opaque]]))
-    assert verdict.outcome == "skipped"
-    assert verdict.summary.startswith("not judged: cannot tell samples apart in the train loader over the DataLoader")
+    assert verdict.outcome == "not_judged"
+    assert verdict.not_judged.reason.startswith("cannot tell samples apart in the train loader over the DataLoader")
 
 
 def test_keys_of_a_fetch():

@@ -54,8 +54,8 @@ _REF = {"norm": 2.0, "world_norm": 2.0, "cosine": 1.0, "stepped": True, "per_par
 def test_ranks_with_different_gradients_are_not_judged(fake_runs):
     other = _info(grad_sig=[("lin.weight", 1.3), ("lin.bias", 0.5)])
     verdict = _judge(fake_runs, [_info(), other], {**_REF, "world_norm": 1.0})
-    assert verdict.outcome == "skipped"
-    assert verdict.summary.startswith("not judged: the ranks hold different gradients")
+    assert verdict.outcome == "not_judged"
+    assert verdict.not_judged.reason.startswith("the ranks hold different gradients")
     assert "parameter lin.weight has gradient norm 1 on rank 0 and 1.3 on rank 1" in verdict.summary
 
 
@@ -63,7 +63,7 @@ def test_random_draws_in_the_step_are_not_judged_and_named(fake_runs):
     ref = {**_REF, "world_norm": 1.0, "repeat_diff": 0.2,
            "draws": [{"file": "/x/model.py", "line": 12, "func": "Model.training_step", "what": "torch.randint"}]}
     verdict = _judge(fake_runs, [_info(), _info()], ref)
-    assert verdict.outcome == "skipped"
+    assert verdict.outcome == "not_judged"
     assert "random draws inside the step (torch.randint at /x/model.py:12 (Model.training_step))" in verdict.summary
     assert "\n" not in verdict.summary
 
@@ -73,7 +73,7 @@ def test_unmergeable_batches_are_not_judged(fake_runs):
     verdict = _judge(fake_runs, [info, _info()],
                      {"not_judged": "tensors of different trailing shapes (padded to each batch's own length)",
                       "stepped": False})
-    assert verdict.outcome == "skipped"
+    assert verdict.outcome == "not_judged"
     assert "cannot be merged into one batch" in verdict.summary and "trailing shapes" in verdict.summary
 
 
@@ -83,7 +83,7 @@ def _manual(scale, counts=(1, 1), diff=0.0):
                  backward_site={"file": "/x/model.py", "line": 40, "func": "Model.training_step"})
 
 
-@pytest.mark.parametrize("scale,outcome", [(1.0, "failed"), (0.5, "passed"), (0.25, "skipped")])
+@pytest.mark.parametrize("scale,outcome", [(1.0, "failed"), (0.5, "passed"), (0.25, "not_judged")])
 def test_manual_accumulation_scale(scale, outcome, fake_runs):
     verdict = _judge(fake_runs, [_manual(scale), _manual(scale)], _REF)
     assert verdict.outcome == outcome
@@ -91,18 +91,18 @@ def test_manual_accumulation_scale(scale, outcome, fake_runs):
         assert verdict.summary.startswith("first optimizer step's gradient is 2x the gradient of the mean loss over "
                                           "the same 2 micro-batches x 2 ranks (16 samples)")
         assert "Effective batch 16 = 4 (per rank) x 2 (ranks) x 2 (accumulation)" in verdict.summary
-    if outcome == "skipped":
+    if outcome == "not_judged":
         assert "scaled by 0.25, not 1/N" in verdict.summary
 
 
 def test_manual_accumulation_with_hand_rescaled_gradients_is_not_judged(fake_runs):
     verdict = _judge(fake_runs, [_manual(1.0, diff=0.3), _manual(1.0, diff=0.3)], _REF)
-    assert verdict.outcome == "skipped" and "between the last manual_backward and optimizer.step" in verdict.summary
+    assert verdict.outcome == "not_judged" and "between the last manual_backward and optimizer.step" in verdict.summary
 
 
 def test_no_step_is_not_judged(fake_runs):
     verdict = _judge(fake_runs, [_info(stepped=False), _info(stepped=False)], _REF)
-    assert verdict.outcome == "skipped" and verdict.summary.startswith("not judged: no optimizer step")
+    assert verdict.outcome == "not_judged" and verdict.not_judged.reason.startswith("no optimizer step")
 
 
 def test_root_scale_and_concatenable():
@@ -144,7 +144,7 @@ def test_unmergeable_batches_say_what_was_not_established_and_name_the_sum(fake_
     verdict = _judge(fake_runs, [info, _info()],
                      {"not_judged": "a batch of type PaddedBatch (not tensors, tuples or dicts of tensors)",
                       "stepped": False})
-    assert verdict.outcome == "skipped", verdict.render()
+    assert verdict.outcome == "not_judged", verdict.render()
     assert ("a batch of type PaddedBatch (not tensors, tuples or dicts of tensors); so whether the step's gradient "
             "depends on the world size (a loss summed over the batch rather than averaged) was not established "
             "(unchecked: the loss code sums over the batch: `return loss.sum() * loss_mult` at /pkg/losses.py:42 "
@@ -261,8 +261,8 @@ def test_a_collated_graph_batch_counts_molecules_not_atom_rows_in_a_real_world(p
 def test_batchnorm_without_running_statistics_is_not_judged(fake_runs):
     coupled = _info(batch_coupled=["BatchNorm1d(track_running_stats=False)"])
     verdict = _judge(fake_runs, [coupled, coupled], {**_REF, "world_norm": 1.0})
-    assert verdict.outcome == "skipped"
-    assert verdict.summary.startswith("not judged: BatchNorm1d(track_running_stats=False) normalises each sample by "
+    assert verdict.outcome == "not_judged"
+    assert verdict.not_judged.reason.startswith("BatchNorm1d(track_running_stats=False) normalises each sample by "
                                       "the statistics of its own batch even in eval mode")
 
 
@@ -279,7 +279,7 @@ def test_a_reference_that_took_no_step_is_named_the_plugins_run_not_the_batch(fa
     run = fake_runs.run(values=[{"ebatch": _info()}] * 2)
     run.reference = None
     verdict = get_contract("effective-batch").judge(run)
-    assert verdict.outcome == "skipped"
+    assert verdict.outcome == "not_judged"
     assert "the plugin's one-rank reference run took no step" in verdict.summary
     assert "a failure of the plugin's own run, not a finding" in verdict.summary
 
@@ -343,8 +343,8 @@ def test_a_metric_logged_at_the_last_validation_batch_does_not_fail_the_referenc
 def test_norms_within_tolerance_but_gradients_apart_are_not_judged_not_passed(fake_runs):
     """field26 item 5: ts3l's 1st phase passed at ratio 0.957 with the gradients pointing elsewhere."""
     verdict = _judge(fake_runs, [_info(), _info()], {**_REF, "world_norm": 1.914, "cosine": 0.65, "rel_diff": 0.8})
-    assert verdict.outcome == "skipped"
-    assert verdict.summary.startswith("not judged: the world's and the 1-rank gradients differ beyond rounding "
+    assert verdict.outcome == "not_judged"
+    assert verdict.not_judged.reason.startswith("the world's and the 1-rank gradients differ beyond rounding "
                                       "(relative difference 0.8 > 0.001) but not by a factor")
     assert _judge(fake_runs, [_info(), _info()], {**_REF, "rel_diff": 2e-6}).outcome == "passed"
 
@@ -409,8 +409,8 @@ def test_an_odd_factor_with_another_direction_fails_only_with_a_local_count_in_t
     # per-rank count normalisation looks the same in one step; only the loss code tells them apart.
     odd = {**_REF, "world_norm": 2.0 * 0.8, "cosine": 0.95}
     coupled = _judge(fake_runs, [_info(), _info()], odd)
-    assert coupled.outcome == "skipped", coupled.render()
-    assert coupled.summary.startswith("not judged: the gradient changes by a factor that is not the world size and "
+    assert coupled.outcome == "not_judged", coupled.render()
+    assert coupled.not_judged.reason.startswith("the gradient changes by a factor that is not the world size and "
                                       "its direction differs")
     assert "contrastive loss over in-batch negatives" in coupled.summary
     count = {"file": "/x/model.py", "line": 9, "func": "Model.training_step",

@@ -201,7 +201,7 @@ def test_an_iterable_evaluation_set_alone_is_not_judged(fake_runs):
               "indices": None, "dataset_len": None}
     ranks = [{"validate": _stage([dict(stream)], {"val_loss": 0.5})} for _ in range(2)]
     v = judge(fake_runs.run(values=_values(ranks), kind="eval"))
-    assert v.outcome == "skipped", v.render()
+    assert v.outcome == "not_judged", v.render()
     assert v.summary == ("not judged: cannot tell samples apart in validation: IterableDataset RecordStream "
                          "(no dataset indices to read).")
 
@@ -279,7 +279,7 @@ def test_batches_repeating_within_a_rank_are_not_judged_with_that_reason(fake_ru
                                          + [_batch(("z", 2, False), (f"n{r}0", 2, False))], _STREAM)}
              for r in range(2)]
     v = judge(fake_runs.run(values=_values(ranks), kind="eval"))
-    assert v.outcome == "skipped", v.render()
+    assert v.outcome == "not_judged", v.render()
     assert v.summary == ("not judged: cannot tell samples apart in validation: IterableDataset TripleStream, its "
                          "batches repeat within a rank, so their content does not tell them apart (no dataset "
                          "indices to read).")
@@ -413,7 +413,7 @@ def test_a_loader_of_its_own_is_not_judged_naming_its_type_line_and_what_to_do(f
              "cls": "DictLoader", "torch_loader": False}
     loader = {"indices": None, "dataset_len": 10, "sampler": None, "dataset": "DictDataset", "built": built}
     v = judge(fake_runs.run(values=_values([{"validate": _stage([loader])}] * 2), kind="eval"))
-    assert v.outcome == "skipped"
+    assert v.outcome == "not_judged"
     assert v.summary == ("not judged: cannot tell samples apart in validation: DictLoader, not a torch DataLoader, "
                          "over DictDataset (no dataset indices to read).")
     assert any("DictLoader (built at /pkg/datamodule.py:168 (DictModule.val_dataloader)) is not a torch DataLoader, "
@@ -423,6 +423,6 @@ def test_a_loader_of_its_own_is_not_judged_naming_its_type_line_and_what_to_do(f
 def test_a_target_without_evaluation_loaders_is_not_judged(fake_runs):
     # Nothing was evaluated, so nothing was compared: a pass here would be a pass that judged nothing.
     v = judge(fake_runs.run(values=_values([{}, {}], driver=()), kind="eval"))
-    assert v.outcome == "skipped", v.render()
+    assert v.outcome == "not_judged", v.render()
     assert v.summary == ("not judged: the target has no validation, test or predict dataloader, so no evaluation "
                          "ran to count samples in.")

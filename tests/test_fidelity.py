@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from pytest_ltconform import harness
+from pytest_ltconform import harness, trainer_overrides
 
 pytest_plugins = ["pytester"]
 
@@ -27,10 +27,10 @@ def test_callbacks_that_need_a_logger_get_one_in_the_run_folder(tmp_path):
     logger.finalize("success")  # keeps the values, writes no file the contracts would judge as the user's
     assert logger.experiment.metrics == [{"lr-SGD": 0.1, "step": 0}]
     assert not [f for _, _, files in os.walk(tmp_path) for f in files]
-    assert harness.overridden({"callbacks": [lr, stats]}, 2) == [
+    assert trainer_overrides.overridden({"callbacks": [lr, stats]}, 2) == [
         "callbacks: LearningRateMonitor, DeviceStatsMonitor need a logger: each run gives it a CSVLogger that writes "
         "no file"]
-    assert harness.overridden({"logger": True, "callbacks": [lr]}, 2) == [
+    assert trainer_overrides.overridden({"logger": True, "callbacks": [lr]}, 2) == [
         "logger=True -> a CSVLogger (callbacks LearningRateMonitor needs a logger: each run gives it a CSVLogger "
         "that writes no file)"]
     # Without such a callback the runs keep no logger, as before.
@@ -50,13 +50,13 @@ def test_logger_comes_from_the_callbacks_namespace(tmp_path):
 def test_val_check_interval_stays_within_the_bounded_epoch(tmp_path):
     built = harness.build_trainer_kwargs({"val_check_interval": 500}, "ddp", 2, str(tmp_path), accelerator="cpu",
                                          num_nodes=1)
-    assert built["val_check_interval"] == harness.LIMIT_BATCHES
-    assert harness.overridden({"val_check_interval": 500}, 2) == [
+    assert built["val_check_interval"] == trainer_overrides.LIMIT_BATCHES
+    assert trainer_overrides.overridden({"val_check_interval": 500}, 2) == [
         "val_check_interval=500 -> 4 (within the bounded epoch of 4 training batches)"]
     for kept in (0.5, 2, 1.0):
         assert harness.build_trainer_kwargs({"val_check_interval": kept}, "ddp", 2, str(tmp_path),
                                             accelerator="cpu", num_nodes=1)["val_check_interval"] == kept
-        assert harness.overridden({"val_check_interval": kept}, 2) == []
+        assert trainer_overrides.overridden({"val_check_interval": kept}, 2) == []
 
 
 
@@ -76,8 +76,8 @@ def test_value_comparing_items_are_not_judged_on_a_nonfinite_loss(fake_runs):
     session._runs[session._key("fit", "ddp", "cpu")] = fake_runs.run(
         traces=[[STEP, dict(nan, step=3, loss="inf")], [STEP, nan]], values=[{}, {}])
     verdict, _ = session.verdict("sync-dist", "ddp")
-    assert verdict.outcome == "skipped", verdict.render()
-    assert verdict.summary.startswith("not judged: the training loss was nan on rank 1 at step 2 (epoch 0, batch 2), "
+    assert verdict.outcome == "not_judged", verdict.render()
+    assert verdict.not_judged.reason.startswith("the training loss was nan on rank 1 at step 2 (epoch 0, batch 2), "
                                       "returned at /src/model.py:36 (Model.training_step)")
     # A contract that compares no values judges as usual on the same run.
     assert session.verdict("shared-writes", "ddp")[0].outcome == "passed"

@@ -155,20 +155,19 @@ def _session_with(fake_runs, hung_stack: str, strategy: str = "ddp"):
 
 
 def test_runs_after_a_hang_in_user_code_are_not_started_under_any_strategy(fake_runs, tmp_path):
-    from pytest_ltconform import contracts
-    from pytest_ltconform.harness import inspection
+    from pytest_ltconform.runs import FIT, inspection
 
     user = str(tmp_path / "model.py")
     session = _session_with(fake_runs, _dump([(user, 15, "training_step"), (pytest.__file__, 3, "run")]))
     verdict, _ = session.verdict("eval-duplication", "fsdp")
-    assert verdict.outcome == "skipped" and "\n" not in verdict.summary
-    assert verdict.summary.startswith("not judged: not started: the fit[ddp] run of this target hung (rank 1 at ")
+    assert verdict.outcome == "not_judged" and "\n" not in verdict.summary
+    assert verdict.not_judged.reason.startswith("not started: the fit[ddp] run of this target hung (rank 1 at ")
     assert verdict.summary.endswith("model.py:15 (training_step) stopped making progress until "
                                     "--ltconform-timeout=10), and this run would reach the same code "
                                     "(see all-rank-save[ddp]).")
     # A run that trains nothing cannot reach the hung step: it is started.
     assert session._hung_before(inspection("config"), "ddp", "cpu") is None
-    assert session._hung_before(contracts.run_spec("fit"), "ddp", "gpu") is None  # another tier: its own world
+    assert session._hung_before(FIT, "ddp", "gpu") is None  # another tier: its own world
 
 
 def test_a_rank_stuck_in_a_library_call_blocks_only_its_own_strategy(fake_runs, tmp_path):
@@ -190,7 +189,7 @@ def test_a_run_killed_before_its_time_limit_for_a_hung_rank_is_not_run_into_agai
     fit.job.timed_out_by = None
     fit.job.killed_early = "40 s after rank(s) 0 failed, before the time limit (--ltconform-timeout=120)"
     verdict, _ = session.verdict("eval-duplication", "ddp")
-    assert verdict.outcome == "skipped", verdict.summary
+    assert verdict.outcome == "not_judged", verdict.summary
     assert verdict.summary.endswith("model.py:15 (training_step) stopped making progress and was killed 40 s after "
                                     "rank(s) 0 failed, before the time limit (--ltconform-timeout=120)), and this run "
                                     "would reach the same code (see all-rank-save[ddp]).")

@@ -45,8 +45,8 @@ def test_one_item_shows_the_cause_and_the_others_name_it_in_one_line(fake_runs):
     assert "Connection closed by peer" not in first.summary
     later = [judge(contracts.get_contract(cid), run) for cid in ("sync-dist", "data-sharding", "unused-parameters")]
     for verdict in later:
-        assert verdict.outcome == "skipped" and verdict.diagnosis is None
-        assert verdict.summary.startswith("not judged: the shared fit run did not finish because rank 1 raised "
+        assert verdict.outcome == "not_judged" and verdict.diagnosis is None
+        assert verdict.not_judged.reason.startswith("the shared fit run did not finish because rank 1 raised "
                                           "ValueError at ")
         assert verdict.summary.endswith("(see all-rank-save[ddp]).")
         assert "\n" not in verdict.render()
@@ -81,8 +81,8 @@ def test_a_run_that_stops_like_the_fit_names_the_fit_item_instead_of_a_second_tr
     session._runs.update({session._key("fit", "ddp", "cpu"): fit,
                           session._key(evaluation.kind, "ddp", "cpu"): evaluation})
     verdict = session._explained_by_fit(contracts.get_contract("eval-duplication"), "ddp", "cpu")
-    assert verdict.outcome == "skipped" and verdict.diagnosis is None
-    assert verdict.summary.startswith("not judged: its own run stopped the same way as the fit: rank 1 raised "
+    assert verdict.outcome == "not_judged" and verdict.diagnosis is None
+    assert verdict.not_judged.reason.startswith("its own run stopped the same way as the fit: rank 1 raised "
                                       "ValueError at ")
     assert verdict.summary.endswith("test_session.py:42 (training_step): bad sample 7 (see all-rank-save[ddp]).")
     # A different failure in its own run is its own to show.
@@ -124,7 +124,8 @@ def test_a_contract_that_recorded_nothing_before_the_stop_is_not_judged(fake_run
     run = _stopped_after_a_step(fake_runs, kind=contract.run_spec.name)
     assert contracts.blamed(run) == "all-rank-save"
     verdict = judge(contract, run)
-    assert verdict.outcome == "skipped" and verdict.category == "consequence" and not verdict.partial
+    assert verdict.outcome == "not_judged" and verdict.category == "consequence" and not verdict.partial
+    assert verdict.not_judged.depends_on == "all-rank-save[ddp]"
     assert verdict.summary == (f"not judged: the shared {run.kind} run stopped because of the all-rank-save[ddp] "
                                f"failure before anything this contract judges was recorded (see that item).")
 

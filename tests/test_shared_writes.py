@@ -36,7 +36,7 @@ class _Recorder:
 def test_shared_writes_probe_records_open_and_torch_save(tmp_path, monkeypatch):
     import torch
 
-    from pytest_ltconform.contracts import shared_writes
+    from pytest_ltconform.contracts.shared_writes import probe as shared_writes
 
     monkeypatch.chdir(tmp_path)
     recorder = _Recorder()

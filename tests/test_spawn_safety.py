@@ -15,7 +15,7 @@ from pytest_ltconform.contracts import get_contract
 def test_find_unpicklable_names_the_attribute_path():
     import torch
 
-    from pytest_ltconform.contracts.spawn_safety import find_unpicklable
+    from pytest_ltconform.contracts.spawn_safety.probe import find_unpicklable
 
     class Holder:
         pass

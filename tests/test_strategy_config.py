@@ -9,7 +9,7 @@ from pytest_ltconform.contracts import get_contract
 
 
 def test_strategy_config_deepspeed_findings(tmp_path, fake_runs):
-    from pytest_ltconform.contracts import strategy_config as sc
+    from pytest_ltconform.contracts.strategy_config import probe as sc
 
     cfg = tmp_path / "cfg.py"
     cfg.write_text('DS = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": 2}\n')
@@ -32,7 +32,7 @@ def test_strategy_config_deepspeed_findings(tmp_path, fake_runs):
 def test_strategy_config_nccl_timeout(monkeypatch):
     from datetime import timedelta
 
-    from pytest_ltconform.contracts import strategy_config as sc
+    from pytest_ltconform.contracts.strategy_config import probe as sc
 
     monkeypatch.setenv("NCCL_TIMEOUT", "7200")
     default = types.SimpleNamespace(_timeout=timedelta(minutes=30))
@@ -48,7 +48,7 @@ def test_strategy_config_policy_classes():
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy, transformer_auto_wrap_policy
     from torch.nn import Linear, TransformerEncoderLayer
 
-    from pytest_ltconform.contracts.strategy_config import _policy_classes
+    from pytest_ltconform.contracts.strategy_config.probe import _policy_classes
 
     assert _policy_classes(ModuleWrapPolicy({Linear})) == [Linear]
     partial = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={TransformerEncoderLayer})
@@ -56,7 +56,7 @@ def test_strategy_config_policy_classes():
 
 
 def _zero_findings(tmp_path, config: dict, source: str) -> list[dict]:
-    from pytest_ltconform.contracts import strategy_config as sc
+    from pytest_ltconform.contracts.strategy_config import probe as sc
 
     cfg = tmp_path / "cfg.py"
     cfg.write_text(source)

@@ -378,7 +378,7 @@ def test_a_monitored_key_one_rank_never_logged_is_claimed_with_the_guarded_log_c
     assert "remove the `if self.global_rank == 0:` gate" in verdict.fix
     # The other items of the run name it: not judged in one line, or passed on the part before the stop.
     other = judge(get_contract("unused-parameters"), run)
-    assert other.outcome == "skipped" and other.category == "consequence" and "sync-dist[ddp]" in other.summary
+    assert other.outcome == "not_judged" and other.category == "consequence" and "sync-dist[ddp]" in other.summary
     other = judge(get_contract("all-rank-save"), run)
     assert other.outcome == "passed" and other.partial and "sync-dist[ddp]" in other.notes[-1]
 

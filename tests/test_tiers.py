@@ -365,17 +365,19 @@ class _RecordingPool:
 
 
 def test_session_sends_each_tier_to_its_world():
+    from pytest_ltconform import contracts
     from pytest_ltconform.session import LtconformSession
     from pytest_ltconform.settings import Settings
 
     pool, attached = _RecordingPool(), _RecordingWorld()
     session = LtconformSession(Settings(target="x"), targets=None, pool=pool)
     session.attached = attached
-    session.run_for("launch", "ddp", "cpu")
-    session.run_for("launch", "ddp", "gpu")
-    session.run_for("launch", "deepspeed", "deepspeed")
-    session.run_for("launch", "ddp", "multinode")
-    session.run_for("launch", "ddp", "gpu")  # cached
+    launch = contracts.get_contract("launch-env").run_spec
+    session.run_for(launch, "ddp", "cpu")
+    session.run_for(launch, "ddp", "gpu")
+    session.run_for(launch, "deepspeed", "deepspeed")
+    session.run_for(launch, "ddp", "multinode")
+    session.run_for(launch, "ddp", "gpu")  # cached
     assert pool.backends == ["gloo", "nccl", "nccl"] and len(pool.world.requests) == 3
     assert len(attached.requests) == 1 and attached.requests[0].fn.endswith("harness:inspect")
 

@@ -108,7 +108,7 @@ class _SkipsBadBatches:
 def test_none_return_site_is_the_steps_own_return_none_line():
     import inspect
 
-    from pytest_ltconform.contracts.unused_parameters import none_return_site
+    from pytest_ltconform.contracts.unused_parameters.probe import none_return_site
 
     lines, start = inspect.getsourcelines(_SkipsBadBatches.training_step)
     expected = start + next(i for i, ln in enumerate(lines) if ln.strip() == "return None")

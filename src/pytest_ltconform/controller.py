@@ -60,6 +60,7 @@ def start(config: pytest.Config, settings) -> None:
         if not hasattr(config, "workerinput"):
             settings_mod.check_capacity(settings)  # before anything heavy is imported or started
         stop_on_sigterm(config)
+    _add_project_contracts(config)
     validated = _validate_targets(settings)
     config.stash[ALL_TARGETS_KEY] = validated
     config.stash[TARGETS_KEY] = next(iter(validated.values()))
@@ -68,6 +69,19 @@ def start(config: pytest.Config, settings) -> None:
     # with the target in the ini file, the contract items join the normal test run.
     from_command_line = config.getoption(settings_mod.OPT_TARGET) not in (None, "")
     config.stash[ONLY_CONTRACTS_KEY] = from_command_line and config.args_source != pytest.Config.ArgsSource.ARGS
+
+
+def _add_project_contracts(config: pytest.Config) -> None:
+    """Register the contracts of every ``pytest_ltconform_contracts`` implementation; raises
+    ``pytest.UsageError`` naming a contract that cannot be judged and the fix."""
+    from . import contracts
+
+    for result in config.hook.pytest_ltconform_contracts(config=config):
+        for contract in result if isinstance(result, (list, tuple)) else [result]:
+            try:
+                contracts.add(contract)
+            except ValueError as exc:
+                raise pytest.UsageError(f"pytest_ltconform_contracts: {exc}.") from None
 
 
 def _selects_project_contracts(config: pytest.Config) -> bool:
@@ -302,7 +316,11 @@ def finishing(session: pytest.Session, exitstatus) -> None:
 
 
 def close(config: pytest.Config) -> None:
-    """Stop every world this process owns and put back the SIGTERM handler."""
+    """Stop every world this process owns, put back the SIGTERM handler and forget the project's
+    contracts."""
+    from . import contracts
+
+    contracts.forget_added()
     pool = config.stash.get(POOL_KEY, None)
     if pool is not None:
         pool.close()

@@ -70,6 +70,7 @@ import sys
 import time
 
 from . import contracts
+from .outcomes import Outcome
 from .settings import Settings
 from .vocabulary import LAUNCHERS
 
@@ -265,14 +266,15 @@ def got_of_fields(outcome: str, summary: str, category: str | None) -> str:
     skipped (the strategy does not apply to the case); unavailable (the item's tier cannot run on
     this machine); stopped (an error because the user's own code stopped the run); error (the
     plugin could not judge)."""
-    if outcome == "failed":
+    outcome = Outcome.read(outcome, summary)
+    if outcome is Outcome.FAILED:
         return "fail"
-    if outcome in ("advisory", "passed"):
-        return {"advisory": "advisory", "passed": "pass"}[outcome]
-    if outcome == "skipped":
+    if outcome in (Outcome.ADVISORY, Outcome.PASSED):
+        return {Outcome.ADVISORY: "advisory", Outcome.PASSED: "pass"}[outcome]
+    if outcome.skips:
         if category in ("consequence", "unavailable"):
             return category
-        return "notjudged" if summary.startswith("not judged") else "skipped"
+        return "notjudged" if outcome is Outcome.NOT_JUDGED else "skipped"
     return "stopped" if category == "crash" else "error"
 
 

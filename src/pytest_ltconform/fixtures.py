@@ -75,8 +75,8 @@ def ltconform_world(request):
 
 @pytest.fixture
 def ltconform_target(request):
-    """The validated target (``target.Targets``) of this session; with several targets, the
-    first (skips when no target is set)."""
+    """The validated target of this session (a ``pytest_ltconform.ResolvedTarget``); with several
+    targets, the first (skips when no target is set)."""
     targets = request.config.stash.get(controller.TARGETS_KEY, None)
     if targets is None:
         pytest.skip("no --ltconform target given")

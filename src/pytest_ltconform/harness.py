@@ -1,91 +1,35 @@
 """The rank-side harness: every run a contract is judged on is made here, on every rank.
 
-A contract declares the run it needs as a :class:`RunSpec`; the session submits ``spec.fn`` to a
-world with the contracts' probes as data ("module:Class" references, resolved here the way worlds
-resolve job functions), so this module never imports a contract. Shared runs are defined here:
+A contract declares the run it needs as a :class:`~.runs.RunSpec` (``runs.py``: the pytest-side
+interface, pure data); the session submits ``spec.fn`` to a world with the contracts' probes as
+data ("module:Class" references, resolved here the way worlds resolve job functions), so this
+module never imports a contract. The shared runs' functions are defined here:
 
-- :data:`FIT`, the traced ``trainer.fit`` every fit-based contract is judged on;
-- :func:`inspection` runs, which load the user's objects without training.
+- :func:`traced_fit`, the traced ``trainer.fit`` every fit-based contract is judged on (``runs.FIT``);
+- :func:`inspect`, which loads the user's objects without training (``runs.inspection``).
 
 Runs a contract owns (an evaluation, a one-step run, their one-rank references) live in the
 contract's home and build their Trainer through :class:`RankRun`, which loads the user's objects,
 adapts the strategy, merges the Trainer kwargs, installs the recorder and its profiler, and calls
-the probes' hooks. Rank-side: imported by the session only for :class:`RunSpec` and :data:`FIT`
-(no torch or Lightning at module level).
+the probes' hooks. Rank-side: the pytest side imports ``runs.py`` instead (no torch or Lightning
+at module level here either).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import importlib
 import sys
 from typing import Any
 
 from . import target as target_mod
-from .sharded import sharded_kind
+from . import trainer_overrides
+
+# FIT, RunSpec and inspection are re-exported: contracts written before runs.py import them from here.
+from .runs import FIT, FIT_WITHOUT_VALIDATION, WITHOUT_VALIDATION, Probe, RunSpec, inspection  # noqa: F401
 from .trace import HOOK_PREFIXES, Recorder
 from .world.rank import current_context, stack_path
-
-# Bounds that keep a conformance run small whatever the production config says.
-MAX_EPOCHS = 4
-DEFAULT_EPOCHS = 2
-LIMIT_BATCHES = 4
-
-
-@dataclasses.dataclass(frozen=True)
-class RunSpec:
-    """A run a contract is judged on. ``name`` keys the session's run cache (contracts that
-    declare the same spec share one run) and labels the run in verdicts. ``fn`` ("module:function")
-    runs on every rank as ``fn(ctx, targets, strategy_name, probes, pg_timeout_s) -> dict``, where
-    ``probes`` is ``[(contract_id, "module:Class"), ...]``. ``reference`` ("module:function" or
-    None) runs on one rank after a finished world, as ``reference(ctx, targets, *args,
-    pg_timeout_s)`` with ``args`` = rank 0's ``value["reference_args"]``."""
-
-    name: str
-    fn: str
-    reference: str | None = None
-
-
-FIT = RunSpec("fit", "pytest_ltconform.harness:traced_fit")
-# The same fit with validation and its sanity check switched off: what the fit-based contracts are
-# judged on when the shared fit stopped in validation because of another contract's failure.
-FIT_WITHOUT_VALIDATION = RunSpec("fit-without-validation", "pytest_ltconform.harness:traced_fit_without_validation")
-WITHOUT_VALIDATION = {"limit_val_batches": 0, "num_sanity_val_steps": 0}
-
-
-def inspection(name: str) -> RunSpec:
-    """A run that loads the user's objects without training; each probe's :meth:`Probe.inspect`
-    says what it observed. One per contract (``name``), so a failing probe stays its own."""
-    return RunSpec(name, "pytest_ltconform.harness:inspect")
-
-
-class Probe:
-    """Rank-side observer of one run for one contract; every method is optional. ``objects`` is
-    the run's :class:`UserObjects`, ``recorder`` its :class:`~.trace.Recorder` (None in an untraced
-    run). Return values of :meth:`collect` and :meth:`inspect` must be plain data (pickled back)."""
-
-    def install(self, recorder) -> None:
-        """Patch what must be patched before the user's module is imported (taps on names the
-        user imports, e.g. TorchMetrics functions)."""
-
-    def before_trainer(self, objects, trainer_kwargs: dict, recorder) -> None:
-        """Adjust the Trainer kwargs (e.g. add a callback) before the Trainer is built."""
-
-    def before_fit(self, objects, trainer, recorder) -> None:
-        """Inspect or hook the model and trainer before ``fit``."""
-
-    def after_fit(self, objects, trainer, recorder) -> None:
-        """Run more Trainer calls on the same world after ``fit`` (validate, test, predict)."""
-
-    def collect(self, objects, trainer, recorder) -> Any:
-        """Plain-data observations returned to the pytest side (``value["probes"][contract_id]``)."""
-        return None
-
-    def inspect(self, run: RankRun) -> Any:
-        """In an :func:`inspection` run: plain-data observations of ``run`` (no Trainer)."""
-        return None
 
 
 def resolve(ref: str) -> Any:
@@ -162,40 +106,18 @@ def _gpu_strategy(strategies: Any, strategy_name: str, user_strategy: Any, pg_ti
     return cls(timeout=datetime.timedelta(seconds=pg_timeout_s))
 
 
-def _launches_own_ranks(user_strategy: Any) -> bool:
-    """Whether a DDP flavour has Lightning start the processes itself (spawn, fork, notebook):
-    those run as plain DDP here, since the ranks are already started."""
-    if isinstance(user_strategy, str):
-        return user_strategy.lower().startswith(("ddp_spawn", "ddp_fork", "ddp_notebook"))
-    return getattr(user_strategy, "_start_method", "popen") != "popen"
-
-
 def _ddp_strategy(strategies: Any, user_strategy: Any, pg_timeout_s: float) -> Any:
     import datetime
 
     if any(k.__name__ == "DeepSpeedStrategy" for k in type(user_strategy).__mro__):
         user_strategy = None  # DeepSpeed needs CUDA: a 'ddp' item runs DDP; strategy-config reads the config
     if isinstance(user_strategy, strategies.DDPStrategy):
-        if _launches_own_ranks(user_strategy):
+        if trainer_overrides.launches_own_ranks(user_strategy):
             kwargs = dict(getattr(user_strategy, "_ddp_kwargs", {}) or {})
             return strategies.DDPStrategy(timeout=datetime.timedelta(seconds=pg_timeout_s), **kwargs)
         return user_strategy
     find_unused = isinstance(user_strategy, str) and "find_unused_parameters_true" in user_strategy
     return strategies.DDPStrategy(find_unused_parameters=find_unused, timeout=datetime.timedelta(seconds=pg_timeout_s))
-
-
-def _strategy_replaced(user_strategy: Any) -> str | None:
-    """What a [ddp] item runs instead of ``user_strategy`` (as :func:`_ddp_strategy` decides), or
-    None when it runs the user's own DDP. Sharded strategies are said in their items' notes."""
-    if user_strategy is None or sharded_kind(user_strategy) is not None:
-        return None
-    if _launches_own_ranks(user_strategy):
-        return "DDP in started ranks"
-    if isinstance(user_strategy, str):
-        return None if user_strategy.lower() in ("auto", "ddp") or user_strategy.lower().startswith(
-            "ddp_find_unused_parameters") else "DDP"
-    is_ddp = any(k.__name__ == "DDPStrategy" for k in type(user_strategy).__mro__)
-    return None if is_ddp else "DDP"
 
 
 def tolerate_unused_parameters(strategy: Any) -> bool:
@@ -245,52 +167,13 @@ def _world() -> tuple[str, int]:
     return (ctx.accelerator, ctx.num_nodes) if ctx is not None else ("cpu", 1)
 
 
-# What every conformance Trainer gets, whatever the user's kwargs say.
-_FORCED = {"logger": False, "enable_progress_bar": False, "enable_model_summary": False}
-_STAGES = ("train", "val", "test", "predict")
-_FP32 = (None, 32, "32", "32-true")
-
-
-def _epochs(value: Any) -> int:
-    return DEFAULT_EPOCHS if value in (None, -1) else max(1, min(int(value), MAX_EPOCHS))
-
-
-def _steps(value: Any) -> Any:
-    return value if value in (-1, None) else min(int(value), MAX_EPOCHS * LIMIT_BATCHES)
-
-
-def _limit(value: Any) -> Any:
-    too_many = (isinstance(value, float) and value >= 1.0) or (isinstance(value, int) and value > LIMIT_BATCHES)
-    return LIMIT_BATCHES if value is None or too_many else value
-
-
-def _is_progress_bar(callback: Any) -> bool:
-    # Lightning refuses a ProgressBar callback next to enable_progress_bar=False.
-    return any(k.__name__ == "ProgressBar" for k in type(callback).__mro__)
-
-
-def _is_checkpoint(callback: Any) -> bool:
-    return any(k.__name__ == "Checkpoint" for k in type(callback).__mro__)
-
-
-def _callbacks(value: Any) -> list:
-    return list(value) if isinstance(value, (list, tuple)) else ([] if value is None else [value])
-
-
-# Lightning callbacks that refuse a Trainer without a logger.
-_NEEDS_LOGGER = ("LearningRateMonitor", "DeviceStatsMonitor")
 RUN_LOGS = "ltconform-logs"
-
-
-def _needing_logger(callbacks: Any) -> list:
-    """The callbacks among ``callbacks`` that need a logger (Lightning raises without one)."""
-    return [c for c in _callbacks(callbacks) if any(k.__name__ in _NEEDS_LOGGER for k in type(c).__mro__)]
 
 
 def _run_logger(callback: Any, root: str) -> Any:
     """A CSVLogger in the run's folder that keeps what is logged and writes no file (a file of the
     plugin's own would be judged as the user's), from the Lightning namespace ``callback`` comes from."""
-    lightning_cls = next(k for k in type(callback).__mro__ if k.__name__ in _NEEDS_LOGGER)
+    lightning_cls = next(k for k in type(callback).__mro__ if k.__name__ in trainer_overrides.NEEDS_LOGGER)
     ns = "pytorch_lightning" if lightning_cls.__module__.startswith("pytorch_lightning") else "lightning.pytorch"
 
     class RunLogger(importlib.import_module(f"{ns}.loggers").CSVLogger):
@@ -304,19 +187,11 @@ def _run_logger(callback: Any, root: str) -> Any:
     return RunLogger(save_dir=root, name=RUN_LOGS, version=0)
 
 
-def _val_interval(value: Any, limit_train: Any) -> Any:
-    """``val_check_interval`` within the bounded epoch: Lightning refuses an interval in batches
-    beyond the epoch's length, which the cap on training batches would make it."""
-    if isinstance(value, int) and not isinstance(value, bool) and isinstance(limit_train, int) and value > limit_train:
-        return limit_train
-    return value
-
-
 def build_trainer_kwargs(user: dict, strategy: Any, world_size: int, root: str, *,
                          accelerator: str | None = None, num_nodes: int | None = None) -> dict:
     """Merge the user's Trainer kwargs with what a conformance world needs (its accelerator,
     devices per node and nodes; bounded epochs and batches, no loggers, no progress bars).
-    :func:`overridden` says the same in words: change both together.
+    :func:`~.trainer_overrides.overridden` says the same in words: change both together.
 
     ``accelerator`` and ``num_nodes`` default to the running job's rank context: CPU on one node
     for local CPU worlds, 'gpu' for the GPU tier, the launcher's nodes when attached."""
@@ -324,102 +199,31 @@ def build_trainer_kwargs(user: dict, strategy: Any, world_size: int, root: str, 
     accelerator = accelerator or default_accelerator
     num_nodes = num_nodes or default_nodes
     kwargs = dict(user)
-    kwargs["max_epochs"] = _epochs(kwargs.get("max_epochs"))
+    kwargs["max_epochs"] = trainer_overrides.epochs(kwargs.get("max_epochs"))
     kwargs.pop("max_time", None)
     if kwargs.get("max_steps", -1) not in (-1, None):
-        kwargs["max_steps"] = _steps(kwargs["max_steps"])
-    for stage in _STAGES:
-        kwargs[f"limit_{stage}_batches"] = _limit(kwargs.get(f"limit_{stage}_batches"))
+        kwargs["max_steps"] = trainer_overrides.steps(kwargs["max_steps"])
+    for stage in trainer_overrides.STAGES:
+        kwargs[f"limit_{stage}_batches"] = trainer_overrides.limit(kwargs.get(f"limit_{stage}_batches"))
     if "callbacks" in kwargs:
-        kwargs["callbacks"] = [c for c in _callbacks(kwargs["callbacks"]) if not _is_progress_bar(c)]
+        kwargs["callbacks"] = [c for c in trainer_overrides.callback_list(kwargs["callbacks"])
+                               if not trainer_overrides.is_progress_bar(c)]
     if getattr(strategy, "ltconform_fp32", False):
         kwargs["precision"] = "32-true"  # half precision under DeepSpeed needs a GPU (see precision_note)
     # Lightning's default checkpoint callback only writes files; the user's own Checkpoint callbacks
     # need enable_checkpointing left on (Lightning refuses them next to False).
-    kwargs.setdefault("enable_checkpointing", any(_is_checkpoint(c) for c in kwargs.get("callbacks") or ()))
+    kwargs.setdefault("enable_checkpointing",
+                      any(trainer_overrides.is_checkpoint(c) for c in kwargs.get("callbacks") or ()))
     kwargs.setdefault("num_sanity_val_steps", 2)
     if "val_check_interval" in kwargs:
-        kwargs["val_check_interval"] = _val_interval(kwargs["val_check_interval"], kwargs["limit_train_batches"])
+        kwargs["val_check_interval"] = trainer_overrides.val_interval(kwargs["val_check_interval"],
+                                                              kwargs["limit_train_batches"])
     kwargs.update(accelerator=accelerator, devices=max(1, world_size // num_nodes), num_nodes=num_nodes,
-                  strategy=strategy, default_root_dir=root, **_FORCED)
-    needing = _needing_logger(kwargs.get("callbacks"))
+                  strategy=strategy, default_root_dir=root, **trainer_overrides.FORCED)
+    needing = trainer_overrides.needing_logger(kwargs.get("callbacks"))
     if needing:
         kwargs["logger"] = _run_logger(needing[0], root)
     return kwargs
-
-
-def _shown(value: Any) -> str:
-    """A Trainer value as the header shows it: literals by repr, objects by class name."""
-    if isinstance(value, (str, int, float, bool, type(None))):
-        return repr(value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_shown(v) for v in value) + "]"
-    start = getattr(value, "_start_method", "popen")
-    return f"{type(value).__name__}(start_method={start!r})" if start != "popen" else type(value).__name__
-
-
-def overridden(user: dict, world_size: int, *, accelerator: str = "cpu", num_nodes: int | None = 1,
-               strategies: tuple[str, ...] = ("ddp",)) -> list[str]:
-    """The user's Trainer kwargs ``user`` that :func:`build_trainer_kwargs` and
-    :func:`adapt_strategy` replace, as ``"key=value -> what runs"`` phrases in the order of
-    ``user``, for a world of ``world_size`` ranks on ``num_nodes`` nodes (None: not known yet, so
-    devices and num_nodes are not compared) with ``accelerator``; ``strategies`` are the item
-    strategies that run ('deepspeed' runs fp32 on CPU). Pure: builds nothing, imports nothing."""
-    out: list[str] = []
-    for key, value in user.items():
-        ran = _replacement(key, value, user, world_size, accelerator, num_nodes, strategies)
-        if ran is not None:
-            out.append(f"{key}={_shown(value)} -> {ran}")
-    bars = [type(c).__name__ for c in _callbacks(user.get("callbacks")) if _is_progress_bar(c)]
-    if bars:
-        out.append(f"callbacks: {', '.join(bars)} removed (no progress bar)")
-    needing = _needing_logger(user.get("callbacks"))
-    if needing and "logger" not in user:
-        out.append(f"callbacks: {', '.join(type(c).__name__ for c in needing)} {_logger_given(needing)}")
-    return out
-
-
-def _logger_given(needing: list) -> str:
-    verb = "needs" if len(needing) == 1 else "need"
-    return f"{verb} a logger: each run gives it a CSVLogger that writes no file"
-
-
-def _replacement(key: str, value: Any, user: dict, world_size: int, accelerator: str, num_nodes: int | None,
-                 strategies: tuple[str, ...]) -> str | None:
-    """What runs in place of the user's ``key=value`` of ``user`` (see :func:`overridden`), or None."""
-    if key == "max_epochs" and value is not None:
-        ran = _epochs(value)
-        return None if ran == value else f"{ran} ({'the cap' if value > MAX_EPOCHS else 'bounded'})"
-    if key == "max_steps" and _steps(value) != value:
-        return f"{_steps(value)} (the cap)"
-    if key.startswith("limit_") and key[len("limit_"):-len("_batches")] in _STAGES and _limit(value) != value:
-        return f"{_limit(value)} (the cap)"
-    if key == "max_time" and value is not None:
-        return "no time limit (runs are bounded by epochs and batches)"
-    if key == "precision" and accelerator == "cpu" and "deepspeed" in strategies and value not in _FP32:
-        return "'32-true' on the [deepspeed] items (half precision under DeepSpeed needs a GPU)"
-    if key == "logger" and value not in (None, False):
-        needing = _needing_logger(user.get("callbacks"))
-        return f"a CSVLogger (callbacks {', '.join(type(c).__name__ for c in needing)} {_logger_given(needing)})" \
-            if needing else "off"
-    if key in _FORCED and value not in (None, _FORCED[key]):
-        return repr(_FORCED[key])
-    limit = _limit(user.get("limit_train_batches"))
-    if key == "val_check_interval" and _val_interval(value, limit) != value:
-        return f"{limit} (within the bounded epoch of {limit} training batches)"
-    if key == "accelerator" and value not in (None, "auto", accelerator) and not (
-            accelerator == "gpu" and value == "cuda"):
-        return f"{accelerator!r} (the {accelerator.upper()} tier)"
-    if key == "devices" and num_nodes is not None and str(value).strip() != str(max(1, world_size // num_nodes)):
-        return f"{max(1, world_size // num_nodes)} ({'the world size' if num_nodes == 1 else 'ranks per node'})"
-    if key == "num_nodes" and num_nodes is not None and value != num_nodes:
-        return repr(num_nodes)
-    if key == "default_root_dir" and value is not None:
-        return "a temporary folder per run, shared by its ranks"
-    if key == "strategy" and "ddp" in strategies:
-        ran = _strategy_replaced(value)
-        return f"{ran} on the [ddp] items" if ran and len(strategies) > 1 else ran
-    return None
 
 
 class RankRun:

@@ -42,8 +42,8 @@ def _overridden(config: pytest.Config, targets) -> list[str]:
     """What conformance runs replace of one target's Trainer kwargs."""
     if targets.trainer is None and targets.trainer_dict is None:
         return []
-    from . import harness
     from . import target as target_mod
+    from . import trainer_overrides
 
     try:
         user = target_mod.user_trainer_kwargs(targets)
@@ -53,8 +53,8 @@ def _overridden(config: pytest.Config, targets) -> list[str]:
     avail = controller.availability(config)
     strategies = tuple(s for s in settings.strategies if s != "deepspeed" or not avail.missing(s))
     if attached is not None:
-        said = harness.overridden(user, attached.world_size, accelerator=attached.accelerator, num_nodes=None,
-                                  strategies=strategies)
+        said = trainer_overrides.overridden(user, attached.world_size, accelerator=attached.accelerator,
+                                            num_nodes=None, strategies=strategies)
     else:
-        said = harness.overridden(user, settings.world_size, strategies=strategies)
+        said = trainer_overrides.overridden(user, settings.world_size, strategies=strategies)
     return said

@@ -9,18 +9,12 @@ import time
 import pytest
 
 from . import controller
+from .outcomes import Outcome
 
 
-class ContractFailed(Exception):
-    """Raised by an item whose contract failed; carries the verdict."""
-
-    def __init__(self, verdict_dict: dict):
-        super().__init__(verdict_dict["summary"])
-        self.verdict = verdict_dict
-
-
-class NotJudged(Exception):
-    """Raised in setup when the run needed by an item could not be judged (reported as error)."""
+class VerdictRaised(Exception):
+    """Raised by an item whose verdict pytest reports as a failure (the contract failed) or, from
+    setup, as an error (the run could not be judged); carries the verdict's dict."""
 
     def __init__(self, verdict_dict: dict):
         super().__init__(verdict_dict["summary"])
@@ -79,20 +73,20 @@ class LtconformItem(pytest.Item):
         verdict, duration = session.verdict(self.contract_id, self.strategy, self.tier)
         self.verdict_dict = verdict.as_dict()
         self._record(self.verdict_dict, duration)
-        if verdict.outcome == "skipped":
+        if verdict.outcome.skips:
             pytest.skip(verdict.summary)
-        if verdict.outcome == "error":
-            raise NotJudged(self.verdict_dict)
+        if verdict.outcome is Outcome.ERROR:
+            raise VerdictRaised(self.verdict_dict)
 
     def runtest(self) -> None:
         if self.required_missing:
             pytest.fail(self.required_missing, pytrace=False)
         # An advisory (waste that breaks nothing) is reported, not failed: the item passes.
-        if self.verdict_dict and self.verdict_dict["outcome"] == "failed":
-            raise ContractFailed(self.verdict_dict)
+        if self.verdict_dict and self.verdict_dict["outcome"] == Outcome.FAILED:
+            raise VerdictRaised(self.verdict_dict)
 
     def repr_failure(self, excinfo, style=None):
-        if isinstance(excinfo.value, (ContractFailed, NotJudged)):
+        if isinstance(excinfo.value, VerdictRaised):
             return excinfo.value.verdict["message"]
         return super().repr_failure(excinfo, style=style)
 
@@ -235,7 +229,7 @@ def shape_report(item, call, report) -> None:
     """What a report of an ltconform item shows: the verdict's message instead of a traceback of
     the plugin's code, a passed item's one-line summary and notes, a skip named after the item."""
     if isinstance(item, LtconformItem) and call.excinfo is not None and \
-            isinstance(call.excinfo.value, (ContractFailed, NotJudged)):
+            isinstance(call.excinfo.value, VerdictRaised):
         # Setup errors would otherwise render a traceback of our own code.
         report.longrepr = call.excinfo.value.verdict["message"]
     elif isinstance(item, LtconformItem) and report.when == "call" and report.passed and item.verdict_dict:

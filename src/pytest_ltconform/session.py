@@ -14,15 +14,12 @@ import time
 
 from . import contracts, tiers
 from .contracts.base import Run, Verdict
-from .harness import FIT, FIT_WITHOUT_VALIDATION, WITHOUT_VALIDATION, RunSpec, inspection
+from .runs import FIT, FIT_WITHOUT_VALIDATION, WITHOUT_VALIDATION, RunSpec
 from .settings import Settings
 from .sites import fmt_site
 from .vocabulary import CUDA_TIERS, SHARDED_STRATEGIES, STRATEGY_NAMES
 from .world import JobRequest, WorldPool, WorldStartError
 from .world.causes import cause_text, first_cause, stack_user_site
-
-# The job function of runs that load the user's objects without training (they cannot hang in a step).
-INSPECT_FN = inspection("-").fn
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,17 +45,17 @@ class LtconformSession:
         # progress(label) -> a callback for LocalWorld.run's progress (label: "fit[ddp]"), or None.
         self.progress = None
 
-    def run_for(self, kind: str, strategy: str, tier: str = "cpu") -> Run:
-        """The run called ``kind`` (a contract's ``run_spec.name``) under ``strategy`` in
-        ``tier``'s world (see tiers.py): a local gloo world for 'cpu', a local NCCL world for
-        'gpu'/'deepspeed', the attached world for 'multinode'. Made once and cached; raises
-        WorldStartError when no world could run it."""
-        key = self._key(kind, strategy, tier)
+    def run_for(self, spec: RunSpec, strategy: str, tier: str = "cpu") -> Run:
+        """The run ``spec`` (a contract's ``run_spec``) under ``strategy`` in ``tier``'s world (see
+        tiers.py): a local gloo world for 'cpu', a local NCCL world for 'gpu'/'deepspeed', the
+        attached world for 'multinode'. Made once and cached; raises WorldStartError when no world
+        could run it."""
+        key = self._key(spec.name, strategy, tier)
         # Fresh-world mode (the benchmark's baseline) shares nothing between items.
         cached = None if self.pool.fresh_per_job else self._runs.get(key)
         if cached is None:
             try:
-                cached = self._make(contracts.run_spec(kind), strategy, tier)
+                cached = self._make(spec, strategy, tier)
             except WorldStartError as exc:
                 cached = exc
             self._runs[key] = cached
@@ -77,7 +74,7 @@ class LtconformSession:
         hung = self._hung_before(contract.run_spec, strategy, tier)
         if hung is not None:
             return "skipped", hung_verdict(contract, hung).summary
-        run = self.run_for(contract.run_spec.name, strategy, tier)
+        run = self.run_for(contract.run_spec, strategy, tier)
         if run.job.status == "skip":
             return "skipped", next((r.message for r in run.job.ranks if r.message), "skipped inside the ranks")
         if run.finished:
@@ -111,8 +108,8 @@ class LtconformSession:
                 return made
         return None
 
-    def _make(self, spec: RunSpec, strategy: str, tier: str, probes_of: str | None = None) -> Run:
-        probes = contracts.probes_for(probes_of or spec.name)
+    def _make(self, spec: RunSpec, strategy: str, tier: str, probes_of: RunSpec | None = None) -> Run:
+        probes = contracts.probes_for(probes_of or spec)
         settings = self.settings
         world = tiers.world_for(tier, self.pool, self.attached, settings.world_size, settings.pg_timeout_s)
         label = strategy + ("-gpu" if tier in CUDA_TIERS else "")
@@ -152,15 +149,15 @@ class LtconformSession:
         if hung is not None:
             return hung_verdict(contract, hung), time.monotonic() - started
         try:
-            run = self.run_for(contract.run_spec.name, strategy, tier)
+            run = self.run_for(contract.run_spec, strategy, tier)
         except WorldStartError as exc:
             return contract.verdict("error", f"could not start a world: {exc}"), time.monotonic() - started
         if run.first_item is None:
             run.first_item = f"{contract_id}[{strategy}]"  # what a later item names when this run hung
         verdict = judge(contract, run, self._ddp_run(run, tier) if strategy in SHARDED_STRATEGIES else None)
-        if contract.run_spec.name == FIT.name:
+        if contract.run_spec == FIT:
             verdict = self._judged_without_validation(contract, run, verdict, tier) or verdict
-        if verdict.outcome == "error" and contract.run_spec.name != FIT.name:
+        if verdict.outcome == "error" and contract.run_spec != FIT:
             verdict = self._explained_by_fit(contract, strategy, tier) or verdict
         verdict = self._on_nonfinite_loss(contract, run, strategy, tier) or verdict
         # The first item that needs a run pays for it; later items only for their judgement.
@@ -182,14 +179,14 @@ class LtconformSession:
         run = self._runs.get(key)
         if run is None and self._hung_before(FIT_WITHOUT_VALIDATION, fit.strategy, tier) is None:
             try:
-                run = self._make(FIT_WITHOUT_VALIDATION, fit.strategy, tier, probes_of=FIT.name)
+                run = self._make(FIT_WITHOUT_VALIDATION, fit.strategy, tier, probes_of=FIT)
             except WorldStartError as exc:
                 run = exc
             self._runs[key] = run
         if not isinstance(run, Run):
             return None
         second = judge(contract, run)
-        if not (second.failed or (run.finished and second.outcome == "passed" and not second.empty)):
+        if not (second.finding or (run.finished and second.outcome == "passed" and not second.empty)):
             return None
         switched = ", ".join(f"{k}={v}" for k, v in WITHOUT_VALIDATION.items())
         second.notes.append(f"judged on a second fit with validation switched off ({switched}): the shared fit "
@@ -225,7 +222,7 @@ class LtconformSession:
         collective, a strategy's gather) may be that strategy's doing, so other strategies still
         run. Inspection runs train nothing and always run."""
         own_key = self._key(spec.name, strategy, tier)
-        if spec.fn == INSPECT_FN or own_key in self._runs:
+        if not spec.trains or own_key in self._runs:
             return None  # made already: its items are judged on it
         for key, run in self._runs.items():
             # Killed at the time limit, or before it once its peers had failed or finished: a rank
@@ -256,7 +253,8 @@ class LtconformSession:
         if owner == contract.id:
             return None
         return not_judged(contract, f"its own run did not finish either; the module's fit does not finish "
-                                    f"because of the {owner}[{strategy}] failure (see that item).")
+                                    f"because of the {owner}[{strategy}] failure (see that item).",
+                          f"{owner}[{strategy}]")
 
     def _same_failure_as_fit(self, contract, strategy: str, tier: str, fit: Run) -> Verdict | None:
         """This item's own run stopped the way the traced fit did (the same rank failure at the same
@@ -267,13 +265,15 @@ class LtconformSession:
         if mine is None or theirs is None or item is None or \
                 (mine.kind, mine.exc_type, mine.site) != (theirs.kind, theirs.exc_type, theirs.site):
             return None
-        return not_judged(contract, f"its own run stopped the same way as the fit: {mine.headline()} (see {item}).")
+        return not_judged(contract, f"its own run stopped the same way as the fit: {mine.headline()} (see {item}).",
+                          item)
 
 
-def not_judged(contract, reason: str) -> Verdict:
-    """The verdict of an item that cannot be judged because of another item's failure: skipped,
-    with the reason in one line naming that item, and no traceback of its own."""
-    return contract.verdict("skipped", f"not judged: {reason}", category="consequence")
+def not_judged(contract, reason: str, item: str | None = None) -> Verdict:
+    """The verdict of an item that cannot be judged because of another item's failure (``item``,
+    when one is named): not judged, with the reason in one line naming that item, and no traceback
+    of its own."""
+    return contract.not_judged(reason, depends_on=item, category="consequence")
 
 
 def first_nonfinite(run: Run) -> tuple[int, dict] | None:
@@ -297,7 +297,7 @@ def hung_verdict(contract, hung: Run) -> Verdict:
     until = f"until {hung.job.timed_out_by}" if hung.job.timed_out_by else f"and was killed {hung.job.killed_early}"
     return not_judged(contract, f"not started: the {hung.kind}[{hung.strategy}] run of this target hung "
                                 f"({where} stopped making progress {until}), and this run "
-                                f"would reach the same code (see {item}).")
+                                f"would reach the same code (see {item}).", item)
 
 
 def judge(contract, run: Run, ddp: Run | None = None) -> Verdict:
@@ -322,7 +322,7 @@ def judge(contract, run: Run, ddp: Run | None = None) -> Verdict:
         return verdict
     owner = contracts.blamed(run)
     # A rank that raised in the user's code leads: what its peers did next is no finding.
-    if verdict.failed and (owner == contract.id or not run.raised_in_user_code()):
+    if verdict.finding and (owner == contract.id or not run.raised_in_user_code()):
         verdict.diagnosis = job.diagnosis
         return verdict
     if owner is not None and owner != contract.id:
@@ -344,10 +344,10 @@ def _after_owned_failure(contract, run: Run, verdict: Verdict, owner: str) -> Ve
     if verdict.outcome == "passed" and not _reached_a_step(run):
         # Nothing to judge: a pass on a run that stopped in its setup would be vacuous.
         return not_judged(contract, f"the shared {run.kind} run stopped before its first step because of the "
-                                    f"{item} failure (see that item).")
+                                    f"{item} failure (see that item).", item)
     if verdict.outcome == "passed" and verdict.empty:
         return not_judged(contract, f"the shared {run.kind} run stopped because of the {item} failure before "
-                                    f"anything this contract judges was recorded (see that item).")
+                                    f"anything this contract judges was recorded (see that item).", item)
     if verdict.outcome == "passed":
         verdict.partial = True
         verdict.notes.append(
@@ -356,7 +356,7 @@ def _after_owned_failure(contract, run: Run, verdict: Verdict, owner: str) -> Ve
         )
         return verdict
     return not_judged(contract, f"the shared {run.kind} run did not finish because of the {item} failure "
-                                f"(see that item), and this contract needs the run's end.")
+                                f"(see that item), and this contract needs the run's end.", item)
 
 
 def _stopped_in_validation(run: Run) -> bool:
@@ -392,7 +392,7 @@ def _not_a_sharded_module(contract, run: Run, ddp: Run | None = None) -> Verdict
     same = _same_stop_under_ddp(cause, ddp)
     if same is not None:
         return not_judged(contract, f"the fit run stops in your code under every strategy ({cause.exc_type} at "
-                                    f"{fmt_site(cause.site)}: {cause.message}) (see {same}).")
+                                    f"{fmt_site(cause.site)}: {cause.message}) (see {same}).", same)
     where = f" at {_short_site(cause.site)}" if cause.site else ""
     what = f"{cause.exc_type or cause.kind}{where}: {cause.message}" if cause.message else \
         f"{cause.exc_type or cause.kind}{where}"
@@ -423,7 +423,7 @@ def _after_own_failure(contract, run: Run) -> Verdict:
         return contract.verdict("error", f"the run did not finish: {headline}.", category="crash",
                                 diagnosis="\n".join(p for p in parts if p))
     return not_judged(contract, f"the shared {run.kind} run did not finish because {headline} "
-                                f"(see {run.cause_item}).")
+                                f"(see {run.cause_item}).", run.cause_item)
 
 
 def _same_stop_under_ddp(cause, ddp: Run | None) -> str | None:

@@ -2,7 +2,7 @@
 into validated, picklable target specs.
 
 A :class:`Target` is what a user declares (``pytest_ltconform.Target`` in ``conftest.py``, or one
-``--ltconform`` value); a :class:`TargetSpec` is plain data: it travels to every rank, which loads
+``--ltconform`` value); an :class:`ObjectRef` is plain data: it travels to every rank, which loads
 the object again with :func:`load_object`. :func:`validate` runs in the pytest process and turns
 every way a target can be wrong into one :class:`TargetError` paragraph that names the input and
 the fix.
@@ -38,8 +38,8 @@ class TargetError(Exception):
 
 
 class Target:
-    """One target to check, as declared by ``pytest_ltconform_targets(config)`` in ``conftest.py``
-    (or parsed from one ``--ltconform`` value / ``ltconform_target`` line).
+    """A declaration: one target to check, as declared by ``pytest_ltconform_targets(config)`` in
+    ``conftest.py`` (or parsed from one ``--ltconform`` value / ``ltconform_target`` line).
 
     ``model``: the LightningModule target string (``pkg.mod.Class``, ``pkg.mod:factory`` or
     ``path/to/file.py:Name``). ``datamodule``: a LightningDataModule target string, or None (then
@@ -90,8 +90,8 @@ class Target:
 
 
 @dataclasses.dataclass(frozen=True)
-class TargetSpec:
-    """Where to find a user object.
+class ObjectRef:
+    """A reference to one user object: where to find it.
 
     ``text`` is what the user wrote, ``option`` the flag or ini key it came from, ``module`` the
     importable module name, ``attr`` the (possibly dotted) attribute inside it, and ``path`` the
@@ -106,7 +106,7 @@ class TargetSpec:
     path: str | None = None
 
 
-def parse(text: str, option: str) -> TargetSpec:
+def parse(text: str, option: str) -> ObjectRef:
     """Parse a target string; raises :class:`TargetError` for a malformed one."""
     text = text.strip()
     if not text:
@@ -128,21 +128,21 @@ def parse(text: str, option: str) -> TargetSpec:
         if not attr:
             raise TargetError(f"{option} {text!r}: name the object after the colon, e.g. {file_part}:Model.")
         module = os.path.splitext(os.path.basename(path))[0]
-        return TargetSpec(text=text, option=option, module=module, attr=attr, path=path)
+        return ObjectRef(text=text, option=option, module=module, attr=attr, path=path)
     if sep:
         if not file_part or not attr:
             raise TargetError(f"{option} {text!r}: expected pkg.mod:factory with both parts present.")
-        return TargetSpec(text=text, option=option, module=file_part, attr=attr)
+        return ObjectRef(text=text, option=option, module=file_part, attr=attr)
     module, dot, attr = text.rpartition(".")
     if not dot or not module:
         raise TargetError(
             f"{option} {text!r}: a bare name cannot be imported. Use pkg.mod.Class, pkg.mod:factory "
             f"or path/to/file.py:Name."
         )
-    return TargetSpec(text=text, option=option, module=module, attr=attr)
+    return ObjectRef(text=text, option=option, module=module, attr=attr)
 
 
-def private_name(spec: TargetSpec) -> str:
+def private_name(spec: ObjectRef) -> str:
     """The module name a file target is registered under when its own name is taken by another
     file (two folders each with ``model.py``): unique per path, so a third such file cannot
     replace the second's module (and the classes pickle finds by name) either."""
@@ -154,7 +154,7 @@ def _same_file(module, path: str) -> bool:
     return module is not None and os.path.abspath(getattr(module, "__file__", "") or "") == path
 
 
-def _import_file_module(spec: TargetSpec):
+def _import_file_module(spec: ObjectRef):
     folder = os.path.dirname(spec.path)
     existing = sys.modules.get(spec.module)
     if _same_file(existing, spec.path):
@@ -180,7 +180,7 @@ def _import_file_module(spec: TargetSpec):
     return tripwire.exec_guarded(name, loader_spec)
 
 
-def trainer_file(targets: Targets) -> str | None:
+def trainer_file(targets: ResolvedTarget) -> str | None:
     """The file that defines the user's Trainer kwargs: the module of the trainer target once it
     is imported, or, for a dict given to :class:`Target`, the file that declared it; else None."""
     spec = targets.trainer
@@ -201,14 +201,14 @@ def _user_frame(tb) -> str:
     return "?"
 
 
-def import_module(spec: TargetSpec):
+def import_module(spec: ObjectRef):
     """Import the module a spec names (once per process, see :mod:`.user_modules`); raises
     :class:`TargetError` with the cause."""
     with user_modules.reusing():
         return _import_module(spec)
 
 
-def _import_module(spec: TargetSpec):
+def _import_module(spec: ObjectRef):
     try:
         if spec.path:
             return _import_file_module(spec)
@@ -248,7 +248,7 @@ def _import_module(spec: TargetSpec):
         ) from None
 
 
-def load_object(spec: TargetSpec, kind: str = "LightningModule") -> Any:
+def load_object(spec: ObjectRef, kind: str = "LightningModule") -> Any:
     """Import and return the object a spec names (not yet called). ``kind`` says what the target
     should name, for the message of a missing name: ``"LightningModule"``, ``"LightningDataModule"``
     or ``"trainer"`` (a dict of Trainer kwargs, or a callable returning one)."""
@@ -292,7 +292,7 @@ def _missing_hint(module, name: str, kind: str) -> str:
     return hint
 
 
-def _factory_advice(spec: TargetSpec, cls: type, required: list[str], base_name: str) -> str:
+def _factory_advice(spec: ObjectRef, cls: type, required: list[str], base_name: str) -> str:
     """How to target a class whose constructor needs ``required``: a factory named after it, or
     (for a LightningModule) a conftest Target with ``init``."""
     where = spec.text.rpartition(":")[0] if spec.path else spec.module
@@ -333,7 +333,7 @@ def _required_params(fn) -> list[str]:
     ]
 
 
-def instantiate(spec: TargetSpec, base_name: str, what: str, init: dict | None = None) -> Any:
+def instantiate(spec: ObjectRef, base_name: str, what: str, init: dict | None = None) -> Any:
     """Load ``spec`` and return an instance of a class named ``base_name`` (a LightningModule or
     LightningDataModule of either namespace): the class is constructed, or the factory called,
     with ``init`` as keyword arguments (none when ``init`` is None). Raises :class:`TargetError`.
@@ -386,7 +386,7 @@ def instantiate(spec: TargetSpec, base_name: str, what: str, init: dict | None =
     return instance
 
 
-def _check_binds(spec: TargetSpec, factory, init: dict) -> None:
+def _check_binds(spec: ObjectRef, factory, init: dict) -> None:
     """``init`` must name parameters of ``factory`` and give every required one."""
     try:
         sig = inspect.signature(factory)
@@ -429,7 +429,7 @@ def _unpicklable(values: dict) -> list[str]:
     return bad
 
 
-def trainer_kwargs(spec: TargetSpec) -> dict:
+def trainer_kwargs(spec: ObjectRef) -> dict:
     """Load a Trainer-kwargs target: a dict or a zero-argument callable returning one."""
     from .sharded import deepspeed_stand_in
 
@@ -437,7 +437,7 @@ def trainer_kwargs(spec: TargetSpec) -> dict:
         return _trainer_kwargs(spec)
 
 
-def _trainer_kwargs(spec: TargetSpec) -> dict:
+def _trainer_kwargs(spec: ObjectRef) -> dict:
     obj = load_object(spec, "trainer")
     if callable(obj) and not isinstance(obj, dict):
         required = _required_params(obj)
@@ -474,14 +474,15 @@ def defines(obj: Any, hook: str, namespace: str) -> bool:
 
 
 @dataclasses.dataclass(frozen=True)
-class Targets:
-    """One validated target: the module, optional datamodule and trainer kwargs (a target spec,
-    or ``trainer_dict`` for a dict given to :class:`Target`), the constructor's ``init`` and the
-    ``id`` its items carry."""
+class ResolvedTarget:
+    """A resolved target: one :class:`Target` validated, with its module, optional datamodule and
+    trainer kwargs (each an :class:`ObjectRef`, or ``trainer_dict`` for a dict given to
+    :class:`Target`), the constructor's ``init`` and the ``id`` its items carry. What the
+    ``ltconform_target`` fixture returns (``pytest_ltconform.ResolvedTarget``)."""
 
-    model: TargetSpec
-    datamodule: TargetSpec | None
-    trainer: TargetSpec | None
+    model: ObjectRef
+    datamodule: ObjectRef | None
+    trainer: ObjectRef | None
     namespace: str
     model_name: str
     trainer_keys: tuple[str, ...] = ()
@@ -509,7 +510,12 @@ class Targets:
         return self.id or self.model.text
 
 
-def user_trainer_kwargs(targets: Targets) -> dict:
+# The names before 0.2, kept for code written against them.
+TargetSpec = ObjectRef
+Targets = ResolvedTarget
+
+
+def user_trainer_kwargs(targets: ResolvedTarget) -> dict:
     """The user's Trainer kwargs of ``targets`` (a copy): the dict given to :class:`Target`, what
     the trainer target returns, or ``{}``. Raises :class:`TargetError` for a bad trainer target."""
     if targets.trainer_dict is not None:
@@ -522,7 +528,7 @@ DEFAULT_OPTIONS = ("--ltconform", "--ltconform-datamodule", "--ltconform-trainer
 
 def validate(model: str, datamodule: str | None = None, trainer: str | dict | None = None, *,
              init: dict | None = None, id: str | None = None, declared_at: str | None = None,
-             options: tuple[str, str, str] = DEFAULT_OPTIONS) -> Targets:
+             options: tuple[str, str, str] = DEFAULT_OPTIONS) -> ResolvedTarget:
     """Resolve and check one target in this process: import it, build the module (with ``init``),
     the datamodule, and the Trainer kwargs (``trainer`` a target string or a dict). ``options``
     name where the model, datamodule and trainer came from, for messages. Raises
@@ -565,7 +571,7 @@ def validate(model: str, datamodule: str | None = None, trainer: str | dict | No
         if trainer_dict is not None:
             _check_plain_dict(trainer_dict, where, "Trainer kwargs")
         keys = _check_trainer_keys(kwargs, namespace, where, model_spec.text)
-    return Targets(
+    return ResolvedTarget(
         model=model_spec, datamodule=dm_spec, trainer=tr_spec, namespace=namespace,
         model_name=type(module).__qualname__, trainer_keys=keys,
         model_class=f"{type(module).__module__}:{type(module).__qualname__}",
@@ -576,7 +582,7 @@ def validate(model: str, datamodule: str | None = None, trainer: str | dict | No
     )
 
 
-def _check_train_batches(module: Any, dm: Any, spec: TargetSpec) -> None:
+def _check_train_batches(module: Any, dm: Any, spec: ObjectRef) -> None:
     """Refuse a training DataLoader with no batches: Lightning then skips training with a warning,
     and every contract would pass having compared nothing. Only a loader that ``train_dataloader``
     returns here, before any ``setup`` or Trainer, is measured; one that needs them is left to the

@@ -2,12 +2,14 @@
 
 Each module (a file, or a folder ``<id>/`` whose ``__init__`` holds the contract and whose
 ``probe.py`` holds what runs on the ranks) defines ``CONTRACT``, an instance of
-:class:`~.base.Contract`. A new contract is one module and one line here.
+:class:`~.base.Contract`. A new contract is one module and one line here; a project adds its own
+through the ``pytest_ltconform_contracts`` hook (:func:`add`), judged after these.
 """
 
 from __future__ import annotations
 
 import importlib
+import re
 
 _MODULES = {
     "all-rank-save": "all_rank_save",
@@ -25,37 +27,71 @@ _MODULES = {
 }
 
 
+# Contracts a project registered (pytest_ltconform_contracts), by id, in registration order.
+_ADDED: dict = {}
+# An id names items, markers and docs pages: lower-case words joined by dashes.
+_ID = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")
+
+
 def ids() -> list[str]:
-    """Every registered contract id, in the order items are generated."""
-    return list(_MODULES)
+    """Every registered contract id, in the order items are generated: the plugin's, then the
+    project's."""
+    return list(_MODULES) + list(_ADDED)
 
 
 def get_contract(contract_id: str):
     """The ``Contract`` instance for ``contract_id``; raises KeyError naming the known ids."""
+    if contract_id in _ADDED:
+        return _ADDED[contract_id]
     try:
         module = _MODULES[contract_id]
     except KeyError:
-        raise KeyError(f"unknown contract {contract_id!r}; known: {', '.join(_MODULES)}") from None
+        raise KeyError(f"unknown contract {contract_id!r}; known: {', '.join(ids())}") from None
     return importlib.import_module(f"{__name__}.{module}").CONTRACT
 
 
-def run_spec(name: str):
-    """The :class:`~..harness.RunSpec` called ``name`` that a registered contract declares;
-    raises KeyError when none does."""
-    for cid in _MODULES:
-        spec = get_contract(cid).run_spec
-        if spec.name == name:
-            return spec
-    raise KeyError(f"no contract declares a run called {name!r}")
+def add(contract) -> None:
+    """Register a project's contract (an instance of a :class:`~.base.Contract` subclass). Raises
+    ValueError naming what is wrong with it and the fix."""
+    from ..vocabulary import STRATEGIES, TIERS
+    from .base import Contract, Probe
+
+    what = f"{type(contract).__module__}.{type(contract).__qualname__}"
+    if not isinstance(contract, Contract):
+        raise ValueError(f"{contract!r} is not a contract: return instances of a "
+                         f"pytest_ltconform.Contract subclass")
+    if not isinstance(contract.id, str) or not _ID.fullmatch(contract.id):
+        raise ValueError(f"{what} has id {contract.id!r}: set `id` to lower-case words joined by dashes, "
+                         f"e.g. 'my-contract' (it names the items and markers)")
+    if contract.id in _MODULES or contract.id in _ADDED:
+        raise ValueError(f"{what} has id {contract.id!r}, which another contract has: choose another id")
+    if type(contract).judge is Contract.judge:
+        raise ValueError(f"{what} does not define judge(self, run): it returns the Verdict")
+    if contract.probe_class is not None and not (isinstance(contract.probe_class, type)
+                                                 and issubclass(contract.probe_class, Probe)):
+        raise ValueError(f"{what}.probe_class is {contract.probe_class!r}: set it to a "
+                         f"pytest_ltconform.Probe subclass, or None")
+    unknown = [s for s in contract.strategies if s not in STRATEGIES] + \
+        [t for t in contract.tiers if t not in TIERS]
+    if unknown:
+        raise ValueError(f"{what} names {', '.join(map(repr, unknown))}: strategies are "
+                         f"{', '.join(STRATEGIES)}; tiers are {', '.join(TIERS)}")
+    _ADDED[contract.id] = contract
 
 
-def probes_for(name: str) -> list[tuple[str, str]]:
-    """``[(contract_id, "module:Class")]`` of every contract that declares the run ``name`` and
-    has a probe, in registry order: what the harness loads on the ranks of that run."""
+def forget_added() -> None:
+    """Unregister every project's contract (the pytest session that added them ended)."""
+    _ADDED.clear()
+
+
+def probes_for(spec) -> list[tuple[str, str]]:
+    """``[(contract_id, "module:Class")]`` of every contract that declares the run ``spec`` (a
+    :class:`~..runs.RunSpec`) and has a probe, in registry order: what the harness loads on the
+    ranks of that run."""
     found = []
-    for cid in _MODULES:
+    for cid in ids():
         contract = get_contract(cid)
-        ref = contract.probe_ref() if contract.run_spec.name == name else None
+        ref = contract.probe_ref() if contract.run_spec == spec else None
         if ref is not None:
             found.append((cid, ref))
     return found
@@ -70,7 +106,7 @@ def blamed(run) -> str | None:
 
     crashed = run.raised_in_user_code()
     claims = []
-    for order, cid in enumerate(_MODULES):
+    for order, cid in enumerate(ids()):
         claim = get_contract(cid).blames(run)
         if claim is not None and not (crashed and claim != Blame.RAISED):
             claims.append((claim, order, cid))

@@ -2,7 +2,7 @@
 unfinished run it owns, and a verdict over all ranks.
 
 A contract never starts processes itself. It declares the run it needs (``run_spec``, a
-:class:`~..harness.RunSpec`) and its probe (``probe_class``, a :class:`~..harness.Probe`); the
+:class:`~..runs.RunSpec`) and its probe (``probe_class``, a :class:`~..runs.Probe`); the
 session makes that run once per (target, strategy, world) and hands every contract that declares
 it the same :class:`Run`. When a run did not finish, the session asks every contract's
 :meth:`Contract.blames`; the claim with the lowest :class:`Blame` names the cause. Verdicts are
@@ -19,8 +19,10 @@ import inspect
 import linecache
 from typing import Any
 
-from ..harness import FIT, Probe, RunSpec
+from ..outcomes import NOT_JUDGED_PREFIX, NotJudged, Outcome
+from ..runs import FIT, Probe, RunSpec
 from ..sites import fmt_site
+from ..vocabulary import DEFAULT_CONTRACT_TIERS
 
 
 class Blame(enum.IntEnum):
@@ -55,14 +57,15 @@ class Evidence:
 class Verdict:
     """The judgement of one contract on one run.
 
-    ``outcome``: 'passed', 'failed', 'advisory' (a failed item whose finding wastes resources
-    but computes the right thing), 'error' (the run could not be judged) or 'skipped'.
-    ``summary`` is one paragraph naming the rule and what broke it; ``category`` says whether
-    the fault deadlocks the world ('deadlock') or silently mixes values ('silent').
+    ``outcome``: an :class:`~..outcomes.Outcome` (today's strings are accepted too: 'skipped'
+    with a summary starting "not judged: " is :attr:`Outcome.NOT_JUDGED`). ``summary`` is one
+    paragraph naming the rule and what broke it; ``category`` says whether the fault deadlocks
+    the world ('deadlock') or silently mixes values ('silent'). ``depends_on`` names the item
+    whose failure left this one not judged, when another item did.
     """
 
     contract: str
-    outcome: str
+    outcome: Outcome
     summary: str
     evidence: list[Evidence] = dataclasses.field(default_factory=list)
     fix: str | None = None
@@ -75,16 +78,35 @@ class Verdict:
     # backward): kept on a finished run, but on an unfinished one the session reports the item
     # not judged, since a pass that compared nothing is no pass.
     empty: bool = False
+    depends_on: str | None = None
+
+    def __post_init__(self):
+        self.outcome = Outcome.read(self.outcome, self.summary)
+        if self.outcome is Outcome.NOT_JUDGED and not self.summary.startswith(NOT_JUDGED_PREFIX):
+            self.summary = NOT_JUDGED_PREFIX + self.summary
+
+    @property
+    def finding(self) -> bool:
+        """A failure or an advisory (which passes): the verdict found something against the rule."""
+        return self.outcome.finding
 
     @property
     def failed(self) -> bool:
-        return self.outcome in ("failed", "advisory")
+        """The name before :attr:`finding` (true for advisories too), kept for code written against it."""
+        return self.finding
+
+    @property
+    def not_judged(self) -> NotJudged | None:
+        """Why the item was not judged, and the item it depends on; None when it was judged."""
+        if self.outcome is not Outcome.NOT_JUDGED:
+            return None
+        return NotJudged(self.summary.removeprefix(NOT_JUDGED_PREFIX), self.depends_on)
 
     def render(self, with_diagnosis: bool = True) -> str:
         """The evidence block shown in the pytest report (with the hang diagnosis) and in the
         terminal summary (without it)."""
         head = {"failed": "FAILED", "advisory": "ADVISORY", "error": "NOT JUDGED",
-                "passed": "passed", "skipped": "skipped"}[self.outcome]
+                "passed": "passed", "skipped": "skipped", "not_judged": "skipped"}[self.outcome]
         if self.partial and self.outcome == "passed":
             head += " (on the part of the run before the world stopped)"
         kind = {"deadlock": " (deadlocks the world)", "silent": " (silently wrong values, no error)",
@@ -92,7 +114,7 @@ class Verdict:
         if self.outcome == "error" and self.category == "crash":
             head = "NOT JUDGED (the run stopped in your code)"
         lines = [f"[{self.contract}] {head}{kind}: {self.summary}"]
-        if self.outcome == "skipped" and self.summary.startswith("not judged"):
+        if self.outcome is Outcome.NOT_JUDGED:
             lines = [f"[{self.contract}] {self.summary}"]
         if self.evidence:
             lines.append("Evidence:")
@@ -113,11 +135,21 @@ class Verdict:
         return "\n".join(lines)
 
     def as_dict(self) -> dict:
-        return {"outcome": self.outcome, "message": self.render(), "summary": self.summary, "partial": self.partial,
-                "block": self.render(with_diagnosis=False),
+        return {"outcome": self.outcome.reported, "message": self.render(), "summary": self.summary,
+                "partial": self.partial, "block": self.render(with_diagnosis=False),
                 "category": self.category, "fix": self.fix, "rule_section": self.rule_section,
                 "seed": self.rule_section,  # the name before 0.2, kept for report readers
                 "evidence": [e.as_dict() for e in self.evidence], "notes": list(self.notes)}
+
+
+def merged(findings: list[Verdict], notes: list[str] = ()) -> Verdict:
+    """The verdict of a contract whose checks found several things: the first finding leads, with
+    every finding's evidence in order and the others' summaries as notes before its own (then
+    ``notes``). Mutates and returns ``findings[0]``."""
+    first = findings[0]
+    first.evidence = [e for f in findings for e in f.evidence]
+    first.notes = [f.summary for f in findings[1:]] + first.notes + list(notes)
+    return first
 
 
 class Run:
@@ -208,6 +240,8 @@ class Contract:
     # Strategies whose items exist only for targets whose Trainer config names them (there is
     # nothing of theirs to judge otherwise).
     configured_only: tuple[str, ...] = ()
+    # The tiers it has items in (vocabulary.TIERS).
+    tiers: tuple[str, ...] = DEFAULT_CONTRACT_TIERS
     # Whether the verdict compares values (metrics, gradients, weights): not judged on top of a
     # non-finite training loss (nan never equals nan).
     needs_finite_loss: bool = False
@@ -226,8 +260,15 @@ class Contract:
     def judge(self, run: Run) -> Verdict:
         raise NotImplementedError
 
-    def verdict(self, outcome: str, summary: str, **kwargs) -> Verdict:
+    def verdict(self, outcome: Outcome | str, summary: str, **kwargs) -> Verdict:
+        """This contract's verdict; ``outcome`` an :class:`Outcome` or its value ('skipped' with a
+        "not judged: " summary, as contracts wrote it before the enum, is :attr:`Outcome.NOT_JUDGED`)."""
         return Verdict(contract=self.id, outcome=outcome, summary=summary, rule_section=self.rule_section, **kwargs)
+
+    def not_judged(self, reason: str, depends_on: str | None = None, **kwargs) -> Verdict:
+        """Not judged for ``reason`` (one line; a premise of the verdict does not hold, or the plugin
+        cannot read something), or because of the item ``depends_on``."""
+        return self.verdict(Outcome.NOT_JUDGED, reason, depends_on=depends_on, **kwargs)
 
 
 # -- source helpers for evidence -----------------------------------------------------------------

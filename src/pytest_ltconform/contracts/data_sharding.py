@@ -26,7 +26,7 @@ from collections import defaultdict
 from ..harness import batch_leaves, batch_size
 from ..sites import first_sentence, fmt_site
 from . import fetches, loader_sites
-from .base import Blame, Contract, Evidence, Probe, Run, Verdict, class_site, user_class
+from .base import Blame, Contract, Evidence, Probe, Run, Verdict, class_site, merged, user_class
 from .rank_reads import describe, gating_reads, selecting_reads
 
 ROWS_PER_BATCH = 64        # sample rows hashed per batch
@@ -983,10 +983,7 @@ class DataSharding(Contract):
         findings += self._same_order_every_epoch(run, batches, loaders)
         findings += self._identical_noise(run, batches)
         if findings:
-            first = findings[0]
-            first.evidence = [e for f in findings for e in f.evidence]
-            first.notes = [f.summary for f in findings[1:]] + first.notes + \
-                [_split_note(stage, read) for stage, read in split.items()]
+            first = merged(findings, [_split_note(stage, read) for stage, read in split.items()])
             if not run.finished:
                 first.notes.append("the world did not finish; the batches each rank recorded up to then are "
                                    "the evidence (the item's report says where each rank was).")
@@ -1005,7 +1002,7 @@ class DataSharding(Contract):
             return None
         loader = loaders.get("train") or {}
         what = f"{loader.get('type') or 'the train loader'} over {self._what(loader)}"
-        return self.verdict("skipped", f"not judged: cannot tell samples apart in {what}: its fetches hand the "
+        return self.not_judged(f"cannot tell samples apart in {what}: its fetches hand the "
                                        f"dataset no keys this check can read and its batches hold no tensors, "
                                        f"so nothing was compared across ranks.")
 

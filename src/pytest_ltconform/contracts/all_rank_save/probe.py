@@ -27,7 +27,8 @@ import sys
 
 from ... import sharded
 from ... import target as target_mod
-from ...harness import Probe, build_trainer_kwargs
+from ...harness import build_trainer_kwargs
+from ...runs import Probe
 from ...sites import user_site
 from . import taps
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 
-from ...harness import RunSpec
+from ...runs import RunSpec
 from ...sites import fmt_site
 from ..base import Contract, Evidence, Run, Verdict
 from .probe import EffectiveBatchProbe
@@ -116,18 +116,18 @@ class EffectiveBatch(Contract):
         window = len(info["sizes"]) if info.get("manual") else info["accumulate"]
         report, notes = self._report(infos, local, world, window)
         if not info.get("stepped"):
-            return self.verdict("skipped", f"not judged: no optimizer step was taken in the first "
+            return self.not_judged(f"no optimizer step was taken in the first "
                                 f"{len(info['sizes'])} training batches, so there is no step to compare. {report}",
                                 notes=notes)
         ref_run = run.reference
         ref = (ref_run.value(0) or {}).get("reference") if ref_run is not None and ref_run.finished else None
         premise = self._premise(infos, ref)
         if premise:
-            return self.verdict("skipped", f"not judged: {premise}. {report}", notes=notes)
+            return self.not_judged(f"{premise}. {report}", notes=notes)
         if not ref or not ref.get("stepped") or ref.get("norm") is None:
             # A premise too: the merged batch must be one the module accepts (a model built for a
             # fixed number of series or a fixed width refuses a batch of world x local samples).
-            return self.verdict("skipped", f"not judged: the plugin's one-rank reference run took no step on the "
+            return self.not_judged(f"the plugin's one-rank reference run took no step on the "
                                            f"ranks' samples merged into one batch ({_reference_failure(ref_run)}); "
                                            f"a failure of the plugin's own run, not a finding. {report}", notes=notes)
         if ref.get("merged_by") == "concat" and info.get("merge_note"):
@@ -180,7 +180,7 @@ class EffectiveBatch(Contract):
         if abs(ratio - 1.0) <= TOLERANCE:
             gap = _disagreement(ref, cos)
             if gap:
-                return self.verdict("skipped", f"not judged: the world's and the 1-rank gradients differ beyond "
+                return self.not_judged(f"the world's and the 1-rank gradients differ beyond "
                                     f"rounding ({gap}) but not by a factor ({measured}): a loss or layer that couples "
                                     f"the samples of a batch (a contrastive loss over in-batch negatives) or a per-rank"
                                     f" normalisation by nearly equal counts would both do this, and one step cannot "
@@ -214,7 +214,7 @@ class EffectiveBatch(Contract):
             return None
         if any(ln.get("what", "").startswith(("divides", "averages")) for ln in lines):
             return None
-        return self.verdict("skipped", f"not judged: the gradient changes by a factor that is not the world size and "
+        return self.not_judged(f"the gradient changes by a factor that is not the world size and "
                             f"its direction differs ({measured}), but no loss line divides by a count of its own "
                             f"batch: a loss or layer that couples the samples of a batch (a contrastive loss over "
                             f"in-batch negatives) would do the same, and one step cannot tell them apart. {report}",
@@ -232,23 +232,23 @@ class EffectiveBatch(Contract):
         site = info.get("backward_site")
         where = f" at {fmt_site(site)}" if site else ""
         if len(counts) != n or any(c != 1 for c in counts):
-            return self.verdict("skipped", f"not judged: manual optimization over {n} micro-batches called "
+            return self.not_judged(f"manual optimization over {n} micro-batches called "
                                 f"manual_backward {counts} times per training_step, so the step cannot be split into "
                                 f"one loss per micro-batch. {report}", notes=notes)
         diff = info.get("after_backward_diff")
         if diff is None or diff > SAME_GRAD:
-            return self.verdict("skipped", "not judged: the gradients changed between the last manual_backward and "
+            return self.not_judged("the gradients changed between the last manual_backward and "
                                 "optimizer.step (clipped or rescaled by hand), so the applied step is not the sum of "
                                 f"the micro-batch gradients. {report}", notes=notes)
         if any(c is None or not math.isclose(c, scales[0], rel_tol=SCALE) for c in scales):
-            return self.verdict("skipped", f"not judged: the losses passed to manual_backward{where} carry "
+            return self.not_judged(f"the losses passed to manual_backward{where} carry "
                                 f"different constant factors ({scales}). {report}", notes=notes)
         scale = scales[0]
         if math.isclose(scale * n, 1.0, rel_tol=SCALE):
             notes.append(f"manual accumulation over N={n} micro-batches divides each loss by N{where}.")
             return None
         if not math.isclose(scale, 1.0, rel_tol=SCALE):
-            return self.verdict("skipped", f"not judged: manual accumulation over N={n} micro-batches, and the loss "
+            return self.not_judged(f"manual accumulation over N={n} micro-batches, and the loss "
                                 f"passed to manual_backward{where} is scaled by {scale:.4g}, not 1/N: a divisor for "
                                 f"the window cannot be told from a loss weight. {report}", notes=notes)
         applied, mean_grad = info["norm"], (info.get("sum_norm") or 0.0) / n

@@ -19,7 +19,8 @@ import math
 import os
 import re
 
-from ...harness import Probe, RankRun, batch_size, rank_run
+from ...harness import RankRun, batch_size, rank_run
+from ...runs import Probe
 from ...sites import user_site
 from ...target import defines
 from . import window

@@ -24,7 +24,7 @@ import dataclasses
 import math
 from collections import Counter, defaultdict
 
-from ...harness import RunSpec
+from ...runs import RunSpec
 from ...sites import fmt_site
 from ..base import Contract, Evidence, Run, Verdict, method_site, rank_guard, user_class
 from ..rank_reads import describe, selecting_reads
@@ -104,7 +104,7 @@ class EvalDuplication(Contract):
         stages = [s for s in data[0].get("driver", []) if s in data[0]["stages"]]
         if not stages:
             # Nothing was evaluated, so nothing was compared: not a pass.
-            return self.verdict("skipped", "not judged: the target has no validation, test or predict dataloader, so "
+            return self.not_judged("the target has no validation, test or predict dataloader, so "
                                            "no evaluation ran to count samples in.")
         found = Findings()
         ref = _reference(run, found.notes)
@@ -125,12 +125,12 @@ class EvalDuplication(Contract):
             _StageCheck(run, stage, recs, ref_rec, limited, found).check()
             judged.append(stage)
         if not judged:
-            return self.verdict("skipped", f"not judged: {found.notes[-1]}", notes=found.notes[:-1])
+            return self.not_judged(found.notes[-1], notes=found.notes[:-1])
         if found.failures:
             return self.verdict("failed", " ".join(found.failures), evidence=found.evidence,
                                 fix=" ".join(sorted(found.fixes)), category="silent", notes=found.notes)
         if found.unread and not found.good:  # nothing compared: never a pass
-            return self.verdict("skipped", "not judged: cannot tell samples apart in " + "; ".join(found.unread)
+            return self.not_judged("cannot tell samples apart in " + "; ".join(found.unread)
                                 + " (no dataset indices to read).", notes=found.notes)
         return self.verdict("passed", " ".join(found.good), evidence=found.evidence, notes=found.notes)
 

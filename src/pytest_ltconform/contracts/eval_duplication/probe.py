@@ -20,7 +20,8 @@ import os
 import sys
 from typing import Any
 
-from ...harness import Probe, RankRun, UserObjects, batch_leaves, can_run, rank_run, tolerate_unused_parameters
+from ...harness import RankRun, UserObjects, batch_leaves, can_run, rank_run, tolerate_unused_parameters
+from ...runs import Probe
 from ...sites import user_site
 from .. import fetches, loader_sites
 

@@ -36,7 +36,7 @@ from collections import defaultdict
 
 from ...sites import fmt_site, hook_label
 from ...world.diagnose import first_divergence
-from ..base import Blame, Contract, Evidence, Run, Verdict, rank_guard
+from ..base import Blame, Contract, Evidence, Run, Verdict, merged, rank_guard
 from . import nonlinear
 from .decisions import STOP_FIX, lr_divergence, lr_texts, stop_divergence, stop_texts, unsynced_filename_metric
 from .missing import missing_monitor, missing_texts
@@ -91,12 +91,7 @@ class SyncDist(Contract):
         failures += self._nonlinear_failures(run)
         failures += self._weight_failures(run)
         if failures:
-            first = failures[0]
-            evidence = [e for f in failures for e in f.evidence]
-            notes = [f.summary for f in failures[1:]]
-            first.evidence = evidence
-            first.notes = notes + first.notes
-            return first
+            return merged(failures)
         return self._passed(run)
 
     # -- 1. synced log sequences ----------------------------------------------------------------

@@ -22,7 +22,7 @@ import os
 import weakref
 from typing import Any
 
-from ...harness import Probe
+from ...runs import Probe
 from ...sites import user_site
 from .batches import count_samples, loader_batch_size
 from .combos import find_combinations

@@ -25,129 +25,14 @@ per node, which is then judged instead.
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any
 
-from ..harness import Probe, inspection
-from ..sites import fmt_site
-from .base import Contract, Evidence, Run, Verdict
+from ...runs import inspection
+from ...sites import fmt_site
+from ..base import Contract, Evidence, Run, Verdict
+from .probe import LaunchEnvProbe
 
-# Launcher variables a rank reports; nothing else of its environment leaves the rank.
-ENV_KEYS = (
-    "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE",
-    "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "NCCL_TIMEOUT",
-    "SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_NTASKS", "SLURM_NTASKS_PER_NODE", "SLURM_NNODES",
-    "SLURM_JOB_NUM_NODES", "SLURM_NODEID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODELIST",
-    "SLURM_TASKS_PER_NODE", "SLURMD_NODENAME",
-)
 _INTERACTIVE_JOB_NAMES = ("bash", "interactive")
-
-
-# -- rank side -----------------------------------------------------------------------------------
-
-def _count(value: Any) -> int | None:
-    """devices / num_nodes as a number of processes or nodes; None for 'auto' and the like."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value if value > 0 else None
-    if isinstance(value, (list, tuple)):
-        return len(value)
-    if isinstance(value, str):
-        text = value.strip()
-        if text.isdigit():
-            return int(text) or None
-        if "," in text:
-            return len([p for p in text.split(",") if p.strip()])
-    return None
-
-
-def _strategy_timeout(strategy: Any) -> float | None:
-    """The process-group timeout a strategy object sets explicitly (seconds), else None."""
-    timeout = getattr(strategy, "_timeout", None)
-    if timeout is None or isinstance(strategy, str):
-        return None
-    try:
-        from torch.distributed.constants import default_pg_timeout
-
-        if timeout == default_pg_timeout:
-            return None
-    except ImportError:
-        pass
-    return float(timeout.total_seconds())
-
-
-def _simulated(module) -> list[dict] | None:
-    raw = getattr(module, "LAUNCH_ENV", None)
-    if not isinstance(raw, dict):
-        return None
-    out = []
-    for node in sorted(raw):
-        envs = raw[node] if isinstance(raw[node], (list, tuple)) else [raw[node]]
-        out += [{k: str(v) for k, v in dict(e).items()} for e in envs]
-    return out
-
-
-def _assignment_site(module, name: str) -> dict | None:
-    """Where ``name = ...`` is written at the top level of ``module``'s source file."""
-    import ast
-
-    path = getattr(module, "__file__", None)
-    try:
-        with open(path, encoding="utf-8") as fh:
-            tree = ast.parse(fh.read())
-    except (OSError, TypeError, SyntaxError):
-        return None
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
-            return {"file": path, "line": node.lineno, "func": name}
-    return None
-
-
-def _trainer_site(targets) -> dict | None:
-    """Where the user's Trainer kwargs (``--ltconform-trainer``) are defined."""
-    import inspect
-
-    from .. import target as target_mod
-
-    if not targets.trainer:
-        return None
-    try:
-        obj = target_mod.load_object(targets.trainer)
-        if callable(obj):
-            path, line = inspect.getsourcefile(obj), inspect.getsourcelines(obj)[1]
-            return {"file": path, "line": line, "func": getattr(obj, "__qualname__", "trainer kwargs")}
-        return _assignment_site(target_mod.import_module(targets.trainer), targets.trainer.attr)
-    except Exception:
-        return None
-
-
-class LaunchEnvProbe(Probe):
-    def inspect(self, run) -> dict:
-        """This rank's launcher variables and the user's Trainer world settings:
-        ``{"kind", "env", "trainer", "simulated", "simulated_site", "trainer_site"}``, where ``kind``
-        is 'attached' or 'local' (ranks the plugin spawned)."""
-        from .. import target as target_mod
-
-        targets = run.targets
-        user = target_mod.user_trainer_kwargs(targets)
-        module = target_mod.import_module(targets.model)
-        strategy = user.get("strategy")
-        return {
-            "kind": run.ctx.world_kind,
-            "env": {k: os.environ[k] for k in ENV_KEYS if k in os.environ},
-            "trainer": {"num_nodes": _count(user.get("num_nodes")), "devices": _count(user.get("devices")),
-                        "devices_raw": repr(user.get("devices")) if "devices" in user else None,
-                        "strategy": strategy if isinstance(strategy, str) or strategy is None
-                        else type(strategy).__name__,
-                        "timeout_s": _strategy_timeout(strategy)},
-            "simulated": _simulated(module),
-            "simulated_site": _assignment_site(module, "LAUNCH_ENV"),
-            "trainer_site": _trainer_site(targets),
-        }
-
-
-# -- pytest side ---------------------------------------------------------------------------------
 
 def _int(value: Any) -> int | None:
     """Leading integer of a launcher value ('2(x2)' -> 2); None when absent or not a number."""
@@ -160,7 +45,6 @@ def _int(value: Any) -> int | None:
         digits += ch
     return int(digits) if digits else None
 
-
 def first_host(nodelist: str) -> str:
     """First host of a SLURM node list ('n[1-2],m3' -> 'n1'), as Lightning picks the root node."""
     head = nodelist.split(" ")[0].split(",")[0]
@@ -169,7 +53,6 @@ def first_host(nodelist: str) -> str:
         first = rest.split("]")[0].split(",")[0].split("-")[0]
         return prefix + first
     return head
-
 
 class _Findings:
     """Problems (category, rank or None, detail) and notes of one launch, in the order found."""
@@ -184,15 +67,12 @@ class _Findings:
     def note(self, text: str) -> None:
         self.notes.append(text)
 
-
 def _who(v: dict) -> int:
     return v["rank"] if v["rank"] is not None else v["index"]
-
 
 def _sizes(views: list[dict]) -> dict:
     """rank -> the world size its launcher gives (a later process claiming the same rank wins)."""
     return {_who(v): v["world_size"] for v in views}
-
 
 @dataclasses.dataclass
 class _Layout:
@@ -221,9 +101,6 @@ class _Layout:
                 "world": self.world, "var": self.var, "num_nodes": self.num_nodes, "devices": self.devices,
                 "master": f"{first['master_addr']}:{first['master_port']}"}
 
-
-# -- one validator per launcher, like Lightning's cluster environments --------------------------
-
 class _Launcher:
     """A launcher: how it is recognised, the world it describes to one process (the values
     Lightning would use), and the settings only it has. The base class is a manual launch
@@ -248,7 +125,6 @@ class _Launcher:
     def validate(self, views: list[dict], layout: _Layout, findings: _Findings) -> None:
         """Checks of the launcher's own settings across the launch (none for a manual launch)."""
 
-
 class _OwnNodeRank(_Launcher):
     """A launcher that sets its own node rank: a NODE_RANK exported next to it must agree."""
 
@@ -258,7 +134,6 @@ class _OwnNodeRank(_Launcher):
             findings.problem("deadlock", f"NODE_RANK={exported} but the launcher's {v['node_var']}={v['node_rank']}",
                              rank=_who(v))
 
-
 class _TorchElastic(_OwnNodeRank):
     name = "torchrun"
     node_var = "GROUP_RANK"
@@ -266,7 +141,6 @@ class _TorchElastic(_OwnNodeRank):
     @staticmethod
     def detect(env: dict) -> bool:
         return "TORCHELASTIC_RUN_ID" in env
-
 
 class _Slurm(_OwnNodeRank):
     name = "slurm"
@@ -310,7 +184,6 @@ class _Slurm(_OwnNodeRank):
         if nnodes is not None and nnodes != layout.num_nodes:
             findings.problem("silent", f"SLURM_NNODES={nnodes} but the Trainer has num_nodes={layout.num_nodes}")
 
-
 class _SlurmInteractive(_Slurm):
     """An srun job named like an interactive shell: Lightning does not treat it as a SLURM launch."""
 
@@ -327,22 +200,17 @@ class _SlurmInteractive(_Slurm):
                                          f"task takes global rank 0")
         super().validate(views, layout, findings)
 
-
 # In the order they are tried; the manual launch takes what no launcher claims.
 _LAUNCHERS = (_TorchElastic(), _SlurmInteractive(), _Slurm(), _Launcher())
-_BY_NAME = {launcher.name: launcher for launcher in _LAUNCHERS}
 
+_BY_NAME = {launcher.name: launcher for launcher in _LAUNCHERS}
 
 def _launcher(env: dict) -> _Launcher:
     return next(launcher for launcher in _LAUNCHERS if launcher.detect(env))
 
-
 def view(env: dict, index: int) -> dict:
     """One process's world as its launcher describes it (the values Lightning would use)."""
     return _launcher(env).view(env, index)
-
-
-# -- checks every launch gets ------------------------------------------------------------------
 
 def _check_node_sizes(layout: _Layout, trainer: dict, findings: _Findings) -> None:
     """Every node runs the same number of processes; say which Trainer settings were filled in."""
@@ -359,7 +227,6 @@ def _check_node_sizes(layout: _Layout, trainer: dict, findings: _Findings) -> No
                       f"{layout.num_nodes} and devices={layout.devices} as launched. Set them in the production "
                       f"Trainer: {why}.")
 
-
 def _check_world_size(views: list[dict], layout: _Layout, findings: _Findings) -> None:
     """The world size is the same everywhere, the processes that exist, and num_nodes x devices."""
     var, world = layout.var, layout.world
@@ -375,7 +242,6 @@ def _check_world_size(views: list[dict], layout: _Layout, findings: _Findings) -
         findings.problem("silent", f"{var}={world} but num_nodes {layout.num_nodes} x devices {layout.devices} = "
                                    f"{wanted}")
 
-
 def _check_master(views: list[dict], findings: _Findings) -> None:
     for key, label in (("master_addr", "MASTER_ADDR"), ("master_port", "MASTER_PORT")):
         values = {_who(v): v[key] for v in views}
@@ -383,7 +249,6 @@ def _check_master(views: list[dict], findings: _Findings) -> None:
             listing = ", ".join(f"rank {r}: {val}" for r, val in sorted(values.items()))
             findings.problem("deadlock", f"{label} differs across ranks ({listing}); every rank must "
                                          f"rendezvous at the same address")
-
 
 def _check_node_count(views: list[dict], layout: _Layout, trainer: dict, findings: _Findings) -> None:
     """The distinct node ranks the processes report are the Trainer's num_nodes."""
@@ -399,7 +264,6 @@ def _check_node_count(views: list[dict], layout: _Layout, trainer: dict, finding
         findings.problem("silent", f"the launch spans {layout.nodes} nodes ({node_var} {seen}) but the "
                                    f"Trainer has num_nodes={wanted}")
 
-
 def _check_seats(views: list[dict], layout: _Layout, findings: _Findings) -> None:
     """Each (node rank, local rank) and global rank once; node ranks 0..nodes-1."""
     seats = [(v["node_rank"], v["local_rank"]) for v in views if v["local_rank"] is not None]
@@ -414,7 +278,6 @@ def _check_seats(views: list[dict], layout: _Layout, findings: _Findings) -> Non
     if node_ranks != list(range(layout.nodes)):
         findings.problem("deadlock", f"node ranks are {node_ranks}, not 0..{layout.nodes - 1}")
 
-
 def _check_timeout(views: list[dict], trainer: dict, findings: _Findings) -> None:
     """The timeout belongs to the strategy: NCCL_TIMEOUT is read by neither torch nor Lightning."""
     nccl = {_who(v): v["env"]["NCCL_TIMEOUT"] for v in views if "NCCL_TIMEOUT" in v["env"]}
@@ -427,7 +290,6 @@ def _check_timeout(views: list[dict], trainer: dict, findings: _Findings) -> Non
     else:
         findings.problem("silent", f"NCCL_TIMEOUT={value} is set on rank(s) {', '.join(map(str, sorted(nccl)))} "
                                    f"while the strategy keeps its default process-group timeout")
-
 
 def check(views: list[dict], trainer: dict) -> tuple[list[tuple[str, int | None, str]], list[str], dict]:
     """Judge a launch: ``views`` (one per started process, from :func:`view`) against the user's
@@ -448,7 +310,6 @@ def check(views: list[dict], trainer: dict) -> tuple[list[tuple[str, int | None,
     _check_timeout(views, trainer, findings)
     return findings.problems, findings.notes, layout.facts(views[0])
 
-
 _FIX = {
     "size": "launch exactly num_nodes x devices processes, devices per node (srun --nodes=N "
             "--ntasks-per-node=D, or torchrun --nnodes N --nproc-per-node D on every node), and give the "
@@ -458,7 +319,6 @@ _FIX = {
     "timeout": "set the process-group timeout on the strategy, e.g. DDPStrategy(timeout=timedelta(minutes=30)), "
                "and drop NCCL_TIMEOUT",
 }
-
 
 class LaunchEnv(Contract):
     id = "launch-env"
@@ -508,6 +368,5 @@ class LaunchEnv(Contract):
         summary = (f"the {where} disagrees with the Trainer or across ranks ({source}): {problems[0][2]}"
                    + (f"; and {len(problems) - 1} more finding(s) below" if len(problems) > 1 else "") + ".")
         return self.verdict("failed", summary, evidence=evidence, fix=fix, category=problems[0][0], notes=notes)
-
 
 CONTRACT = LaunchEnv()

@@ -1,30 +1,19 @@
-"""strategy-config: the strategy arguments in the user's Trainer config mean what the user thinks.
-
-Seed sections "Choose using measured memory" (DDP timeout), "FSDP" and "DeepSpeed": FSDP policy
-classes must occur in the model and ``mixed_precision`` takes a torch ``MixedPrecision``; a
-DeepSpeed dict needs real numbers (no Hugging Face "auto"), one optimizer owner, and accumulation
-and precision that agree with the Trainer, ZeRO keys inside "zero_optimization" (DeepSpeed ignores them
-anywhere else, silently); offload paths must be writable; the process-group
-timeout is ``DDPStrategy(timeout=...)``, not ``NCCL_TIMEOUT``.
-
-Judged without the hardware: an inspection run "config" loads the targets on one rank (a
-``DeepSpeedStrategy`` stays readable where deepspeed is not installed, see ``sharded.py``),
-builds the model's layers inside ``configure_model`` on the meta device, and reports what the
-strategy object holds; the pytest side turns that into findings with the line of the user's
-config that sets each value.
+"""strategy-config, rank side: what its probe observes on every rank (the package's docstring says
+what the verdict makes of it).
 """
 
 from __future__ import annotations
 
 import os
 
-from ..harness import Probe, inspection
-from .base import Blame, Contract, Evidence, Run, Verdict
+from ...runs import Probe
 
 NUMERIC_ZERO_KEYS = ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size",
                      "stage3_param_persistence_threshold", "stage3_max_live_parameters",
                      "stage3_max_reuse_distance", "sub_group_size")
+
 NUMERIC_TOP_KEYS = ("train_micro_batch_size_per_gpu", "train_batch_size", "gradient_accumulation_steps")
+
 # Keys of DeepSpeed's "zero_optimization" section (DeepSpeedZeroConfig's fields and aliases). None is
 # a top-level key too, and DeepSpeed ignores top-level keys it does not know without a word.
 ZERO_SECTION_KEYS = ("stage", "offload_optimizer", "offload_param", "cpu_offload", "cpu_offload_param",
@@ -36,17 +25,14 @@ ZERO_SECTION_KEYS = ("stage", "offload_optimizer", "offload_param", "cpu_offload
                      "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
                      "stage3_model_persistence_threshold", "stage3_max_live_parameters", "stage3_max_reuse_distance",
                      "stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save")
+
 # What DeepSpeed uses for a ZeRO key the section leaves out, where that is the point of the finding.
 ZERO_DEFAULTS = {"stage": "0 (ZeRO disabled)", "offload_optimizer": "none (no optimizer offload)",
                  "offload_param": "none (no parameter offload)", "cpu_offload": "false (no offload)",
                  "reduce_bucket_size": "500000000", "allgather_bucket_size": "500000000"}
 
-# -- rank side ---------------------------------------------------------------------------------
-
-
 def _mro_names(obj) -> list[str]:
     return [k.__name__ for k in type(obj).__mro__]
-
 
 def _policy_classes(policy) -> list[type] | None:
     """The module classes an FSDP wrap/checkpoint policy selects (None: not a class-based policy)."""
@@ -73,7 +59,6 @@ def _policy_classes(policy) -> list[type] | None:
             return list(value)
     return None
 
-
 def _model_modules(model) -> tuple[list, str | None]:
     """Every module of the model after configure_model (built on the meta device)."""
     import torch
@@ -91,7 +76,6 @@ def _model_modules(model) -> tuple[list, str | None]:
         except Exception as exc:
             note = f"configure_model could not run on the meta device ({type(exc).__name__}: {exc})"
     return list(model.modules()), note
-
 
 def _config_line(module_file: str | None, needles: list[str]) -> dict | None:
     """The first code line (not a docstring or comment) of the user's config module that mentions
@@ -124,11 +108,9 @@ def _config_line(module_file: str | None, needles: list[str]) -> dict | None:
                 return {"file": module_file, "line": i, "func": func}
     return None
 
-
 def _precision(user: dict) -> str:
     value = str(user.get("precision", "32-true"))
     return {"16": "16-mixed", "bf16": "bf16-mixed", "32": "32-true", "64": "64-true"}.get(value, value)
-
 
 def _fsdp_facts(strategy, model, user: dict, file: str | None) -> list[dict]:
     import torch
@@ -169,14 +151,12 @@ def _fsdp_facts(strategy, model, user: dict, file: str | None) -> list[dict]:
     del torch
     return findings
 
-
 def _walk(config, prefix=""):
     if isinstance(config, dict):
         for key, value in config.items():
             path = f"{prefix}.{key}" if prefix else str(key)
             yield path, value
             yield from _walk(value, path)
-
 
 def _deepspeed_facts(strategy, model, user: dict, file: str | None) -> list[dict]:
     """Findings on a DeepSpeed config dict, in this order: "auto" values, non-numeric sizes, two
@@ -188,7 +168,6 @@ def _deepspeed_facts(strategy, model, user: dict, file: str | None) -> list[dict
     return (_ds_auto(config, file) + _ds_non_numeric(config, zero, file) + _ds_optimizer_owner(config, model, file)
             + _ds_accumulation(config, user, file) + _ds_precision(config, user, file)
             + _ds_zero_key_outside(config, zero, file) + _ds_offload(zero, file))
-
 
 def _ds_zero_key_outside(config: dict, zero: dict, file: str | None) -> list[dict]:
     """ZeRO keys written at the top level of the config, where DeepSpeed never reads them, with
@@ -206,17 +185,14 @@ def _ds_zero_key_outside(config: dict, zero: dict, file: str | None) -> list[dic
                          "site": _config_line(file, [f'"{key}"', f"'{key}'", f"{key}="])})
     return findings
 
-
 def _is_auto(value) -> bool:
     return isinstance(value, str) and value.strip().lower() == "auto"
-
 
 def _ds_auto(config: dict, file: str | None) -> list[dict]:
     autos = [p for p, v in _walk(config) if _is_auto(v)]
     if not autos:
         return []
     return [{"kind": "ds_auto", "paths": autos, "site": _config_line(file, ['"auto"', "'auto'"])}]
-
 
 def _ds_non_numeric(config: dict, zero: dict, file: str | None) -> list[dict]:
     """Bucket and batch sizes given as strings ("auto" is reported on its own)."""
@@ -232,7 +208,6 @@ def _ds_non_numeric(config: dict, zero: dict, file: str | None) -> list[dict]:
     return [{"kind": "ds_non_numeric", "items": bad,
              "site": _config_line(file, [b.split("=")[0].split(".")[-1] for b in bad])}]
 
-
 def _ds_optimizer_owner(config: dict, model, file: str | None) -> list[dict]:
     if "optimizer" not in config and "scheduler" not in config:
         return []
@@ -243,14 +218,12 @@ def _ds_optimizer_owner(config: dict, model, file: str | None) -> list[dict]:
              "config_optimizer": str((config.get("optimizer") or {}).get("type", "?")),
              "module_optimizer": owner, "site": _config_line(file, ['"optimizer"', "'optimizer'"])}]
 
-
 def _ds_accumulation(config: dict, user: dict, file: str | None) -> list[dict]:
     if "gradient_accumulation_steps" not in config:
         return []
     return [{"kind": "ds_accumulation", "config": config["gradient_accumulation_steps"],
              "trainer": user.get("accumulate_grad_batches", 1),
              "site": _config_line(file, ["gradient_accumulation_steps"])}]
-
 
 def _ds_precision(config: dict, user: dict, file: str | None) -> list[dict]:
     """fp16/bf16 sections that enable (or disable) a precision the Trainer does not (or does) use."""
@@ -267,7 +240,6 @@ def _ds_precision(config: dict, user: dict, file: str | None) -> list[dict]:
             findings.append({"kind": "ds_precision_off", "key": key, "precision": precision,
                              "site": _config_line(file, [f'"{key}"', f"'{key}'"])})
     return findings
-
 
 def _ds_offload(zero: dict, file: str | None) -> list[dict]:
     """NVMe offload sections whose nvme_path is missing, absent on this node or not writable."""
@@ -287,7 +259,6 @@ def _ds_offload(zero: dict, file: str | None) -> list[dict]:
                 findings.append({"kind": "ds_offload_path", "section": section, "path": path, "problem": problem,
                                  "site": _config_line(file, ["nvme_path", "nvme", "DeepSpeedStrategy("])})
     return findings
-
 
 def _configure_optimizers_returns(model) -> str | None:
     """The optimizer class configure_optimizers returns ('?' when it cannot be called here)."""
@@ -320,7 +291,6 @@ def _configure_optimizers_returns(model) -> str | None:
 
     return find(out) or type(out).__name__
 
-
 def _timeout_facts(strategy, user: dict, ns, file: str | None) -> list[dict]:
     value = os.environ.get("NCCL_TIMEOUT")
     if value is None:
@@ -333,7 +303,6 @@ def _timeout_facts(strategy, user: dict, ns, file: str | None) -> list[dict]:
              "timeout_s": timeout.total_seconds() if explicit else None,
              "strategy": type(strategy).__name__ if strategy is not None and not isinstance(strategy, str)
              else repr(strategy), "site": _config_line(file, ["NCCL_TIMEOUT"])}]
-
 
 def _unknown_name(strategy, ns) -> list[dict]:
     if not isinstance(strategy, str) or strategy == "auto":
@@ -350,7 +319,6 @@ def _unknown_name(strategy, ns) -> list[dict]:
     return [{"kind": "unknown_name", "name": strategy,
              "close": difflib.get_close_matches(strategy, sorted(known), n=3)}]
 
-
 def _loader_batch_size(loaded) -> int:
     """The train DataLoader's batch size, the micro-batch Lightning gives DeepSpeed when the
     config names none (1 when there is no loader or it has no batch sampler, as in Lightning)."""
@@ -362,12 +330,11 @@ def _loader_batch_size(loaded) -> int:
     sampler = getattr(loader, "batch_sampler", None)
     return int(getattr(sampler, "batch_size", None) or 1)
 
-
 def _ds_rejected(strategy, loaded, user: dict, file: str | None, world_size: int) -> list[dict]:
     """DeepSpeed's own validation of the config the fit gives the engine: the CPU tier's copy
     (sharded.cpu_deepspeed_config) completed as Lightning completes it (accumulation from the
     Trainer, the micro-batch from the DataLoader when absent), for this world's size."""
-    from .. import sharded
+    from ... import sharded
 
     config, _ = sharded.cpu_deepspeed_config(getattr(strategy, "config", None))
     if not isinstance(config, dict):
@@ -387,13 +354,12 @@ def _ds_rejected(strategy, loaded, user: dict, file: str | None, world_size: int
              "detail": error.get("detail", ""),
              "batch": batch, "world_size": world_size, "site": _config_line(file, needles)}]
 
-
 class StrategyConfigProbe(Probe):
     def inspect(self, run) -> dict | None:
         """The user's strategy settings as findings (rank 0 only; None on other ranks). In a
         'deepspeed' run the config is also validated by DeepSpeed itself; a Trainer config that
         names no DeepSpeed gives ``{"not_deepspeed": <its strategy>}`` there."""
-        from .. import target as target_mod
+        from ... import target as target_mod
 
         if run.ctx.rank != 0:
             return None
@@ -422,241 +388,3 @@ class StrategyConfigProbe(Probe):
         return {"strategy": describe, "precision": _precision(user),
                 "accumulate": user.get("accumulate_grad_batches", 1), "findings": findings,
                 "stand_in": bool(getattr(strategy, "ltconform_stand_in", False))}
-
-
-# -- pytest side -------------------------------------------------------------------------------
-
-def _site(f: dict) -> str | None:
-    from ..sites import fmt_site
-
-    return fmt_site(f["site"]) if f.get("site") else None
-
-
-class StrategyConfig(Contract):
-    id = "strategy-config"
-    title = "Strategy arguments (FSDP, DeepSpeed, DDP timeout) mean what the config intends"
-    rule_section = "FSDP"
-    run_spec = inspection("config")
-    probe_class = StrategyConfigProbe
-    # 'ddp' reads the config alone (no deepspeed needed); 'deepspeed' also asks DeepSpeed itself.
-    strategies = ("ddp", "deepspeed")
-    configured_only = ("deepspeed",)  # DeepSpeed's validation applies only to a DeepSpeed config
-    tiers = ("cpu",)  # judged from the config: no GPU needed
-
-    def blames(self, run: Run) -> int | None:
-        """A fit that DeepSpeed stopped while validating the config (every failed rank raised in
-        its config class) is this contract's failure: the other items of that run are not judged."""
-        failed = [r for r in run.job.ranks if r.status != "ok"]
-        if failed and all(r.status == "error" and deepspeed_config_raise(r.traceback) for r in failed):
-            return Blame.RAISED
-        return super().blames(run)
-
-    def judge(self, run: Run) -> Verdict:
-        facts = run.probe(self.id)[0]
-        if facts is None:
-            r = run.job.ranks[0]
-            return self.verdict("error", f"the strategy config could not be read: {r.exc_type}: {r.message}",
-                                diagnosis=run.job.failure_text())
-        if "not_deepspeed" in facts:
-            return self.verdict("skipped", f"the Trainer config's strategy is {facts['not_deepspeed']}, not "
-                                           f"DeepSpeed: the [deepspeed] item judges a DeepSpeed config (the [ddp] "
-                                           f"item judges this one).")
-        rendered = [self._render(f, facts) for f in facts["findings"]]
-        rendered = [r for r in rendered if r is not None]
-        if not rendered:
-            extra = " (DeepSpeedStrategy read without deepspeed installed)" if facts.get("stand_in") else ""
-            return self.verdict("passed", f"the Trainer config's strategy {facts['strategy']}{extra} with precision "
-                                          f"{facts['precision']} and accumulate_grad_batches={facts['accumulate']}: "
-                                          f"its policies, precision, DeepSpeed values and timeout are consistent.")
-        summary, section, fix = rendered[0][0], rendered[0][2], rendered[0][3]
-        evidence = [Evidence(text, site=site) for _, (text, site), _, _ in rendered]
-        notes = [r[0] for r in rendered[1:]]
-        fixes = [fix] + [r[3] for r in rendered[1:] if r[3] != fix]
-        verdict = self.verdict("failed", summary, evidence=evidence, fix=" Also: ".join(fixes), notes=notes)
-        verdict.rule_section = section
-        return verdict
-
-    def _render(self, f: dict, facts: dict):
-        """(summary, (evidence text, site), rule section, fix) for one finding; None for a finding
-        that needs no verdict."""
-        render = _RENDERERS.get(f["kind"])
-        return render(f, _site(f)) if render is not None else None
-
-
-# -- one renderer per finding kind: (summary, (evidence text, site), rule section, fix) ----------
-
-def _render_policy_absent(f: dict, site: str | None):
-    args = " and ".join(f["args"])
-    summary = (f"{args} name{'s' if len(f['args']) == 1 else ''} {f['class']}, which occurs 0 times in "
-               f"{f['model']}; {f['hint']}: FSDP then wraps only the root (the whole model is gathered at "
-               f"once) and checkpoints nothing, with no error.")
-    if f.get("note"):
-        summary += f" ({f['note']})"
-    fix = ("name the layer class the model really repeats in auto_wrap_policy and "
-           "activation_checkpointing_policy.")
-    return summary, (f"{f['class']}: 0 instances in {f['model']} after configure_model", site), "FSDP", fix
-
-
-def _render_mixed_precision(f: dict, site: str | None):
-    summary = (f"FSDPStrategy(mixed_precision={f['value']}): expected torch.distributed.fsdp.MixedPrecision or "
-               f"None, got {f['type']}; Lightning passes it to FSDP unchecked, which fails only when it wraps "
-               f"the model on the GPUs. Trainer precision is {f['precision']}"
-               + (", so nothing else configures reduced precision." if f["precision"].startswith("32")
-                  else "."))
-    fix = ("set Trainer(precision='bf16-mixed') (Lightning builds the MixedPrecision), or pass "
-           "FSDPStrategy(mixed_precision=MixedPrecision(param_dtype=..., reduce_dtype=..., buffer_dtype=...)).")
-    return summary, (f"mixed_precision is a {f['type']}", site), "FSDP", fix
-
-
-def _render_ds_auto(f: dict, site: str | None):
-    paths = f["paths"]
-    listed = ", ".join(paths[:-1]) + f" and {paths[-1]}" if len(paths) > 1 else paths[0]
-    summary = (f'DeepSpeed config has "auto" at {listed}; Lightning passes them on unresolved ("auto" is '
-               f"Hugging Face's placeholder, filled by its own integration): DeepSpeed then fails on the "
-               f"micro-batch size (TypeError comparing with an int) and silently replaces the bucket sizes by "
-               f"its 5e8 defaults.")
-    fix = ("put real numbers in the DeepSpeed dict (or leave train_micro_batch_size_per_gpu out so Lightning "
-           "derives it from the DataLoader), or use DeepSpeedStrategy's typed arguments.")
-    return summary, (f'"auto" at {listed}', site), "DeepSpeed", fix
-
-
-def _render_ds_non_numeric(f: dict, site: str | None):
-    summary = f"DeepSpeed config sizes must be numbers: {', '.join(f['items'])}."
-    fix = "write the sizes as numbers (e.g. 500_000_000 or 5e8 as a float), not strings."
-    return summary, (", ".join(f["items"]), site), "DeepSpeed", fix
-
-
-def _render_ds_optimizer_owner(f: dict, site: str | None):
-    summary = (f"the DeepSpeed config defines {' and '.join(f['keys'])} ({f['config_optimizer']}) while "
-               f"configure_optimizers also returns {f['module_optimizer']}: two owners of the optimizer, and "
-               f"Lightning builds the one from the config.")
-    fix = "keep one owner: delete the optimizer/scheduler from the DeepSpeed config, or return none from " \
-          "configure_optimizers."
-    return summary, (f"config {f['keys']}; configure_optimizers -> {f['module_optimizer']}", site), "DeepSpeed", fix
-
-
-def _render_ds_accumulation(f: dict, site: str | None):
-    summary = (f"DeepSpeed config sets gradient_accumulation_steps={f['config']} but Trainer "
-               f"accumulate_grad_batches={f['trainer']}; accumulation belongs to the Trainer (Lightning "
-               f"raises MisconfigurationException at GPU setup, after the job was queued and started).")
-    fix = (f"delete gradient_accumulation_steps from the DeepSpeed config and set "
-           f"Trainer(accumulate_grad_batches={f['config']}).")
-    return summary, (f"gradient_accumulation_steps={f['config']} vs accumulate_grad_batches={f['trainer']}",
-                     site), "DeepSpeed", fix
-
-
-def _render_ds_precision(f: dict, site: str | None):
-    state = "enables" if f["kind"] == "ds_precision" else "disables"
-    summary = (f"the DeepSpeed config {state} {f['key']} while Trainer precision is {f['precision']}: the "
-               f"config wins inside DeepSpeed, so the model trains in a precision the Trainer does not know.")
-    fix = "set the precision in one place: Trainer(precision=...) and no fp16/bf16 section in the config."
-    return summary, (f"{f['key']} section vs precision={f['precision']}", site), "DeepSpeed", fix
-
-
-def _render_ds_zero_key_outside(f: dict, site: str | None):
-    key = f["key"]
-    summary = (f'DeepSpeed config key "{key}" is at the top level, where DeepSpeed does not read it: ZeRO settings '
-               f'are read from "zero_optimization" only, and an unknown top-level key is ignored without a warning. '
-               f'The ZeRO section in effect (stage {f["stage"]}) has {f["in_effect"]}.')
-    fix = f'move "{key}" into the "zero_optimization" section'
-    if "offload" in key:
-        fix += (" (or use DeepSpeedStrategy's typed arguments, e.g. DeepSpeedStrategy(stage=2, "
-                "offload_optimizer=True), which Lightning places correctly)")
-    fix += "."
-    return summary, (f'"{key}": {f["value"]} at the top level is ignored; "zero_optimization" has '
-                     f'{f["in_effect"]}', site), "DeepSpeed", fix
-
-
-def _render_ds_offload_path(f: dict, site: str | None):
-    summary = (f"DeepSpeed {f['section']} offloads to NVMe at {f['path']!r}, which {f['problem']}; "
-               f"ZeRO-Infinity needs an explicit, writable local path on every node.")
-    fix = "point nvme_path at a writable local NVMe folder that exists on every node, or offload to cpu."
-    return summary, (f"{f['section']}.nvme_path={f['path']!r}: {f['problem']}", site), "DeepSpeed", fix
-
-
-def _render_nccl_timeout(f: dict, site: str | None):
-    if f["explicit"]:
-        return None  # the timeout that works is set; NCCL_TIMEOUT is only noise
-    summary = (f"NCCL_TIMEOUT={f['value']} is set in the environment but the strategy ({f['strategy']}) keeps "
-               f"the default process-group timeout: neither torch nor Lightning reads NCCL_TIMEOUT, so a hang "
-               f"still waits for the default.")
-    fix = ("set DDPStrategy(timeout=datetime.timedelta(...)) (or the same argument of FSDPStrategy or "
-           "DeepSpeedStrategy).")
-    return summary, (f"NCCL_TIMEOUT={f['value']}; strategy timeout left at its default", site), \
-        "Choose using measured memory", fix
-
-
-def _render_unknown_name(f: dict, site: str | None):
-    close = f" (did you mean {', '.join(map(repr, f['close']))}?)" if f["close"] else ""
-    summary = f"strategy={f['name']!r} is not a strategy name Lightning knows{close}."
-    return summary, (f"strategy={f['name']!r}", site), "Choose using measured memory", \
-        "use a registered strategy name or a strategy object."
-
-
-def _render_ds_rejected(f: dict, site: str | None):
-    message = f["message"]
-    summary = (f"DeepSpeed rejected the config when the engine was built, so every rank stopped inside "
-               f"deepspeed.initialize before the first step: {f['type']}: {message}")
-    batch = f.get("batch") or {}
-    micro, acc, world = (batch.get("train_micro_batch_size_per_gpu"), batch.get("gradient_accumulation_steps"),
-                         f.get("world_size"))
-    if "train_batch_size" in f["keys"] and isinstance(micro, int) and isinstance(acc, int):
-        fix = (f"delete train_batch_size from the DeepSpeed config (Lightning derives the global batch: micro-batch "
-               f"{micro} x accumulate_grad_batches {acc} x world size {world}), or set it to {micro * acc * world} "
-               f"for this world; it must change with the number of devices.")
-        text = (f"train_batch_size {batch.get('train_batch_size')} is not micro-batch {micro} x accumulation {acc} "
-                f"x world size {world}")
-    else:
-        named = ", ".join(f["keys"]) or "the value it names"
-        fix = (f"change {named} in the DeepSpeed config to a value DeepSpeed accepts (its message above says "
-               f"which), or use DeepSpeedStrategy's typed arguments, which Lightning turns into a valid config.")
-        text = f.get("detail") or f"{f['type']}: {first_line(message)}"
-    return summary, (f"DeepSpeed rejected the config: {text}", site), "DeepSpeed", fix
-
-
-def first_line(text: str, limit: int = 200) -> str:
-    return text if len(text) <= limit else text[:limit].rsplit(" ", 1)[0] + " ..."
-
-
-# Lightning's DeepSpeedStrategy methods that check the user's config dict before DeepSpeed sees it
-# (e.g. "Do not set `gradient_accumulation_steps` in the DeepSpeed config").
-LIGHTNING_DS_CONFIG_CHECKS = ("_load_config", "_format_config", "_format_batch_size_and_grad_accum_config")
-
-
-def deepspeed_config_raise(traceback_text: str | None) -> bool:
-    """Whether a rank's traceback ends inside DeepSpeed's config class (its validation raised), or in
-    Lightning's check of the DeepSpeed config, with no user frame after it."""
-    import re
-
-    found = re.findall(r'File "([^"]+)", line \d+(?:, in (\w+))?', traceback_text or "")
-    frames = [path for path, _ in found]
-    hits = [i for i, path in enumerate(frames) if path.replace("\\", "/").endswith("deepspeed/runtime/config.py")]
-    if not hits and found and found[-1][0].replace("\\", "/").endswith("strategies/deepspeed.py") and \
-            found[-1][1] in LIGHTNING_DS_CONFIG_CHECKS:
-        return True  # Lightning's own frame raised last: no user frame can follow it
-    if not hits:
-        return False
-    from ..sites import is_user_file
-
-    # pydantic validates DeepSpeed's config models: its frames are DeepSpeed's doing, not the user's.
-    return not any(is_user_file(path) and "/pydantic" not in path for path in frames[hits[0]:])
-
-
-_RENDERERS = {
-    "ds_rejected": _render_ds_rejected,
-    "fsdp_policy_absent": _render_policy_absent,
-    "fsdp_mixed_precision": _render_mixed_precision,
-    "ds_auto": _render_ds_auto,
-    "ds_non_numeric": _render_ds_non_numeric,
-    "ds_optimizer_owner": _render_ds_optimizer_owner,
-    "ds_accumulation": _render_ds_accumulation,
-    "ds_precision": _render_ds_precision,
-    "ds_precision_off": _render_ds_precision,
-    "ds_zero_key_outside": _render_ds_zero_key_outside,
-    "ds_offload_path": _render_ds_offload_path,
-    "nccl_timeout": _render_nccl_timeout,
-    "unknown_name": _render_unknown_name,
-}
-
-
-CONTRACT = StrategyConfig()

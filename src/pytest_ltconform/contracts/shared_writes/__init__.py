@@ -17,164 +17,11 @@ the path, the ranks, the hooks and the call sites.
 from __future__ import annotations
 
 import os
-import sys
-import threading
 
-from ..sites import fmt_site
-from .base import Contract, Evidence, Probe, Run, Verdict, rank_guard
+from ...sites import fmt_site
+from ..base import Contract, Evidence, Run, Verdict, merged, rank_guard
+from .probe import SharedWritesProbe
 
-ROOT = "<default_root_dir>"
-_SKIP_PREFIXES = ("/dev/", "/proc/", "/sys/")
-# Caches that libraries share across processes on purpose (compiler caches, lock files).
-_SHARED_CACHE_PARTS = ("torchinductor_", "__pycache__", ".triton", "triton_cache", "torch_extensions")
-_SHARED_CACHE_SUFFIXES = (".pyc", ".lock")
-
-# -- rank side ---------------------------------------------------------------------------------
-
-_ACTIVE: SharedWritesProbe | None = None
-_INSTALLED = False
-_LOCAL = threading.local()
-
-
-def _write_flags() -> int:
-    return os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
-
-
-def _on_audit(event: str, args) -> None:
-    if event != "open":
-        return
-    probe = _ACTIVE
-    if probe is None or getattr(_LOCAL, "busy", False):
-        return
-    _LOCAL.busy = True
-    try:
-        probe.on_open(args)
-    except Exception:
-        pass  # recording must never break the user's open()
-    finally:
-        _LOCAL.busy = False
-
-
-def install_dispatcher() -> None:
-    """Add the audit hook once per process; it does nothing while no probe is active."""
-    global _INSTALLED
-    if not _INSTALLED:
-        sys.addaudithook(_on_audit)
-        _INSTALLED = True
-
-
-def _user_frame_and_checkpointing(start) -> tuple[dict | None, bool]:
-    from ..sites import is_user_file
-
-    site = None
-    saving = False
-    frame = start
-    while frame is not None:
-        code = frame.f_code
-        if code.co_name in ("save_checkpoint", "_save_checkpoint", "_save_last_checkpoint", "_save_topk_checkpoint"):
-            saving = True
-        if site is None and is_user_file(code.co_filename):
-            func = getattr(code, "co_qualname", code.co_name)
-            site = {"file": code.co_filename, "line": frame.f_lineno, "func": func}
-        frame = frame.f_back
-    return site, saving
-
-
-def _describe_mode(mode, flags) -> str:
-    if isinstance(mode, str):
-        return mode
-    if not isinstance(flags, int):
-        return "write"
-    if flags & os.O_APPEND:
-        return "append (os.open)"
-    if flags & os.O_TRUNC:
-        return "truncate (os.open)"
-    return "write (os.open)"
-
-
-class SharedWritesProbe(Probe):
-    """Routes this rank's write opens and ``torch.save`` calls into ``write`` trace events."""
-
-    def __init__(self):
-        self.recorder = None
-        self.pid = os.getpid()
-        self.roots: tuple[str, ...] = ()
-
-    def before_trainer(self, loaded, trainer_kwargs, recorder) -> None:
-        import torch
-
-        global _ACTIVE
-        self.recorder = recorder
-        roots = {os.path.realpath(os.getcwd())}
-        if trainer_kwargs.get("default_root_dir"):
-            roots.add(os.path.realpath(str(trainer_kwargs["default_root_dir"])))
-        self.roots = tuple(sorted(roots, key=len, reverse=True))
-        probe = self
-
-        def factory(original):
-            def save(obj, f, *args, **kwargs):
-                if isinstance(f, (str, bytes, os.PathLike)) and _ACTIVE is probe:
-                    try:
-                        site, saving = _user_frame_and_checkpointing(sys._getframe(1))
-                        probe._record(os.fsdecode(f), "torch.save", site, saving)
-                    except Exception:
-                        pass
-                _LOCAL.busy = True  # the Python-level open inside torch.save is the same write
-                try:
-                    return original(obj, f, *args, **kwargs)
-                finally:
-                    _LOCAL.busy = False
-
-            return save
-
-        recorder.patch(torch, "save", factory)
-        recorder.patch(torch.serialization, "save", factory)
-        install_dispatcher()
-        _ACTIVE = self
-
-    def on_open(self, args) -> None:
-        global _ACTIVE
-        recorder = self.recorder
-        if recorder is None or recorder._fh.closed:
-            if _ACTIVE is self:
-                _ACTIVE = None
-            return
-        if os.getpid() != self.pid:
-            return  # a forked DataLoader worker: its trace handle belongs to the parent
-        path, mode, flags = (list(args) + [None, None, None])[:3]
-        if isinstance(path, int) or path is None:
-            return
-        writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or \
-            (not isinstance(mode, str) and isinstance(flags, int) and bool(flags & _write_flags()))
-        if not writes:
-            return
-        site, saving = _user_frame_and_checkpointing(sys._getframe(2))
-        self._record(os.fsdecode(path), _describe_mode(mode, flags), site, saving)
-
-    def _record(self, path: str, mode: str, site, saving: bool) -> None:
-        if site is None or saving:
-            return  # written by a library on its own, or part of checkpoint saving
-        absolute = os.path.realpath(os.path.abspath(path))
-        if absolute.startswith(_SKIP_PREFIXES) or absolute.endswith(_SHARED_CACHE_SUFFIXES) or \
-                any(part in absolute for part in _SHARED_CACHE_PARTS) or \
-                absolute.startswith(os.path.expanduser("~/.cache") + os.sep):
-            return
-        shown = absolute
-        for root in self.roots:
-            if absolute == root or absolute.startswith(root + os.sep):
-                shown = os.path.join(ROOT, os.path.relpath(absolute, root))
-                break
-        self.recorder.emit({"ev": "write", "path": shown, "mode": mode, "site": site,
-                            "hook": self.recorder.current_hook()})
-
-    def collect(self, loaded, trainer, recorder):
-        global _ACTIVE
-        if _ACTIVE is self:
-            _ACTIVE = None
-        return None
-
-
-# -- pytest side -------------------------------------------------------------------------------
 
 def _mode_words(modes: set[str]) -> str:
     if any(m.startswith("a") or m.startswith("append") for m in modes):
@@ -182,7 +29,6 @@ def _mode_words(modes: set[str]) -> str:
     if "torch.save" in modes and len(modes) == 1:
         return "written with torch.save"
     return "opened for writing"
-
 
 def _staged_writes(events: list[dict]) -> list[dict]:
     """A rank's ``write`` events, each with the stage it was made in ("fit", "test", "predict",
@@ -195,7 +41,6 @@ def _staged_writes(events: list[dict]) -> list[dict]:
             out.append({**e, "stage": stage} if stage else e)
     return out
 
-
 def _stage_error_notes(run: Run) -> list[str]:
     """A later stage (test, predict) that raised on some rank: what it wrote after that point was
     not recorded, so say so rather than pass in silence."""
@@ -205,7 +50,6 @@ def _stage_error_notes(run: Run) -> list[str]:
             notes.append(f"the {e.get('name')} stage raised {e.get('exc_type')} on rank {r} ({e.get('message')}), "
                          f"so writes after that point were not recorded.")
     return notes[:2]
-
 
 class SharedWrites(Contract):
     id = "shared-writes"
@@ -225,10 +69,7 @@ class SharedWrites(Contract):
             verdict.notes += _stage_error_notes(run)
             return verdict
         verdicts = [self._shared(run, path, ranks) for path, ranks in sorted(shared.items())]
-        first = verdicts[0]
-        first.evidence = [e for v in verdicts for e in v.evidence]
-        first.notes = [v.summary for v in verdicts[1:]] + first.notes + _stage_error_notes(run)
-        return first
+        return merged(verdicts, _stage_error_notes(run))
 
     def _shared(self, run: Run, path: str, ranks: dict[int, list[dict]]) -> Verdict:
         name = os.path.basename(path)
@@ -286,6 +127,5 @@ class SharedWrites(Contract):
                          + (f" (under `{guard}`)" if guard else ""))
         more = f" and {len(by_path) - 5} more" if len(by_path) > 5 else ""
         return self.verdict("passed", f"every file user code writes is written by one rank: {', '.join(parts)}{more}.")
-
 
 CONTRACT = SharedWrites()

@@ -26,230 +26,15 @@ import dataclasses
 import re
 from collections import defaultdict
 
-from ..harness import tolerate_unused_parameters
-from ..sites import first_sentence, plural
-from .base import Blame, Contract, Evidence, Probe, Run, Verdict, definition_evidence, target_site
+from ...sites import first_sentence, plural
+from ..base import Blame, Contract, Evidence, Run, Verdict, definition_evidence, target_site
+from .probe import UnusedParametersProbe
 
-_DDP_ERROR_PATTERNS = (
-    "Expected to have finished reduction",
-    "parameters that were not used in producing the loss",
-    "did not receive grad",
-)
 _INDEX_RE = re.compile(r"Parameter indices which did not receive grad for rank (\d+):\s*([\d ]+)")
-
-
-def _ddp_error_text(message: str | None) -> bool:
-    return bool(message) and any(p in message for p in _DDP_ERROR_PATTERNS)
-
-
-class _Observer:
-    """Rank side: per-parameter gradient hooks and the per-backward record."""
-
-    def __init__(self, recorder):
-        self.recorder = recorder
-        self.names: list[str] = []
-        self.params: dict[str, object] = {}
-        self.seen: set[str] = set()
-        self.ran: dict[str, bool] = {}          # module name -> ran with grad enabled at least once
-        self.owner: dict[str, str] = {}         # parameter name -> owning module name
-        self.handles: list = []
-        self.backwards = 0
-        self.batch_key = None
-        self.in_batch = 0
-        self.unused_backwards = 0
-        self.started = False
-
-    def start(self, trainer) -> None:
-        import torch
-
-        if self.started:
-            return
-        self.started = True
-        module = trainer.lightning_module
-        # The order DDP gives its reducer: modules in named_modules order, each module's own
-        # parameters that require grad, first occurrence of a shared parameter only.
-        seen_ids = set()
-        for mod_name, mod in module.named_modules():
-            own = [(n, p) for n, p in mod.named_parameters(recurse=False) if p.requires_grad]
-            for pname, p in own:
-                if id(p) in seen_ids:
-                    continue
-                seen_ids.add(id(p))
-                full = f"{mod_name}.{pname}" if mod_name else pname
-                self.names.append(full)
-                self.params[full] = p
-                self.owner[full] = mod_name
-                self.handles.append(p.register_hook(self._grad_hook(full)))
-            if own:
-                self.handles.append(mod.register_forward_hook(self._forward_hook(mod_name)))
-        ddp = getattr(trainer.strategy, "model", None)
-        config = {"ev": "grad_setup", "names": self.names, "ddp": False}
-        if isinstance(ddp, torch.nn.parallel.DistributedDataParallel):
-            config.update(ddp=True, find_unused=bool(ddp.find_unused_parameters),
-                          static_graph=bool(getattr(ddp, "static_graph", False)))
-        self.recorder.emit(config)
-
-    def _grad_hook(self, name: str):
-        def hook(grad):
-            self.seen.add(name)
-            return None
-
-        return hook
-
-    def _forward_hook(self, name: str):
-        import torch
-
-        def hook(module, args, output):
-            self.ran[name] = self.ran.get(name, False) or torch.is_grad_enabled()
-
-        return hook
-
-    def backward_done(self, trainer, site) -> None:
-        if not self.started:
-            return
-        self.backwards += 1
-        try:
-            key = (int(trainer.current_epoch), int(trainer.fit_loop.epoch_loop.batch_idx))
-        except Exception:
-            key = None
-        if key != self.batch_key:
-            self.batch_key, self.in_batch = key, 0
-        self.in_batch += 1
-        unused = [n for n in self.names if n not in self.seen]
-        event = {"ev": "grad_use", "n": self.backwards, "k": self.in_batch,
-                 "batch": key[1] if key else None, "tracked": len(self.names), "site": site,
-                 "unused": unused}
-        if unused:
-            self.unused_backwards += 1
-            event["off"] = [n for n in unused if not self.params[n].requires_grad]
-            owners = sorted({self.owner[n] for n in unused})
-            event["not_run"] = [m for m in owners if m not in self.ran]
-            event["no_grad"] = [m for m in owners if self.ran.get(m) is False]
-        self.recorder.emit(event)
-        self.seen = set()
-        self.ran = {}
-
-    def close(self) -> None:
-        for h in self.handles:
-            h.remove()
-        self.handles.clear()
-
-
-class UnusedParametersProbe(Probe):
-    def __init__(self):
-        self.observer = None
-
-    def before_trainer(self, loaded, trainer_kwargs, recorder) -> None:
-        if not isinstance(getattr(trainer_kwargs.get("strategy"), "_ddp_kwargs", None), dict):
-            return  # not DDP (e.g. the sharded tier): find_unused_parameters does not apply
-        observer = self.observer = _Observer(recorder)
-
-        class GradUse(loaded.ns.Callback):
-            def on_train_start(self, trainer, pl_module):
-                observer.start(trainer)
-
-        trainer_kwargs["callbacks"] = list(trainer_kwargs.get("callbacks") or []) + [GradUse()]
-        # With the user's find_unused_parameters=False, DDP's reducer stops the run at the step after
-        # the first incomplete backward, so later backward passes (and every other contract) would go
-        # unseen. The run observes with the flag on and the verdict judges the user's own setting.
-        strategy = trainer_kwargs.get("strategy")
-        user_flag = bool(strategy._ddp_kwargs.get("find_unused_parameters", False))
-        forced = tolerate_unused_parameters(strategy)
-        recorder.emit({"ev": "grad_config", "user_find_unused": user_flag, "forced": forced})
-
-    def before_fit(self, loaded, trainer, recorder) -> None:
-        from ..sites import user_site
-
-        observer = self.observer
-        if observer is None:
-            return
-        strategy = trainer.strategy
-        backward = strategy.backward
-        on_exception = strategy.on_exception
-
-        def traced_backward(*args, **kwargs):
-            site, _ = user_site()
-            out = backward(*args, **kwargs)
-            try:
-                observer.backward_done(trainer, site)
-            except Exception as exc:  # recording must never break the user's run
-                recorder.emit({"ev": "trace_error", "where": "grad_use", "error": repr(exc)})
-            return out
-
-        def traced_on_exception(exception):
-            # DDP's own words, before Lightning replaces them with a message without indices.
-            if _ddp_error_text(str(exception)):
-                recorder.emit({"ev": "ddp_error", "message": str(exception)[:3000]})
-            return on_exception(exception)
-
-        object.__setattr__(strategy, "backward", traced_backward)
-        object.__setattr__(strategy, "on_exception", traced_on_exception)
-        object.__setattr__(strategy, "training_step", _none_watch(strategy.training_step, trainer, recorder))
-
-    def collect(self, loaded, trainer, recorder):
-        obs = self.observer
-        if obs is None:
-            return None
-        obs.close()
-        return {"backwards": obs.backwards, "unused_backwards": obs.unused_backwards, "tracked": len(obs.names)}
-
-
-def _none_watch(training_step, trainer, recorder):
-    """``strategy.training_step`` that writes a ``step_none`` event (epoch, batch, the user's
-    ``return`` line) when the user's step returns None under automatic optimization: Lightning then
-    skips backward for that batch on this rank, and with it DDP's gradient all-reduce."""
-
-    def traced(*args, **kwargs):
-        out = training_step(*args, **kwargs)
-        # Under manual optimization None is the normal return: the step ran its own backward.
-        if out is None and trainer.world_size > 1 and trainer.lightning_module.automatic_optimization:
-            try:
-                recorder.emit({"ev": "step_none", "epoch": int(trainer.current_epoch),
-                               "batch": int(trainer.fit_loop.epoch_loop.batch_idx),
-                               "site": none_return_site(type(trainer.lightning_module))})
-            except Exception as exc:  # recording must never break the user's run
-                recorder.emit({"ev": "trace_error", "where": "step_none", "error": repr(exc)})
-        return out
-
-    return traced
-
-
-def none_return_site(cls: type) -> dict | None:
-    """Where ``cls.training_step`` returns None: its one ``return`` / ``return None`` (not inside a
-    nested function), else, with none, its last line (it falls off the end); with several, the
-    first, and ``also`` lists the others."""
-    import ast
-    import inspect
-    import textwrap
-
-    fn = getattr(cls, "training_step", None)
-    try:
-        lines, start = inspect.getsourcelines(fn)
-        tree = ast.parse(textwrap.dedent("".join(lines)))
-        path = inspect.getsourcefile(fn)
-    except (TypeError, OSError, SyntaxError):
-        return None
-    body = tree.body[0] if tree.body and isinstance(tree.body[0], (ast.FunctionDef, ast.AsyncFunctionDef)) else None
-    if body is None:
-        return None
-    found, todo = [], list(ast.iter_child_nodes(body))
-    while todo:
-        node = todo.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
-            continue
-        if isinstance(node, ast.Return) and (node.value is None or (isinstance(node.value, ast.Constant)
-                                                                     and node.value.value is None)):
-            found.append(start + node.lineno - 1)
-        todo.extend(ast.iter_child_nodes(node))
-    found.sort()
-    line = found[0] if found else start + (body.end_lineno or body.lineno) - 1
-    return {"file": path, "line": line, "func": f"{fn.__qualname__}", "also": found[1:]}
-
 
 _FIX_STEP_NONE = ("Keep every rank's step: mask the unusable samples out of the loss and return a loss that still "
                   "depends on the parameters when nothing is left (e.g. (self(x) * 0).sum()), so that every rank "
                   "runs backward.")
-
 
 def _skipped_steps(run: Run) -> dict[int, dict]:
     """Each rank's first ``step_none`` event (its training_step returned None under DDP)."""
@@ -260,10 +45,8 @@ def _skipped_steps(run: Run) -> dict[int, dict]:
             out[r] = first
     return out
 
-
 def _rank_words(ranks: list[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
-
 
 def _group(names: list[str]) -> str:
     """'teacher.0.weight, teacher.0.bias' style list, shortened to module prefixes when long."""
@@ -273,7 +56,6 @@ def _group(names: list[str]) -> str:
     for n in names:
         prefixes[n.split(".")[0]] += 1
     return ", ".join(f"{p}.* ({k} tensors)" for p, k in prefixes.items())
-
 
 class UnusedParameters(Contract):
     id = "unused-parameters"
@@ -419,7 +201,6 @@ class UnusedParameters(Contract):
         fix = _fix(always, sometimes, "toggled" in found.causes)
         return self.verdict("failed", summary, evidence=evidence, fix=fix, notes=notes)
 
-
 @dataclasses.dataclass
 class _GradUse:
     """What the traced fit says about gradients, as the verdicts read it."""
@@ -461,14 +242,12 @@ class _GradUse:
         sometimes = [n for n in self.names if n in self.missing and n not in always]
         return always, sometimes
 
-
 class _Findings:
     """Evidence collected so far, and the causes it names ('no_grad', 'not_run', 'toggled')."""
 
     def __init__(self):
         self.evidence: list[Evidence] = []
         self.causes: set[str] = set()
-
 
 def _pattern_evidence(rank: int, recs: list[dict], found: _Findings) -> None:
     """One evidence line per (backward within the step, unused set) pattern of one rank."""
@@ -493,7 +272,6 @@ def _pattern_evidence(rank: int, recs: list[dict], found: _Findings) -> None:
                   f"training steps: {step_text}")
         found.evidence.append(Evidence(detail, rank=rank, site=_site(first.get("site"))))
 
-
 def _why_unused(event: dict, unused: tuple, found: _Findings) -> list[str]:
     """The reasons one grad_use event gives for its unused parameters; notes each cause."""
     why = []
@@ -510,7 +288,6 @@ def _why_unused(event: dict, unused: tuple, found: _Findings) -> list[str]:
         found.causes.add("toggled")
     return why
 
-
 def _ddp_error_evidence(use: _GradUse, found: _Findings) -> None:
     """DDP's own reducer message per rank, with its parameter indices mapped back to names."""
     for r, msg in use.ddp_errors.items():
@@ -525,7 +302,6 @@ def _ddp_error_evidence(use: _GradUse, found: _Findings) -> None:
                                            f"as 'It looks like your LightningModule has parameters that were not "
                                            f"used' without names)", rank=r))
 
-
 def _what_missed(always: list[str], sometimes: list[str]) -> str:
     if always and not sometimes:
         return (f"{plural(len(always), 'parameter')} that require grad got no gradient in any backward pass "
@@ -535,7 +311,6 @@ def _what_missed(always: list[str], sometimes: list[str]) -> str:
                 f"(usage changes from backward to backward): {_group(sometimes)}")
     return (f"{plural(len(always), 'parameter')} never got a gradient ({_group(always)}) and "
             f"{plural(len(sometimes), 'more')} missed some backward passes ({_group(sometimes)})")
-
 
 def _fix(always: list[str], sometimes: list[str], toggled: bool) -> str:
     fixes = []
@@ -552,7 +327,6 @@ def _fix(always: list[str], sometimes: list[str], toggled: bool) -> str:
                "every step and keeps them in memory."
     return fix
 
-
 def _source(site: dict | None) -> str | None:
     import linecache
 
@@ -560,13 +334,11 @@ def _source(site: dict | None) -> str | None:
         return None
     return linecache.getline(site["file"], site.get("line", 0)).strip() or None
 
-
 def _site(site: dict | None) -> str | None:
     if not site:
         return None
-    from ..sites import fmt_site
+    from ...sites import fmt_site
 
     return fmt_site(site)
-
 
 CONTRACT = UnusedParameters()

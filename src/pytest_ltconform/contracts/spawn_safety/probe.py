@@ -1,0 +1,164 @@
+"""spawn-safety, rank side: what its probe observes on every rank (the package's docstring says
+what the verdict makes of it).
+"""
+
+from __future__ import annotations
+
+import os
+
+from ...runs import Probe
+
+MAX_DEPTH = 12
+
+FRESH_IMPORT_TIMEOUT_S = 90.0
+
+def _pickle_error(obj) -> str | None:
+    import pickle
+
+    try:
+        pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        return None
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"[:300]
+
+def _children(obj):
+    """(path suffix, child) pairs that pickling ``obj`` would pickle too."""
+    import torch
+
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            yield f"[{key!r}]", value
+        return
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        for i, value in enumerate(obj):
+            yield f"[{i}]", value
+        return
+    if isinstance(obj, torch.Tensor):
+        return
+    if isinstance(obj, torch.nn.Module):
+        for name, value in vars(obj).items():
+            if name in ("_modules", "_parameters", "_buffers") and isinstance(value, dict):
+                for key, sub in value.items():
+                    yield f".{key}", sub
+            else:
+                yield f".{name}", value
+        return
+    state = None
+    try:
+        state = obj.__getstate__() if hasattr(obj, "__getstate__") else None
+    except Exception:
+        state = None
+    if isinstance(state, tuple) and len(state) == 2 and isinstance(state[1], dict):
+        state = {**(state[0] or {}), **state[1]}
+    if not isinstance(state, dict):
+        state = getattr(obj, "__dict__", None)
+    if isinstance(state, dict):
+        for name, value in state.items():
+            yield f".{name}", value
+
+def _describe_leaf(obj) -> tuple[str, dict | None]:
+    import inspect
+
+    site = None
+    if inspect.isfunction(obj) or inspect.ismethod(obj):
+        func = getattr(obj, "__func__", obj)
+        code = func.__code__
+        site = {"file": code.co_filename, "line": code.co_firstlineno, "func": func.__qualname__}
+        what = "a lambda" if func.__name__ == "<lambda>" else (
+            f"a function defined inside {func.__qualname__.rsplit('.<locals>', 1)[0]}"
+            if "<locals>" in func.__qualname__ else f"the function {func.__qualname__}")
+        return what, site
+    name = getattr(obj, "name", None)
+    kind = type(obj).__name__
+    if hasattr(obj, "read") or hasattr(obj, "write"):
+        return f"an open file ({kind}{f' {name!r}' if isinstance(name, str) else ''})", None
+    if "lock" in kind.lower() or "RLock" in kind or "Condition" in kind or "Semaphore" in kind:
+        return f"a lock ({type(obj).__module__}.{kind})", None
+    if kind in ("generator", "coroutine"):
+        return f"a {kind}", None
+    return f"a {type(obj).__module__}.{kind}", None
+
+def find_unpicklable(obj, path: str, depth: int = 0, seen: set | None = None) -> dict | None:
+    """The deepest attribute path under ``obj`` that does not pickle: ``{"path", "what", "error",
+    "site"}``; None when ``obj`` pickles."""
+    seen = seen if seen is not None else set()
+    error = _pickle_error(obj)
+    if error is None:
+        return None
+    if depth < MAX_DEPTH and id(obj) not in seen:
+        seen.add(id(obj))
+        for suffix, child in _children(obj):
+            if _pickle_error(child) is not None:
+                return find_unpicklable(child, path + suffix, depth + 1, seen) or \
+                    {"path": path + suffix, "what": _describe_leaf(child)[0], "error": error,
+                     "site": _describe_leaf(child)[1]}
+    what, site = _describe_leaf(obj)
+    return {"path": path, "what": what, "error": error, "site": site}
+
+def _fresh_import(targets) -> dict | None:
+    import json
+    import subprocess
+    import sys
+
+    spec = targets.model.module
+    folder = os.path.dirname(targets.model.path) if targets.model.path else None
+    paths = ([folder] if folder else []) + [p for p in sys.path if p]
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK",
+                        "GROUP_RANK", "LOCAL_WORLD_SIZE") and not k.startswith(("TORCHELASTIC_", "LTCONFORM_"))}
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    cmd = [sys.executable, "-m", "pytest_ltconform.tripwire", spec, targets.namespace, json.dumps(paths)]
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=FRESH_IMPORT_TIMEOUT_S,
+                              stdin=subprocess.DEVNULL, cwd=os.getcwd())
+    except subprocess.TimeoutExpired:
+        return {"timeout": FRESH_IMPORT_TIMEOUT_S}
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("LTCONFORM-IMPORT-CHECK "):
+            return json.loads(line.split(" ", 1)[1])
+    return {"crashed": proc.returncode, "tail": (proc.stdout + proc.stderr)[-1500:]}
+
+class SpawnSafetyProbe(Probe):
+    def inspect(self, run) -> dict | None:
+        """Pickling, a fresh-interpreter import and the spawn config (rank 0 does the work; the
+        other ranks wait for it and return None)."""
+        ctx = run.ctx
+        done_key = f"ltconform-spawn-done/{os.path.dirname(ctx.job_dir)}"
+        if ctx.rank != 0:
+            # Wait for rank 0 without a collective: its fresh interpreter can outlast the pg timeout.
+            import time
+
+            deadline = time.monotonic() + FRESH_IMPORT_TIMEOUT_S + 60
+            while time.monotonic() < deadline and not ctx.store.check([done_key]):
+                time.sleep(0.1)
+            return None
+        try:
+            return _observe_rank0(run)
+        finally:
+            ctx.store.set(done_key, "1")
+
+def _observe_rank0(run) -> dict:
+    from ... import target as target_mod
+    from ... import tripwire
+
+    targets = run.targets
+    loaded = run.objects
+    objects = [(loaded.model, type(loaded.model).__qualname__)]
+    if loaded.datamodule is not None:
+        objects.append((loaded.datamodule, type(loaded.datamodule).__qualname__))
+    if loaded.user_kwargs:
+        objects.append((loaded.user_kwargs, "trainer_kwargs"))
+    pickling = []
+    for obj, name in objects:
+        found = find_unpicklable(obj, name)
+        if found is not None:
+            pickling.append(found)
+    user_strategy = loaded.user_kwargs.get("strategy")
+    spawn_config = (isinstance(user_strategy, str) and "spawn" in user_strategy) or \
+        getattr(user_strategy, "_start_method", "popen") == "spawn"
+    names = (targets.model.module, target_mod.private_name(targets.model)) if targets.model.path else \
+        (targets.model.module,)
+    tripped = [dict(v) for v in tripwire.TRIPPED.values() if v.get("module") in names
+               and (not targets.model.path or v.get("path") in (None, targets.model.path))]
+    return {"pickling": pickling, "fresh": _fresh_import(targets), "spawn_config": spawn_config,
+            "tripped_here": tripped[:1], "module": targets.model.module}
