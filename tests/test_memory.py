@@ -199,7 +199,7 @@ def test_a_configured_offload_is_not_judged_since_the_count_does_not_model_it(fa
     run.strategy = "deepspeed"
     run.settings = types.SimpleNamespace(device_memory=GIB, device_memory_from="--ltconform-device-memory")
     verdict = get_contract("memory").judge(run)
-    assert verdict.outcome == "skipped" and verdict.summary.startswith(f"not judged: {offload}, which this count")
+    assert verdict.outcome == "not_judged" and verdict.summary.startswith(f"not judged: {offload}, which this count")
 
 
 def test_an_untraceable_production_step_falls_back_to_the_measured_run_named_as_such(fake_runs):
@@ -231,7 +231,7 @@ def test_the_rank_reports_why_the_production_step_was_not_traced_in_its_own_word
 
 def test_no_training_batch_is_not_judged(fake_runs):
     verdict = _judge(fake_runs, [_rank(_prediction(), batches=0), _rank(batches=0)])
-    assert verdict.outcome == "skipped" and verdict.summary.startswith("not judged: no training batch ran")
+    assert verdict.outcome == "not_judged" and verdict.summary.startswith("not judged: no training batch ran")
 
 
 def test_the_gpu_capacity_is_used_only_where_a_rank_reports_a_cuda_device(fake_runs):

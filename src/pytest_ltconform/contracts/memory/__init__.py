@@ -51,10 +51,10 @@ class Memory(Contract):
         observed = run.probe(self.id)
         ranks = {r: o for r, o in enumerate(observed) if isinstance(o, dict)}
         if not ranks:
-            return self.verdict("skipped", "not judged: no rank of the fit returned its memory figures "
+            return self.not_judged("no rank of the fit returned its memory figures "
                                            "(the run did not reach its end on any rank).")
         if not any(o.get("batches") for o in ranks.values()):
-            return self.verdict("skipped", "not judged: no training batch ran, so nothing was measured.",
+            return self.not_judged("no training batch ran, so nothing was measured.",
                                 empty=True)
         measured = _measured(ranks)
         prediction = (ranks.get(0) or {}).get("prediction") or {"error": "rank 0 returned no prediction"}
@@ -84,7 +84,7 @@ class Memory(Contract):
         need = rows[configured]["total"]
         judged_here = _kind(configured) == run.strategy
         if prediction.get("offload") and judged_here:
-            return self.verdict("skipped", f"not judged: {prediction['offload']}, which this count of device memory "
+            return self.not_judged(f"{prediction['offload']}, which this count of device memory "
                                            f"does not model; {row_text(configured, rows[configured], world)} without "
                                            f"offloading.", evidence=evidence, notes=notes)
         if need <= capacity:
@@ -112,7 +112,7 @@ class Memory(Contract):
             capacity = None  # only the configured strategy's item is judged against the device
             notes.append(f"the [{_kind(configured)}] item judges the configured {configured} against the device")
         elif capacity is not None and measured.get("offload"):
-            return self.verdict("skipped", f"not judged: {measured['offload']}, which this count of device memory "
+            return self.not_judged(f"{measured['offload']}, which this count of device memory "
                                            f"does not model.", evidence=evidence, notes=notes)
         if capacity is None:
             return self.verdict("advisory", f"{mine} on this run: up to {size(peak)} per rank (measured; {why}); "
