@@ -116,6 +116,7 @@ class LtconformSession:
         job = world.run(JobRequest(spec.fn, (self.targets, strategy, probes, settings.pg_timeout_s),
                                    timeout_s=settings.timeout_s, progress=self._progress(spec.name, label)))
         run = Run(job, strategy, spec.name, self.targets)
+        run.settings = settings  # what a verdict may weigh against (e.g. a stated device memory)
         if spec.reference:
             run.reference = self._reference(spec, job, strategy, tier)
         return run

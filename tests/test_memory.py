@@ -1,0 +1,426 @@
+"""memory: per-rank bytes measured in the shared fit, the production step traced under fake tensors,
+and the verdict against a stated device size.
+
+Units (no world): the per-strategy arithmetic, the verdict on hand-made observations, the option's
+parsing, and the production trace of a language model (about a second, nothing allocated). End to end
+(one pytest subprocess for two corpus targets under DDP, CPU FSDP and DeepSpeed ZeRO-2/3): the
+measured bytes equal the tensors each rank holds, computed here from the module's own shapes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import types
+
+import pytest
+from conftest import CONFORMANCE
+
+from pytest_ltconform import sharded
+from pytest_ltconform.contracts import get_contract
+from pytest_ltconform.contracts.memory.plan import per_device
+
+pytest_plugins = ["pytester"]
+
+BORING = CONFORMANCE / "memory" / "ok_boring_model_adam.py"
+TRANSFORMER = CONFORMANCE / "memory" / "ok_small_transformer_zero3.py"
+GIB = 2 ** 30
+
+LM = '''
+import lightning.pytorch as L
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+VOCAB, WIDTH, CONTEXT, BLOCKS, BATCH = 50304, 768, 256, 2, 146
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(WIDTH), nn.LayerNorm(WIDTH)
+        self.qkv, self.proj = nn.Linear(WIDTH, 3 * WIDTH), nn.Linear(WIDTH, WIDTH)
+        self.fc1, self.fc2 = nn.Linear(WIDTH, 4 * WIDTH), nn.Linear(4 * WIDTH, WIDTH)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, 12, WIDTH // 12).permute(2, 0, 3, 1, 4)
+        att = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(att.transpose(1, 2).reshape(b, t, WIDTH))
+        return x + self.fc2(nn.functional.gelu(self.fc1(self.ln2(x))))
+
+
+class Model(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.tokens = nn.Embedding(VOCAB, WIDTH)
+        self.positions = nn.Embedding(CONTEXT, WIDTH)
+        self.blocks = nn.ModuleList(Block() for _ in range(BLOCKS))
+        self.head = nn.Linear(WIDTH, VOCAB)
+
+    def forward(self, ids):
+        x = self.tokens(ids) + self.positions(torch.arange(ids.shape[1], device=ids.device))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+    def training_step(self, batch, batch_idx):
+        (ids,) = batch
+        logits = self(ids[:, :-1])
+        return nn.functional.cross_entropy(logits.reshape(-1, VOCAB).float(), ids[:, 1:].reshape(-1))
+
+    def train_dataloader(self):
+        # The production loader states BATCH sequences per device; this smoke set holds 4.
+        ids = torch.randint(0, VOCAB, (4, CONTEXT + 1), generator=torch.Generator().manual_seed(0))
+        return DataLoader(TensorDataset(ids), batch_size=BATCH)
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=3e-4)
+
+
+trainer_kwargs = {"devices": 8, "strategy": "ddp", "precision": "bf16-mixed", "max_epochs": 1}
+'''
+
+
+# -- the verdict on hand-made observations ---------------------------------------------------------
+
+def _prediction(**extra) -> dict:
+    pred = {"bytes": {"params": 4 * GIB, "buffers": 0, "grads": 4 * GIB, "optimizer": 8 * GIB},
+            "activations": 10 * GIB, "peak": 26 * GIB, "batch": 16, "drawn": 2, "precision": "bf16-mixed",
+            "world": 8, "world_note": None, "configured": "DDP", "optimizers": ["AdamW"],
+            "unit": "blocks.0", "unit_bytes": GIB // 4}
+    pred.update(extra)
+    return pred
+
+
+def _rank(prediction=None, **extra) -> dict:
+    obs = {"bytes": {"params": 264, "grads": 264, "optimizer": 536, "activations": 144},
+           "storages": {"params": 2, "grads": 2, "optimizer": 6}, "batches": 3, "errors": [],
+           "strategy": "DDP", "world_size": 2, "precision": "32-true", "device": "cpu", "configured": "DDP",
+           "offload": None}
+    if prediction is not None:
+        obs["prediction"] = prediction
+    obs.update(extra)
+    return obs
+
+
+def _judge(fake_runs, observations, device_memory=None):
+    run = fake_runs.probed("memory", observations)
+    run.settings = types.SimpleNamespace(device_memory=device_memory, device_memory_from="--ltconform-device-memory")
+    return get_contract("memory").judge(run)
+
+
+def test_held_counts_each_storage_once_in_the_first_category_that_reaches_it():
+    import torch
+
+    from pytest_ltconform.contracts.memory.held import held
+
+    flat = torch.zeros(10)  # two parameters viewing one flat buffer, as FSDP's use_orig_params keeps them
+    module = torch.nn.Module()
+    module.a, module.b = torch.nn.Parameter(flat[:6].view(2, 3)), torch.nn.Parameter(flat[6:])
+    opt = torch.optim.Adam(module.parameters())
+    module.a.grad, module.b.grad = torch.ones(2, 3), torch.ones(4)
+    opt.step()
+    opt.state[module.b]["alias"] = module.a.grad  # a state entry that is a gradient: counted as a gradient
+    trainer = types.SimpleNamespace(strategy=types.SimpleNamespace(model=module), lightning_module=module,
+                                    optimizers=[opt])
+    got = held(trainer)
+    assert got["bytes"] == {"params": 40, "grads": 24 + 16, "optimizer": 2 * 40 + 2 * 4}, got
+    assert got["storages"] == {"params": 1, "grads": 2, "optimizer": 6}
+
+
+def test_per_device_bytes_shard_what_each_strategy_shards():
+    pred = _prediction()
+    ddp, full, grad_op = (per_device(s, pred, 8) for s in ("DDP", "FSDP FULL_SHARD", "FSDP SHARD_GRAD_OP"))
+    zero1, zero2 = per_device("DeepSpeed ZeRO-1", pred, 8), per_device("DeepSpeed ZeRO-2", pred, 8)
+    assert ddp["total"] == 26 * GIB  # a whole replica plus the activations
+    assert (full["params"], full["grads"], full["optimizer"]) == (GIB // 2, GIB // 2, GIB)
+    assert full["total"] == 2 * GIB + GIB // 4 + 10 * GIB  # the state / 8, one block gathered, the activations
+    assert (grad_op["params"], grad_op["grads"], grad_op["optimizer"]) == (4 * GIB, GIB // 2, GIB)
+    assert (zero1["grads"], zero1["optimizer"]) == (4 * GIB, GIB) and zero2["grads"] == GIB // 2
+
+
+def test_without_a_device_size_every_item_is_an_advisory_table(fake_runs):
+    verdict = _judge(fake_runs, [_rank(_prediction()), _rank()])
+    assert verdict.outcome == "advisory"
+    assert verdict.summary.startswith("DDP held up to 1.2 KiB per rank on this run (measured); predicted for 8 "
+                                      "devices, precision bf16-mixed, AdamW, batch 16 per device: DDP on 8 devices: "
+                                      "26.0 GiB per device"), verdict.summary
+    assert verdict.summary.endswith("No device size is stated, so nothing is judged (--ltconform-device-memory).")
+    assert "rank 0: measured, DDP on 2 ranks (32-true): params 264 B, grads 264 B, optimizer 536 B" in verdict.render()
+    table = verdict.as_dict()["table"]
+    assert table["measured"]["ranks"][1]["optimizer"] == 536 and table["capacity"] is None
+    assert table["predicted"]["strategies"]["FSDP FULL_SHARD"]["total"] == 2 * GIB + GIB // 4 + 10 * GIB
+
+
+def test_configured_strategy_that_does_not_fit_fails_and_names_the_strategies_that_do(fake_runs):
+    verdict = _judge(fake_runs, [_rank(_prediction()), _rank()], device_memory=24 * GIB)
+    assert verdict.outcome == "failed", verdict.render()
+    assert verdict.summary.startswith("DDP on 8 devices needs 26.0 GiB per device for 8 devices, precision "
+                                      "bf16-mixed, AdamW, batch 16 per device, more than the 24.0 GiB stated")
+    assert "FSDP FULL_SHARD on 8 devices: 12.2 GiB per device" in verdict.summary
+    assert "DeepSpeed ZeRO-1 on 8 devices" in verdict.summary and verdict.fix
+
+
+def test_configured_strategy_that_fits_passes_with_its_headroom(fake_runs):
+    verdict = _judge(fake_runs, [_rank(_prediction()), _rank()], device_memory=80 * GIB)
+    assert verdict.outcome == "passed"
+    assert "DDP on 8 devices fits 80.0 GiB (--ltconform-device-memory)" in verdict.summary
+    assert "26.0 GiB per device, 54.0 GiB headroom" in verdict.summary
+
+
+def test_an_item_of_another_strategy_does_not_fail_for_the_configured_one(fake_runs):
+    run = fake_runs.probed("memory", [_rank(_prediction()), _rank()])
+    run.strategy = "fsdp"
+    run.settings = types.SimpleNamespace(device_memory=24 * GIB, device_memory_from="--ltconform-device-memory")
+    verdict = get_contract("memory").judge(run)
+    assert verdict.outcome == "advisory" and "the [ddp] item judges the configured strategy" in verdict.summary
+    run.settings = None  # no device size: the item leads with its own strategy, then the configured one
+    rows = [_rank(_prediction(), strategy="FSDP FULL_SHARD"), _rank(strategy="FSDP FULL_SHARD")]
+    run = fake_runs.probed("memory", rows)
+    run.strategy = "fsdp"
+    summary = get_contract("memory").judge(run).summary
+    assert summary.startswith("FSDP FULL_SHARD held up to 1.2 KiB per rank on this run (measured)"), summary
+    assert "FSDP FULL_SHARD on 8 devices: 12.2 GiB per device" in summary
+    assert "; the configured DDP: 26.0 GiB per device." in summary
+
+
+def test_a_configured_offload_is_not_judged_since_the_count_does_not_model_it(fake_runs):
+    from lightning.pytorch.strategies import DeepSpeedStrategy
+
+    from pytest_ltconform.contracts.memory.predict import offloads
+
+    offload = offloads(DeepSpeedStrategy(stage=3, offload_optimizer=True))
+    assert offload == "the DeepSpeed config's offload_optimizer moves state off the device"
+    assert offloads("fsdp_cpu_offload") and offloads("deepspeed_stage_2") is None
+    pred = _prediction(configured="DeepSpeed ZeRO-3", offload=offload)
+    run = fake_runs.probed("memory", [_rank(pred), _rank()])
+    run.strategy = "deepspeed"
+    run.settings = types.SimpleNamespace(device_memory=GIB, device_memory_from="--ltconform-device-memory")
+    verdict = get_contract("memory").judge(run)
+    assert verdict.outcome == "not_judged" and verdict.summary.startswith(f"not judged: {offload}, which this count")
+
+
+def test_an_untraceable_production_step_falls_back_to_the_measured_run_named_as_such(fake_runs):
+    error = {"error": "the module steps its own optimizers (manual optimization), which needs a Trainer"}
+    verdict = _judge(fake_runs, [_rank(error), _rank()], device_memory=1000)
+    assert verdict.outcome == "failed"
+    assert "needs 1.2 KiB per rank on this small run, more than the 1000 B stated" in verdict.summary
+    assert "(measured, not predicted)" in verdict.summary
+    assert any("manual optimization" in n and "figures of this small run" in n for n in verdict.notes)
+    # The same under another strategy than the configured one: the figures, never a failure.
+    run = fake_runs.probed("memory", [_rank(error, strategy="FSDP FULL_SHARD"), _rank(strategy="FSDP FULL_SHARD")])
+    run.strategy = "fsdp"
+    run.settings = types.SimpleNamespace(device_memory=1000, device_memory_from="--ltconform-device-memory")
+    verdict = get_contract("memory").judge(run)
+    assert verdict.outcome == "advisory" and "the [ddp] item judges the configured DDP" in verdict.render()
+
+
+def test_the_rank_reports_why_the_production_step_was_not_traced_in_its_own_words():
+    from pytest_ltconform.contracts.memory.probe import _predicted
+
+    model = types.SimpleNamespace(automatic_optimization=False)
+    objects = types.SimpleNamespace(model=model, user_kwargs={"precision": "32-true"})
+    assert _predicted(objects, None, 2) == {
+        "error": "the module steps its own optimizers (manual optimization), which needs a Trainer"}
+    objects.user_kwargs = {"precision": "transformer-engine"}
+    assert _predicted(objects, None, 2) == {"error": "precision='transformer-engine' has no fake-tensor "
+                                                          "equivalent here"}
+
+
+def test_no_training_batch_is_not_judged(fake_runs):
+    verdict = _judge(fake_runs, [_rank(_prediction(), batches=0), _rank(batches=0)])
+    assert verdict.outcome == "not_judged" and verdict.summary.startswith("not judged: no training batch ran")
+
+
+def test_the_gpu_capacity_is_used_only_where_a_rank_reports_a_cuda_device(fake_runs):
+    # No GPU is lent to these tests: the CUDA path is checked by what decides it. A CPU rank reports no
+    # device_total, so nothing is judged without a stated size; a CUDA rank's capacity is used.
+    assert _judge(fake_runs, [_rank(_prediction()), _rank()]).outcome == "advisory"
+    cuda = {"device_total": 80 * GIB, "cuda_peak": 5 * GIB}
+    verdict = _judge(fake_runs, [_rank(_prediction(), **cuda), _rank(**cuda)])
+    assert verdict.outcome == "passed" and "the GPU's own capacity, torch.cuda" in verdict.summary
+    assert "torch.cuda.max_memory_allocated 5.0 GiB" in verdict.render()
+
+
+@pytest.mark.parametrize("value", ["80", "eighty GiB", "-3GiB", "0GiB", "80 GiBs"])
+def test_a_bad_device_memory_is_refused_naming_the_option(pytester, value):
+    result = pytester.runpytest("--ltconform", "lightning.pytorch.demos.boring_classes.BoringModel",
+                                f"--ltconform-device-memory={value}", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*--ltconform-device-memory: expected the memory of one device with a unit, "
+                                 f"e.g. 80GiB*got {value!r}*"])
+
+
+def test_the_ini_twin_is_read_and_the_command_line_wins(pytester):
+    from pytest_ltconform.settings import resolve
+
+    pytester.makeini("[pytest]\nltconform_device_memory = 24GiB\n")
+    config = pytester.parseconfig("--ltconform", "lightning.pytorch.demos.boring_classes.BoringModel")
+    assert resolve(config).device_memory == 24 * GIB
+    assert resolve(config).device_memory_from.startswith("ini option 'ltconform_device_memory'")
+    config = pytester.parseconfig("--ltconform", "x.Y", "--ltconform-device-memory", "80 GB")
+    assert resolve(config).device_memory == 80 * 10 ** 9
+
+
+# -- the production step, traced under fake tensors (nothing allocated) ----------------------------
+
+def _load(path, name):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_production_step_is_traced_at_the_configs_devices_precision_and_stated_batch(tmp_path):
+    import lightning.pytorch as L
+
+    from pytest_ltconform.contracts.memory.predict import predict
+
+    (tmp_path / "lm_production_unit.py").write_text(LM)
+    lm = _load(tmp_path / "lm_production_unit.py", "lm_production_unit")
+    objects = types.SimpleNamespace(model=lm.Model(), datamodule=None, user_kwargs=lm.trainer_kwargs, ns=L,
+                                    new_model=lm.Model)
+    pred = predict(objects, 2)
+    n = sum(p.numel() for p in lm.Model().parameters())
+    assert (pred["world"], pred["batch"], pred["drawn"], pred["precision"]) == (8, 146, 4, "bf16-mixed")
+    assert pred["configured"] == "DDP" and pred["optimizers"] == ["AdamW"]
+    # fp32 weights (bf16-mixed keeps them), fp32 gradients, AdamW's two moments and a step per tensor.
+    assert pred["bytes"]["params"] == pred["bytes"]["grads"] == 4 * n
+    assert pred["bytes"]["optimizer"] == 8 * n + 4 * len(list(lm.Model().parameters()))
+    # The logits alone of 146 x 255 tokens over 50304 words, in bf16, are 3.5 GiB: the activations are larger.
+    assert pred["activations"] > 146 * 255 * 50304 * 2
+    assert per_device("DDP", pred, 8)["total"] > 24 * GIB > per_device("FSDP FULL_SHARD", pred, 8)["total"]
+    # A trace past its operator budget stops with a reason (the verdict then falls back to the measured
+    # run); a count, so the answer does not depend on the machine's load.
+    from pytest_ltconform.contracts.memory.predict import CannotTrace
+
+    with pytest.raises(CannotTrace, match="needs more than 50 operators"):
+        predict(objects, 2, op_limit=50)
+
+
+def test_a_batch_object_is_grown_only_when_its_tensors_share_the_batch_dimension():
+    import dataclasses
+
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    from pytest_ltconform.contracts.memory.predict import CannotTrace, _fake_batch
+
+    @dataclasses.dataclass
+    class Batch:
+        ids: torch.Tensor
+        mask: torch.Tensor
+
+    mode = FakeTensorMode()
+    grown = _fake_batch(mode, {"b": Batch(torch.zeros(4, 7, dtype=torch.long), torch.ones(4, 7))}, 4, 64)
+    assert isinstance(grown["b"].ids, FakeTensor) and grown["b"].ids.shape == (64, 7)
+    assert grown["b"].ids.dtype == torch.long and grown["b"].mask.shape == (64, 7)
+
+    class Graphs:  # a collated graph batch: node rows, not samples, lead its tensors
+        def __init__(self):
+            self.x, self.y = torch.zeros(19, 3), torch.zeros(4)
+
+    with pytest.raises(CannotTrace, match=r"leading sizes \[4, 19\]\), so it cannot be grown to the loader's "
+                                          r"batch_size=64"):
+        _fake_batch(mode, Graphs(), 4, 64)
+    kept = _fake_batch(mode, Graphs(), 4, 4)  # nothing to grow: traced as drawn, every tensor fake
+    assert isinstance(kept.x, FakeTensor) and kept.x.shape == (19, 3)
+
+
+# -- end to end: real ranks ------------------------------------------------------------------------
+
+def _report(pytester, *args) -> tuple[list[dict], str]:
+    result = pytester.runpytest_subprocess(*args, "--ltconform-report", "memory.json", "-p", "no:cacheprovider",
+                                           "-rA", "--ltconform-timeout", "300")
+    assert result.ret in (0, 1), result.stdout.str()[-3000:]
+    results = json.loads((pytester.path / "memory.json").read_text())["results"]
+    return [r for r in results if r["contract"] == "memory"], result.stdout.str()
+
+
+def _shapes(path) -> list[int]:
+    module = _load(path, path.stem)
+    return [p.numel() for p in module.Model().parameters()]
+
+
+def _check_ddp(ranks, numels):
+    n, t = sum(numels), len(numels)
+    for row in ranks.values():  # a whole replica on every rank; Adam: two moments and a step per tensor
+        assert (row["params"], row["grads"], row["optimizer"]) == (4 * n, 4 * n, 8 * n + 4 * t), row
+
+
+def _check_fsdp(ranks, numels, ddp):
+    shard = math.ceil(sum(numels) / 2)  # one flat parameter, padded to a multiple of the world size
+    for row in ranks.values():
+        assert (row["params"], row["grads"]) == (4 * shard, 4 * shard), row
+        assert 8 * shard <= row["optimizer"] <= 8 * shard + 4 * len(numels), row  # a step per tensor held
+        assert abs(2 * row["params"] - ddp["params"]) <= 8  # FULL_SHARD halves the replica, up to padding
+
+
+def _check_zero2(ranks, numels):
+    flat = 4 * math.ceil(sum(numels) / 4)  # the flat fp32 buffer, aligned to 2 x world size elements
+    for row in ranks.values():
+        assert row["params"] == 4 * flat, row  # ZeRO-2 keeps every weight on every rank
+        assert row["optimizer"] == 3 * 4 * flat // 2 + 4, row  # its fp32 partition, Adam's two moments, a step
+        # the rank's gradient partition is a view into the reduced gradient it keeps alive
+        assert 4 * flat // 2 <= row["grads"] <= 4 * flat, row
+
+
+def _check_zero3(ranks, numels):
+    part = sum(math.ceil(k / 2) for k in numels)  # each weight partitioned on its own
+    for row in ranks.values():
+        assert (row["params"], row["grads"]) == (4 * part, 4 * part), row
+        assert row["optimizer"] == 3 * 4 * part + 4, row
+
+
+@pytest.mark.skipif(not sharded.deepspeed_installed(), reason="deepspeed not installed")
+def test_measured_bytes_per_rank_equal_the_tensors_each_rank_holds(pytester):
+    records, out = _report(pytester, "--ltconform", f"{BORING}:Model",
+                      "--ltconform", f"{TRANSFORMER}:Model trainer={TRANSFORMER}:trainer_kwargs",
+                      "-k", "memory[")
+    got = {(r["target"].split("/")[-1].split(".")[0], r["strategy"]): r for r in records}
+    assert len(got) == 6 and all(r["outcome"] == "advisory" for r in records), [r["message"] for r in records]
+    ranks = {key: r["table"]["measured"]["ranks"] for key, r in got.items()}
+    boring, transformer = _shapes(BORING), _shapes(TRANSFORMER)
+    labels = {key: {row["strategy"] for row in rows.values()} for key, rows in ranks.items()}
+    assert labels[("ok_boring_model_adam", "deepspeed")] == {"DeepSpeed ZeRO-2"}
+    assert labels[("ok_small_transformer_zero3", "deepspeed")] == {"DeepSpeed ZeRO-3"}
+    assert labels[("ok_small_transformer_zero3", "fsdp")] == {"FSDP FULL_SHARD"}
+    for name, numels in (("ok_boring_model_adam", boring), ("ok_small_transformer_zero3", transformer)):
+        _check_ddp(ranks[(name, "ddp")], numels)
+        _check_fsdp(ranks[(name, "fsdp")], numels, ranks[(name, "ddp")]["0"])
+        for row in ranks[(name, "ddp")].values():
+            assert row["activations"] > 0
+    _check_zero2(ranks[("ok_boring_model_adam", "deepspeed")], boring)
+    _check_zero3(ranks[("ok_small_transformer_zero3", "deepspeed")], transformer)
+    # -rA prints each rank's row (the advisory's evidence block, in PASSES and the summary).
+    row = "rank 1: measured, DeepSpeed ZeRO-3 on 2 ranks (32-true): params 42.5 KiB, grads 42.5 KiB"
+    assert row in out, out[-3000:]
+
+
+def _production(pytester, device_memory: str) -> dict:
+    records, _ = _report(pytester, "--ltconform", "lm_production.Model", "--ltconform-trainer",
+                      "lm_production:trainer_kwargs", "--ltconform-strategies", "ddp", "-k", "memory[",
+                      "--ltconform-device-memory", device_memory)
+    assert len(records) == 1, records
+    return records[0]
+
+
+@pytest.mark.slow
+def test_a_production_config_that_does_not_fit_24gib_fails_and_passes_at_80gib(pytester):
+    """8 devices, DDP, bf16-mixed, AdamW, 146 sequences per device: the activations (about 23 GiB) and a
+    whole replica do not fit 24 GiB, FULL_SHARD's eighth of the state does; 80 GiB holds DDP."""
+    pytester.makepyfile(lm_production=LM)
+    pytester.syspathinsert()
+    small = _production(pytester, "24GiB")
+    assert small["outcome"] == "failed", small["message"]
+    assert small["summary"].startswith("DDP on 8 devices needs 24.5 GiB per device for 8 devices, precision "
+                                       "bf16-mixed, AdamW, batch 146 per device, more than the 24.0 GiB stated "
+                                       "(--ltconform-device-memory)"), small["summary"]
+    assert "Strategies that would fit: FSDP FULL_SHARD on 8 devices: 23.6 GiB per device" in small["summary"]
+    assert small["table"]["predicted"]["strategies"]["DDP"]["total"] > 24 * GIB
+    large = _production(pytester, "80GiB")
+    assert large["outcome"] == "passed", large["message"]
+    assert "DDP on 8 devices fits 80.0 GiB (--ltconform-device-memory)" in large["summary"]
+    assert "55.5 GiB headroom" in large["summary"], large["summary"]
