@@ -186,6 +186,29 @@ def test_an_item_of_another_strategy_does_not_fail_for_the_configured_one(fake_r
     assert "; the configured DDP: 26.0 GiB per device." in summary
 
 
+def test_with_a_device_size_an_item_of_another_strategy_is_advisory_whether_or_not_the_config_fits(fake_runs):
+    for capacity, word in ((80 * GIB, "fits 80.0 GiB"), (24 * GIB, "needs 26.0 GiB")):
+        run = fake_runs.probed("memory", [_rank(_prediction(), strategy="FSDP FULL_SHARD"), _rank()])
+        run.strategy = "fsdp"
+        run.settings = types.SimpleNamespace(device_memory=capacity, device_memory_from="--ltconform-device-memory")
+        verdict = get_contract("memory").judge(run)
+        assert verdict.outcome == "advisory", verdict.render()
+        assert verdict.summary.startswith(f"(the [ddp] item judges the configured strategy) DDP on 8 devices {word}")
+
+
+def test_a_stated_device_size_is_never_reported_as_missing_on_the_measured_fallback(fake_runs):
+    error = {"error": "precision='transformer-engine' has no fake-tensor equivalent here"}
+    run = fake_runs.probed("memory", [_rank(error, strategy="FSDP FULL_SHARD"), _rank(strategy="FSDP FULL_SHARD")])
+    run.strategy = "fsdp"
+    run.settings = types.SimpleNamespace(device_memory=GIB, device_memory_from="--ltconform-device-memory")
+    verdict = get_contract("memory").judge(run)
+    assert verdict.outcome == "advisory" and "no device size is stated" not in verdict.render()
+    assert verdict.summary.endswith("the [ddp] item judges the configured DDP against the 1.0 GiB stated "
+                                    "(--ltconform-device-memory)."), verdict.summary
+    assert ("the production step was not traced, because precision='transformer-engine' has no fake-tensor "
+            "equivalent here") in verdict.summary
+
+
 def test_a_configured_offload_is_not_judged_since_the_count_does_not_model_it(fake_runs):
     from lightning.pytorch.strategies import DeepSpeedStrategy
 
@@ -331,12 +354,12 @@ def test_a_batch_object_is_grown_only_when_its_tensors_share_the_batch_dimension
 
 # -- end to end: real ranks ------------------------------------------------------------------------
 
-def _report(pytester, *args) -> tuple[list[dict], str]:
+def _report(pytester, *args, only: str | None = "memory") -> tuple[list[dict], str]:
     result = pytester.runpytest_subprocess(*args, "--ltconform-report", "memory.json", "-p", "no:cacheprovider",
                                            "-rA", "--ltconform-timeout", "300")
     assert result.ret in (0, 1), result.stdout.str()[-3000:]
     results = json.loads((pytester.path / "memory.json").read_text())["results"]
-    return [r for r in results if r["contract"] == "memory"], result.stdout.str()
+    return [r for r in results if only is None or r["contract"] == only], result.stdout.str()
 
 
 def _shapes(path) -> list[int]:
@@ -424,3 +447,149 @@ def test_a_production_config_that_does_not_fit_24gib_fails_and_passes_at_80gib(p
     assert large["outcome"] == "passed", large["message"]
     assert "DDP on 8 devices fits 80.0 GiB (--ltconform-device-memory)" in large["summary"]
     assert "55.5 GiB headroom" in large["summary"], large["summary"]
+
+
+# -- the production trace runs apart from the ranks ------------------------------------------------
+
+METRIC_CASE = CONFORMANCE / "all-rank-save" / "ok_metric_compute_every_rank.py"
+F1_CASE = CONFORMANCE / "sync-dist" / "per_batch_f1_value_logged.py"
+
+
+def test_a_trace_that_fails_in_torch_leaves_the_ranks_whole_for_the_next_target(pytester):
+    """Building the TorchMetrics case under fake tensors fails inside torch and broke the process
+    that tried (its next job died of SIGSEGV). Traced in a child of its own, the next target in the
+    same session gets the verdicts it gets without the memory contract, and no rank dies."""
+    records_all, out = _report(
+        pytester, "--ltconform", f"{METRIC_CASE}:Model datamodule={METRIC_CASE}:DataModule "
+                                 f"trainer={METRIC_CASE}:trainer_kwargs",
+        "--ltconform", f"{F1_CASE}:Model", only=None)
+    got = {(r["target"].split("/")[-1].split(".")[0], r["contract"], r["strategy"]): r for r in records_all}
+    # Every item as without the memory contract (main's outcomes, the cases' EXPECTED): the F1 case's
+    # one fault under the strategies that log it, everything else passed; the memory items advisory.
+    f1, metric = "per_batch_f1_value_logged", "ok_metric_compute_every_rank"
+    expected = {key: "advisory" if key[1] == "memory" else "passed" for key in got}
+    expected.update({(f1, "sync-dist", "ddp"): "failed", (f1, "sync-dist", "deepspeed"): "failed"})
+    assert len(got) == 52 and {key: r["outcome"] for key, r in got.items()} == expected, \
+        [r["message"] for r in records_all if r["outcome"] != expected[(r["target"].split("/")[-1].split(".")[0],
+                                                                         r["contract"], r["strategy"])]]
+    memory = got[(metric, "memory", "ddp")]
+    assert ("the production step was not traced, because building the module under fake tensors stopped at "
+            in memory["message"]), memory["message"]
+    assert "ok_metric_compute_every_rank.py:68 (__init__)" in memory["message"], memory["message"]
+    for word in ("SIGSEGV", "SIGABRT", "killed by", "Fatal Python error"):
+        assert word not in out, out[-3000:]
+
+
+def _crash():
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+
+def _hang():
+    import time
+
+    time.sleep(3600)
+
+
+def test_a_trace_child_that_crashes_or_hangs_is_a_reason_and_this_process_goes_on(tmp_path, monkeypatch):
+    from pytest_ltconform.contracts.memory import apart
+
+    log = str(tmp_path / "trace.log")
+    assert apart.traced_apart(lambda: {"peak": 3}, log, 60) == {"peak": 3}
+    crashed = apart.traced_apart(_crash, log, 60)["error"]
+    assert crashed.startswith("the process tracing it was killed by SIGSEGV before it gave its figures (last in "
+                              "user code at "), crashed
+    assert "test_memory.py:" in crashed and "(_crash)" in crashed
+    monkeypatch.setattr(apart, "MIN_KILL_S", 1.0)
+    hung = apart.traced_apart(_hang, log, 1)["error"]
+    assert hung.startswith("the trace did not end within 1 s while under its operator budget"), hung
+    assert "(_hang)" in hung  # the child's own dump of its stack before the kill
+    assert apart.traced_apart(lambda: {"after": "both"}, log, 60) == {"after": "both"}
+
+
+def test_a_module_that_cannot_be_rebuilt_under_fake_tensors_says_so_with_its_line_not_as_an_import(tmp_path):
+    """A TargetError of the rebuild (its wording is about importing or calling the target) is not the
+    reason: what the rebuild met is, at the user's line."""
+    import lightning.pytorch as L
+
+    from pytest_ltconform import target as target_mod
+    from pytest_ltconform.contracts.memory.probe import _predicted
+
+    (tmp_path / "numpy_init.py").write_text(
+        "import lightning.pytorch as L\nimport torch\n\n\nclass Model(L.LightningModule):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.layer = torch.nn.Linear(2, 2)\n"
+        "        self.scale = float(torch.ones(1).numpy()[0])\n")
+    spec = target_mod.parse(f"{tmp_path / 'numpy_init.py'}:Model", "--ltconform")
+    objects = types.SimpleNamespace(
+        model=types.SimpleNamespace(automatic_optimization=True), datamodule=None, ns=L, user_kwargs={},
+        new_model=lambda: target_mod.instantiate(spec, "LightningModule", "LightningModule"))
+    objects.model.train_dataloader = lambda: [(__import__("torch").zeros(2, 2),)]
+    error = _predicted(objects, None, 2)["error"]
+    assert error.startswith("building the module under fake tensors stopped at "), error
+    assert "numpy_init.py:9 (__init__)" in error, error
+    assert "cannot import" not in error and "It must build" not in error and "calling Model()" not in error
+
+
+class _Storage:
+    """As torch_geometric's BaseStorage: its parent is kept as a weakref, wrapped on every set, so
+    setting the attribute again on a copy raises TypeError (a weakref of a weakref)."""
+
+    def __init__(self, parent, **tensors):
+        self._mapping = dict(tensors)
+        self._parent = parent
+
+    def __setattr__(self, key, value):
+        import weakref
+
+        self.__dict__[key] = weakref.ref(value) if key == "_parent" else value
+
+    def __copy__(self):
+        out = self.__class__.__new__(self.__class__)
+        out.__dict__.update(self.__dict__)
+        out.__dict__["_mapping"] = dict(self._mapping)
+        return out
+
+
+class _Graph:
+    """As torch_geometric's Data: tensors in a storage, apply(fn) maps them in place."""
+
+    def __init__(self, x, y):
+        self._store = _Storage(self, x=x, y=y)
+
+    def __copy__(self):
+        out = self.__class__.__new__(self.__class__)
+        out._store = self._store.__copy__()
+        out._store._parent = out
+        return out
+
+    def apply(self, fn):
+        self._store._mapping = {k: fn(v) for k, v in self._store._mapping.items()}
+        return self
+
+
+class _Locked:
+    """A batch whose every attribute is read-only after construction, with no apply."""
+
+    def __init__(self, x):
+        self.__dict__["x"] = x
+
+    def __setattr__(self, key, value):
+        raise TypeError(f"{key} is read-only")
+
+
+def test_a_graph_batch_whose_storage_holds_a_weakref_is_made_fake_and_an_unmappable_one_says_why():
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    from pytest_ltconform.contracts.memory.predict import CannotTrace, _fake_batch
+
+    mode = FakeTensorMode()
+    graph = _Graph(torch.zeros(19, 3), torch.zeros(4))
+    fake = _fake_batch(mode, graph, 4, 4)
+    assert all(isinstance(t, FakeTensor) for t in fake._store._mapping.values())
+    assert fake._store._mapping["x"].shape == (19, 3) and not isinstance(graph._store._mapping["x"], FakeTensor)
+    with pytest.raises(CannotTrace, match=r"the batch's _Locked cannot be copied with fake tensors in it: setting "
+                                          r"its attribute 'x' on a copy raised TypeError: x is read-only"):
+        _fake_batch(mode, _Locked(torch.zeros(2)), 2, 2)

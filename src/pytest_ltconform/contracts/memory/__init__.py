@@ -88,30 +88,36 @@ class Memory(Contract):
                                            f"does not model; {row_text(configured, rows[configured], world)} without "
                                            f"offloading.", evidence=evidence, notes=notes)
         if need <= capacity:
-            return self.verdict("passed", f"{configured} on {world} devices fits {size(capacity)} ({source}) "
-                                          f"for {setting}: {size(need)} per device, {size(capacity - need)} "
-                                          f"headroom.", evidence=evidence, notes=notes)
-        others = [row_text(label, row, world) for label, row in fits(prediction, world, capacity)]
-        would = f"Strategies that would fit: {'; '.join(others)}." if others else \
-            "No strategy here fits on that many devices: the activations alone need " \
-            f"{size(prediction['activations'])}; lower the batch or sequence length, or add activation checkpointing."
-        summary = (f"{configured} on {world} devices needs {size(need)} per device for {setting}, more than the "
-                   f"{size(capacity)} stated ({source}). {would}")
-        if not judged_here:
+            summary = (f"{configured} on {world} devices fits {size(capacity)} ({source}) for {setting}: "
+                       f"{size(need)} per device, {size(capacity - need)} headroom.")
+        else:
+            others = [row_text(label, row, world) for label, row in fits(prediction, world, capacity)]
+            would = f"Strategies that would fit: {'; '.join(others)}." if others else \
+                "No strategy here fits on that many devices: the activations alone need " \
+                f"{size(prediction['activations'])}; lower the batch or sequence length, or add activation " \
+                "checkpointing."
+            summary = (f"{configured} on {world} devices needs {size(need)} per device for {setting}, more than "
+                       f"the {size(capacity)} stated ({source}). {would}")
+        if not judged_here:  # only the configured strategy's item gives a verdict, either way
             return self.verdict("advisory", f"(the [{_kind(configured)}] item judges the configured "
                                             f"strategy) {summary}", evidence=evidence, notes=notes)
-        return self.verdict("failed", summary, evidence=evidence, notes=notes,
-                            fix=_fix(others, configured))
+        if need <= capacity:
+            return self.verdict("passed", summary, evidence=evidence, notes=notes)
+        return self.verdict("failed", summary, evidence=evidence, notes=notes, fix=_fix(others, configured))
 
     def _measured_only(self, mine, measured, prediction, capacity, source, evidence, notes) -> Verdict:
         peak = max(row["total"] for row in measured["ranks"].values())
-        why = f"the production step was not traced ({prediction['error']}), so these are the figures of this small run"
+        why = f"the production step was not traced, because {prediction['error']}; these are the figures of " \
+              "this small run"
         notes.append(why)
         configured = measured.get("configured") or "DDP"
         if capacity is not None and _kind(configured) != _kind(mine):
-            capacity = None  # only the configured strategy's item is judged against the device
-            notes.append(f"the [{_kind(configured)}] item judges the configured {configured} against the device")
-        elif capacity is not None and measured.get("offload"):
+            # only the configured strategy's item is judged against the device
+            return self.verdict("advisory", f"{mine} on this run: up to {size(peak)} per rank (measured; {why}); "
+                                            f"the [{_kind(configured)}] item judges the configured {configured} "
+                                            f"against the {size(capacity)} stated ({source}).",
+                                evidence=evidence, notes=notes)
+        if capacity is not None and measured.get("offload"):
             return self.not_judged(f"{measured['offload']}, which this count of device memory "
                                            f"does not model.", evidence=evidence, notes=notes)
         if capacity is None:

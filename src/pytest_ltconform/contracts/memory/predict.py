@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import traceback
 import warnings
 from typing import Any
 
 from ...sharded import sharded_kind, zero_stage
+from ...sites import first_sentence
 
 
 class CannotTrace(Exception):
@@ -125,9 +127,30 @@ def _mapped(obj: Any, fn, depth: int = 0) -> Any:
     if isinstance(getattr(obj, "__dict__", None), dict):
         new = copy.copy(obj)
         for key, value in vars(obj).items():
-            setattr(new, key, _mapped(value, fn, depth + 1))
+            mapped = _mapped(value, fn, depth + 1)
+            if mapped is value:  # unchanged: the copy has it (a graph storage's weakref to its parent)
+                continue
+            try:
+                setattr(new, key, mapped)
+            except (TypeError, AttributeError, ValueError) as exc:
+                return _applied(obj, fn, key, exc)
         return new
     return obj
+
+
+def _applied(obj: Any, fn, key: str, exc: Exception) -> Any:
+    """A copy of ``obj`` with ``fn`` applied through its own ``apply`` (torch_geometric's Data and
+    Batch have one), for an object whose attributes cannot be set one by one."""
+    import copy
+
+    apply = getattr(obj, "apply", None)
+    if callable(apply) and not hasattr(obj, "parameters"):  # a Module's apply walks submodules
+        new = copy.copy(obj)
+        new.apply(fn)
+        return new
+    raise CannotTrace(f"the batch's {type(obj).__name__} cannot be copied with fake tensors in it: setting its "
+                      f"attribute {key!r} on a copy raised {type(exc).__name__}: {first_sentence(str(exc), 160)}, "
+                      f"and it has no apply(fn) to map its tensors")
 
 
 def _leaves(batch) -> list:
@@ -256,22 +279,25 @@ def _predict(objects, run_world: int) -> dict:
     world, world_note = production_world(user, run_world)
     if not objects.model.automatic_optimization:
         raise CannotTrace("the module steps its own optimizers (manual optimization), which needs a Trainer")
-    batch, stated = _first_batch(objects)
+    with _phase("drawing the first batch of the train loader"):
+        batch, stated = _first_batch(objects)
     from ...harness import batch_size
 
     drawn = batch_size(batch)
     mode = FakeTensorMode(allow_non_fake_inputs=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with mode:
+        with _phase("building the module under fake tensors"), mode:
             model = objects.new_model()
             if hasattr(model, "configure_model"):
                 model.configure_model()
             if dtype:
                 model = model.to(getattr(__import__("torch"), dtype))
+        with _phase("configure_optimizers under fake tensors"), mode:
             optimizers = _optimizers(objects.ns, model)
-        fake = _fake_batch(mode, batch, drawn, stated)
-        with mode:
+        with _phase("making the first batch fake"):
+            fake = _fake_batch(mode, batch, drawn, stated)
+        with _phase("the training step (training_step, backward, optimizer step) on fake tensors"), mode:
             _step(model, optimizers, fake, autocast)  # creates the optimizer state
             tracker = MemTracker()
             tracker.track_external(model, *optimizers, *_leaves(fake))
@@ -285,6 +311,32 @@ def _predict(objects, run_world: int) -> dict:
             "world_note": world_note, "configured": configured(user.get("strategy")),
             "offload": offloads(user.get("strategy")),
             "optimizers": [type(o).__name__ for o in optimizers], "unit": unit, "unit_bytes": unit_bytes}
+
+
+@contextlib.contextmanager
+def _phase(what: str):
+    """Turns what the user's code or torch raised during ``what`` into :class:`CannotTrace`, in
+    words, with the user's frame where it stopped."""
+    try:
+        yield
+    except CannotTrace:
+        raise
+    except Exception as exc:
+        raise CannotTrace(stopped(what, exc)) from exc
+
+
+def stopped(what: str, exc: BaseException) -> str:
+    """'<what> stopped at <user file:line (function)>: <the message> (<exception class>)'. A
+    TargetError of the rebuild speaks of the target; its cause is what the rebuild met."""
+    from ...sites import first_sentence, fmt_site, is_user_file
+    from ...target import TargetError
+
+    cause = exc.__context__ if isinstance(exc, TargetError) and exc.__context__ is not None else exc
+    frames = [f for f in traceback.extract_tb(cause.__traceback__) if is_user_file(f.filename)]
+    where = (f"at {fmt_site({'file': frames[-1].filename, 'line': frames[-1].lineno, 'func': frames[-1].name})}"
+             if frames else "before reaching user code")
+    message = first_sentence(str(cause), 240) or "no message"
+    return f"{what} stopped {where}: {message} ({type(cause).__name__})"
 
 
 def _peak(tracker) -> tuple[int, int]:

@@ -3,9 +3,10 @@
 During the first :data:`WATCHED` training batches each rank counts what it holds
 (:func:`.held.held`) before and after the optimizer step, and the bytes autograd saves for
 backward during the step's forward (the activations; a storage counted once, parameters and
-their views not counted). Rank 0 then predicts the production step (:mod:`.predict`) with the
-recorder paused and the random state kept, so no other contract sees it. Nothing here may break
-the user's run: a failure becomes a reason in the observations.
+their views not counted). Rank 0 then predicts the production step (:mod:`.predict`) in a child
+process forked for that alone (:mod:`.apart`), so a trace that breaks torch's state breaks nothing
+the rank runs later. Nothing here may break the user's run: a failure becomes a reason in the
+observations.
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ class MemoryProbe(Probe):
                "batches": min(self.batches, WATCHED), "errors": self.errors[:3], **self.setting,
                **_cuda_figures(trainer)}
         if trainer is not None and trainer.global_rank == 0:
-            out["prediction"] = _predicted(objects, recorder, trainer.world_size)
+            out["prediction"] = _predicted(objects, recorder, trainer.world_size, _kill_after_s(trainer))
         return out
 
 
@@ -130,22 +131,40 @@ def _cuda_figures(trainer) -> dict:
         return {}
 
 
-def _predicted(objects, recorder, world_size: int) -> dict:
-    import torch
+def _predicted(objects, recorder, world_size: int, kill_after_s: float = 60.0) -> dict:
+    """The production step's figures, traced in a child forked for it alone (``apart.py``), or
+    ``{"error": why}``."""
+    import os
+    import tempfile
 
-    from .predict import CannotTrace, predict
+    from ...world.rank import current_context
+    from .apart import traced_apart
 
-    try:
-        with recorder.paused() if recorder is not None else _nothing(), torch.random.fork_rng(devices=[]):
-            return predict(objects, world_size)
-    except CannotTrace as exc:
-        return {"error": str(exc)}
-    except Exception as exc:  # the user's module may refuse fake tensors in many ways
-        return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"}
+    def trace() -> dict:
+        from .predict import CannotTrace, predict, stopped
+
+        try:
+            with recorder.paused() if recorder is not None else _nothing():
+                return predict(objects, world_size)
+        except CannotTrace as exc:
+            return {"error": str(exc)}
+        except Exception as exc:  # the user's module may refuse fake tensors in many ways
+            return {"error": stopped("tracing the production step", exc)}
+
+    ctx = current_context()
+    folder = ctx.job_dir if ctx is not None else tempfile.gettempdir()
+    return traced_apart(trace, os.path.join(folder, "memory-trace.log"), kill_after_s)
+
+
+def _kill_after_s(trainer) -> float:
+    """Twice the process group's timeout (half the run's limit, see settings.pg_timeout_for): a
+    trace that has not ended by then waits on something, and the run must still end in time."""
+    timeout = getattr(getattr(trainer, "strategy", None), "_timeout", None)
+    seconds = getattr(timeout, "total_seconds", lambda: 30.0)()
+    return 2.0 * seconds
 
 
 def _nothing():
     import contextlib
 
     return contextlib.nullcontext()
-
