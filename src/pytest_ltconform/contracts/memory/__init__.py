@@ -92,10 +92,10 @@ class Memory(Contract):
                        f"{size(need)} per device, {size(capacity - need)} headroom.")
         else:
             others = [row_text(label, row, world) for label, row in fits(prediction, world, capacity)]
+            step = prediction["activations"] + prediction.get("temporaries", 0)
             would = f"Strategies that would fit: {'; '.join(others)}." if others else \
-                "No strategy here fits on that many devices: the activations alone need " \
-                f"{size(prediction['activations'])}; lower the batch or sequence length, or add activation " \
-                "checkpointing."
+                "No strategy here fits on that many devices: the activations and temporaries alone need " \
+                f"{size(step)}; lower the batch or sequence length, or add activation checkpointing."
             summary = (f"{configured} on {world} devices needs {size(need)} per device for {setting}, more than "
                        f"the {size(capacity)} stated ({source}). {would}")
         if not judged_here:  # only the configured strategy's item gives a verdict, either way
@@ -183,7 +183,8 @@ def _predicted_table(prediction: dict) -> dict:
     world = prediction["world"]
     return {"kind": "predicted", "world": world, "batch": prediction["batch"], "precision": prediction["precision"],
             "configured": prediction["configured"], "unsharded": prediction["bytes"],
-            "activations": prediction["activations"], "peak_traced": prediction["peak"],
+            "activations": prediction["activations"], "temporaries": prediction.get("temporaries", 0),
+            "peak_traced": prediction["peak"],
             "strategies": {label: per_device(label, prediction, world)
                            for label in dict.fromkeys((prediction["configured"], *CANDIDATES))}}
 

@@ -5,6 +5,8 @@ shards, DeepSpeed ZeRO-3's ``ds_tensor`` partitions), their ``.grad``, the torch
 ``state``, and the partitions a DeepSpeed ZeRO optimizer keeps itself (fp32 master weights and
 gradient partitions). Every storage is counted once, in the first category that reaches it, so
 views into one flat buffer and a master copy that is the parameter itself are not counted twice.
+A ZeRO gradient partition counts the bytes it views (the rank's share), not the buffer of every
+gradient it is a view into. Buffers count with the parameters.
 """
 
 from __future__ import annotations
@@ -52,6 +54,36 @@ class _Ledger:
             self.bytes[category] += size
             self.storages[category] += 1
 
+    def add_views(self, category: str, tensors: list) -> None:
+        """Only the bytes these views cover (each byte once), not their whole storages: a ZeRO
+        rank's gradient partition is a view into a buffer the size of every gradient."""
+        covered: dict[int, set] = {}
+        for t in tensors:
+            try:
+                storage = t.untyped_storage()
+            except (RuntimeError, NotImplementedError):
+                continue
+            key = storage.data_ptr()
+            if storage.nbytes() == 0 or (key in self.seen and key not in covered):
+                continue
+            start = t.storage_offset() * t.element_size()
+            ranges = covered.setdefault(key, set())
+            ranges.add((start, start + t.numel() * t.element_size()))
+        for key, ranges in covered.items():
+            self.seen.add(key)
+            self.bytes[category] += _union(ranges)
+            self.storages[category] += 1
+
+
+def _union(ranges: set) -> int:
+    """Bytes covered by half-open byte ranges."""
+    total, end = 0, -1
+    for lo, hi in sorted(ranges):
+        if hi > end:
+            total += hi - max(lo, end)
+            end = hi
+    return total
+
 
 def _inner_optimizers(optimizer: Any) -> list:
     """``optimizer`` and what it wraps (Lightning's LightningOptimizer, a ZeRO optimizer's torch one)."""
@@ -70,19 +102,53 @@ def held(trainer: Any) -> dict:
     ledger = _Ledger()
     model = getattr(trainer.strategy, "model", None) or trainer.lightning_module
     params = list(model.parameters()) + [p for p in trainer.lightning_module.parameters()]
-    ledger.add("params", params + [p.ds_tensor for p in params if getattr(p, "ds_tensor", None) is not None])
-    grads = [p.grad for p in params if p.grad is not None]
+    # Buffers count with the parameters, as in the predicted figures (no strategy shards them).
+    buffers = list(model.buffers()) + list(trainer.lightning_module.buffers())
+    ledger.add("params", params + [p.ds_tensor for p in params if getattr(p, "ds_tensor", None) is not None]
+               + buffers)
     optimizers = [o for opt in trainer.optimizers for o in _inner_optimizers(opt)]
+    partitions: list = []
     masters: list = []
     for opt in optimizers:
         for name in _ZERO_GRADS:
-            _tensors(getattr(opt, name, None), grads)
+            _tensors(getattr(opt, name, None), partitions)
         for name in _ZERO_MASTER:
             _tensors(getattr(opt, name, None), masters)
-    grads += [m.grad for m in masters if m.grad is not None]
-    ledger.add("grads", grads)
+    ledger.add_views("grads", partitions)  # first: the rank owns the partition, not the buffer it views
+    ledger.add("grads", [p.grad for p in params if p.grad is not None] + [m.grad for m in masters
+                                                                          if m.grad is not None])
     state: list = []
     for opt in optimizers:
         _tensors(getattr(opt, "state", None) if isinstance(getattr(opt, "state", None), dict) else None, state)
     ledger.add("optimizer", masters + state)
     return {"bytes": ledger.bytes, "storages": ledger.storages}
+
+
+class Activations:
+    """Bytes of the tensors autograd saves during one training_step, each storage counted once,
+    parameters and their views not counted: what 'activations' means in measured and predicted
+    figures alike (the predicted step counts them with this on fake tensors)."""
+
+    def __init__(self):
+        self.seen: set[int] = set()
+        self.bytes = 0
+
+    def pack(self, tensor):
+        import torch
+        from torch._subclasses.fake_tensor import is_fake
+
+        base = tensor._base if tensor._base is not None else tensor
+        if not isinstance(base, torch.nn.Parameter) and not isinstance(tensor, torch.nn.Parameter):
+            try:
+                storage = tensor.untyped_storage()
+                key = storage._cdata if is_fake(tensor) else storage.data_ptr()  # a fake one has no data
+                if key not in self.seen and storage.nbytes():
+                    self.seen.add(key)
+                    self.bytes += storage.nbytes()
+            except Exception:  # a tensor subclass without storage: counting must not break the step
+                pass
+        return tensor
+
+    @staticmethod
+    def unpack(tensor):
+        return tensor

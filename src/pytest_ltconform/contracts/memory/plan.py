@@ -28,17 +28,37 @@ CANDIDATES = ("DDP", "FSDP FULL_SHARD", "FSDP SHARD_GRAD_OP", "DeepSpeed ZeRO-1"
               "DeepSpeed ZeRO-3")
 
 
+# Trainer precisions under which DeepSpeed runs the module in half precision and its ZeRO optimizer
+# keeps an fp32 master copy of the weights (Lightning gives DeepSpeed an fp16/bf16 config for them).
+MIXED = ("16-mixed", "bf16-mixed", "16", "bf16")
+_TOTALLED = ("params", "grads", "optimizer", "gathered", "activations", "temporaries")
+
+
+def _state(label: str, prediction: dict) -> dict:
+    """The unsharded state one replica holds under ``label``. The trace keeps fp32 weights under a
+    mixed precision; DeepSpeed's engine holds them (and their gradients) in half precision and its
+    optimizer an fp32 master copy, counted with the optimizer state (as the ranks count it)."""
+    state = dict(prediction["bytes"])
+    if label.startswith("DeepSpeed") and prediction.get("precision") in MIXED:
+        master = state["params"]
+        state.update(params=master // 2, grads=state["grads"] // 2, optimizer=state["optimizer"] + master)
+    return state
+
+
 def per_device(label: str, prediction: dict, world: int) -> dict:
     """Bytes per category on one of ``world`` devices under ``label`` for a traced ``prediction``
-    (see predict.predict); ``total`` is the step's per-device peak as counted here."""
+    (see predict.predict); ``total`` is the step's per-device peak as counted here: the state as
+    ``label`` divides it, the parameters' buffers, one gathered block, the activations (saved for
+    backward) and the other temporaries the traced step held at its peak."""
     divided, gathers = SHARDING.get(label, ((), False))
-    state = prediction["bytes"]
+    state = _state(label, prediction)
     row = {cat: math.ceil(state[cat] / world) if cat in divided else state[cat]
            for cat in ("params", "grads", "optimizer")}
     row["params"] += state.get("buffers", 0)
     row["gathered"] = prediction.get("unit_bytes", 0) if gathers and world > 1 else 0
     row["activations"] = prediction["activations"]
-    row["total"] = sum(row[k] for k in ("params", "grads", "optimizer", "gathered", "activations"))
+    row["temporaries"] = prediction.get("temporaries", 0)
+    row["total"] = sum(row[k] for k in _TOTALLED)
     return row
 
 
@@ -63,6 +83,8 @@ def row_text(label: str, row: dict, world: int) -> str:
     """'FSDP FULL_SHARD on 8 devices: 31.2 GiB per device (params ..., grads ..., ...)'."""
     parts = [f"params {size(row['params'])}", f"grads {size(row['grads'])}",
              f"optimizer {size(row['optimizer'])}", f"activations {size(row['activations'])}"]
+    if row.get("temporaries"):
+        parts.append(f"other temporaries at the peak {size(row['temporaries'])}")
     if row.get("gathered"):
         parts.append(f"largest block gathered {size(row['gathered'])}")
     devices = "device" if world == 1 else "devices"

@@ -206,12 +206,14 @@ def _unit(model) -> tuple[str, int]:
     return (name, size(block)) if size(block) >= rest else ("(the weights outside the blocks)", rest)
 
 
-def _step(model, optimizers, batch, autocast: str | None) -> None:
-
+def _step(model, optimizers, batch, autocast: str | None, saved=None) -> None:
+    """One training step; ``saved`` (a probe.Activations) counts what its forward saves for backward."""
     import torch
 
     cast = torch.autocast("cpu", dtype=getattr(torch, autocast)) if autocast else contextlib.nullcontext()
-    with cast:
+    hooks = torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack) if saved is not None \
+        else contextlib.nullcontext()
+    with cast, hooks:
         out = model.training_step(batch, 0)
     loss = out.get("loss") if isinstance(out, dict) else out
     if not isinstance(loss, torch.Tensor):
@@ -274,6 +276,8 @@ def _predict(objects, run_world: int) -> dict:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
 
+    from .held import Activations
+
     user = objects.user_kwargs
     precision, autocast, dtype = _precision(user.get("precision", "32-true"))
     world, world_note = production_world(user, run_world)
@@ -301,12 +305,16 @@ def _predict(objects, run_world: int) -> dict:
             _step(model, optimizers, fake, autocast)  # creates the optimizer state
             tracker = MemTracker()
             tracker.track_external(model, *optimizers, *_leaves(fake))
+            saved = Activations()
             with tracker:
-                _step(model, optimizers, fake, autocast)
+                _step(model, optimizers, fake, autocast, saved)
     state = _state_bytes(model, optimizers)
     unit, unit_bytes = _unit(model)
-    peak, activations = _peak(tracker)
-    return {"bytes": state, "peak": peak, "activations": activations,
+    peak, beyond_state = _peak(tracker)
+    # One definition with the measured figures: activations are what the step saved for backward;
+    # the rest of the peak above the state is temporaries (the loss's gradient, optimizer scratch).
+    return {"bytes": state, "peak": peak, "activations": saved.bytes,
+            "temporaries": max(0, beyond_state - saved.bytes),
             "batch": stated or drawn, "drawn": drawn, "precision": precision, "world": world,
             "world_note": world_note, "configured": configured(user.get("strategy")),
             "offload": offloads(user.get("strategy")),

@@ -12,35 +12,9 @@ observations.
 from __future__ import annotations
 
 from ...harness import Probe
-from .held import CATEGORIES, held
+from .held import CATEGORIES, Activations, held
 
 WATCHED = 3  # training batches measured: the optimizer state exists from the second one on
-
-
-class _Activations:
-    """Bytes of the tensors autograd saves during one training_step, each storage counted once."""
-
-    def __init__(self):
-        self.seen: set[int] = set()
-        self.bytes = 0
-
-    def pack(self, tensor):
-        import torch
-
-        base = tensor._base if tensor._base is not None else tensor
-        if not isinstance(base, torch.nn.Parameter) and not isinstance(tensor, torch.nn.Parameter):
-            try:
-                storage = tensor.untyped_storage()
-                if storage.data_ptr() not in self.seen and storage.nbytes():
-                    self.seen.add(storage.data_ptr())
-                    self.bytes += storage.nbytes()
-            except Exception:  # a tensor subclass without storage: counting must not break the step
-                pass
-        return tensor
-
-    @staticmethod
-    def unpack(tensor):
-        return tensor
 
 
 class MemoryProbe(Probe):
@@ -87,7 +61,7 @@ class MemoryProbe(Probe):
                 return training_step(*args, **kwargs)
             import torch
 
-            saved = _Activations()
+            saved = Activations()
             with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
                 out = training_step(*args, **kwargs)
             probe.activations = max(probe.activations, saved.bytes)
