@@ -634,6 +634,17 @@ class _Locked:
         raise TypeError(f"{key} is read-only")
 
 
+class _LockedWithApply(_Locked):
+    """Read-only attributes, but an apply(fn) that maps its tensors (as torch_geometric's Data has)."""
+
+    def __copy__(self):
+        return _LockedWithApply(self.x)
+
+    def apply(self, fn):
+        self.__dict__["x"] = fn(self.x)
+        return self
+
+
 def test_a_graph_batch_whose_storage_holds_a_weakref_is_made_fake_and_an_unmappable_one_says_why():
     import torch
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
@@ -648,3 +659,5 @@ def test_a_graph_batch_whose_storage_holds_a_weakref_is_made_fake_and_an_unmappa
     with pytest.raises(CannotTrace, match=r"the batch's _Locked cannot be copied with fake tensors in it: setting "
                                           r"its attribute 'x' on a copy raised TypeError: x is read-only"):
         _fake_batch(mode, _Locked(torch.zeros(2)), 2, 2)
+    applied = _fake_batch(mode, _LockedWithApply(torch.zeros(2)), 2, 2)  # mapped through its own apply
+    assert isinstance(applied.x, FakeTensor) and applied.x.shape == (2,)
