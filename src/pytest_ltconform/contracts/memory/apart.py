@@ -49,8 +49,9 @@ def traced_apart(trace: Callable[[], dict], log_path: str, kill_after_s: float) 
         os.close(read_end)
     code = _reap(pid, stop=not finished)
     if not finished:
-        return {"error": f"the trace did not end within {limit:.0f} s while under its "
-                         f"operator budget (it waited on something), so it was stopped{_where(log_path)}"}
+        return {"error": f"the trace did not end within {limit:.0f} s while under its operator budget (it "
+                         f"waited on something, or the module is too large to trace in half the run's "
+                         f"--ltconform-timeout), so it was stopped{_where(log_path)}"}
     try:
         return json.loads(data.decode("utf-8"))
     except ValueError:
