@@ -564,6 +564,16 @@ def test_a_trace_child_that_crashes_or_hangs_is_a_reason_and_this_process_goes_o
     assert apart.traced_apart(lambda: {"after": "both"}, log, 60) == {"after": "both"}
 
 
+def test_the_trace_child_runs_torch_ops_on_one_thread_since_the_forked_pool_is_unusable(tmp_path):
+    import torch
+
+    from pytest_ltconform.contracts.memory import apart
+
+    threads = torch.get_num_threads()
+    got = apart.traced_apart(lambda: {"threads": torch.get_num_threads()}, str(tmp_path / "t.log"), 60)
+    assert got == {"threads": 1} and torch.get_num_threads() == threads  # this process keeps its pool
+
+
 def test_a_module_that_cannot_be_rebuilt_under_fake_tensors_says_so_with_its_line_not_as_an_import(tmp_path):
     """A TargetError of the rebuild (its wording is about importing or calling the target) is not the
     reason: what the rebuild met is, at the user's line."""

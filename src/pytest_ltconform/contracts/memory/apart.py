@@ -25,8 +25,7 @@ from collections.abc import Callable
 
 from ...sites import fmt_site, is_user_file
 
-# Below this a hard kill could stop a slow but sound trace on a loaded machine.
-MIN_KILL_S = 30.0
+MIN_KILL_S = 1.0
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 
 
@@ -42,6 +41,8 @@ def traced_apart(trace: Callable[[], dict], log_path: str, kill_after_s: float) 
     if pid == 0:  # the child: never returns
         os.close(read_end)
         _child(trace, write_end, log_path)
+    # The child must end before the supervisor's straggler rule (the process group's timeout + 10 s
+    # after the peers finished) takes rank 0 for hung: SIGABRT at the limit, SIGKILL 3 s later.
     os.close(write_end)
     try:
         data, finished = _read(read_end, limit)
@@ -50,8 +51,9 @@ def traced_apart(trace: Callable[[], dict], log_path: str, kill_after_s: float) 
     code = _reap(pid, stop=not finished)
     if not finished:
         return {"error": f"the trace did not end within {limit:.0f} s while under its operator budget (it "
-                         f"waited on something, or the module is too large to trace in half the run's "
-                         f"--ltconform-timeout), so it was stopped{_where(log_path)}"}
+                         f"waited on something, or the module is too large to trace within the ranks' "
+                         f"process-group timeout, a quarter of --ltconform-timeout), so it was stopped"
+                         f"{_where(log_path)}"}
     try:
         return json.loads(data.decode("utf-8"))
     except ValueError:
@@ -70,6 +72,7 @@ def _child(trace: Callable[[], dict], write_end: int, log_path: str) -> None:
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a crash leaves no core file in the run's folder
         # A crash, or the parent's SIGABRT of a hang, leaves the Python stack in this log.
         faulthandler.enable(file=log, all_threads=False)
+        _one_thread()
         try:
             payload = trace()
         except BaseException as exc:  # what a trace raises is a reason; never the rank's problem
@@ -84,13 +87,22 @@ def _child(trace: Callable[[], dict], write_end: int, log_path: str) -> None:
         os._exit(code)  # no atexit handlers, no destructors of the rank's objects
 
 
+def _one_thread() -> None:
+    """Torch's intra-op pool (OpenMP) is not usable after a fork: a parallel region could wait on
+    threads the child does not have. One thread runs every op inline, as DataLoader workers do."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        with contextlib.suppress(Exception):
+            torch.set_num_threads(1)
+
+
 def _reap(pid: int, stop: bool) -> int:
     """The child's exit code; a child that is to ``stop`` gets SIGABRT first (its handler writes
     the stack to the log), then SIGKILL when it has not died within a few seconds."""
     if stop:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGABRT)
-        for _ in range(50):
+        for _ in range(30):
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
                 return os.waitstatus_to_exitcode(status)

@@ -131,11 +131,11 @@ def _predicted(objects, recorder, world_size: int, kill_after_s: float = 60.0) -
 
 
 def _kill_after_s(trainer) -> float:
-    """Twice the process group's timeout (half the run's limit, see settings.pg_timeout_for): a
-    trace that has not ended by then waits on something, and the run must still end in time."""
+    """The process group's timeout plus 2 s: rank 0 waits for the trace after its peers finished,
+    and the supervisor takes a rank still running 10 s past that timeout for hung."""
     timeout = getattr(getattr(trainer, "strategy", None), "_timeout", None)
     seconds = getattr(timeout, "total_seconds", lambda: 30.0)()
-    return 2.0 * seconds
+    return seconds + 2.0
 
 
 def _nothing():
