@@ -28,20 +28,28 @@ CANDIDATES = ("DDP", "FSDP FULL_SHARD", "FSDP SHARD_GRAD_OP", "DeepSpeed ZeRO-1"
               "DeepSpeed ZeRO-3")
 
 
-# Trainer precisions under which DeepSpeed runs the module in half precision and its ZeRO optimizer
-# keeps an fp32 master copy of the weights (Lightning gives DeepSpeed an fp16/bf16 config for them).
+# Trainer precisions under which DeepSpeed runs the module in half precision (Lightning gives
+# DeepSpeed an fp16/bf16 config for them).
 MIXED = ("16-mixed", "bf16-mixed", "16", "bf16")
 _TOTALLED = ("params", "grads", "optimizer", "gathered", "activations", "temporaries")
 
 
 def _state(label: str, prediction: dict) -> dict:
-    """The unsharded state one replica holds under ``label``. The trace keeps fp32 weights under a
-    mixed precision; DeepSpeed's engine holds them (and their gradients) in half precision and its
-    optimizer an fp32 master copy, counted with the optimizer state (as the ranks count it)."""
+    """The unsharded state one replica holds under ``label``. A ZeRO optimizer (stages 1-3) steps an
+    fp32 copy of the weights, partitioned with its state, whatever the precision (the ranks measure
+    it: single_partition_of_fp32_groups, fp32_partitioned_groups_flat); it is counted with the
+    optimizer state. Under a mixed precision DeepSpeed holds the weights and gradients in half
+    precision (the trace keeps them fp32), and stage 0 keeps an fp32 master copy too."""
     state = dict(prediction["bytes"])
-    if label.startswith("DeepSpeed") and prediction.get("precision") in MIXED:
-        master = state["params"]
-        state.update(params=master // 2, grads=state["grads"] // 2, optimizer=state["optimizer"] + master)
+    if not label.startswith("DeepSpeed"):
+        return state
+    # the weights' fp32 bytes: traced fp32 under a mixed precision or 32-true, half under a *-true one
+    fp32 = state["params"] * (2 if prediction.get("precision") in ("16-true", "bf16-true") else 1)
+    mixed = prediction.get("precision") in MIXED
+    if mixed or not label.endswith("ZeRO-0"):
+        state["optimizer"] += fp32
+    if mixed:
+        state.update(params=state["params"] // 2, grads=state["grads"] // 2)
     return state
 
 
