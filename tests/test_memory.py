@@ -575,6 +575,19 @@ def test_a_trace_child_that_crashes_or_hangs_is_a_reason_and_this_process_goes_o
     assert apart.traced_apart(lambda: {"after": "both"}, log, 60) == {"after": "both"}
 
 
+def test_the_trace_child_sees_no_process_group_and_the_rank_keeps_its_own(tmp_path):
+    import torch.distributed as dist
+
+    from pytest_ltconform.contracts.memory import apart
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        got = apart.traced_apart(lambda: {"group": dist.is_initialized()}, str(tmp_path / "t.log"), 60)
+        assert got == {"group": False} and dist.is_initialized()
+    finally:
+        dist.destroy_process_group()
+
+
 def test_the_trace_child_runs_torch_ops_on_one_thread_since_the_forked_pool_is_unusable(tmp_path):
     import torch
 

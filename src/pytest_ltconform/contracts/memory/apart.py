@@ -3,9 +3,10 @@
 Building a module under fake tensors can fail half-way and leave torch's dispatch state broken (a
 TorchMetrics state set to a real storage under a fake mode did): the next job of that rank then
 died with SIGSEGV. So rank 0 forks a child that traces, writes its figures as JSON to a pipe and
-exits; it serves no later job, opens no process group, and writes neither to the rank's log nor to
-its trace. Its own bound is the trace's operator count (``predict.OP_BUDGET``); a hang is stopped
-by a generous wall-clock kill. A crash or kill of the child is a reason in words, never the user's
+exits; it serves no later job, sees no process group (the rank's is hidden in it), runs torch on
+one thread, and writes neither to the rank's log nor to its trace. Its own bound is the trace's
+operator count (``predict.OP_BUDGET``); a hang is stopped by a wall-clock kill inside the
+supervisor's straggler window. A crash or kill of the child is a reason in words, never the user's
 failure, and the rank goes on unharmed.
 """
 
@@ -73,6 +74,7 @@ def _child(trace: Callable[[], dict], write_end: int, log_path: str) -> None:
         # A crash, or the parent's SIGABRT of a hang, leaves the Python stack in this log.
         faulthandler.enable(file=log, all_threads=False)
         _one_thread()
+        _no_process_group()
         try:
             payload = trace()
         except BaseException as exc:  # what a trace raises is a reason; never the rank's problem
@@ -94,6 +96,16 @@ def _one_thread() -> None:
     if torch is not None:
         with contextlib.suppress(Exception):
             torch.set_num_threads(1)
+
+
+def _no_process_group() -> None:
+    """The rank's process group is hidden (not destroyed: its sockets are the rank's): a collective
+    the traced step reaches (a TorchMetrics sync, the user's all_reduce) then sees no group, instead
+    of sending on the rank's connections to peers that are not in it."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        with contextlib.suppress(Exception):
+            dist.distributed_c10d._world.default_pg = None
 
 
 def _reap(pid: int, stop: bool) -> int:
