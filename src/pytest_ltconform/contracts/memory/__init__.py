@@ -6,9 +6,10 @@ that state; precision, optimizer, sequence length and batch size decide, not a p
 
 Judged on the traced fit (rank side: ``probe.py``). Each item shows, per rank of the run it
 judges, the bytes of parameters, gradients and optimizer state that rank held (each storage once)
-and the activations one training step saved for backward; and, from rank 0, the production step
-traced under fake tensors (``predict.py``) at the Trainer config's devices x num_nodes, precision
-and the loader's batch size, per strategy (``plan.py``). With a device size
+and the activations one training step saved for backward; and, from a child process rank 0 forks
+for it alone (``apart.py``), the production step traced under fake tensors (``predict.py``) at the
+Trainer config's devices x num_nodes, precision and the loader's batch size, per strategy
+(``plan.py``). With a device size
 (``--ltconform-device-memory``, or the GPU's own on a CUDA rank), the item of the configured
 strategy fails when its per-device peak does not fit, naming the strategies that would; without
 one, every item is advisory: the table only.
