@@ -588,6 +588,33 @@ def test_the_trace_child_sees_no_process_group_and_the_rank_keeps_its_own(tmp_pa
         dist.destroy_process_group()
 
 
+def test_a_train_loader_that_reads_the_process_group_is_drawn_in_the_rank_before_the_fork(tmp_path):
+    """The trace's process sees no process group; the loader (sharding by dist.get_rank()) is drawn
+    before the fork, where the group is the rank's."""
+    import lightning.pytorch as L
+    import torch.distributed as dist
+
+    from pytest_ltconform.contracts.memory.probe import _predicted
+
+    (tmp_path / "rank_loader.py").write_text(
+        "import lightning.pytorch as L\nimport torch\nimport torch.distributed as dist\n\n\n"
+        "class Model(L.LightningModule):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.layer = torch.nn.Linear(4, 1)\n\n"
+        "    def training_step(self, batch, batch_idx):\n        return self.layer(batch).sum()\n\n"
+        "    def train_dataloader(self):\n        rows = torch.randn(16, 4)\n"
+        "        return torch.utils.data.DataLoader(rows[dist.get_rank()::dist.get_world_size()], batch_size=8)\n\n"
+        "    def configure_optimizers(self):\n        return torch.optim.SGD(self.parameters(), lr=0.1)\n")
+    module = _load(tmp_path / "rank_loader.py", "rank_loader")
+    objects = types.SimpleNamespace(model=module.Model(), datamodule=None, user_kwargs={}, ns=L, new_model=module.Model)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        pred = _predicted(objects, None, 1)
+    finally:
+        dist.destroy_process_group()
+    assert "error" not in pred, pred
+    assert pred["batch"] == 8 and pred["bytes"]["params"] == 4 * 5
+
+
 def test_the_trace_child_runs_torch_ops_on_one_thread_since_the_forked_pool_is_unusable(tmp_path):
     import torch
 

@@ -265,14 +265,26 @@ def op_budget(limit: int):
     return _Budget()
 
 
-def predict(objects, run_world: int, op_limit: int = OP_BUDGET) -> dict:
+def first_batch(objects) -> tuple[Any, int | None]:
+    """The first batch of the user's train loader and the loader's stated batch size, once the
+    premises hold; raises :class:`CannotTrace`. Drawn in the rank itself (a loader may read the
+    process group), before the trace's own process is forked."""
+    _precision(objects.user_kwargs.get("precision", "32-true"))
+    if not objects.model.automatic_optimization:
+        raise CannotTrace("the module steps its own optimizers (manual optimization), which needs a Trainer")
+    with _phase("drawing the first batch of the train loader"):
+        return _first_batch(objects)
+
+
+def predict(objects, run_world: int, op_limit: int = OP_BUDGET, first: tuple | None = None) -> dict:
     """The production step's bytes per category (one replica, unsharded) and its setting, traced
-    in at most ``op_limit`` dispatched operators; raises :class:`CannotTrace` with the reason."""
+    in at most ``op_limit`` dispatched operators; raises :class:`CannotTrace` with the reason.
+    ``first``: what :func:`first_batch` gave (drawn here when None)."""
     with op_budget(op_limit):
-        return _predict(objects, run_world)
+        return _predict(objects, run_world, first)
 
 
-def _predict(objects, run_world: int) -> dict:
+def _predict(objects, run_world: int, first: tuple | None) -> dict:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
 
@@ -283,8 +295,7 @@ def _predict(objects, run_world: int) -> dict:
     world, world_note = production_world(user, run_world)
     if not objects.model.automatic_optimization:
         raise CannotTrace("the module steps its own optimizers (manual optimization), which needs a Trainer")
-    with _phase("drawing the first batch of the train loader"):
-        batch, stated = _first_batch(objects)
+    batch, stated = first if first is not None else first_batch(objects)
     from ...harness import batch_size
 
     drawn = batch_size(batch)

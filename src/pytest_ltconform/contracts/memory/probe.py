@@ -111,15 +111,22 @@ def _predicted(objects, recorder, world_size: int, kill_after_s: float = 60.0) -
     import os
     import tempfile
 
+    import torch
+
     from ...world.rank import current_context
     from .apart import traced_apart
+    from .predict import CannotTrace, first_batch, predict, stopped
+
+    try:  # here, where the loader sees the rank's process group; the random state kept
+        with recorder.paused() if recorder is not None else _nothing(), torch.random.fork_rng(devices=[]):
+            first = first_batch(objects)
+    except CannotTrace as exc:
+        return {"error": str(exc)}
 
     def trace() -> dict:
-        from .predict import CannotTrace, predict, stopped
-
         try:
             with recorder.paused() if recorder is not None else _nothing():
-                return predict(objects, world_size)
+                return predict(objects, world_size, first=first)
         except CannotTrace as exc:
             return {"error": str(exc)}
         except Exception as exc:  # the user's module may refuse fake tensors in many ways
