@@ -615,14 +615,19 @@ def test_a_train_loader_that_reads_the_process_group_is_drawn_in_the_rank_before
     assert pred["batch"] == 8 and pred["bytes"]["params"] == 4 * 5
 
 
-def test_the_trace_child_runs_torch_ops_on_one_thread_since_the_forked_pool_is_unusable(tmp_path):
+def test_the_trace_child_runs_torch_on_one_thread_and_never_collects_what_the_rank_made(tmp_path):
+    import gc
+
     import torch
 
     from pytest_ltconform.contracts.memory import apart
 
     threads = torch.get_num_threads()
-    got = apart.traced_apart(lambda: {"threads": torch.get_num_threads()}, str(tmp_path / "t.log"), 60)
-    assert got == {"threads": 1} and torch.get_num_threads() == threads  # this process keeps its pool
+    got = apart.traced_apart(lambda: {"threads": torch.get_num_threads(), "frozen": gc.get_freeze_count()},
+                             str(tmp_path / "t.log"), 60)
+    assert got["threads"] == 1 and torch.get_num_threads() == threads  # this process keeps its pool
+    # what existed at the fork is never collected in the child (its destructors are this process's)
+    assert got["frozen"] > 1000 and gc.get_freeze_count() == 0
 
 
 def test_a_module_that_cannot_be_rebuilt_under_fake_tensors_says_so_with_its_line_not_as_an_import(tmp_path):

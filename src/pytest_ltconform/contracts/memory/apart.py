@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import gc
 import json
 import os
 import re
@@ -63,6 +64,9 @@ def traced_apart(trace: Callable[[], dict], log_path: str, kill_after_s: float) 
 
 def _child(trace: Callable[[], dict], write_end: int, log_path: str) -> None:
     code = 0
+    # The rank's objects are never collected here: a cycle holding a process group's work or a
+    # gloo buffer would run its destructor against threads this process does not have.
+    gc.freeze()
     try:
         log = open(log_path, "w")  # noqa: SIM115 (open until os._exit)
         os.dup2(log.fileno(), 1)
