@@ -243,11 +243,11 @@ def test_first_run_hides_tiers_that_cannot_run_and_says_when_nothing_was_judged(
     assert ids and not [i for i in ids if i.endswith(("-gpu]", "-multinode]"))], ids
     assert {i.split("::")[-1] for i in ids} >= {"sync-dist[deepspeed]", "all-rank-save[deepspeed]"}
     outcomes = result.parseoutcomes()
-    assert outcomes["skipped"] == 5 and "passed" not in outcomes, outcomes
-    assert re.search(r"collected 15 items / 10 deselected / 5 selected", out), out[:2000]
+    assert outcomes["skipped"] == 6 and "passed" not in outcomes, outcomes
+    assert re.search(r"collected 17 items / 11 deselected / 6 selected", out), out[:2000]
     result.stdout.fnmatch_lines([_fn(f"ltconform: nothing was judged: every selected item needs a tier that cannot "
                                      f"run here: {DS_REASON}"),
-                                 _fn("SKIPPED [5] ltconform: " + DS_REASON)])
+                                 _fn("SKIPPED [6] ltconform: " + DS_REASON)])
     assert "deepspeed tier not run" not in out  # asked for: its items exist and skip
 
     results = json.loads(report.read_text())["results"]
@@ -257,7 +257,7 @@ def test_first_run_hides_tiers_that_cannot_run_and_says_when_nothing_was_judged(
     # Items of tiers not run here are counted per tier as -k would have selected them: the deepspeed-gpu
     # ones only (deepspeed asked for, the gpu tier not), one per contract with a deepspeed item.
     assert not [k for k in by_id if k.endswith(("-gpu]", "-multinode]"))], sorted(by_id)
-    assert json.loads(report.read_text())["not_run"] == [{"tier": "gpu", "reason": GPU_REASON, "items": 5}]
+    assert json.loads(report.read_text())["not_run"] == [{"tier": "gpu", "reason": GPU_REASON, "items": 6}]
     assert not [k for k in by_id if k.endswith("[ddp]")]  # deselected items are not in the report
 
     # Without deepspeed in -k: the gpu and multinode counts of the contracts -k selects, and no others.

@@ -21,6 +21,7 @@ from .fixtures import ltconform_target, ltconform_world  # noqa: F401 (registere
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     settings_mod.add_options(parser)
+    settings_mod.add_device_memory_option(parser)
 
 
 def pytest_addhooks(pluginmanager) -> None:

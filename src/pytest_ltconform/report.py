@@ -13,6 +13,8 @@ The JSON keys are a stable interface for CI jobs and dashboards::
      "not_run": [{"tier", "reason", "items"}],  # tiers not run here and not asked for: a count each
      "interrupted": bool, "exitstatus": int}    # Ctrl-C, SIGTERM, -x or pytest.exit; pytest's exit code
 
+A memory item's record also has ``table`` (bytes per category, per rank measured, per strategy
+predicted; see contract_docs/memory.md).
 ``outcome`` is one of 'passed', 'failed', 'advisory', 'skipped', 'error'; a record's ``target`` is
 its target's id (the middle part of the item id ``ltconform::<id>::<contract>[<strategy>]``).
 ``trainer`` is the trainer target string, or for a dict given in ``conftest.py`` the dict with
@@ -48,7 +50,12 @@ def record(contract: str, strategy: str, world_size: int, verdict_dict: dict, du
             "fix": verdict_dict.get("fix"), "rule_section": verdict_dict.get("rule_section"),
             "seed": verdict_dict.get("rule_section"),
             "evidence": verdict_dict.get("evidence", []), "notes": list(verdict_dict.get("notes", [])),
-            "duration_s": round(duration_s, 3)}
+            "duration_s": round(duration_s, 3), **_figures(verdict_dict)}
+
+
+def _figures(verdict_dict: dict) -> dict:
+    """A verdict's table of figures (the memory contract's bytes per category, rank and strategy)."""
+    return {"table": verdict_dict["table"]} if verdict_dict.get("table") is not None else {}
 
 
 def from_report(report) -> dict | None:

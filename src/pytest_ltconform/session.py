@@ -117,6 +117,7 @@ class LtconformSession:
                                    timeout_s=settings.timeout_s, progress=self._progress(spec.name, label),
                                    tenant=self._tenant(strategy)))
         run = Run(job, strategy, spec.name, self.targets)
+        run.settings = settings  # what a verdict may weigh against (e.g. a stated device memory)
         if spec.reference:
             run.reference = self._reference(spec, job, strategy, tier)
         return run

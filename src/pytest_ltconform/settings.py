@@ -25,12 +25,13 @@ OPT_REQUIRE = "ltconform_require"
 OPT_STRATEGIES = "ltconform_strategies"
 OPT_OVERSUBSCRIBE = "ltconform_oversubscribe"
 OPT_EXPLAIN = "ltconform_explain"
+OPT_DEVICE_MEMORY = "ltconform_device_memory"
 OPT_LAUNCHER = "ltconform_launcher"
 
 INI_TARGET = "ltconform_target"
 # Every ini key of the plugin (the others share their option's dest).
 INI_NAMES = (INI_TARGET, OPT_DATAMODULE, OPT_TRAINER, OPT_WORLD_SIZE, OPT_TIMEOUT, OPT_REPORT, OPT_REQUIRE,
-             OPT_STRATEGIES, OPT_OVERSUBSCRIBE, OPT_LAUNCHER)
+             OPT_STRATEGIES, OPT_OVERSUBSCRIBE, OPT_DEVICE_MEMORY, OPT_LAUNCHER)
 
 
 DEFAULT_WORLD_SIZE = 2
@@ -69,6 +70,9 @@ class Settings:
     trainer_from: str = "--ltconform-trainer"
     # The strategies given explicitly (command line or ini); () when the default, all, applies.
     strategies_named: tuple[str, ...] = ()
+    # The memory of one device in bytes (--ltconform-device-memory); None: not stated.
+    device_memory: int | None = None
+    device_memory_from: str | None = None
     # How local worlds start their ranks: 'fork' (from a parent that imported Lightning once) or 'spawn'.
     launcher: str = LAUNCHERS[0]
 
@@ -154,6 +158,14 @@ def _add_target_options(parser: pytest.Parser) -> None:
                   type="bool", default=False)
 
 
+def add_device_memory_option(parser: pytest.Parser) -> None:
+    """The memory contract's device size (``--ltconform-device-memory`` and its ini twin)."""
+    parser.getgroup("ltconform").addoption(
+        "--ltconform-device-memory", dest=OPT_DEVICE_MEMORY, metavar="SIZE", default=None,
+        help="memory of one production device, e.g. 80GiB or 24GB: the memory contract fails when the configured "
+             "strategy's step does not fit it (ini: ltconform_device_memory).",
+    )
+    parser.addini(OPT_DEVICE_MEMORY, "memory of one production device (as --ltconform-device-memory)", default=None)
 def _add_launcher_option(parser: pytest.Parser, group) -> None:
     group.addoption(
         "--ltconform-launcher", dest=OPT_LAUNCHER, metavar="HOW", default=None,
@@ -198,6 +210,7 @@ _EMPTY_FIX = {
     OPT_REPORT: "Give the path of the JSON file to write",
     OPT_DATAMODULE: "Name a LightningDataModule (pkg.mod.DataModule, pkg.mod:factory or path/to/file.py:Name)",
     OPT_TRAINER: "Name a dict of Trainer kwargs or a zero-argument callable returning one (pkg.mod:kwargs)",
+    OPT_DEVICE_MEMORY: "Give the memory of one device with its unit, e.g. 80GiB",
     OPT_LAUNCHER: f"Name one of {', '.join(LAUNCHERS)}",
 }
 
@@ -249,6 +262,24 @@ def _validate_choices(raw: str, where: str, choices: tuple[str, ...]) -> tuple[s
     return values
 
 
+_BYTES = {"b": 1, "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9, "tb": 10 ** 12,
+          "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30, "tib": 2 ** 40}
+
+
+def _validate_bytes(raw: str, where: str) -> int:
+    """A device memory size with its unit ('80GiB', '24 GB', '1.5TiB'), in bytes."""
+    text = raw.strip().replace(" ", "")
+    number = text.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+    unit = text[len(number):].lower()
+    try:
+        value = float(number) * _BYTES[unit]
+    except (ValueError, KeyError):
+        value = None
+    if value is None or value != value or value == float("inf") or value < 1:
+        raise pytest.UsageError(
+            f"{where}: expected the memory of one device with a unit, e.g. 80GiB, 24GB or 1.5TiB, got {raw!r} "
+            f"(units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB).")
+    return int(value)
 def _validate_launcher(raw: str, where: str) -> str:
     value = raw.strip().lower()
     if value not in LAUNCHERS:
@@ -424,6 +455,9 @@ def resolve(config: pytest.Config, project_targets: bool = True) -> Settings:
     raw, where = _lookup(config, OPT_STRATEGIES)
     if raw is not None:
         kwargs["strategies"] = kwargs["strategies_named"] = _validate_choices(raw, where, STRATEGIES)
+    raw, where = _lookup(config, OPT_DEVICE_MEMORY)
+    if raw is not None:
+        kwargs["device_memory"], kwargs["device_memory_from"] = _validate_bytes(raw, where), where
     raw, where = _lookup(config, OPT_LAUNCHER)
     if raw is not None:
         kwargs["launcher"] = _validate_launcher(raw, where)

@@ -23,6 +23,7 @@ _MODULES = {
     "spawn-safety": "spawn_safety",
     "effective-batch": "effective_batch",
     "launch-env": "launch_env",
+    "memory": "memory",
 }
 
 
