@@ -131,7 +131,9 @@ def _mapped(obj: Any, fn, depth: int = 0) -> Any:
             if mapped is value:  # unchanged: the copy has it (a graph storage's weakref to its parent)
                 continue
             try:
-                setattr(new, key, mapped)
+                # The copy's own entry, as vars() read it: a class's __setattr__ may route a name
+                # elsewhere (torch_geometric's Data hands '_store' on to its storage).
+                vars(new)[key] = mapped
             except (TypeError, AttributeError, ValueError) as exc:
                 return _applied(obj, fn, key, exc)
         return new
@@ -321,9 +323,12 @@ def _predict(objects, run_world: int, first: tuple | None) -> dict:
                 _step(model, optimizers, fake, autocast, saved)
     state = _state_bytes(model, optimizers)
     unit, unit_bytes = _unit(model)
-    peak, beyond_state = _peak(tracker)
+    peak = _peak(tracker)
     # One definition with the measured figures: activations are what the step saved for backward;
-    # the rest of the peak above the state is temporaries (the loss's gradient, optimizer scratch).
+    # the rest of the peak above the whole state is temporaries (the loss's gradient, optimizer
+    # scratch: Adam's is tracked as optimizer state, so no category is left out), and a predicted
+    # total is never below the traced step's own peak.
+    beyond_state = peak - sum(state.values())
     return {"bytes": state, "peak": peak, "activations": saved.bytes,
             "temporaries": max(0, beyond_state - saved.bytes),
             "batch": stated or drawn, "drawn": drawn, "precision": precision, "world": world,
@@ -358,10 +363,8 @@ def stopped(what: str, exc: BaseException) -> str:
     return f"{what} stopped {where}: {message} ({type(cause).__name__})"
 
 
-def _peak(tracker) -> tuple[int, int]:
-    """(the traced step's peak bytes, of which activations and temporaries): what the peak holds
-    besides parameters, buffers, gradients and optimizer state (gradients are added in full per
-    strategy, as a step holds them all at its end)."""
+def _peak(tracker) -> int:
+    """The traced step's peak bytes on its device, every category the tracker names included."""
     snap = next(iter(tracker.get_tracker_snapshot("peak").values()), {})
     named = {getattr(k, "name", str(k)): v for k, v in snap.items()}
-    return int(named.get("Total", 0)), int(sum(named.get(k, 0) for k in ("ACT", "TEMP", "OTH")))
+    return int(named.get("Total", 0))
