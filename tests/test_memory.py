@@ -199,6 +199,34 @@ def test_a_predicted_total_is_never_below_the_traced_steps_own_peak(tmp_path):
     assert per_device("DDP", pred, 2)["total"] >= pred["peak"] > 0, (per_device("DDP", pred, 2), pred["peak"])
 
 
+@pytest.mark.parametrize(("call", "words"), [
+    ("float(loss.detach())", "the step reads a tensor's value"),
+    ("torch.unique(y)", "an operator whose output size depends on the values"),
+])
+def test_a_step_fake_tensors_cannot_run_is_said_in_words_with_its_line(tmp_path, call, words):
+    import lightning.pytorch as L
+
+    from pytest_ltconform.contracts.memory.predict import CannotTrace, predict
+
+    name = f"reads_{abs(hash(call)) % 10_000}"
+    (tmp_path / f"{name}.py").write_text(
+        "import lightning.pytorch as L\nimport torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\n\n"
+        "class Model(L.LightningModule):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.net = torch.nn.Linear(8, 2)\n\n"
+        "    def training_step(self, batch, batch_idx):\n        x, y = batch\n"
+        "        loss = torch.nn.functional.cross_entropy(self.net(x), y)\n"
+        f"        {call}\n"
+        "        return loss\n\n"
+        "    def train_dataloader(self):\n"
+        "        return DataLoader(TensorDataset(torch.randn(4, 8), torch.randint(0, 2, (4,))), batch_size=2)\n\n"
+        "    def configure_optimizers(self):\n        return torch.optim.SGD(self.parameters(), lr=0.1)\n")
+    mod = _load(tmp_path / f"{name}.py", name)
+    objects = types.SimpleNamespace(model=mod.Model(), datamodule=None, user_kwargs={}, ns=L, new_model=mod.Model)
+    with pytest.raises(CannotTrace) as raised:
+        predict(objects, 2)
+    assert words in str(raised.value) and f"{name}.py:14 (training_step)" in str(raised.value), str(raised.value)
+
+
 def test_per_device_bytes_shard_what_each_strategy_shards():
     pred = _prediction()
     ddp, full, grad_op = (per_device(s, pred, 8) for s in ("DDP", "FSDP FULL_SHARD", "FSDP SHARD_GRAD_OP"))

@@ -360,7 +360,19 @@ def stopped(what: str, exc: BaseException) -> str:
     where = (f"at {fmt_site({'file': frames[-1].filename, 'line': frames[-1].lineno, 'func': frames[-1].name})}"
              if frames else "before reaching user code")
     message = first_sentence(str(cause), 240) or "no message"
-    return f"{what} stopped {where}: {message} ({type(cause).__name__})"
+    said = f"{message} ({type(cause).__name__})"
+    plain = _FAKE_LIMITS.get(type(cause).__name__)
+    return f"{what} stopped {where}: {f'{plain} ({said})' if plain else said}"
+
+
+# What fake tensors cannot do, in words, by the exception torch raises for it.
+_FAKE_LIMITS = {
+    "DataDependentOutputException": "the step reads a tensor's value (an .item(), a bool of a tensor, or a "
+                                    "check on values such as torch.distributions' argument validation), and a "
+                                    "fake tensor has no values",
+    "DynamicOutputShapeException": "the step calls an operator whose output size depends on the values "
+                                   "(torch.unique, nonzero, masked_select), which a fake tensor cannot size",
+}
 
 
 def _peak(tracker) -> int:
