@@ -617,7 +617,16 @@ def test_a_trace_child_that_crashes_or_hangs_is_a_reason_and_this_process_goes_o
     crashed = apart.traced_apart(_crash, log, 60)["error"]
     assert crashed.startswith("the process tracing it was killed by SIGSEGV before it gave its figures (last in "
                               "user code at "), crashed
-    assert "test_memory.py:" in crashed and "(_crash)" in crashed
+    assert "test_memory.py:" in crashed and "(_crash)" in crashed and crashed.endswith(", twice")
+    flag = tmp_path / "crashed-once"
+
+    def crash_once():
+        if not flag.exists():
+            flag.write_text("1")
+            _crash()
+        return {"peak": 4}
+
+    assert apart.traced_apart(crash_once, log, 60) == {"peak": 4}  # a crash of the fork is traced once more
     monkeypatch.setattr(apart, "MIN_KILL_S", 1.0)
     hung = apart.traced_apart(_hang, log, 1)["error"]
     assert hung.startswith("the trace did not end within 1 s while under its operator budget"), hung

@@ -33,8 +33,21 @@ _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func
 
 def traced_apart(trace: Callable[[], dict], log_path: str, kill_after_s: float) -> dict:
     """``trace()``'s dict, computed in a forked child; ``{"error": reason}`` when the child raised
-    (its reason), crashed (the signal and its last user frame) or ran past ``kill_after_s``."""
+    (its reason), crashed twice (the signal and its last user frame) or ran past ``kill_after_s``
+    (seconds, both tries together). A child killed by a signal is forked once more while time is
+    left: a crash of the fork must not decide which figures judge the item."""
     limit = max(kill_after_s, MIN_KILL_S)
+    start = time.monotonic()
+    got, crashed = _traced_once(trace, log_path, limit)
+    left = limit - (time.monotonic() - start)
+    if not crashed or left < MIN_KILL_S:
+        return got
+    again, crashed = _traced_once(trace, log_path, left)
+    return {"error": f"{again['error']}, twice"} if crashed else again
+
+
+def _traced_once(trace: Callable[[], dict], log_path: str, limit: float) -> tuple[dict, bool]:
+    """(the figures or ``{"error": reason}``, whether the child died of a signal)."""
     read_end, write_end = os.pipe()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
@@ -55,11 +68,12 @@ def traced_apart(trace: Callable[[], dict], log_path: str, kill_after_s: float) 
         return {"error": f"the trace did not end within {limit:.0f} s while under its operator budget (it "
                          f"waited on something, or the module is too large to trace within the ranks' "
                          f"process-group timeout, a quarter of --ltconform-timeout), so it was stopped"
-                         f"{_where(log_path)}"}
+                         f"{_where(log_path)}"}, False
     try:
-        return json.loads(data.decode("utf-8"))
+        return json.loads(data.decode("utf-8")), False
     except ValueError:
-        return {"error": f"the process tracing it {_exit_words(code)} before it gave its figures{_where(log_path)}"}
+        return ({"error": f"the process tracing it {_exit_words(code)} before it gave its figures{_where(log_path)}"},
+                code < 0)
 
 
 def _child(trace: Callable[[], dict], write_end: int, log_path: str) -> None:
