@@ -212,6 +212,7 @@ class Run:
         self.reference: Run | None = None  # the one-rank run of RunSpec.reference, when it ran
         self.first_item: str | None = None  # the first item judged on it: a later hang names it
         self.cause_item: str | None = None  # the item that shows why it did not finish
+        self.settings: Any = None  # the session's Settings (a stated device memory), set by the session
 
     @property
     def world_size(self) -> int:
