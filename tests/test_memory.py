@@ -180,11 +180,10 @@ def test_predicted_activations_are_what_the_real_step_saves_for_backward(tmp_pat
 def test_a_predicted_total_is_never_below_the_traced_steps_own_peak(tmp_path):
     """Adam's scratch inside optimizer.step is tracked as optimizer state: on a module whose peak
     is there (wide weights, a batch of one), the DDP total still covers the traced peak."""
-    import lightning.pytorch as L
 
     from pytest_ltconform.contracts.memory.predict import predict
 
-    (tmp_path / "adam_peak.py").write_text(
+    objects = _written_target(tmp_path, "adam_peak",
         "import lightning.pytorch as L\nimport torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\n\n"
         "class Model(L.LightningModule):\n    def __init__(self):\n        super().__init__()\n"
         "        self.net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 2))\n\n"
@@ -193,8 +192,6 @@ def test_a_predicted_total_is_never_below_the_traced_steps_own_peak(tmp_path):
         "    def train_dataloader(self):\n"
         "        return DataLoader(TensorDataset(torch.randn(4, 64), torch.randint(0, 2, (4,))), batch_size=1)\n\n"
         "    def configure_optimizers(self):\n        return torch.optim.Adam(self.parameters(), lr=0.1)\n")
-    mod = _load(tmp_path / "adam_peak.py", "adam_peak")
-    objects = types.SimpleNamespace(model=mod.Model(), datamodule=None, user_kwargs={}, ns=L, new_model=mod.Model)
     pred = predict(objects, 2)
     assert per_device("DDP", pred, 2)["total"] >= pred["peak"] > 0, (per_device("DDP", pred, 2), pred["peak"])
 
@@ -204,12 +201,11 @@ def test_a_predicted_total_is_never_below_the_traced_steps_own_peak(tmp_path):
     ("torch.unique(y)", "an operator whose output size depends on the values"),
 ])
 def test_a_step_fake_tensors_cannot_run_is_said_in_words_with_its_line(tmp_path, call, words):
-    import lightning.pytorch as L
 
     from pytest_ltconform.contracts.memory.predict import CannotTrace, predict
 
     name = f"reads_{abs(hash(call)) % 10_000}"
-    (tmp_path / f"{name}.py").write_text(
+    objects = _written_target(tmp_path, name,
         "import lightning.pytorch as L\nimport torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\n\n"
         "class Model(L.LightningModule):\n    def __init__(self):\n        super().__init__()\n"
         "        self.net = torch.nn.Linear(8, 2)\n\n"
@@ -220,8 +216,6 @@ def test_a_step_fake_tensors_cannot_run_is_said_in_words_with_its_line(tmp_path,
         "    def train_dataloader(self):\n"
         "        return DataLoader(TensorDataset(torch.randn(4, 8), torch.randint(0, 2, (4,))), batch_size=2)\n\n"
         "    def configure_optimizers(self):\n        return torch.optim.SGD(self.parameters(), lr=0.1)\n")
-    mod = _load(tmp_path / f"{name}.py", name)
-    objects = types.SimpleNamespace(model=mod.Model(), datamodule=None, user_kwargs={}, ns=L, new_model=mod.Model)
     with pytest.raises(CannotTrace) as raised:
         predict(objects, 2)
     assert words in str(raised.value) and f"{name}.py:14 (training_step)" in str(raised.value), str(raised.value)
@@ -401,6 +395,15 @@ def _load(path, name):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _written_target(tmp_path, name: str, source: str):
+    """What predict() reads of a target: ``source`` written to ``name``.py, loaded, its Model built."""
+    import lightning.pytorch as L
+
+    (tmp_path / f"{name}.py").write_text(source)
+    module = _load(tmp_path / f"{name}.py", name)
+    return types.SimpleNamespace(model=module.Model(), datamodule=None, user_kwargs={}, ns=L, new_model=module.Model)
 
 
 def test_production_step_is_traced_at_the_configs_devices_precision_and_stated_batch(tmp_path):
@@ -650,12 +653,11 @@ def test_the_trace_child_sees_no_process_group_and_the_rank_keeps_its_own(tmp_pa
 def test_a_train_loader_that_reads_the_process_group_is_drawn_in_the_rank_before_the_fork(tmp_path):
     """The trace's process sees no process group; the loader (sharding by dist.get_rank()) is drawn
     before the fork, where the group is the rank's."""
-    import lightning.pytorch as L
     import torch.distributed as dist
 
     from pytest_ltconform.contracts.memory.probe import _predicted
 
-    (tmp_path / "rank_loader.py").write_text(
+    objects = _written_target(tmp_path, "rank_loader",
         "import lightning.pytorch as L\nimport torch\nimport torch.distributed as dist\n\n\n"
         "class Model(L.LightningModule):\n    def __init__(self):\n        super().__init__()\n"
         "        self.layer = torch.nn.Linear(4, 1)\n\n"
@@ -663,8 +665,6 @@ def test_a_train_loader_that_reads_the_process_group_is_drawn_in_the_rank_before
         "    def train_dataloader(self):\n        rows = torch.randn(16, 4)\n"
         "        return torch.utils.data.DataLoader(rows[dist.get_rank()::dist.get_world_size()], batch_size=8)\n\n"
         "    def configure_optimizers(self):\n        return torch.optim.SGD(self.parameters(), lr=0.1)\n")
-    module = _load(tmp_path / "rank_loader.py", "rank_loader")
-    objects = types.SimpleNamespace(model=module.Model(), datamodule=None, user_kwargs={}, ns=L, new_model=module.Model)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         pred = _predicted(objects, None, 1)
