@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from . import progress
+from . import progress, vocabulary
 from . import settings as settings_mod
 
 TARGETS_KEY = pytest.StashKey["object"]()  # target.Targets of the first target, once validated
@@ -287,7 +287,7 @@ def preload_for(settings) -> tuple[str, ...]:
     if PRELOAD_ENV in os.environ:
         return tuple(name.strip() for name in os.environ[PRELOAD_ENV].split(",") if name.strip())
     deepspeed = settings.enabled and "deepspeed" in settings.strategies
-    return ("lightning.pytorch",) + (("deepspeed",) if deepspeed else ())
+    return vocabulary.preload_modules(deepspeed)
 
 
 class SigtermAsInterrupt:

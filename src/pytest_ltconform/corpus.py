@@ -72,7 +72,7 @@ import time
 from . import contracts
 from .outcomes import Outcome
 from .settings import Settings
-from .vocabulary import LAUNCHERS
+from .vocabulary import LAUNCHERS, preload_modules
 
 
 @dataclasses.dataclass
@@ -487,7 +487,7 @@ def _judge_in_pool(cases: list[Case], args, strategies) -> tuple[list[dict], int
 
     settings = Settings(target="corpus", world_size=args.world_size, timeout_s=args.timeout)
     deepspeed = strategies is None or "deepspeed" in strategies
-    pool = WorldPool(launcher=args.launcher, preload=("lightning.pytorch",) + (("deepspeed",) if deepspeed else ()))
+    pool = WorldPool(launcher=args.launcher, preload=preload_modules(deepspeed))
     rows: list[dict] = []
     try:
         for i, case in enumerate(cases, 1):

@@ -31,6 +31,18 @@ CUDA_TIERS = ("gpu", "deepspeed")
 # torch and Lightning once, or each a fresh interpreter (the baseline).
 LAUNCHERS = ("fork", "spawn")
 
+
+def preload_modules(deepspeed: bool) -> tuple[str, ...]:
+    """What a fork parent imports once for all its ranks: Lightning, and for the deepspeed
+    strategy DeepSpeed with torch's inductor. A DeepSpeed engine imports the inductor on each
+    rank while it starts (its Muon optimizer is ``torch.compile``-decorated), about a second per
+    rank; importing it in the parent changes no setting a rank sees (the engine's own import
+    still runs in the rank)."""
+    return ("lightning.pytorch",) + (DEEPSPEED_PRELOAD if deepspeed else ())
+
+
+DEEPSPEED_PRELOAD = ("deepspeed", "torch._inductor.compile_fx")
+
 # Environment of every rank of a tier's local worlds. DeepSpeed picks its accelerator once, at
 # import: on CPU ranks it must be the CPU one, also on a host with GPUs.
 RANK_ENV = {"cpu": {"DS_ACCELERATOR": "cpu"}}

@@ -11,6 +11,7 @@ import atexit
 import os
 from typing import Protocol
 
+from ..vocabulary import DEEPSPEED_PRELOAD
 from . import launch
 from .job import JobRequest
 from .launch import DEFAULT_LAUNCHER, LAUNCHERS
@@ -78,7 +79,7 @@ class WorldPool:
     def _preload(self, backend: str) -> tuple[str, ...]:
         # DeepSpeed picks its CUDA accelerator when imported, which may initialise CUDA: the ranks of
         # a CUDA world import it themselves, after the fork.
-        return tuple(m for m in self.preload if backend != "nccl" or m.split(".")[0] != "deepspeed")
+        return tuple(m for m in self.preload if backend != "nccl" or m not in DEEPSPEED_PRELOAD)
 
     def _launcher(self, env_key: tuple, backend: str):
         launcher = self._launchers.get((env_key, backend))
