@@ -259,15 +259,136 @@ def test_the_launcher_option_reaches_the_fixture_worlds(pytester, monkeypatch, h
 def test_a_pool_has_one_fork_parent_per_rank_environment_and_none_preloads_deepspeed_for_cuda():
     """Worlds of every size with one rank environment share one parent (one import for the
     session); a CUDA world's parent leaves DeepSpeed out (its import may initialise CUDA)."""
+    from pytest_ltconform.vocabulary import preload_modules
     from pytest_ltconform.world import WorldPool
 
-    pool = WorldPool(preload=("lightning.pytorch", "deepspeed"))
+    pool = WorldPool(preload=preload_modules(deepspeed=True))
     try:
         cpu2, cpu1 = (pool.get(n, "gloo", 30.0, {"DS_ACCELERATOR": "cpu"}) for n in (2, 1))
         gpu = pool.get(2, "nccl", 30.0, {})
         assert cpu2.launcher is cpu1.launcher and cpu2.launcher is not gpu.launcher
-        assert cpu2.launcher.preload == ("lightning.pytorch", "deepspeed")
+        assert cpu2.launcher.preload == ("lightning.pytorch", "deepspeed", "torch._inductor.compile_fx")
         assert gpu.launcher.preload == gpu.preload == ("lightning.pytorch",)
         assert pool.imports == 0  # nothing is started before a run
     finally:
         pool.close()
+
+
+FRESH = '''
+import os
+import sys
+import time
+
+import pytest
+
+from pytest_ltconform.world import JobRequest, LocalWorld
+from pytest_ltconform.world import zygote
+
+IMPORTED_IN = os.getpid()
+
+
+def ask(ctx, entry, args, timeout_s=60.0):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LTCONFORM_")}
+    env.update(ASKED="yes", PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    got = zygote.run_fresh(entry, args, env=env, cwd=os.getcwd(), folder=ctx.job_dir, timeout_s=timeout_s)
+    return {"rank": os.getpid(), "parent": os.getppid(), "got": got}
+
+
+def rank0_asks(ctx, entry, args, timeout_s=60.0):
+    return ask(ctx, entry, args, timeout_s) if ctx.rank == 0 else None
+
+
+def test_a_fresh_process_is_a_sibling_that_never_imported_the_ranks_code():
+    world = LocalWorld(2, preload=("torch.distributed",))
+    try:
+        result = world.run(JobRequest("test_fresh:rank0_asks", args=("fresh_entry:facts", ["hello"]), timeout_s=120))
+        crashed = world.run(JobRequest("test_fresh:rank0_asks", args=("fresh_entry:crash", []), timeout_s=120))
+        parent = world.launcher.pid
+    finally:
+        world.close()
+    asked = result.values[0]
+    got = asked["got"]
+    assert got["marker"] == "hello" and got["asked_env"] == "yes" and got["pid"] != asked["rank"], asked
+    assert got["ppid"] == asked["parent"] == parent and got["sid"] == got["pid"], asked  # forked by the parent
+    assert got["rank_module_loaded"] is False and got["torch_preloaded"] is True, asked
+    assert crashed.values[0]["got"]["crashed"] == 5 and "about to crash" in crashed.values[0]["got"]["tail"]
+
+
+def test_a_fresh_process_past_its_time_is_killed(tmp_path):
+    world = LocalWorld(2, preload=("torch.distributed",))
+    pid_file = str(tmp_path / "pid")
+    try:
+        result = world.run(JobRequest("test_fresh:rank0_asks", args=("fresh_entry:sleep", [pid_file]),
+                                      kwargs={"timeout_s": 2.0}, timeout_s=120))
+    finally:
+        world.close()
+    assert result.values[0]["got"] == {"timeout": 2.0}
+    assert wait_gone(int(open(pid_file).read()))
+
+
+def test_a_fresh_process_goes_with_the_rank_that_asked_for_it(tmp_path):
+    world = LocalWorld(2, preload=("torch.distributed",))
+    pid_file = str(tmp_path / "pid")
+    try:
+        result = world.run(JobRequest("test_fresh:rank0_asks", args=("fresh_entry:sleep", [pid_file]),
+                                      kwargs={"timeout_s": 600.0}, timeout_s=5))
+        pid = int(open(pid_file).read())
+        assert result.status != "ok"  # the run was stopped at its time limit: its ranks were killed
+        assert wait_gone(pid)
+    finally:
+        world.close()
+
+
+def test_a_spawned_rank_has_no_parent_to_ask():
+    world = LocalWorld(2, preload=(), launcher="spawn")
+    try:
+        result = world.run(JobRequest("test_fresh:rank0_asks", args=("fresh_entry:facts", ["x"]), timeout_s=120))
+    finally:
+        world.close()
+    assert result.values[0]["got"] is None
+
+
+def wait_gone(pid, seconds=30.0):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                if fh.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                    return True
+        except OSError:
+            return True
+        time.sleep(0.1)
+    return False
+'''
+
+FRESH_ENTRY = '''
+import os
+import sys
+import time
+
+
+def facts(marker):
+    return {"pid": os.getpid(), "ppid": os.getppid(), "sid": os.getsid(0), "marker": marker,
+            "asked_env": os.environ.get("ASKED"), "cwd": os.getcwd(),
+            "rank_module_loaded": "test_fresh" in sys.modules, "torch_preloaded": "torch.distributed" in sys.modules}
+
+
+def crash():
+    print("about to crash", flush=True)
+    os._exit(5)
+
+
+def sleep(pid_file):
+    with open(pid_file, "w") as fh:
+        fh.write(str(os.getpid()))
+    time.sleep(600)
+'''
+
+
+def test_a_rank_asks_its_parent_for_a_fresh_process(pytester):
+    """A forked rank gets a fresh process (spawn-safety's import check) from the parent that forked
+    it: a fork, not an interpreter, without the rank's own imports; one that crashes says so, one
+    past its time or whose rank was killed is killed; a spawned rank is told to start one itself."""
+    pytester.makepyfile(test_fresh=FRESH, fresh_entry=FRESH_ENTRY)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=4)

@@ -10,6 +10,11 @@ imports the pytest plugin.
 Messages both ways are length-prefixed pickles (see :func:`send`): to the parent
 ``("fork", token, env, log_path, cwd)``; from it ``("ready", pid, refusal, env_added)``,
 ``("forked", token, pid)`` and ``("exit", pid, returncode)``.
+
+A forked rank may ask the parent for a *fresh process* (:func:`run_fresh`): a sibling forked
+from the same parent, so it has torch and Lightning imported and none of the user's code, which
+calls one named function and returns its JSON. That is what importing a module the way a spawned
+process would costs a fork instead of an interpreter.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import contextlib
 import errno
 import faulthandler
 import importlib
+import json
 import os
 import pickle
 import select
@@ -26,11 +32,14 @@ import struct
 import sys
 import tempfile
 import threading
+import time
 import traceback
 
 from . import protocol, rank
 
 _HEADER = struct.Struct("!I")
+# In a rank this parent forked: the pipe on which it asks for a fresh process (see run_fresh).
+_ASK_FD: int | None = None
 
 
 def send(fd: int, message: tuple) -> None:
@@ -88,6 +97,9 @@ class Zygote:
         self.start_env = dict(os.environ)
         self.env_added: dict = {}
         self.wake_r, self.wake_w = os.pipe()
+        self.ask_r, self.ask_w = os.pipe()  # ranks' requests for a fresh process: one path per line
+        self.fresh: dict[int, tuple[str, int]] = {}  # pid of a fresh process -> (request file, asking rank)
+        self.asks = bytearray()
 
     def serve(self) -> int:
         names = os.environ.get(protocol.PRELOAD_ENV, "").split(",")
@@ -112,12 +124,14 @@ class Zygote:
         buffer = bytearray()
         while True:
             try:
-                ready, _, _ = select.select([self.request_fd, self.wake_r], [], [], 1.0)
+                ready, _, _ = select.select([self.request_fd, self.wake_r, self.ask_r], [], [], 1.0)
             except InterruptedError:
                 ready = []
             if self.wake_r in ready:
                 os.read(self.wake_r, 4096)
             self._reap()
+            if self.ask_r in ready:
+                self._asked()
             if self.request_fd in ready:
                 data = os.read(self.request_fd, 65536)
                 if not data:  # the supervisor closed the pipe or died: take the ranks down
@@ -137,6 +151,13 @@ class Zygote:
             if pid == 0:
                 return
             self.children.discard(pid)
+            if pid in self.fresh:  # the asking rank reads its exit status from a file
+                _write_atomic(self.fresh.pop(pid)[0] + ".exit", str(os.waitstatus_to_exitcode(status)))
+                continue
+            for fresh, (_, asker) in list(self.fresh.items()):
+                if asker == pid:  # a rank killed while it waited: what it asked for goes with it
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(fresh, signal.SIGKILL)
             send(self.reply_fd, ("exit", pid, os.waitstatus_to_exitcode(status)))
 
     def _kill_all(self) -> None:
@@ -170,11 +191,25 @@ class Zygote:
     def _become_rank(self, env: dict, log_path: str, cwd: str) -> int:
         """In the child: what a spawned rank's start gives it, then the rank's own main."""
         parent = os.getppid()
-        os.setsid()  # its own process group, as spawned ranks have: the supervisor kills it with killpg
+        self._leave_parent()
+        global _ASK_FD
+        _ASK_FD = self.ask_w
+        self._take_over(env, log_path, cwd, parent)
+        _rank_zero_from_env()
+        return rank.main()
+
+    def _leave_parent(self) -> None:
+        """In a child: its own process group (the supervisor kills it with killpg), the parent's
+        signal handling and pipes undone."""
+        os.setsid()
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        for fd in (self.request_fd, self.reply_fd, self.wake_r, self.wake_w):
+        for fd in (self.request_fd, self.reply_fd, self.wake_r, self.wake_w, self.ask_r):
             os.close(fd)
+
+    def _take_over(self, env: dict, log_path: str, cwd: str, parent: int | None) -> None:
+        """In a child: what a spawned process's start gives it: its log as stdout and stderr, its
+        folder, its environment and ``sys.path``."""
         log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
@@ -187,14 +222,97 @@ class Zygote:
         os.environ.clear()
         os.environ.update(env)
         os.environ.update(self.env_added)
-        os.environ[protocol.PARENT_PID_ENV] = str(parent)
+        if parent is not None:
+            os.environ[protocol.PARENT_PID_ENV] = str(parent)
         # sys.path as `python -m` in ``cwd`` with the rank's PYTHONPATH would have it.
         given = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
         sys.path[:] = [cwd] + given + [p for p in self.base_path if p not in given]
         importlib.invalidate_caches()  # files written since the parent listed their folders
         tempfile.tempdir = None  # the rank's TMPDIR, not the parent's
-        _rank_zero_from_env()
-        return rank.main()
+
+    def _asked(self) -> None:
+        data = os.read(self.ask_r, 65536)
+        self.asks += data
+        while b"\n" in self.asks:
+            line, _, rest = bytes(self.asks).partition(b"\n")
+            self.asks[:] = rest
+            path = line.decode()
+            try:
+                with open(path) as fh:
+                    request = json.load(fh)
+            except (OSError, ValueError) as exc:
+                with contextlib.suppress(OSError):
+                    _write_atomic(path + ".exit", f"-1 {exc}")
+                continue
+            self._fork_fresh(path, request)
+
+    def _fork_fresh(self, request_path: str, request: dict) -> None:
+        """Fork a fresh process for the request file a rank wrote (see :func:`run_fresh`)."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                self._leave_parent()
+                os.close(self.ask_w)
+                rank._set_death_signal()
+                self._take_over(request["env"], request_path + ".log", request["cwd"], None)
+                module, _, name = request["entry"].partition(":")
+                out = getattr(importlib.import_module(module), name)(*request["args"])
+                _write_atomic(request_path + ".out", json.dumps(out, default=repr))
+                code = 0
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                with contextlib.suppress(Exception):
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                os._exit(code)
+        self.children.add(pid)
+        self.fresh[pid] = (request_path, request["asker"])
+        _write_atomic(request_path + ".pid", str(pid))
+
+
+def _write_atomic(path: str, text: str) -> None:
+    with open(path + ".tmp", "w") as fh:
+        fh.write(text)
+    os.replace(path + ".tmp", path)
+
+
+def run_fresh(entry: str, args: list, *, env: dict, cwd: str, folder: str, timeout_s: float) -> dict | None:
+    """Call ``entry`` (``"pkg.module:function"``, returning JSON-able data) with ``args`` in a
+    fresh process: forked from the fork launcher's parent, which imported the preloaded modules
+    and never ran the user's code; with ``env`` as its environment, ``cwd`` as its folder and
+    ``sys.path`` as ``python -m`` there with env's PYTHONPATH would have it.
+
+    Returns the function's result, ``{"timeout": timeout_s}`` (the process is killed), or
+    ``{"crashed": exit status, "tail": its output's last lines}``; None when this process was not
+    forked by that parent (a spawned or attached rank): the caller starts an interpreter itself.
+    The request, output and log files are written under ``folder``."""
+    if _ASK_FD is None:
+        return None
+    request = os.path.join(folder, f"fresh-{os.getpid()}-{time.monotonic_ns()}.json")
+    _write_atomic(request, json.dumps({"entry": entry, "args": args, "env": env, "cwd": cwd,
+                                           "asker": os.getpid()}))
+    os.write(_ASK_FD, (request + "\n").encode())  # under PIPE_BUF: one write, never interleaved
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(request + ".exit"):
+        if time.monotonic() > deadline:
+            with contextlib.suppress(OSError, ValueError):
+                with open(request + ".pid") as fh:
+                    os.killpg(int(fh.read()), signal.SIGKILL)
+            return {"timeout": timeout_s}
+        time.sleep(0.02)
+    if os.path.exists(request + ".out"):
+        with open(request + ".out") as fh:
+            return json.load(fh)
+    with open(request + ".exit") as fh:
+        code = int(fh.read().split()[0])
+    tail = ""
+    with contextlib.suppress(OSError), open(request + ".log", errors="replace") as fh:
+        tail = fh.read()[-1500:]
+    return {"crashed": code, "tail": tail}
 
 
 def _rank_zero_from_env() -> None:

@@ -7,9 +7,12 @@ import-safe main guard, and is not a generic fix for a distributed configuration
 Checked in a run of kind "spawn" on rank 0: the LightningModule, the LightningDataModule and
 the Trainer kwargs are pickled the way the spawn launcher pickles them; when one fails, the
 object graph is searched for the attribute path that does not pickle (a lambda, an open file, a
-lock) and its definition site. Then the target's module is imported in a fresh interpreter with
-``Trainer.fit/validate/test/predict`` armed (``tripwire.py``): training started at import time (no
-``if __name__ == "__main__":`` guard) fails with the line that started it. A user config naming
+lock) and its definition site. Then the target's module is imported, as a spawned process
+imports it, in a fresh process with ``Trainer.fit/validate/test/predict`` armed (``tripwire.py``):
+forked from the fork launcher's parent, which imported torch and Lightning and none of the
+user's code, or a fresh interpreter under ``--ltconform-launcher spawn`` and in attached worlds.
+Training started at import time (no ``if __name__ == "__main__":`` guard) fails with the line
+that started it. A user config naming
 ddp_spawn runs as ddp inside our worlds: Lightning keeps its own spawn launcher even in externally
 started ranks, so spawning is judged here instead.
 """
@@ -55,10 +58,10 @@ class SpawnSafety(Contract):
     def _passed(self, fresh: dict, module: str, notes: list[str]) -> Verdict:
         parts = ["the module, datamodule and Trainer kwargs pickle"]
         if fresh.get("seconds") is not None:
-            parts.append(f"importing {module} in a fresh interpreter started no training "
+            parts.append(f"importing {module} in {_fresh(fresh)} started no training "
                          f"({fresh['seconds']:.1f} s)")
         elif fresh.get("crashed") is not None:
-            notes.append(f"the fresh-interpreter import check itself did not report (exit {fresh['crashed']}).")
+            notes.append(f"the import check in {_fresh(fresh)} itself did not report (exit {fresh['crashed']}).")
         return self.verdict("passed", "; ".join(parts) + ".", notes=notes)
 
     def _failed(self, failures: list[_Failure], notes: list[str], spawn_matters: bool) -> Verdict:
@@ -81,20 +84,26 @@ class _Failure(NamedTuple):
     evidence: list[Evidence]
     fix: str
 
+def _fresh(fresh: dict) -> str:
+    """Where the module was imported: forked before any user code, or a new interpreter."""
+    if fresh.get("how") == "process":
+        return "a fresh process (forked before any of your code was imported)"
+    return "a fresh interpreter"
+
 def _import_failures(facts: dict, fresh: dict, module: str) -> list[_Failure]:
-    """What importing the module in a fresh interpreter showed: training started at import time,
+    """What importing the module in a fresh process showed: training started at import time,
     an import that never returned, or one that raised (at most one of them)."""
     trip = fresh.get("tripped") or (facts.get("tripped_here") or [None])[0]
     if trip:
         return [_trip_failure(trip, fresh, module)]
     if fresh.get("timeout"):
-        return [_Failure(f"importing the module {module} in a fresh interpreter did not return within "
+        return [_Failure(f"importing the module {module} in {_fresh(fresh)} did not return within "
                          f"{fresh['timeout']:.0f} s: something at module top level runs (training, a "
                          f"collective, a server) that every spawn-started process would run again.", [],
                          "move side effects under `if __name__ == \"__main__\":`.")]
     if fresh.get("error"):
         where = fmt_site(fresh["error_site"]) if fresh.get("error_site") else None
-        return [_Failure(f"the module {module} cannot be imported in a fresh interpreter ({fresh['error']}"
+        return [_Failure(f"the module {module} cannot be imported in {_fresh(fresh)} ({fresh['error']}"
                          + (f" at {where}" if where else "") + "); a spawn-started process imports it first.",
                          [Evidence(fresh["error"], site=where)],
                          "make the module importable on its own (imports and sys.path set up at import time).")]
@@ -106,7 +115,7 @@ def _trip_failure(trip: dict, fresh: dict, module: str) -> _Failure:
                f"no `if __name__ == \"__main__\":` guard) at {site}: a spawn-started rank (ddp_spawn, "
                f"DataLoader workers under spawn) re-imports it and starts training again, and so does "
                f"every tool that imports it.")
-    evidence = [Evidence(f"{trip['method']} entered while importing {module} in a fresh interpreter", site=site)]
+    evidence = [Evidence(f"{trip['method']} entered while importing {module} in {_fresh(fresh)}", site=site)]
     for built in fresh.get("trainers", [])[:2]:
         evidence.append(Evidence("Trainer(...) constructed at import time", site=fmt_site(built)))
     return _Failure(summary, evidence, "put the script part (Trainer construction and fit) under "

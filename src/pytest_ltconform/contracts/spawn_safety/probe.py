@@ -95,28 +95,39 @@ def find_unpicklable(obj, path: str, depth: int = 0, seen: set | None = None) ->
     what, site = _describe_leaf(obj)
     return {"path": path, "what": what, "error": error, "site": site}
 
-def _fresh_import(targets) -> dict | None:
+def _fresh_import(targets, folder: str) -> dict | None:
+    """What importing the target's module in a process that never imported it showed (see
+    :func:`tripwire.fresh_import_check`): forked from the fork launcher's parent (torch and
+    Lightning imported, none of the user's code), or a fresh interpreter where ranks are not
+    forked from one. ``how`` says which."""
     import json
     import subprocess
     import sys
 
+    from ...world import zygote
+
     spec = targets.model.module
-    folder = os.path.dirname(targets.model.path) if targets.model.path else None
-    paths = ([folder] if folder else []) + [p for p in sys.path if p]
+    folder_of_model = os.path.dirname(targets.model.path) if targets.model.path else None
+    paths = ([folder_of_model] if folder_of_model else []) + [p for p in sys.path if p]
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK",
                         "GROUP_RANK", "LOCAL_WORLD_SIZE") and not k.startswith(("TORCHELASTIC_", "LTCONFORM_"))}
     env["PYTHONPATH"] = os.pathsep.join(paths)
+    args = [spec, targets.namespace, paths]
+    forked = zygote.run_fresh("pytest_ltconform.tripwire:fresh_import_check", args, env=env, cwd=os.getcwd(),
+                              folder=folder, timeout_s=FRESH_IMPORT_TIMEOUT_S)
+    if forked is not None:
+        return {**forked, "how": "process"}
     cmd = [sys.executable, "-m", "pytest_ltconform.tripwire", spec, targets.namespace, json.dumps(paths)]
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=FRESH_IMPORT_TIMEOUT_S,
                               stdin=subprocess.DEVNULL, cwd=os.getcwd())
     except subprocess.TimeoutExpired:
-        return {"timeout": FRESH_IMPORT_TIMEOUT_S}
+        return {"timeout": FRESH_IMPORT_TIMEOUT_S, "how": "interpreter"}
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith("LTCONFORM-IMPORT-CHECK "):
-            return json.loads(line.split(" ", 1)[1])
-    return {"crashed": proc.returncode, "tail": (proc.stdout + proc.stderr)[-1500:]}
+            return {**json.loads(line.split(" ", 1)[1]), "how": "interpreter"}
+    return {"crashed": proc.returncode, "tail": (proc.stdout + proc.stderr)[-1500:], "how": "interpreter"}
 
 class SpawnSafetyProbe(Probe):
     def inspect(self, run) -> dict | None:
@@ -125,7 +136,7 @@ class SpawnSafetyProbe(Probe):
         ctx = run.ctx
         done_key = f"ltconform-spawn-done/{os.path.dirname(ctx.job_dir)}"
         if ctx.rank != 0:
-            # Wait for rank 0 without a collective: its fresh interpreter can outlast the pg timeout.
+            # Wait for rank 0 without a collective: its fresh import can outlast the pg timeout.
             import time
 
             deadline = time.monotonic() + FRESH_IMPORT_TIMEOUT_S + 60
@@ -160,5 +171,5 @@ def _observe_rank0(run) -> dict:
         (targets.model.module,)
     tripped = [dict(v) for v in tripwire.TRIPPED.values() if v.get("module") in names
                and (not targets.model.path or v.get("path") in (None, targets.model.path))]
-    return {"pickling": pickling, "fresh": _fresh_import(targets), "spawn_config": spawn_config,
+    return {"pickling": pickling, "fresh": _fresh_import(targets, run.ctx.job_dir), "spawn_config": spawn_config,
             "tripped_here": tripped[:1], "module": targets.model.module}
