@@ -1,8 +1,10 @@
 """The conformance corpus: every case's expected verdict, with its evidence in the message.
 
-The whole corpus is judged once, by the documented command in a subprocess (one shared world
-pool for all cases, so a hang or crash in a case can never take this session down); each
-(case, contract) expectation is then its own test.
+The corpus is judged in PARTS parts, each once, by the documented command in a subprocess (one
+shared world pool for a part's cases, so a hang or crash in a case can never take this session
+down); each (case, contract) expectation is then its own test. A part's tests share an xdist
+group: under the default run's workers each part is judged on one worker while the other tests
+run beside it (a part spends much of its time waiting out the hangs its cases provoke).
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ from pytest_ltconform.corpus import (
 )
 
 CASES = [c for c in map(read_case, discover([str(CONFORMANCE)])) if c is not None]
+PARTS = 4
+# Every PARTS-th case in discovery order: each part gets its share of every folder (and of the
+# all-rank-save hangs, the slowest cases).
+PART_OF = {c.name: n % PARTS for n, c in enumerate(CASES)}
 # Items other work fixes (conformance/known_failing.txt): reported as xfail until then, not as red.
 KNOWN = read_known([str(CONFORMANCE)])
 
@@ -40,20 +46,22 @@ def _known(case, contract: str = "*") -> str | None:
 
 def _param(*values, case):
     why = _known(case, values[1] if len(values) > 1 else "*")
-    return pytest.param(*values, marks=[pytest.mark.xfail(reason=why, strict=False)] if why else [],
-                        id="-".join([case.name, *values[1:]]))
+    marks = [pytest.mark.xdist_group(f"corpus-part-{PART_OF[case.name]}")]
+    marks += [pytest.mark.xfail(reason=why, strict=False)] if why else []
+    return pytest.param(*values, marks=marks, id="-".join([case.name, *values[1:]]))
 
 
 EXPECTATIONS = [_param(c, cid, case=c) for c in CASES for cid in c.expected if cid in contracts.ids()]
 
 
-def _judge_corpus(out, *extra: str) -> dict:
-    """{(case, contract): [row per strategy]} from the documented command, run in a subprocess."""
+def _judge_corpus(out, *extra: str, paths: list[str] | None = None) -> dict:
+    """{(case, contract): [row per strategy]} from the documented command, run in a subprocess on
+    ``paths`` (cases; default: the whole corpus folder)."""
     # The command's per-case progress lines (stderr) are left to pytest's capture: `-s` shows them
     # as the corpus runs, a failure shows them under "Captured stderr", the default output stays short.
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest_ltconform.corpus", str(CONFORMANCE), "--json", str(out), "--timeout", "40",
-         *extra], cwd=REPO, stdout=subprocess.PIPE, text=True, timeout=5400,
+        [sys.executable, "-m", "pytest_ltconform.corpus", *(paths or [str(CONFORMANCE)]), "--json", str(out),
+         "--timeout", "40", *extra], cwd=REPO, stdout=subprocess.PIPE, text=True, timeout=5400,
     )
     assert out.exists(), f"the corpus command wrote no result:\n{proc.stdout[-4000:]}"
     doc = json.loads(out.read_text())
@@ -65,10 +73,20 @@ def _judge_corpus(out, *extra: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def corpus_rows(tmp_path_factory):
-    """The default tier: the contracts EXPECTED names, under ddp and the strategy each case's config
-    names, fsdp too on ok_ cases, as before the full matrix (see test_full_matrix for the cost)."""
-    return _judge_corpus(tmp_path_factory.mktemp("corpus") / "corpus.json", "--matrix", "named")
+def corpus_part(tmp_path_factory):
+    """``corpus_part(n)``: the rows of part ``n``, judged on first use in this process. The default
+    tier: the contracts EXPECTED names, under ddp and the strategy each case's config names, fsdp
+    too on ok_ cases, as before the full matrix (see test_full_matrix for the cost)."""
+    judged: dict[int, dict] = {}
+
+    def rows_of(part: int) -> dict:
+        if part not in judged:
+            paths = [c.path for c in CASES if PART_OF[c.name] == part]
+            out = tmp_path_factory.mktemp(f"corpus-part-{part}") / "corpus.json"
+            judged[part] = _judge_corpus(out, "--matrix", "named", paths=paths)
+        return judged[part]
+
+    return rows_of
 
 
 @pytest.mark.slow
@@ -92,8 +110,8 @@ def _evidence_tokens(evidence: str) -> list[str]:
 
 
 @pytest.mark.parametrize("case, contract", EXPECTATIONS)
-def test_case_gets_its_expected_verdict(corpus_rows, case, contract):
-    rows = corpus_rows.get((case.name, contract))
+def test_case_gets_its_expected_verdict(corpus_part, case, contract):
+    rows = corpus_part(PART_OF[case.name]).get((case.name, contract))
     assert rows, f"no verdict for {case.name} / {contract}"
     for row in rows:
         assert row["matched"], f"[{row['strategy']}] expected {row['expected']}, got {row['got']}: {row['message']}"
@@ -105,8 +123,10 @@ def test_case_gets_its_expected_verdict(corpus_rows, case, contract):
         assert "Fix:" in message
 
 
-def test_detection_rate_is_complete(corpus_rows):
-    rows = [r for (name, cid), group in corpus_rows.items() for r in group
+@pytest.mark.parametrize("part", [pytest.param(n, marks=pytest.mark.xdist_group(f"corpus-part-{n}"))
+                                  for n in range(PARTS)])
+def test_detection_rate_is_complete(corpus_part, part):
+    rows = [r for (name, cid), group in corpus_part(part).items() for r in group
             if (name, cid) not in KNOWN and (name, "*") not in KNOWN]
     positives = [r for r in rows if r["expected"] == "fail" and r["key"]]
     negatives = [r for r in rows if r["expected"] != "fail"]
