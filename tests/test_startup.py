@@ -262,6 +262,44 @@ def test_bad_target_fails_the_session_at_start_without_traceback(pytester):
     assert "Traceback" not in result.stderr.str()
 
 
+HEAVY_AFTER_VALIDATION = """
+import sys
+
+
+def pytest_collection_finish(session):
+    loaded = sorted({"torch", "lightning", "deepspeed", "targets_mod"} & set(sys.modules))
+    print("LOADED IN PYTEST:", ", ".join(loaded) or "nothing", flush=True)
+"""
+
+
+@pytest.mark.parametrize("launcher, loaded", [("fork", "nothing"), ("spawn", "deepspeed, lightning, torch")])
+def test_pytest_validates_a_target_without_importing_it_when_ranks_are_forked(pytester, launcher, loaded):
+    """Under the fork launcher the target is imported and built in a process forked from the
+    ranks' parent: pytest itself imports neither torch, Lightning nor the user's module to check
+    it; under spawn it validates in its own process, as before."""
+    pytester.makepyfile(targets_mod=TARGETS)
+    pytester.makeconftest(HEAVY_AFTER_VALIDATION)
+    result = pytester.runpytest_subprocess("--ltconform", "targets_mod:Good", "--collect-only", "-q", "-s",
+                                           "--ltconform-launcher", launcher, "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()
+    result.stdout.fnmatch_lines(["ltconform::targets_mod:Good::sync-dist[[]ddp[]]", f"LOADED IN PYTEST: {loaded}"])
+
+
+DIES_AT_IMPORT = """
+import os
+
+os._exit(3)
+"""
+
+
+def test_a_target_whose_import_kills_its_process_is_a_usage_error_not_a_dead_pytest(pytester):
+    pytester.makepyfile(dies_mod=DIES_AT_IMPORT)
+    result = pytester.runpytest_subprocess("--ltconform", "dies_mod:Model", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: 'dies_mod:Model': the process importing and building the target died "
+                                 "(exit status 3) before it could report*"])
+
+
 TRAINERS = """
 from lightning.pytorch.callbacks import ModelCheckpoint
 

@@ -22,6 +22,7 @@ SETTINGS_KEY = pytest.StashKey["settings_mod.Settings"]()
 POOL_KEY = pytest.StashKey["object"]()
 ATTACHED_KEY = pytest.StashKey["object"]()
 AVAILABILITY_KEY = pytest.StashKey["object"]()
+FACTS_KEY = pytest.StashKey[dict]()  # what the process that validated the targets saw of the machine
 ONLY_CONTRACTS_KEY = pytest.StashKey[bool]()
 SIGTERM_KEY = pytest.StashKey["SigtermAsInterrupt"]()
 HIDDEN_KEY = pytest.StashKey[dict]()
@@ -61,7 +62,7 @@ def start(config: pytest.Config, settings) -> None:
             settings_mod.check_capacity(settings)  # before anything heavy is imported or started
         stop_on_sigterm(config)
     _add_project_contracts(config)
-    validated = _validate_targets(settings)
+    validated = _validate_targets(config, settings)
     config.stash[ALL_TARGETS_KEY] = validated
     config.stash[TARGETS_KEY] = next(iter(validated.values()))
     _attach(config, settings)
@@ -125,24 +126,43 @@ def _selects_project_contracts(config: pytest.Config) -> bool:
     return config.args_source != pytest.Config.ArgsSource.ARGS or any(markexpr.names(m) for m in MARKERS)
 
 
-def _validate_targets(settings) -> dict:
-    """Import and check every target (each one's own user modules forgotten before the next, so
-    two folders with a ``model.py`` each do not meet); ``{id: target.Targets}`` in order. Raises
-    ``pytest.UsageError`` naming the target (and which of the list) and the fix."""
+def _validate_targets(config: pytest.Config, settings) -> dict:
+    """Import and check every target, each apart from the others (see :mod:`.validation`: in a
+    process forked from the fork launcher's parent, or here); ``{id: target.Targets}`` in order.
+    Raises ``pytest.UsageError`` naming the target (and which of the list) and the fix."""
     from . import target as target_mod
-    from .tiers import quiet_deepspeed_detection
+    from . import validation
+    from .world import WorldStartError
 
+    world = _validation_world(config, settings)
+    facts: dict = {}
     validated = {}
     count = len(settings.targets)
     for n, declared in enumerate(settings.targets, 1):
+        kwargs = settings_mod.validate_args(settings, declared)
         try:
-            # A user module that imports deepspeed would otherwise print its accelerator warning.
-            with target_mod.own_imports(), quiet_deepspeed_detection():
-                validated[declared.id] = target_mod.validate(**settings_mod.validate_args(settings, declared))
+            resolved = None
+            if world is not None:
+                try:
+                    resolved = validation.validate_forked(world, kwargs, facts, "deepspeed" in settings.strategies)
+                except WorldStartError:
+                    world = None  # the parent cannot start: validate here; the first run says why
+            validated[declared.id] = resolved if resolved is not None else validation.validate_here(kwargs)
         except target_mod.TargetError as exc:
             which = f"target {n} of {count} ({declared.id}): " if count > 1 else ""
             raise pytest.UsageError(f"{which}{exc}") from None
+    config.stash[FACTS_KEY] = facts
     return validated
+
+
+def _validation_world(config: pytest.Config, settings):
+    """The local CPU world whose fork parent validates the targets (its ranks' parent too), or
+    None: validate here under the spawn launcher and in a launched world."""
+    from . import tiers
+
+    if settings.launcher != "fork" or tiers.detect_attached() is not None:
+        return None
+    return tiers.world_for("cpu", pool(config), None, settings.world_size, settings.pg_timeout_s)
 
 
 def contracts_only(config: pytest.Config) -> bool:
@@ -179,11 +199,18 @@ def attached_world(config: pytest.Config):
 def availability(config: pytest.Config):
     avail = config.stash.get(AVAILABILITY_KEY, None)
     if avail is None:
+        from . import tiers
         from .tiers import Availability
 
         attached = attached_world(config)
+        facts = config.stash.get(FACTS_KEY, {})  # what the process that validated the targets saw
+        seen = {}
+        if "cuda" in facts:
+            seen["cuda_count"] = lambda: facts["cuda"]
+        if "deepspeed_missing" in facts:  # the ranks' parent imported it; this process must find it too
+            seen["deepspeed_missing"] = lambda: tiers.deepspeed_not_found() or facts["deepspeed_missing"]
         avail = Availability(config.stash[SETTINGS_KEY].world_size, attached.info if attached else None,
-                             attached.num_nodes if attached else None)
+                             attached.num_nodes if attached else None, **seen)
         config.stash[AVAILABILITY_KEY] = avail
     elif avail.num_nodes is None and attached_world(config) is not None:
         avail.num_nodes = attached_world(config).num_nodes  # agreed by every rank once collection finished

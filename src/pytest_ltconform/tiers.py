@@ -168,9 +168,16 @@ def detect_attached(environ=None) -> Attached | None:
 
 # -- availability ---------------------------------------------------------------------------------
 
-def _deepspeed_missing() -> str | None:
+def deepspeed_not_found() -> str | None:
+    """Why DeepSpeed cannot run, when this process cannot even find it (no import is made)."""
     if importlib.util.find_spec("deepspeed") is None:
         return "deepspeed not importable (no module named 'deepspeed'; pip install 'deepspeed>=0.16')"
+    return None
+
+
+def _deepspeed_missing() -> str | None:
+    if deepspeed_not_found():
+        return deepspeed_not_found()
     try:
         with quiet_deepspeed_detection():
             importlib.import_module("deepspeed")

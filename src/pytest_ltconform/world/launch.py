@@ -126,6 +126,19 @@ class ForkLauncher:
             self.pump(0.1)
         return ForkedRank(self, self._forked.pop(token))
 
+    def fresh(self, entry: str, args: list, *, env: dict, cwd: str, folder: str, timeout_s: float,
+              parent_env: dict) -> dict:
+        """Call ``entry`` with ``args`` in a fresh process forked from the parent (started with
+        ``parent_env`` in ``folder`` if it is not running): what :func:`zygote.run_fresh` returns
+        to a rank. Raises :class:`LaunchError` when the parent cannot start."""
+        self._ensure_parent(parent_env, folder)
+        request = zygote.write_request(entry, args, env=env, cwd=cwd, folder=folder)
+        try:
+            zygote.send(self._to, ("fresh", request))
+        except OSError:
+            pass  # the parent died: no answer comes, and the request times out
+        return zygote.await_fresh(request, timeout_s, self.pump)
+
     def _ensure_parent(self, env: dict, folder: str) -> None:
         if self._proc is not None and self._proc.poll() is None and self._from >= 0:
             return

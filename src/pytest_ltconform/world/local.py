@@ -96,7 +96,7 @@ class LocalWorld:
     def _rank_env(self, rank: int) -> dict:
         env = protocol.without_launcher_env(os.environ)
         env.update(
-            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(self._store.port), WORLD_SIZE=str(self.world_size),
+            MASTER_ADDR="127.0.0.1", WORLD_SIZE=str(self.world_size),
             RANK=str(rank), LOCAL_RANK=str(rank), NODE_RANK="0",
             # The rest of torchrun's variables: with TORCHELASTIC_RUN_ID set, Lightning picks its
             # TorchElasticEnvironment first and never probes MPI (importing mpi4py where Open MPI
@@ -113,12 +113,27 @@ class LocalWorld:
         env.update({protocol.GENERATION_ENV: str(self.generation), protocol.WORLD_DIR_ENV: self.root,
                     protocol.SUPERVISOR_PID_ENV: str(os.getpid()), protocol.PARENT_PID_ENV: str(os.getpid()),
                     protocol.PRELOAD_ENV: ",".join(self.preload)})
+        if self._store is not None:  # None: the fork parent's environment, before any rank starts
+            env["MASTER_PORT"] = str(self._store.port)
         env.update(self.env)
         # Two ranks on a small machine: one intra-op thread each avoids oversubscription.
         env.setdefault("OMP_NUM_THREADS", "1")
         src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = os.pathsep.join([src, os.getcwd()] + [p for p in sys.path if p and os.path.isdir(p)])
         return env
+
+    def fresh(self, entry: str, args: list, *, env: dict, cwd: str, timeout_s: float) -> dict | None:
+        """Call ``entry`` with ``args`` in a fresh process forked from this world's fork parent
+        (started now if it is not running), as ``zygote.run_fresh`` does for a rank; None when
+        this world's ranks are not forked (the spawn launcher). Raises :class:`WorldStartError`
+        when the parent cannot start."""
+        if self.closed or not hasattr(self.launcher, "fresh"):
+            return None
+        try:
+            return self.launcher.fresh(entry, args, env=env, cwd=cwd, folder=self.root, timeout_s=timeout_s,
+                                       parent_env=self._rank_env(0))
+        except launch.LaunchError as exc:
+            raise WorldStartError(f"could not start the fork launcher's parent: {exc}") from None
 
     def _tmp_dir(self) -> str:
         path = os.path.join(self.root, "tmp")

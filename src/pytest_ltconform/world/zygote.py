@@ -8,7 +8,7 @@ file and ``sys.path``, then ``rank.main()``. The user's code never runs here. Th
 imports the pytest plugin.
 
 Messages both ways are length-prefixed pickles (see :func:`send`): to the parent
-``("fork", token, env, log_path, cwd)``; from it ``("ready", pid, refusal, env_added)``,
+``("fork", token, env, log_path, cwd)`` and ``("fresh", request_path)``; from it ``("ready", pid, refusal, env_added)``,
 ``("forked", token, pid)`` and ``("exit", pid, returncode)``.
 
 A forked rank may ask the parent for a *fresh process* (:func:`run_fresh`): a sibling forked
@@ -141,6 +141,8 @@ class Zygote:
                 for message in take(buffer):
                     if message[0] == "fork":
                         self._fork(*message[1:])
+                    elif message[0] == "fresh":
+                        self._fresh(message[1])
 
     def _reap(self) -> None:
         while self.children:
@@ -236,15 +238,18 @@ class Zygote:
         while b"\n" in self.asks:
             line, _, rest = bytes(self.asks).partition(b"\n")
             self.asks[:] = rest
-            path = line.decode()
-            try:
-                with open(path) as fh:
-                    request = json.load(fh)
-            except (OSError, ValueError) as exc:
-                with contextlib.suppress(OSError):
-                    _write_atomic(path + ".exit", f"-1 {exc}")
-                continue
-            self._fork_fresh(path, request)
+            self._fresh(line.decode())
+
+    def _fresh(self, path: str) -> None:
+        """Fork a fresh process for the request file at ``path`` (a rank's or the supervisor's)."""
+        try:
+            with open(path) as fh:
+                request = json.load(fh)
+        except (OSError, ValueError) as exc:
+            with contextlib.suppress(OSError):
+                _write_atomic(path + ".exit", f"-1 {exc}")
+            return
+        self._fork_fresh(path, request)
 
     def _fork_fresh(self, request_path: str, request: dict) -> None:
         """Fork a fresh process for the request file a rank wrote (see :func:`run_fresh`)."""
@@ -289,13 +294,26 @@ def run_fresh(entry: str, args: list, *, env: dict, cwd: str, folder: str, timeo
     Returns the function's result, ``{"timeout": timeout_s}`` (the process is killed), or
     ``{"crashed": exit status, "tail": its output's last lines}``; None when this process was not
     forked by that parent (a spawned or attached rank): the caller starts an interpreter itself.
-    The request, output and log files are written under ``folder``."""
+    The request, output and log files are written under ``folder``. The supervisor asks through
+    ``launch.ForkLauncher.fresh``."""
     if _ASK_FD is None:
         return None
+    request = write_request(entry, args, env=env, cwd=cwd, folder=folder)
+    os.write(_ASK_FD, (request + "\n").encode())  # under PIPE_BUF: one write, never interleaved
+    return await_fresh(request, timeout_s, time.sleep)
+
+
+def write_request(entry: str, args: list, *, env: dict, cwd: str, folder: str) -> str:
+    """The request file of a fresh process (see :func:`run_fresh`); returns its path."""
     request = os.path.join(folder, f"fresh-{os.getpid()}-{time.monotonic_ns()}.json")
     _write_atomic(request, json.dumps({"entry": entry, "args": args, "env": env, "cwd": cwd,
-                                           "asker": os.getpid()}))
-    os.write(_ASK_FD, (request + "\n").encode())  # under PIPE_BUF: one write, never interleaved
+                                       "asker": os.getpid()}))
+    return request
+
+
+def await_fresh(request: str, timeout_s: float, wait) -> dict:
+    """What the fresh process of ``request`` returned (see :func:`run_fresh`); ``wait(seconds)``
+    is called between looks (the supervisor reads its parent's messages there)."""
     deadline = time.monotonic() + timeout_s
     while not os.path.exists(request + ".exit"):
         if time.monotonic() > deadline:
@@ -303,7 +321,7 @@ def run_fresh(entry: str, args: list, *, env: dict, cwd: str, folder: str, timeo
                 with open(request + ".pid") as fh:
                     os.killpg(int(fh.read()), signal.SIGKILL)
             return {"timeout": timeout_s}
-        time.sleep(0.02)
+        wait(0.02)
     if os.path.exists(request + ".out"):
         with open(request + ".out") as fh:
             return json.load(fh)

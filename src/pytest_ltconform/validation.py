@@ -1,0 +1,88 @@
+"""Where the session's targets are validated (imported, built, their Trainer kwargs checked).
+
+Under the fork launcher a target is validated in a fresh process forked from the launcher's
+parent (``world.LocalWorld.fresh``): the parent imports torch and Lightning once, for the ranks
+and for this, and pytest itself imports neither (nor the user's code) to validate. Where ranks
+are not forked (``--ltconform-launcher spawn``, a torchrun or SLURM world) it happens in this
+process, as :func:`target.validate` always did. Either way the errors are the same
+:class:`target.TargetError` paragraphs.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import pickle
+import sys
+
+from . import target as target_mod
+
+ENTRY = "pytest_ltconform.validation:validate_in_child"
+# A target's import may download weights or build a large model: minutes, not hours.
+TIMEOUT_S = 900.0
+
+
+def validate_here(kwargs: dict):
+    """``target.validate(**kwargs)`` in this process, its own user modules forgotten afterwards (so
+    two folders with a ``model.py`` each do not meet)."""
+    from .tiers import quiet_deepspeed_detection
+
+    # A user module that imports deepspeed would otherwise print its accelerator warning.
+    with target_mod.own_imports(), quiet_deepspeed_detection():
+        return target_mod.validate(**kwargs)
+
+
+def validate_forked(world, kwargs: dict, facts: dict, deepspeed: bool) -> object | None:
+    """Validate in a fresh process of ``world``'s fork parent: the ``target.ResolvedTarget``, with
+    what that process saw of the machine added to ``facts`` ("cuda": device count; with
+    ``deepspeed``, "deepspeed_missing": why DeepSpeed cannot run, or None); None where ``world`` has no fork
+    parent (the caller validates here). Raises :class:`target.TargetError` for a bad target, a
+    target whose import never finished or killed its process, and ``world.WorldStartError`` when
+    the parent cannot start."""
+    try:
+        payload = base64.b64encode(pickle.dumps((kwargs, deepspeed))).decode()
+    except Exception:
+        return None  # unpicklable init or Trainer kwargs: validate() here names them
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # the target resolves as it would here
+    out = world.fresh(ENTRY, [payload], env=env, cwd=os.getcwd(), timeout_s=TIMEOUT_S)
+    if out is None:
+        return None
+    if "target" in out:
+        facts.update(out["facts"])
+        return pickle.loads(base64.b64decode(out["target"]))
+    model = kwargs.get("model")
+    if "error" in out:
+        raise target_mod.TargetError(out["error"])
+    if "timeout" in out:
+        raise target_mod.TargetError(
+            f"{model!r}: importing and building the target did not finish within {TIMEOUT_S:.0f} s (something at "
+            f"import or in __init__ keeps running: training, a download, a server). Move it under "
+            f"`if __name__ == \"__main__\":` or into a method the Trainer calls.")
+    if "crashed" in out:
+        raise target_mod.TargetError(
+            f"{model!r}: the process importing and building the target died (exit status {out['crashed']}) "
+            f"before it could report; its last output:\n{out.get('tail', '').strip()}")
+    raise RuntimeError(f"pytest-ltconform could not validate {model!r}:\n{out.get('internal', out)}")
+
+
+def validate_in_child(payload: str) -> dict:
+    """The fresh process's side of :func:`validate_forked` (JSON out): ``{"target": pickled,
+    "facts": {...}}``, ``{"error": TargetError text}``, or ``{"internal": traceback}``."""
+    import traceback
+
+    kwargs, deepspeed = pickle.loads(base64.b64decode(payload))
+    try:
+        from .tiers import _deepspeed_missing, quiet_deepspeed_detection
+        from .world.devices import cuda_device_count
+
+        with quiet_deepspeed_detection():
+            resolved = target_mod.validate(**kwargs)
+        facts = {"cuda": cuda_device_count()}
+        if deepspeed:  # preloaded by the parent when its items may run: no import here
+            facts["deepspeed_missing"] = _deepspeed_missing()
+    except target_mod.TargetError as exc:
+        return {"error": str(exc)}
+    except BaseException:
+        return {"internal": traceback.format_exc()}
+    return {"target": base64.b64encode(pickle.dumps(resolved)).decode(), "facts": facts}
