@@ -9,8 +9,10 @@ Prints, for each launcher:
   ``getrusage(RUSAGE_CHILDREN)``) of ``pytest --ltconform TARGET`` (every default item), over
   the CPU seconds of one ``python -c "import lightning.pytorch"``; for one target and for three
   (the same module under three ids). CPU time, unlike wall time, barely moves with the load of
-  other work on the machine. The session's floor is about three imports: pytest's own (it
-  validates the target), the fork parent's, and spawn-safety's fresh interpreter, which stays one.
+  other work on the machine. Under fork the session imports Lightning once, in the ranks'
+  parent (DeepSpeed and torch's inductor with it for the deepspeed items); pytest imports torch
+  for the ranks' store; validation and spawn-safety's import are forks of that parent. Under
+  spawn pytest, every rank and spawn-safety's interpreter each import Lightning.
 - replace: the seconds from asking a world whose last run failed (a rank raised) for a new run to
   that run's result, for a job that does nothing (the time to replace the world), median of 3.
 - corpus: the wall time of ``python -m pytest_ltconform.corpus`` over the named cases (default:

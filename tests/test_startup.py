@@ -272,13 +272,19 @@ def pytest_collection_finish(session):
 """
 
 
-@pytest.mark.parametrize("launcher, loaded", [("fork", "nothing"), ("spawn", "deepspeed, lightning, torch")])
-def test_pytest_validates_a_target_without_importing_it_when_ranks_are_forked(pytester, launcher, loaded):
+@pytest.mark.parametrize("launcher, conftest_imports, loaded", [
+    ("fork", "", "nothing"),
+    ("spawn", "", "deepspeed, lightning, torch"),
+    ("fork", "import lightning.pytorch\n", "deepspeed, lightning, torch"),
+])
+def test_pytest_validates_a_target_without_importing_it_when_ranks_are_forked(pytester, launcher, conftest_imports,
+                                                                              loaded):
     """Under the fork launcher the target is imported and built in a process forked from the
     ranks' parent: pytest itself imports neither torch, Lightning nor the user's module to check
-    it; under spawn it validates in its own process, as before."""
+    it. Under spawn, or when a conftest imported Lightning already, it validates in its own
+    process, as before (the user's module forgotten afterwards)."""
     pytester.makepyfile(targets_mod=TARGETS)
-    pytester.makeconftest(HEAVY_AFTER_VALIDATION)
+    pytester.makeconftest(conftest_imports + HEAVY_AFTER_VALIDATION)
     result = pytester.runpytest_subprocess("--ltconform", "targets_mod:Good", "--collect-only", "-q", "-s",
                                            "--ltconform-launcher", launcher, "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.OK, result.stdout.str()
@@ -296,8 +302,8 @@ def test_a_target_whose_import_kills_its_process_is_a_usage_error_not_a_dead_pyt
     pytester.makepyfile(dies_mod=DIES_AT_IMPORT)
     result = pytester.runpytest_subprocess("--ltconform", "dies_mod:Model", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["ERROR: 'dies_mod:Model': the process importing and building the target died "
-                                 "(exit status 3) before it could report*"])
+    result.stderr.fnmatch_lines(["ERROR: --ltconform 'dies_mod:Model': the process importing and building the "
+                                 "target died (exit status 3) before it could report*"])
 
 
 TRAINERS = """

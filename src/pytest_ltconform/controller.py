@@ -157,10 +157,14 @@ def _validate_targets(config: pytest.Config, settings) -> dict:
 
 def _validation_world(config: pytest.Config, settings):
     """The local CPU world whose fork parent validates the targets (its ranks' parent too), or
-    None: validate here under the spawn launcher and in a launched world."""
+    None: validate here under the spawn launcher, in a launched world, and where this process
+    imported Lightning already (a conftest or another plugin did: validating here costs nothing
+    more, and a fork parent the run may not need is not started for it)."""
     from . import tiers
 
     if settings.launcher != "fork" or tiers.detect_attached() is not None:
+        return None
+    if {"lightning", "pytorch_lightning"} & set(sys.modules):
         return None
     return tiers.world_for("cpu", pool(config), None, settings.world_size, settings.pg_timeout_s)
 

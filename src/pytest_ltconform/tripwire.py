@@ -3,11 +3,12 @@
 A training script without an ``if __name__ == "__main__":`` guard calls ``Trainer.fit`` at module
 top level, so every process that imports it trains: a ddp_spawn child, a DataLoader worker under
 the spawn start method, and this plugin (which imports the target to validate it, in pytest's
-process or one forked for it, and in every rank). While :func:`armed` is active, ``Trainer.fit/validate/test/predict`` of both
-Lightning namespaces raise :class:`TrainingAtImport` instead of training; :func:`import_module`
-imports a target with the wire armed, keeps the module's partly executed namespace registered
-(everything defined above the call is usable) and records where training was started in
-:data:`TRIPPED`. The spawn-safety contract reports it; the other contracts still run.
+process or one forked for it, and in every rank). While :func:`armed` is active,
+``Trainer.fit/validate/test/predict`` of both Lightning namespaces raise
+:class:`TrainingAtImport` instead of training; :func:`import_module` imports a target with the
+wire armed, keeps the module's partly executed namespace registered (everything defined above
+the call is usable) and records where training was started in :data:`TRIPPED`. The spawn-safety
+contract reports it; the other contracts still run.
 
 No torch or lightning import at module level.
 """
