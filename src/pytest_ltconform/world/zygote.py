@@ -171,24 +171,29 @@ class Zygote:
                 os.waitpid(pid, 0)
 
     def _fork(self, token: int, env: dict, log_path: str, cwd: str) -> None:
+        pid = self._fork_child(lambda: self._become_rank(env, log_path, cwd))
+        send(self.reply_fd, ("forked", token, pid))
+
+    def _fork_child(self, body) -> int:
+        """Fork a child that runs ``body()`` (its exit status) and exits; the child's pid."""
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                code = self._become_rank(env, log_path, cwd)
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                with contextlib.suppress(Exception):
-                    sys.stdout.flush()
-                    sys.stderr.flush()
-                os._exit(code)
-        self.children.add(pid)
-        send(self.reply_fd, ("forked", token, pid))
+        if pid:
+            self.children.add(pid)
+            return pid
+        code = 1
+        try:
+            code = body()
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(code)
 
     def _become_rank(self, env: dict, log_path: str, cwd: str) -> int:
         """In the child: what a spawned rank's start gives it, then the rank's own main."""
@@ -253,30 +258,20 @@ class Zygote:
 
     def _fork_fresh(self, request_path: str, request: dict) -> None:
         """Fork a fresh process for the request file a rank wrote (see :func:`run_fresh`)."""
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                self._leave_parent()
-                os.close(self.ask_w)
-                rank._set_death_signal()
-                self._take_over(request["env"], request_path + ".log", request["cwd"], None)
-                module, _, name = request["entry"].partition(":")
-                out = getattr(importlib.import_module(module), name)(*request["args"])
-                _write_atomic(request_path + ".out", json.dumps(out, default=repr))
-                code = 0
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                with contextlib.suppress(Exception):
-                    sys.stdout.flush()
-                    sys.stderr.flush()
-                os._exit(code)
-        self.children.add(pid)
+        pid = self._fork_child(lambda: self._run_fresh(request_path, request))
         self.fresh[pid] = (request_path, request["asker"])
         _write_atomic(request_path + ".pid", str(pid))
+
+    def _run_fresh(self, request_path: str, request: dict) -> int:
+        """In the child: a spawned process's start, then the requested function, its JSON written."""
+        self._leave_parent()
+        os.close(self.ask_w)
+        rank._set_death_signal()
+        self._take_over(request["env"], request_path + ".log", request["cwd"], None)
+        module, _, name = request["entry"].partition(":")
+        out = getattr(importlib.import_module(module), name)(*request["args"])
+        _write_atomic(request_path + ".out", json.dumps(out, default=repr))
+        return 0
 
 
 def _write_atomic(path: str, text: str) -> None:
