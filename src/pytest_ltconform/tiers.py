@@ -175,9 +175,10 @@ def deepspeed_not_found() -> str | None:
     return None
 
 
-def _deepspeed_missing() -> str | None:
-    if deepspeed_not_found():
-        return deepspeed_not_found()
+def deepspeed_missing() -> str | None:
+    """Why DeepSpeed cannot run here (not found, or its import raises), or None; imports it."""
+    if not_found := deepspeed_not_found():
+        return not_found
     try:
         with quiet_deepspeed_detection():
             importlib.import_module("deepspeed")
@@ -210,7 +211,7 @@ class Availability:
     """
 
     def __init__(self, world_size: int, attached: Attached | None = None, num_nodes: int | None = None,
-                 cuda_count=cuda_device_count, deepspeed_missing=_deepspeed_missing):
+                 cuda_count=cuda_device_count, deepspeed_missing=deepspeed_missing):
         self.world_size = world_size
         self.attached = attached
         self.num_nodes = num_nodes

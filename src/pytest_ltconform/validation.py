@@ -79,14 +79,14 @@ def validate_in_child(payload: str) -> dict:
     except Exception:  # e.g. a callback class of a conftest that is not importable by name
         return {"internal": traceback.format_exc()}
     try:
-        from .tiers import _deepspeed_missing, quiet_deepspeed_detection
+        from .tiers import deepspeed_missing, quiet_deepspeed_detection
         from .world.devices import cuda_device_count
 
         with quiet_deepspeed_detection():
             resolved = target_mod.validate(**kwargs)
         facts = {"cuda": cuda_device_count()}
         if deepspeed:  # preloaded by the parent when its items may run: no import here
-            facts["deepspeed_missing"] = _deepspeed_missing()
+            facts["deepspeed_missing"] = deepspeed_missing()
     except target_mod.TargetError as exc:
         return {"error": str(exc)}
     except BaseException:

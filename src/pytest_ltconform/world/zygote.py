@@ -8,8 +8,8 @@ file and ``sys.path``, then ``rank.main()``. The user's code never runs here. Th
 imports the pytest plugin.
 
 Messages both ways are length-prefixed pickles (see :func:`send`): to the parent
-``("fork", token, env, log_path, cwd)`` and ``("fresh", request_path)``; from it ``("ready", pid, refusal, env_added)``,
-``("forked", token, pid)`` and ``("exit", pid, returncode)``.
+``("fork", token, env, log_path, cwd)`` and ``("fresh", request_path)``; from it
+``("ready", pid, refusal, env_added)``, ``("forked", token, pid)`` and ``("exit", pid, returncode)``.
 
 A forked rank may ask the parent for a *fresh process* (:func:`run_fresh`): a sibling forked
 from the same parent, so it has torch and Lightning imported and none of the user's code, which
