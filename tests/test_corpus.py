@@ -2,9 +2,9 @@
 
 The corpus is judged in PARTS parts, each once, by the documented command in a subprocess (one
 shared world pool for a part's cases, so a hang or crash in a case can never take this session
-down); each (case, contract) expectation is then its own test. A part's tests share an xdist
-group: under the default run's workers each part is judged on one worker while the other tests
-run beside it (a part spends much of its time waiting out the hangs its cases provoke).
+down); each (case, contract) expectation is then its own test. A part's tests are one class:
+under the default run's workers (``--dist loadscope``) each part is judged on one worker while
+other tests run beside it (a part spends much of its time waiting out the hangs its cases provoke).
 """
 
 from __future__ import annotations
@@ -46,12 +46,13 @@ def _known(case, contract: str = "*") -> str | None:
 
 def _param(*values, case):
     why = _known(case, values[1] if len(values) > 1 else "*")
-    marks = [pytest.mark.xdist_group(f"corpus-part-{PART_OF[case.name]}")]
-    marks += [pytest.mark.xfail(reason=why, strict=False)] if why else []
+    marks = [pytest.mark.xfail(reason=why, strict=False)] if why else []
     return pytest.param(*values, marks=marks, id="-".join([case.name, *values[1:]]))
 
 
-EXPECTATIONS = [_param(c, cid, case=c) for c in CASES for cid in c.expected if cid in contracts.ids()]
+# (case, contract) expectations of each part.
+EXPECTATIONS = {part: [_param(c, cid, case=c) for c in CASES if PART_OF[c.name] == part
+                       for cid in c.expected if cid in contracts.ids()] for part in range(PARTS)}
 
 
 def _judge_corpus(out, *extra: str, paths: list[str] | None = None) -> dict:
@@ -72,9 +73,10 @@ def _judge_corpus(out, *extra: str, paths: list[str] | None = None) -> dict:
     return rows
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def corpus_part(tmp_path_factory):
-    """``corpus_part(n)``: the rows of part ``n``, judged on first use in this process. The default
+    """``corpus_part(n)``: the rows of part ``n``, judged on first use in this process (session
+    scope: a worker may run other tests between two parts). The default
     tier: the contracts EXPECTED names, under ddp and the strategy each case's config names, fsdp
     too on ok_ cases, as before the full matrix (see test_full_matrix for the cost)."""
     judged: dict[int, dict] = {}
@@ -109,30 +111,42 @@ def _evidence_tokens(evidence: str) -> list[str]:
     return [t.strip() for t in tokens if t.strip()]
 
 
-@pytest.mark.parametrize("case, contract", EXPECTATIONS)
-def test_case_gets_its_expected_verdict(corpus_part, case, contract):
-    rows = corpus_part(PART_OF[case.name]).get((case.name, contract))
-    assert rows, f"no verdict for {case.name} / {contract}"
-    for row in rows:
-        assert row["matched"], f"[{row['strategy']}] expected {row['expected']}, got {row['got']}: {row['message']}"
-    if case.expected[contract] == "fail":
-        message = next(r for r in rows if r["key"])["message"]
-        assert f"{case.name.rsplit('/', 1)[-1]}.py:" in message, f"the user's file:line is missing:\n{message}"
-        missing = [t for t in _evidence_tokens(case.evidence) if t not in message]
-        assert not missing, f"evidence {missing} not named in:\n{message}"
-        assert "Fix:" in message
+class CorpusPart:
+    """One part's expectations, each its own test, and its detection rate. A class per part: the
+    suite's workers take a class at a time (``--dist loadscope``), so a part's tests share one
+    worker and the part is judged once."""
+
+    part: int
+
+    def test_case_gets_its_expected_verdict(self, corpus_part, case, contract):
+        rows = corpus_part(self.part).get((case.name, contract))
+        assert rows, f"no verdict for {case.name} / {contract}"
+        for row in rows:
+            assert row["matched"], f"[{row['strategy']}] expected {row['expected']}, got {row['got']}: {row['message']}"
+        if case.expected[contract] == "fail":
+            message = next(r for r in rows if r["key"])["message"]
+            assert f"{case.name.rsplit('/', 1)[-1]}.py:" in message, f"the user's file:line is missing:\n{message}"
+            missing = [t for t in _evidence_tokens(case.evidence) if t not in message]
+            assert not missing, f"evidence {missing} not named in:\n{message}"
+            assert "Fix:" in message
+
+    def test_detection_rate_is_complete(self, corpus_part):
+        rows = [r for (name, cid), group in corpus_part(self.part).items() for r in group
+                if (name, cid) not in KNOWN and (name, "*") not in KNOWN]
+        positives = [r for r in rows if r["expected"] == "fail" and r["key"]]
+        negatives = [r for r in rows if r["expected"] != "fail"]
+        assert positives and negatives
+        assert all(r["got"] == "fail" for r in positives)
+        assert all(r["matched"] for r in rows)
 
 
-@pytest.mark.parametrize("part", [pytest.param(n, marks=pytest.mark.xdist_group(f"corpus-part-{n}"))
-                                  for n in range(PARTS)])
-def test_detection_rate_is_complete(corpus_part, part):
-    rows = [r for (name, cid), group in corpus_part(part).items() for r in group
-            if (name, cid) not in KNOWN and (name, "*") not in KNOWN]
-    positives = [r for r in rows if r["expected"] == "fail" and r["key"]]
-    negatives = [r for r in rows if r["expected"] != "fail"]
-    assert positives and negatives
-    assert all(r["got"] == "fail" for r in positives)
-    assert all(r["matched"] for r in rows)
+for _n in range(PARTS):  # TestCorpusPart0, TestCorpusPart1, ...
+    globals()[f"TestCorpusPart{_n}"] = type(f"TestCorpusPart{_n}", (CorpusPart,), {"part": _n})
+
+
+def pytest_generate_tests(metafunc):
+    if metafunc.cls is not None and issubclass(metafunc.cls, CorpusPart) and "case" in metafunc.fixturenames:
+        metafunc.parametrize("case, contract", EXPECTATIONS[metafunc.cls.part])
 
 
 # -- the rules, on JSON report records as a default run writes them (no world needed) ----------
