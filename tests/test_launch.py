@@ -256,13 +256,36 @@ def test_the_launcher_option_reaches_the_fixture_worlds(pytester, monkeypatch, h
     result.assert_outcomes(passed=1)
 
 
+def test_the_fork_parent_imports_once_what_every_rank_of_the_session_imports(monkeypatch):
+    """Lightning, the libraries the selected strategies load on every rank, and the plugin's own
+    rank-side modules (the harness, each built-in contract's probe): no forked rank imports or
+    compiles them again. A project's contracts and the user's code are never among them."""
+    import importlib.util
+
+    from pytest_ltconform import contracts
+    from pytest_ltconform.controller import preload_for
+    from pytest_ltconform.settings import Settings
+    from pytest_ltconform.world.protocol import PRELOAD_ENV
+
+    monkeypatch.delenv(PRELOAD_ENV, raising=False)
+    every = preload_for(Settings(target="m:Model"))
+    assert every[:4] == ("lightning.pytorch", "torch.distributed.checkpoint", "deepspeed", "torch._inductor.compile_fx")
+    ours = every[4:]
+    assert ours == contracts.rank_modules() and ours[0] == "pytest_ltconform.harness"
+    assert {m.split(".")[2] for m in ours[1:]} == {cid.replace("-", "_") for cid in contracts.ids()}
+    assert all(importlib.util.find_spec(m) is not None for m in ours)
+    ddp = preload_for(Settings(target="m:Model", strategies=("ddp",)))
+    assert ddp == ("lightning.pytorch", *ours)
+    assert preload_for(Settings(target=None)) == ("lightning.pytorch", *ours)
+
+
 def test_a_pool_has_one_fork_parent_per_rank_environment_and_none_preloads_deepspeed_for_cuda():
     """Worlds of every size with one rank environment share one parent (one import for the
     session); a CUDA world's parent leaves DeepSpeed out (its import may initialise CUDA)."""
     from pytest_ltconform.vocabulary import preload_modules
     from pytest_ltconform.world import WorldPool
 
-    pool = WorldPool(preload=preload_modules(deepspeed=True))
+    pool = WorldPool(preload=preload_modules(("deepspeed",)))
     try:
         cpu2, cpu1 = (pool.get(n, "gloo", 30.0, {"DS_ACCELERATOR": "cpu"}) for n in (2, 1))
         gpu = pool.get(2, "nccl", 30.0, {})

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from . import progress, vocabulary
+from . import contracts, progress, vocabulary
 from . import settings as settings_mod
 
 TARGETS_KEY = pytest.StashKey["object"]()  # target.Targets of the first target, once validated
@@ -310,15 +310,16 @@ def pool(config: pytest.Config):
 
 def preload_for(settings) -> tuple[str, ...]:
     """What the ranks import before their first job (once per session under the fork launcher):
-    Lightning, and DeepSpeed when its items may run (left out quietly where it is not installed).
+    Lightning, what the selected strategies import on every rank (DeepSpeed left out quietly
+    where it is not installed) and the plugin's own rank-side modules.
     ``LTCONFORM_PRELOAD`` (comma-separated modules) replaces it: e.g. ``torch`` for tests of the
     ``ltconform_world`` fixture that never import Lightning."""
     from .world.protocol import PRELOAD_ENV
 
     if PRELOAD_ENV in os.environ:
         return tuple(name.strip() for name in os.environ[PRELOAD_ENV].split(",") if name.strip())
-    deepspeed = settings.enabled and "deepspeed" in settings.strategies
-    return vocabulary.preload_modules(deepspeed)
+    strategies = settings.strategies if settings.enabled else ()
+    return vocabulary.preload_modules(strategies) + contracts.rank_modules()
 
 
 class SigtermAsInterrupt:

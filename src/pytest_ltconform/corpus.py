@@ -486,8 +486,10 @@ def _judge_in_pool(cases: list[Case], args, strategies) -> tuple[list[dict], int
     from .world import WorldPool
 
     settings = Settings(target="corpus", world_size=args.world_size, timeout_s=args.timeout)
-    deepspeed = strategies is None or "deepspeed" in strategies
-    pool = WorldPool(launcher=args.launcher, preload=preload_modules(deepspeed))
+    from . import contracts
+
+    preload = preload_modules(strategies or item_strategies()) + contracts.rank_modules()
+    pool = WorldPool(launcher=args.launcher, preload=preload)
     rows: list[dict] = []
     try:
         for i, case in enumerate(cases, 1):

@@ -32,15 +32,18 @@ CUDA_TIERS = ("gpu", "deepspeed")
 LAUNCHERS = ("fork", "spawn")
 
 
-def preload_modules(deepspeed: bool) -> tuple[str, ...]:
-    """What a fork parent imports once for all its ranks: Lightning, and for the deepspeed
-    strategy DeepSpeed with torch's inductor. A DeepSpeed engine imports the inductor on each
-    rank while it starts (its Muon optimizer is ``torch.compile``-decorated), about a second per
-    rank; importing it in the parent changes no setting a rank sees (the engine's own import
-    still runs in the rank)."""
-    return ("lightning.pytorch",) + (DEEPSPEED_PRELOAD if deepspeed else ())
+def preload_modules(strategies) -> tuple[str, ...]:
+    """What a fork parent imports once for all its ranks, given the strategies whose items may
+    run: Lightning; for fsdp torch's distributed checkpoint (the sharded save imports it on each
+    rank); for deepspeed DeepSpeed with torch's inductor. A DeepSpeed engine imports the
+    inductor on each rank while it starts (its Muon optimizer is ``torch.compile``-decorated),
+    about a second per rank; importing it in the parent changes no setting a rank sees (the
+    engine's own import still runs in the rank)."""
+    return (("lightning.pytorch",) + (FSDP_PRELOAD if "fsdp" in strategies else ())
+            + (DEEPSPEED_PRELOAD if "deepspeed" in strategies else ()))
 
 
+FSDP_PRELOAD = ("torch.distributed.checkpoint",)
 DEEPSPEED_PRELOAD = ("deepspeed", "torch._inductor.compile_fx")
 
 # Environment of every rank of a tier's local worlds. DeepSpeed picks its accelerator once, at

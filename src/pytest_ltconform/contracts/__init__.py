@@ -9,6 +9,7 @@ through the ``pytest_ltconform_contracts`` hook (:func:`add`), judged after thes
 from __future__ import annotations
 
 import importlib
+import os
 import re
 
 _MODULES = {
@@ -37,6 +38,16 @@ def ids() -> list[str]:
     """Every registered contract id, in the order items are generated: the plugin's, then the
     project's."""
     return list(_MODULES) + list(_ADDED)
+
+
+def rank_modules() -> tuple[str, ...]:
+    """The plugin's own modules that run on the ranks: the harness and each built-in contract's
+    probe (its ``probe.py``, or the contract module itself). A fork parent imports them once, so
+    that no forked rank imports (or compiles) them again; a project's contracts are not among them."""
+    folder = os.path.dirname(__file__)
+    probes = [f"{__name__}.{m}.probe" if os.path.exists(os.path.join(folder, m, "probe.py")) else f"{__name__}.{m}"
+              for m in _MODULES.values()]
+    return ("pytest_ltconform.harness", *probes)
 
 
 def get_contract(contract_id: str):
