@@ -8,6 +8,7 @@ under ZeRO-3 deadlocks for real and fails all-rank-save[deepspeed] with the user
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -175,13 +176,16 @@ def test_config_rejection_is_recognised_from_the_rank_traceback():
 
 @needs_deepspeed
 def test_deepspeed_cases_end_to_end_in_one_pool(tmp_path):
-    """Two cases, four items, one world pool: FusedAdam from configure_optimizers, and a config DeepSpeed
-    rejects, whose other items are not judged. (The corpus judges the third new DeepSpeed case,
+    """Three cases, five items, one world pool: FusedAdam from configure_optimizers; a config DeepSpeed
+    rejects, whose other items are not judged; an FSDP config's sharded checkpoint loaded as a file,
+    which the deepspeed item says DeepSpeed wrote. (The corpus judges the third new DeepSpeed case,
     deepspeed_checkpoint_dir_torch_load, with its evidence and fix.)"""
     rejected = CONFORMANCE / "strategy-config" / "deepspeed_train_batch_size_from_other_cluster.py"
     fused = CONFORMANCE / "all-rank-save" / "ok_deepspeed_fused_adam_param_groups.py"
+    fsdp_load = CONFORMANCE / "all-rank-save" / "load_sharded_checkpoint_as_file.py"
     items = [f"{fused}:all-rank-save[deepspeed]", f"{rejected}:strategy-config[deepspeed]",
-             f"{rejected}:all-rank-save[deepspeed]", f"{rejected}:sync-dist[deepspeed]"]
+             f"{rejected}:all-rank-save[deepspeed]", f"{rejected}:sync-dist[deepspeed]",
+             f"{fsdp_load}:all-rank-save[deepspeed]"]
     out = tmp_path / "items.json"
     proc = subprocess.run([sys.executable, str(REPO / "tests" / "judge_items.py"), str(out), *items], cwd=tmp_path,
                           capture_output=True, text=True, timeout=400)
@@ -189,8 +193,9 @@ def test_deepspeed_cases_end_to_end_in_one_pool(tmp_path):
     rows = json.loads(out.read_text())
     got = [(r["item"], r["outcome"]) for r in rows]
     assert got == [("all-rank-save[deepspeed]", "passed"), ("strategy-config[deepspeed]", "failed"),
-                   ("all-rank-save[deepspeed]", "not_judged"), ("sync-dist[deepspeed]", "not_judged")], rows
-    ok, config, *skipped = rows
+                   ("all-rank-save[deepspeed]", "not_judged"), ("sync-dist[deepspeed]", "not_judged"),
+                   ("all-rank-save[deepspeed]", "failed")], rows
+    ok, config, *skipped, load = rows
     assert any(n.startswith("FusedAdam from configure_optimizers ran as torch.optim.AdamW with the same 2 parameter "
                             "groups (each with its own settings) and lr=0.003, betas=(0.9, 0.95), eps=1e-06")
                for n in ok["notes"]), ok["notes"]
@@ -205,3 +210,7 @@ def test_deepspeed_cases_end_to_end_in_one_pool(tmp_path):
     for item in skipped:
         assert item["message"].endswith("not judged: the shared fit run stopped before its first step because of "
                                         "the strategy-config[deepspeed] failure (see that item).")
+    # The checkpoint this item's run wrote is DeepSpeed's, whatever the config names.
+    assert re.search(r"is given a DeepSpeed checkpoint directory .*\(written under DeepSpeedStrategy\(stage=\d\)\)",
+                     load["message"]), load["message"]
+    assert "FSDPStrategy" not in load["message"].splitlines()[0]

@@ -70,7 +70,8 @@ def describe(user_strategy: Any) -> str:
     if isinstance(user_strategy, str):
         return repr(user_strategy)
     kind = sharded_kind(user_strategy)
-    name = type(user_strategy).__name__
+    # The Lightning class, not the plugin's CPU subclass of it that an item runs.
+    name = next(k.__name__ for k in type(user_strategy).__mro__ if not k.__module__.startswith(__package__))
     if kind == "deepspeed":
         stage = zero_stage(user_strategy)
         return f"{name}(stage={stage})" if stage is not None else f"{name}(config=...)"

@@ -230,8 +230,12 @@ class ShardedSaveProbe(Probe):
         recorder.patch(torch, "load", torch_load_tap(recorder))
 
     def before_trainer(self, objects, trainer_kwargs, recorder):
-        user_strategy = objects.user_kwargs.get("strategy")
-        text = sharded.describe(user_strategy) if sharded.sharded_kind(user_strategy) else None
+        # What wrote the checkpoints of this run: the user's strategy when the item runs it (the
+        # same sharded kind), else the item's own (the deepspeed item of an FSDP config).
+        user_strategy, run_strategy = objects.user_kwargs.get("strategy"), trainer_kwargs.get("strategy")
+        kind = sharded.sharded_kind(run_strategy)
+        source = user_strategy if kind and sharded.sharded_kind(user_strategy) == kind else run_strategy
+        text = sharded.describe(source) if kind else None
         for ns in ("lightning.pytorch", "pytorch_lightning"):
             if ns in sys.modules:
                 module_cls = sys.modules[ns].LightningModule
