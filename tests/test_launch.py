@@ -110,17 +110,20 @@ def rank_of(ctx):
     ("starts_a_thread", "runs 2 threads after its imports (Python threads: MainThread, left-running)"),
     ("initialises_cuda", "CUDA was initialised while importing the preloaded modules"),
 ])
-def test_a_parent_that_cannot_fork_safely_refuses(module, says):
-    world = LocalWorld(2, preload=(module,))
+@pytest.mark.parametrize("first", [(), ("json",)], ids=["first-step", "second-step"])
+def test_a_parent_that_cannot_fork_safely_refuses(module, says, first):
+    # The first module is imported before the parent is ready, the others before its first rank.
+    world = LocalWorld(2, preload=(*first, module))
     try:
         with pytest.raises(WorldStartError) as info:
             world.run(JobRequest("test_unsafe:rank_of", timeout_s=120))
     finally:
         world.close()
     message = str(info.value)
-    assert says in message and f"(preloaded: {module})" in message, message
+    assert says in message and f"(preloaded: {', '.join((*first, module))})" in message, message
     assert "--ltconform-launcher=spawn" in message, message
-    assert world.launcher.pid is None and world.generation == 0 and world._procs == []  # no rank was forked
+    assert world.launcher.pid is None and world._procs == []  # no rank was forked
+    assert world.launcher.exits == {}
 '''
 
 
@@ -139,7 +142,7 @@ import torch
 torch.cuda._initialized = True
 ''')
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
-    result.assert_outcomes(passed=2)
+    result.assert_outcomes(passed=4)
 
 
 SUPERVISOR = '''

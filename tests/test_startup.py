@@ -283,12 +283,23 @@ def test_pytest_validates_a_target_without_importing_it_when_ranks_are_forked(py
     ranks' parent: pytest itself imports neither torch, Lightning nor the user's module to check
     it. Under spawn, or when a conftest imported Lightning already, it validates in its own
     process, as before (the user's module forgotten afterwards)."""
-    pytester.makepyfile(targets_mod=TARGETS)
+    pytester.makepyfile(targets_mod=TARGETS + SAYS_WHAT_WAS_IMPORTED)
     pytester.makeconftest(conftest_imports + HEAVY_AFTER_VALIDATION)
     result = pytester.runpytest_subprocess("--ltconform", "targets_mod:Good", "--collect-only", "-q", "-s",
                                            "--ltconform-launcher", launcher, "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.OK, result.stdout.str()
     result.stdout.fnmatch_lines(["ltconform::targets_mod:Good::sync-dist[[]ddp[]]", f"LOADED IN PYTEST: {loaded}"])
+    if loaded == "nothing":  # the forked check: the parent imported Lightning alone, not the ranks' rest
+        assert (pytester.path / "imported-with.txt").read_text().split("\n")[:-1] == ["lightning"]
+
+
+SAYS_WHAT_WAS_IMPORTED = """
+
+import sys as _sys
+
+with open("imported-with.txt", "a") as _fh:
+    _fh.write(", ".join(sorted({"lightning", "deepspeed", "pytest_ltconform.harness"} & set(_sys.modules))) + "\\n")
+"""
 
 
 DIES_AT_IMPORT = """

@@ -104,6 +104,8 @@ class ForkLauncher:
         self._buffer = bytearray()
         self._next_token = 0
         self._forked: dict[int, int] = {}
+        self._refused: dict[int, str] = {}
+        self._complete = False  # the parent imported the whole preload (it does so for its first rank)
         self._live: set[int] = set()  # ranks forked whose exit was not reported yet
         self._ready: tuple | None = None
 
@@ -118,12 +120,18 @@ class ForkLauncher:
             zygote.send(self._to, ("fork", token, env, log_path, cwd))
         except OSError:
             pass  # the parent died: pump() below says so
-        deadline = time.monotonic() + 60.0
+        # The first rank waits for the parent's second step of imports too.
+        deadline = time.monotonic() + 60.0 + (0.0 if self._complete else self.start_timeout_s)
         while token not in self._forked:
+            if token in self._refused:
+                refusal = self._refused.pop(token)
+                self.close()
+                raise LaunchError(refusal)
             if self._from < 0 or time.monotonic() > deadline:
                 raise LaunchError(f"the fork launcher's parent stopped answering ({self._exit_text()})."
                                   f"\n{self.log_tail()}")
             self.pump(0.1)
+        self._complete = True
         return ForkedRank(self, self._forked.pop(token))
 
     def fresh(self, entry: str, args: list, *, env: dict, cwd: str, folder: str, timeout_s: float,
@@ -157,6 +165,7 @@ class ForkLauncher:
         os.close(reply_w)
         self.imports += 1
         self._ready = None
+        self._complete = False
         deadline = time.monotonic() + self.start_timeout_s
         while self._ready is None:
             if self._from < 0 or time.monotonic() > deadline:
@@ -195,6 +204,8 @@ class ForkLauncher:
                 self._live.add(message[2])
             elif message[0] == "ready":
                 self._ready = message
+            elif message[0] == "refused":
+                self._refused[message[1]] = message[2]
 
     def _lost(self) -> None:
         """The parent is gone: its ranks died with it (their death signal is SIGKILL)."""

@@ -1,15 +1,19 @@
 """The fork launcher's parent: ``python -m pytest_ltconform.world.zygote REQUEST_FD REPLY_FD``.
 
-It imports the preload modules (torch, Lightning, DeepSpeed when its tier runs) once, checks that
-forking is safe (one thread, CUDA not initialised, no process group), then forks a rank process
-for each request of the supervisor (``launch.ForkLauncher``) and reports each one's exit status.
+It imports the preload modules once, in two steps: the first (Lightning: what validating a
+target needs) before it says it is ready, the others (DeepSpeed when its tier runs, the plugin's
+rank-side modules) when the first rank is asked for, so that a session stopped by a usage error
+or ``--collect-only`` never pays them. After each step it checks that forking is safe (one
+thread, CUDA not initialised, no process group). It forks a rank process for each request of the
+supervisor (``launch.ForkLauncher``) and reports each one's exit status.
 A forked rank becomes what a spawned one is: its own session, environment, working folder, log
 file and ``sys.path``, then ``rank.main()``. The user's code never runs here. This module never
 imports the pytest plugin.
 
 Messages both ways are length-prefixed pickles (see :func:`send`): to the parent
 ``("fork", token, env, log_path, cwd)`` and ``("fresh", request_path)``; from it
-``("ready", pid, refusal, env_added)``, ``("forked", token, pid)`` and ``("exit", pid, returncode)``.
+``("ready", pid, refusal, env_added)``, ``("forked", token, pid)``, ``("refused", token, refusal)``
+(the second step's imports made forking unsafe; the parent exits) and ``("exit", pid, returncode)``.
 
 A forked rank may ask the parent for a *fresh process* (:func:`run_fresh`): a sibling forked
 from the same parent, so it has torch and Lightning imported and none of the user's code, which
@@ -87,6 +91,10 @@ def _preload(names: list[str]) -> None:
                 importlib.import_module(name)
 
 
+class _Refused(Exception):
+    """The second step's imports made forking unsafe: the parent has said so and stops."""
+
+
 class Zygote:
     """The parent's loop: fork on request, reap children, report their exits."""
 
@@ -100,18 +108,13 @@ class Zygote:
         self.ask_r, self.ask_w = os.pipe()  # ranks' requests for a fresh process: one path per line
         self.fresh: dict[int, tuple[str, int]] = {}  # pid of a fresh process -> (request file, asking rank)
         self.asks = bytearray()
+        self.preloaded: list[str] = []
+        self.later: list[str] = []  # the second step's modules, imported before the first rank
 
     def serve(self) -> int:
-        names = os.environ.get(protocol.PRELOAD_ENV, "").split(",")
-        _preload(names)
-        refusal = unsafe_to_fork()
-        if refusal:
-            refusal = (f"the fork launcher's parent (pid {os.getpid()}) refuses to fork ranks: {refusal} "
-                       f"(preloaded: {', '.join(n for n in names if n) or 'nothing'}). Start ranks as fresh "
-                       f"interpreters instead: --ltconform-launcher=spawn.")
-        # What the imports set in os.environ (Lightning sets PYTORCH_NVML_BASED_CUDA_CHECK): a
-        # spawned rank has it too, since its imports run after its environment is set.
-        self.env_added = {k: v for k, v in os.environ.items() if self.start_env.get(k) != v}
+        names = [n for n in os.environ.get(protocol.PRELOAD_ENV, "").split(",") if n]
+        self.later = names[1:]
+        refusal = self._import(names[:1])
         send(self.reply_fd, ("ready", os.getpid(), refusal, self.env_added))
         if refusal:
             return 2
@@ -119,6 +122,20 @@ class Zygote:
         signal.set_wakeup_fd(self.wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake select through the fd
         return self._loop()
+
+    def _import(self, names: list[str]) -> str | None:
+        """Import ``names``; the refusal to fork after them (None when forking is safe)."""
+        _preload(names)
+        self.preloaded += names
+        # What the imports set in os.environ (Lightning sets PYTORCH_NVML_BASED_CUDA_CHECK): a
+        # spawned rank has it too, since its imports run after its environment is set.
+        self.env_added = {k: v for k, v in os.environ.items() if self.start_env.get(k) != v}
+        refusal = unsafe_to_fork()
+        if refusal:
+            refusal = (f"the fork launcher's parent (pid {os.getpid()}) refuses to fork ranks: {refusal} "
+                       f"(preloaded: {', '.join(self.preloaded) or 'nothing'}). Start ranks as fresh "
+                       f"interpreters instead: --ltconform-launcher=spawn.")
+        return refusal
 
     def _loop(self) -> int:
         buffer = bytearray()
@@ -140,7 +157,11 @@ class Zygote:
                 buffer += data
                 for message in take(buffer):
                     if message[0] == "fork":
-                        self._fork(*message[1:])
+                        try:
+                            self._fork(*message[1:])
+                        except _Refused:
+                            self._kill_all()
+                            return 2
                     elif message[0] == "fresh":
                         self._fresh(message[1])
 
@@ -171,6 +192,12 @@ class Zygote:
                 os.waitpid(pid, 0)
 
     def _fork(self, token: int, env: dict, log_path: str, cwd: str) -> None:
+        if self.later:
+            later, self.later = self.later, []
+            refusal = self._import(later)
+            if refusal:
+                send(self.reply_fd, ("refused", token, refusal))
+                raise _Refused
         pid = self._fork_child(lambda: self._become_rank(env, log_path, cwd))
         send(self.reply_fd, ("forked", token, pid))
 
