@@ -85,6 +85,7 @@ def test_a_write_in_a_later_stage_names_the_stage(fake_runs):
     raised = quiet + [{"ev": "stage_error", "name": "test", "exc_type": "FileNotFoundError", "message": "gone.pt"}]
     verdict = contract.judge(fake_runs.run([raised, quiet]))
     assert verdict.outcome == "passed"
+    assert "during fit and test (until it raised) (outside checkpoint saving)" in verdict.summary
     assert verdict.notes == ["the test stage raised FileNotFoundError on rank 0 (gone.pt), so writes after that "
                              "point were not recorded."]
 

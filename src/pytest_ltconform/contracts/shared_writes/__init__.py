@@ -117,7 +117,10 @@ class SharedWrites(Contract):
     def _passed(self, run: Run, by_path) -> Verdict:
         if not by_path:
             stages = [e.get("name") for e in run.events(0, "stage") if e.get("name")] or ["fit"]
-            return self.verdict("passed", f"user code opened no file for writing during {' and '.join(stages)} "
+            # A later stage that raised was watched only up to its exception (see the notes).
+            raised = {e.get("name") for r in range(run.world_size) for e in run.events(r, "stage_error")}
+            words = [f"{s} (until it raised)" if s in raised else s for s in stages]
+            return self.verdict("passed", f"user code opened no file for writing during {' and '.join(words)} "
                                           f"(outside checkpoint saving) on any rank.")
         parts = []
         for path, ranks in sorted(by_path.items())[:5]:
