@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from . import contracts, progress, vocabulary
+from . import contracts, progress
 from . import settings as settings_mod
 
 TARGETS_KEY = pytest.StashKey["object"]()  # target.Targets of the first target, once validated
@@ -319,7 +319,7 @@ def preload_for(settings) -> tuple[str, ...]:
     if PRELOAD_ENV in os.environ:
         return tuple(name.strip() for name in os.environ[PRELOAD_ENV].split(",") if name.strip())
     strategies = settings.strategies if settings.enabled else ()
-    return vocabulary.preload_modules(strategies) + contracts.rank_modules()
+    return contracts.preload(strategies)
 
 
 class SigtermAsInterrupt:

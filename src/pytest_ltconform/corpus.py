@@ -72,7 +72,7 @@ import time
 from . import contracts
 from .outcomes import Outcome
 from .settings import Settings
-from .vocabulary import LAUNCHERS, preload_modules
+from .vocabulary import LAUNCHERS
 
 
 @dataclasses.dataclass
@@ -486,10 +486,7 @@ def _judge_in_pool(cases: list[Case], args, strategies) -> tuple[list[dict], int
     from .world import WorldPool
 
     settings = Settings(target="corpus", world_size=args.world_size, timeout_s=args.timeout)
-    from . import contracts
-
-    preload = preload_modules(strategies or item_strategies()) + contracts.rank_modules()
-    pool = WorldPool(launcher=args.launcher, preload=preload)
+    pool = WorldPool(launcher=args.launcher, preload=contracts.preload(strategies or item_strategies()))
     rows: list[dict] = []
     try:
         for i, case in enumerate(cases, 1):

@@ -50,6 +50,15 @@ def rank_modules() -> tuple[str, ...]:
     return ("pytest_ltconform.harness", *probes)
 
 
+def preload(strategies) -> tuple[str, ...]:
+    """Everything a fork parent imports once for runs under ``strategies``: the libraries they
+    load on every rank (:func:`~pytest_ltconform.vocabulary.preload_modules`), then
+    :func:`rank_modules`."""
+    from ..vocabulary import preload_modules
+
+    return preload_modules(strategies) + rank_modules()
+
+
 def get_contract(contract_id: str):
     """The ``Contract`` instance for ``contract_id``; raises KeyError naming the known ids."""
     if contract_id in _ADDED:
