@@ -142,6 +142,21 @@ def test_deepspeed_tier_skips_when_deepspeed_is_missing(pytester):
     assert required.ret == pytest.ExitCode.TESTS_FAILED
 
 
+@pytest.mark.world
+def test_a_deepspeed_whose_import_raises_skips_its_tier_and_the_others_still_run(pytester, monkeypatch):
+    # A DeepSpeed build broken on this machine raises at import (not ImportError). The ranks'
+    # parent imports it too: it must leave it out, as a spawned rank would, not stop answering.
+    pytester.mkpydir("deepspeed").joinpath("__init__.py").write_text(
+        'raise RuntimeError("broken build: libaio not found")\n')
+    monkeypatch.setenv("PYTHONPATH", str(pytester.path))
+    result = pytester.runpytest_subprocess("--ltconform", BORING, "--ltconform-strategies", "ddp,deepspeed",
+                                           "-k", "sync-dist", "-rs", "-p", "no:cacheprovider")
+    out = result.stdout.str()
+    outcomes = result.parseoutcomes()
+    assert (outcomes.get("passed"), outcomes.get("skipped"), outcomes.get("errors")) == (1, 1, None), out[-3000:]
+    result.stdout.fnmatch_lines(["SKIPPED * deepspeed not importable (RuntimeError: broken build: libaio not found)*"])
+
+
 def test_multinode_tier_skips_outside_a_launched_world_and_require_fails(pytester, monkeypatch):
     for var in ("TORCHELASTIC_RUN_ID", "SLURM_NTASKS"):
         monkeypatch.delenv(var, raising=False)

@@ -85,7 +85,7 @@ def validate_in_child(payload: str) -> dict:
         with quiet_deepspeed_detection():
             resolved = target_mod.validate(**kwargs)
         facts = {"cuda": cuda_device_count()}
-        if deepspeed:  # preloaded by the parent when its items may run: no import here
+        if deepspeed:  # the parent imported it before forking this process (if it could): no import here
             facts["deepspeed_missing"] = deepspeed_missing()
     except target_mod.TargetError as exc:
         return {"error": str(exc)}

@@ -97,6 +97,10 @@ SUPERVISOR_PID_ENV = "LTCONFORM_SUPERVISOR_PID"
 # The process a rank dies with: the supervisor for a spawned rank, the fork parent for a forked one.
 PARENT_PID_ENV = "LTCONFORM_PARENT_PID"
 PRELOAD_ENV = "LTCONFORM_PRELOAD"
+# Preload modules a fork parent imports in its first step, with the first module of the list:
+# validating a target checks that DeepSpeed imports, and a validation process forked after the
+# parent imported it finds it imported instead of importing it a second time.
+FIRST_STEP_PRELOAD = ("deepspeed",)
 
 # Inherited variables that would make Lightning think it runs under a cluster launcher.
 FOREIGN_ENV_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "TORCHELASTIC_", "GROUP_", "ROLE_", "LSB_",

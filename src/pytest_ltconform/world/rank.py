@@ -257,6 +257,28 @@ def run_job(job: Job, rank: int, world_size: int, local_rank: int, store, gen: i
     return result
 
 
+def preload(names: list[str]) -> None:
+    """Import ``names``. A module that is not installed, or whose import raises (a DeepSpeed build
+    broken on this machine), is left out, not fatal: each rank imports it itself, as a spawned
+    rank does, and fails there if it uses it. What the failed import left of its package is
+    forgotten, so a rank's own import starts from nothing, as in a fresh interpreter."""
+    for name in names:
+        if not name:
+            continue
+        before = set(sys.modules)
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # a broken build raises all sorts of things at import
+            package = name.partition(".")[0]
+            for key in set(sys.modules) - before:
+                if key == package or key.startswith(package + "."):
+                    del sys.modules[key]
+            missing = isinstance(exc, ModuleNotFoundError) and name.startswith(str(exc.name))
+            if not missing:
+                print(f"pytest-ltconform: preloading {name} raised {type(exc).__name__}: {exc}; "
+                      f"each rank imports it itself", file=sys.stderr)
+
+
 def _connect(gen: int, rank: int):
     """The supervisor's store, once this rank has paid the cold start (the imports) and said
     it is ready."""
@@ -266,11 +288,8 @@ def _connect(gen: int, rank: int):
         os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
         timeout=datetime.timedelta(days=7), wait_for_workers=False,
     )
-    # The cold-start cost is paid here, once per rank process.
-    for name in os.environ.get(protocol.PRELOAD_ENV, "lightning.pytorch").split(","):
-        if name:
-            with contextlib.suppress(ImportError):
-                importlib.import_module(name)
+    # The cold-start cost is paid here, once per rank process (nothing left to import when forked).
+    preload(os.environ.get(protocol.PRELOAD_ENV, "lightning.pytorch").split(","))
     store.set(protocol.ready_key(gen, rank), str(os.getpid()))
     return store
 

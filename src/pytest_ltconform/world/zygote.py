@@ -1,11 +1,12 @@
 """The fork launcher's parent: ``python -m pytest_ltconform.world.zygote REQUEST_FD REPLY_FD``.
 
-It imports the preload modules once, in two steps: the first (Lightning: what validating a
-target needs) before it says it is ready, the others (DeepSpeed when its tier runs, the plugin's
-rank-side modules) when the first rank is asked for, so that a session stopped by a usage error
-or ``--collect-only`` never pays them. After each step it checks that forking is safe (one
-thread, CUDA not initialised, no process group). It forks a rank process for each request of the
-supervisor (``launch.ForkLauncher``) and reports each one's exit status.
+It imports the preload modules once, in two steps: the first (Lightning, and DeepSpeed when its
+tier runs: what validating a target reads) before it says it is ready, the others (torch's
+inductor and distributed checkpoint, the plugin's rank-side modules) when the first rank is
+asked for, so that a session stopped by a usage error or ``--collect-only`` never pays them.
+After each step it checks that forking is safe (one thread, CUDA not initialised, no process
+group). It forks a rank process for each request of the supervisor (``launch.ForkLauncher``)
+and reports each one's exit status.
 A forked rank becomes what a spawned one is: its own session, environment, working folder, log
 file and ``sys.path``, then ``rank.main()``. The user's code never runs here. This module never
 imports the pytest plugin.
@@ -83,14 +84,6 @@ def unsafe_to_fork() -> str | None:
     return None
 
 
-def _preload(names: list[str]) -> None:
-    # As a spawned rank does: a module that is not installed is left out, not fatal.
-    for name in names:
-        if name:
-            with contextlib.suppress(ImportError):
-                importlib.import_module(name)
-
-
 class _Refused(Exception):
     """The second step's imports made forking unsafe: the parent has said so and stops."""
 
@@ -113,8 +106,9 @@ class Zygote:
 
     def serve(self) -> int:
         names = [n for n in os.environ.get(protocol.PRELOAD_ENV, "").split(",") if n]
-        self.later = names[1:]
-        refusal = self._import(names[:1])
+        first = names[:1] + [n for n in names[1:] if n in protocol.FIRST_STEP_PRELOAD]
+        self.later = [n for n in names if n not in first]
+        refusal = self._import(first)
         send(self.reply_fd, ("ready", os.getpid(), refusal, self.env_added))
         if refusal:
             return 2
@@ -125,7 +119,7 @@ class Zygote:
 
     def _import(self, names: list[str]) -> str | None:
         """Import ``names``; the refusal to fork after them (None when forking is safe)."""
-        _preload(names)
+        rank.preload(names)
         self.preloaded += names
         # What the imports set in os.environ (Lightning sets PYTORCH_NVML_BASED_CUDA_CHECK): a
         # spawned rank has it too, since its imports run after its environment is set.
