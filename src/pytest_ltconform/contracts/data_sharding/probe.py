@@ -6,6 +6,7 @@ them). Runs inside the ranks of the traced fit.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import defaultdict
 
@@ -69,7 +70,27 @@ def fingerprint(batch, rows: int = ROWS_PER_BATCH) -> dict:
     return out
 
 
+def _per_class(fn):
+    """``fn(cls)`` computed once per class in this rank (reading a class's source parses its
+    file); an unhashable class (a metaclass defining ``__eq__`` alone) is computed each time."""
+    cache: dict = {}
+
+    @functools.wraps(fn)
+    def once(cls):
+        try:
+            if cls not in cache:
+                cache[cls] = fn(cls)
+            return cache[cls]
+        except TypeError:
+            return fn(cls)
+
+    return once
+
+
+@_per_class
 def _class_site(cls) -> dict | None:
+    """Where ``cls`` is defined (``{"file", "line", "func"}``), or None. Cached: finding a class's
+    line parses its whole file, once per loader and stage otherwise."""
     import inspect
 
     try:
@@ -118,18 +139,22 @@ def _samplers(loader) -> list:
     return chain
 
 
+@_per_class
 def _shuffles_in_iter(cls) -> bool:
-    """Whether a user IterableDataset's __iter__ (or what it calls on the class) shuffles."""
+    """Whether a user IterableDataset's __iter__ (or what it calls on the class) shuffles. Only a
+    user's class is read (torch's BatchSampler, on every loader, is not parsed)."""
     import inspect
 
     from ...sites import is_user_file
 
     try:
         path = inspect.getsourcefile(cls)
+        if not (path and is_user_file(path)):
+            return False
         source = inspect.getsource(cls)
     except (TypeError, OSError):
         return False
-    return bool(path and is_user_file(path) and re.search(r"shuffle|randperm|permutation", source))
+    return bool(re.search(r"shuffle|randperm|permutation", source))
 
 
 def _order_info(loader) -> dict:
