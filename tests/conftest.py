@@ -25,8 +25,9 @@ def case(path: str) -> str:
 def rank_pids(supervisor_pid: int | None = None, cwd_marker: str | None = None, parents: bool = False) -> list[int]:
     """Live rank processes, optionally only those of one supervisor, or of supervisors started in a
     directory under ``cwd_marker`` (a rank's PYTHONPATH carries its supervisor's working directory);
-    with ``parents``, the fork launcher's parents too (a forked rank is told from its parent by
-    that: the parent's parent is the supervisor)."""
+    with ``parents``, the fork launcher's parents and the store keepers they fork too (a forked
+    rank is told from its parent by that: the parent's parent is the supervisor; from a keeper by
+    the keeper's process name)."""
     from pytest_ltconform.world.protocol import SUPERVISOR_PID_ENV
 
     supervisor_key = SUPERVISOR_PID_ENV.encode()  # every rank's environment names its supervisor
@@ -54,7 +55,13 @@ def rank_pids(supervisor_pid: int | None = None, cwd_marker: str | None = None, 
 
 
 def _is_fork_parent(pid: int, supervisor_pid: int) -> bool:
+    """A fork launcher's parent or a store keeper it forked: not a rank."""
+    from pytest_ltconform.world.zygote import KEEPER_NAME
+
     try:
+        with open(f"/proc/{pid}/comm", "rb") as fh:
+            if fh.read().strip() == KEEPER_NAME.encode():
+                return True
         with open(f"/proc/{pid}/stat", "rb") as fh:
             ppid = int(fh.read().rsplit(b")", 1)[1].split()[1])
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
@@ -74,8 +81,8 @@ def wait_until(predicate, timeout: float, interval: float = 0.1) -> bool:
 
 @pytest.fixture
 def no_leftover_ranks(pytester):
-    """Fails the test if rank processes its pytest subprocesses started, or their fork parents, are
-    still alive afterwards."""
+    """Fails the test if rank processes its pytest subprocesses started, or their fork parents and
+    store keepers, are still alive afterwards."""
     yield
     marker = str(pytester.path)
     assert wait_until(lambda: not rank_pids(cwd_marker=marker, parents=True), 15), \

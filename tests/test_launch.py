@@ -198,6 +198,7 @@ def test_sigkill_of_the_supervisor_takes_the_parent_and_its_ranks_down(pytester,
 PARENT_KILLED = '''
 import os
 import signal
+import sys
 import time
 
 from pytest_ltconform.world import JobRequest, LocalWorld
@@ -221,13 +222,52 @@ def test_a_world_whose_parent_was_killed_forks_from_a_new_one():
         world.close()
     assert second.status == "ok" and set(second.values).isdisjoint(first)
     assert world.launcher.imports == 2 and world.cold_starts == 2
+
+
+def test_a_world_whose_store_keeper_was_killed_gets_a_new_one():
+    world = LocalWorld(2, preload=("torch.distributed",))
+    try:
+        first = world.run(JobRequest("test_parent_killed:pid", timeout_s=120))
+        keeper = world._store.pid
+        os.kill(keeper, signal.SIGKILL)
+        second = world.run(JobRequest("test_parent_killed:pid", timeout_s=120))
+    finally:
+        world.close()
+    assert first.status == second.status == "ok", (first, second)
+    assert world._store is None and world.launcher.imports == 1  # a new keeper, forked from the same parent
+    assert "torch" not in sys.modules  # the supervisor never held the store itself
 '''
 
 
 def test_ranks_die_with_their_parent_and_the_next_run_forks_from_a_new_one(pytester):
+    """Also: a world whose store keeper died gets a new keeper from the same parent."""
     pytester.makepyfile(test_parent_killed=PARENT_KILLED)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
-    result.assert_outcomes(passed=1)
+    result.assert_outcomes(passed=2)
+
+
+HEAVY_AT_THE_END = """
+import sys
+
+
+def pytest_unconfigure(config):
+    print("HEAVY IN PYTEST:", ", ".join(sorted({"torch", "lightning", "deepspeed"} & set(sys.modules))) or "nothing",
+          file=sys.stderr)
+"""
+
+
+@pytest.mark.world
+def test_pytest_never_imports_torch_when_ranks_are_forked(pytester, no_leftover_ranks):
+    """The store the ranks meet in is served by a process forked from their parent, the target
+    is validated in another, DeepSpeed's availability is the parent's import: pytest's own
+    process imports none of torch, Lightning and DeepSpeed (about 2 CPU seconds each)."""
+    pytester.makeconftest(HEAVY_AT_THE_END)
+    result = pytester.runpytest_subprocess("--ltconform", "lightning.pytorch.demos.boring_classes.BoringModel",
+                                           "--ltconform-strategies", "ddp,deepspeed", "-k", "sync-dist",
+                                           "-p", "no:cacheprovider")
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("passed", 0) >= 1 and "failed" not in outcomes, result.stdout.str()[-3000:]
+    result.stderr.fnmatch_lines(["HEAVY IN PYTEST: nothing"])
 
 
 FIXTURE = '''

@@ -6,6 +6,7 @@ target, SIGTERM handling. ``plugin.py``'s hooks delegate here; nothing heavy is 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import sys
@@ -144,13 +145,15 @@ def _validate_targets(config: pytest.Config, settings) -> dict:
             resolved = None
             if world is not None:
                 try:
-                    resolved = validation.validate_forked(world, kwargs, facts, "deepspeed" in settings.strategies)
+                    resolved = validation.validate_forked(world, kwargs, facts)
                 except WorldStartError:
                     world = None  # the parent cannot start: validate here; the first run says why
             validated[declared.id] = resolved if resolved is not None else validation.validate_here(kwargs)
         except target_mod.TargetError as exc:
             which = f"target {n} of {count} ({declared.id}): " if count > 1 else ""
             raise pytest.UsageError(f"{which}{exc}") from None
+    if world is not None and "deepspeed" in settings.strategies:  # asked at collection, if at all
+        facts["deepspeed_missing"] = functools.partial(validation.deepspeed_missing_in_parent, world)
     config.stash[FACTS_KEY] = facts
     return validated
 
@@ -203,7 +206,6 @@ def attached_world(config: pytest.Config):
 def availability(config: pytest.Config):
     avail = config.stash.get(AVAILABILITY_KEY, None)
     if avail is None:
-        from . import tiers
         from .tiers import Availability
 
         attached = attached_world(config)
@@ -211,8 +213,8 @@ def availability(config: pytest.Config):
         seen = {}
         if "cuda" in facts:
             seen["cuda_count"] = lambda: facts["cuda"]
-        if "deepspeed_missing" in facts:  # the ranks' parent imported it; this process must find it too
-            seen["deepspeed_missing"] = lambda: tiers.deepspeed_not_found() or facts["deepspeed_missing"]
+        if "deepspeed_missing" in facts:  # the ranks' parent imports it; this process must find it too
+            seen["deepspeed_missing"] = facts["deepspeed_missing"]
         avail = Availability(config.stash[SETTINGS_KEY].world_size, attached.info if attached else None,
                              attached.num_nodes if attached else None, **seen)
         config.stash[AVAILABILITY_KEY] = avail

@@ -143,11 +143,7 @@ def judge_case(case: Case, pool, settings: Settings, only: str | None = None,
     from .session import LtconformSession
 
     try:
-        targets = target_mod.validate(
-            f"{case.path}:Model",
-            f"{case.path}:DataModule" if case.has_datamodule else None,
-            f"{case.path}:trainer_kwargs" if case.has_trainer else None,
-        )
+        targets = _validate(case, pool, settings)
     except target_mod.TargetError as exc:
         return [_target_error_row(case, c, str(exc)) for c in case.expected if only in (None, c)]
     if not case.strategy:
@@ -165,6 +161,25 @@ def judge_case(case: Case, pool, settings: Settings, only: str | None = None,
         _mark_keys(case, group)
         rows += group
     return rows
+
+
+def _validate(case: Case, pool, settings: Settings):
+    """The case's ``target.ResolvedTarget``, checked in a process forked from the CPU world's
+    fork parent as ``pytest --ltconform`` does (this process then imports neither the case nor
+    torch), else here. Raises ``target.TargetError``."""
+    from . import target as target_mod
+    from . import tiers, validation
+    from .world import WorldStartError
+
+    kwargs = {"model": f"{case.path}:Model",
+              "datamodule": f"{case.path}:DataModule" if case.has_datamodule else None,
+              "trainer": f"{case.path}:trainer_kwargs" if case.has_trainer else None}
+    try:  # None under the spawn launcher
+        world = tiers.world_for("cpu", pool, None, settings.world_size, settings.pg_timeout_s)
+        resolved = validation.validate_forked(world, kwargs, {})
+    except WorldStartError:
+        resolved = None  # the parent cannot start: validate here; the first run says why
+    return resolved if resolved is not None else target_mod.validate(**kwargs)
 
 
 def item_strategies() -> tuple[str, ...]:
@@ -223,21 +238,16 @@ def _mark_keys(case: Case, group: list[dict]) -> None:
 
 def _configured_strategy(targets) -> str:
     """The strategy a case's own Trainer config names, as an item strategy: 'fsdp' for FSDP;
-    'deepspeed' for DeepSpeed where deepspeed is importable (else 'fsdp', the CPU sharded tier)."""
-    from . import target as target_mod
-    from .sharded import deepspeed_installed, deepspeed_stand_in, sharded_kind
+    'deepspeed' for DeepSpeed where deepspeed is importable (else 'fsdp', the CPU sharded tier).
+    Read off the validated target (``strategy_names``): nothing of the case is imported here."""
+    from .sharded import deepspeed_installed
 
-    if targets.trainer is None:
-        return "ddp"
-    try:
-        with deepspeed_stand_in():
-            kwargs = target_mod.trainer_kwargs(targets.trainer)
-    except Exception:
-        return "ddp"
-    kind = sharded_kind(kwargs.get("strategy"))
-    if kind == "deepspeed" and deepspeed_installed():
-        return "deepspeed"
-    return "fsdp" if kind else "ddp"
+    names = targets.strategy_names
+    for kind in ("deepspeed", "fsdp"):
+        # A registered name ('deepspeed_stage_3') or a strategy object of that class or a subclass.
+        if f"{kind}strategy" in names or (len(names) == 1 and names[0].startswith(kind)):
+            return "fsdp" if kind == "deepspeed" and not deepspeed_installed() else kind
+    return "ddp"
 
 
 # What an item's verdict counts as against the case's EXPECTED value (shared/cases/README.md),

@@ -33,16 +33,15 @@ def validate_here(kwargs: dict):
         return target_mod.validate(**kwargs)
 
 
-def validate_forked(world, kwargs: dict, facts: dict, deepspeed: bool) -> object | None:
+def validate_forked(world, kwargs: dict, facts: dict) -> object | None:
     """Validate in a fresh process of ``world``'s fork parent: the ``target.ResolvedTarget``, with
-    what that process saw of the machine added to ``facts`` ("cuda": device count; with
-    ``deepspeed``, "deepspeed_missing": why DeepSpeed cannot run, or None); None where ``world``
-    has no fork parent (the caller validates here). Raises :class:`target.TargetError` for a bad target, a
+    what that process saw of the machine added to ``facts`` ("cuda": device count); None where
+    ``world`` has no fork parent (the caller validates here). Raises :class:`target.TargetError` for a bad target, a
     target whose import never finished or killed its process, and ``world.WorldStartError`` when
     the parent cannot start. Whatever else that process could not answer is left to pytest's
     own process (None), which then behaves as it did before validation moved out of it."""
     try:
-        payload = base64.b64encode(pickle.dumps((kwargs, deepspeed))).decode()
+        payload = base64.b64encode(pickle.dumps(kwargs)).decode()
     except Exception:
         return None  # unpicklable init or Trainer kwargs: validate() here names them
     env = dict(os.environ)
@@ -75,20 +74,38 @@ def validate_in_child(payload: str) -> dict:
     import traceback
 
     try:
-        kwargs, deepspeed = pickle.loads(base64.b64decode(payload))
+        kwargs = pickle.loads(base64.b64decode(payload))
     except Exception:  # e.g. a callback class of a conftest that is not importable by name
         return {"internal": traceback.format_exc()}
     try:
-        from .tiers import deepspeed_missing, quiet_deepspeed_detection
+        from .tiers import quiet_deepspeed_detection
         from .world.devices import cuda_device_count
 
         with quiet_deepspeed_detection():
             resolved = target_mod.validate(**kwargs)
         facts = {"cuda": cuda_device_count()}
-        if deepspeed:  # the parent imported it before forking this process (if it could): no import here
-            facts["deepspeed_missing"] = deepspeed_missing()
     except target_mod.TargetError as exc:
         return {"error": str(exc)}
     except BaseException:
         return {"internal": traceback.format_exc()}
     return {"target": base64.b64encode(pickle.dumps(resolved)).decode(), "facts": facts}
+
+
+def deepspeed_missing_in_parent(world) -> str | None:
+    """Why DeepSpeed cannot run here (the text of ``tiers.deepspeed_missing``), or None, as the
+    fork parent of ``world`` finds it: it imports DeepSpeed once, for its ranks, so the check
+    costs no second import. Imports it in this process where the parent cannot say (no fork
+    parent, or it cannot start)."""
+    from .tiers import deepspeed_missing, deepspeed_not_found
+    from .world import WorldStartError
+
+    if not_found := deepspeed_not_found():
+        return not_found
+    try:
+        failed = world.import_in_parent(["deepspeed"])
+    except WorldStartError:
+        failed = None
+    if failed is None:
+        return deepspeed_missing()
+    why = failed.get("deepspeed")
+    return None if why is None else f"deepspeed not importable ({why.splitlines()[0]})"

@@ -22,7 +22,7 @@ import sys
 import time
 
 from ..vocabulary import LAUNCHERS
-from . import protocol, zygote
+from . import kept_store, protocol, zygote
 
 DEFAULT_LAUNCHER = LAUNCHERS[0]
 # Rank variables the parent must not import with: it serves every rank (Lightning's rank-zero
@@ -105,6 +105,8 @@ class ForkLauncher:
         self._next_token = 0
         self._forked: dict[int, int] = {}
         self._refused: dict[int, str] = {}
+        self._kept: dict[int, int] = {}  # token of a store request -> the keeper's pid
+        self._imported: dict[int, tuple] = {}  # token of an import request -> (failures, refusal)
         self._complete = False  # the parent imported the whole preload (it does so for its first rank)
         self._live: set[int] = set()  # ranks forked whose exit was not reported yet
         self._ready: tuple | None = None
@@ -146,6 +148,49 @@ class ForkLauncher:
         except OSError:
             pass  # the parent died: no answer comes, and the request times out
         return zygote.await_fresh(request, timeout_s, self.pump)
+
+    def store(self, parent_env: dict, folder: str) -> kept_store.KeptStore:
+        """A ``TCPStore`` served by a keeper forked from the parent (started with ``parent_env``
+        in ``folder`` if it is not running), so this process need not import torch. Raises
+        :class:`LaunchError` when the parent cannot start or no keeper connects."""
+        self._ensure_parent(parent_env, folder)
+        server, secret = kept_store.listen()
+        token = self._next_token = self._next_token + 1
+        try:
+            zygote.send(self._to, ("store", token, server.getsockname()[1], secret))
+            return kept_store.accept(server, secret, lambda: self._kept.get(token), self._pump_or_raise, 60.0)
+        except (OSError, kept_store.StoreLost) as exc:
+            raise LaunchError(f"the fork launcher's parent gave no store ({exc}).\n{self.log_tail()}") from None
+        finally:
+            server.close()
+
+    def import_now(self, names: list[str], parent_env: dict, folder: str) -> dict[str, str | None]:
+        """Have the parent (started with ``parent_env`` in ``folder`` if it is not running)
+        import ``names`` now rather than before its first rank: ``{name: why its import failed,
+        or None}``. Raises :class:`LaunchError` when the parent cannot start, stops answering,
+        or refuses to fork after the imports."""
+        self._ensure_parent(parent_env, folder)
+        token = self._next_token = self._next_token + 1
+        try:
+            zygote.send(self._to, ("import", token, list(names)))
+        except OSError:
+            pass  # the parent died: _pump_or_raise says so
+        deadline = time.monotonic() + self.start_timeout_s
+        while token not in self._imported:
+            if time.monotonic() > deadline:
+                raise LaunchError(f"the fork launcher's parent did not import {', '.join(names)} in time")
+            self._pump_or_raise(0.1)
+        failed, refusal = self._imported.pop(token)
+        if refusal:
+            self.close()
+            raise LaunchError(refusal)
+        return failed
+
+    def _pump_or_raise(self, timeout: float) -> None:
+        if self._from < 0:
+            raise LaunchError(f"the fork launcher's parent stopped answering ({self._exit_text()}).\n"
+                              f"{self.log_tail()}")
+        self.pump(timeout)
 
     def _ensure_parent(self, env: dict, folder: str) -> None:
         if self._proc is not None and self._proc.poll() is None and self._from >= 0:
@@ -206,6 +251,10 @@ class ForkLauncher:
                 self._ready = message
             elif message[0] == "refused":
                 self._refused[message[1]] = message[2]
+            elif message[0] == "kept":
+                self._kept[message[1]] = message[2]
+            elif message[0] == "imported":
+                self._imported[message[1]] = (message[2], message[3])
 
     def _lost(self) -> None:
         """The parent is gone: its ranks died with it (their death signal is SIGKILL)."""

@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 
-from . import diagnose, launch, protocol
+from . import diagnose, kept_store, launch, protocol
 from .job import Job, JobRequest
 from .launch import DEFAULT_LAUNCHER
 from .outcome import JobResult, RankOutcome, read_trace, without_own_noise
@@ -85,12 +85,35 @@ class LocalWorld:
     def alive(self) -> bool:
         return bool(self._procs) and all(p.poll() is None for p in self._procs)
 
+    def _store_answers(self) -> bool:
+        """False when the store's keeper is gone (killed, or dead with the fork parent): the
+        ranks lost their store with it."""
+        return not isinstance(self._store, kept_store.KeptStore) or self._store.alive
+
+    def _has(self, key: str) -> bool:
+        """Whether the store holds ``key``; False once the store's keeper is gone (the ranks,
+        which lost it too, are then found dead or hung)."""
+        try:
+            return self._store.check([key])
+        except kept_store.StoreLost:
+            return False
+
     def _ensure_store(self):
+        """The world's store: served by a keeper the fork parent forked (pytest's process need not
+        import torch; see ``kept_store``), else held here. A keeper that died with its parent is
+        replaced. Raises WorldStartError when the fork parent cannot start."""
+        if isinstance(self._store, kept_store.KeptStore) and not self._store.alive:
+            self._store = None
+        if self._store is None and hasattr(self.launcher, "store") and "torch" not in sys.modules:
+            try:
+                self._store = self.launcher.store(self._rank_env(0), self.root)
+            except launch.LaunchError as exc:
+                raise WorldStartError(f"could not start a world of {self.world_size} ranks: {exc}") from None
         if self._store is None:
             import torch.distributed as dist
 
             self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                                        timeout=datetime.timedelta(seconds=60))
+                                        timeout=datetime.timedelta(seconds=kept_store.STORE_TIMEOUT_S))
         return self._store
 
     def _rank_env(self, rank: int) -> dict:
@@ -135,6 +158,18 @@ class LocalWorld:
         except launch.LaunchError as exc:
             raise WorldStartError(f"could not start the fork launcher's parent: {exc}") from None
 
+    def import_in_parent(self, names: list[str]) -> dict[str, str | None] | None:
+        """Have this world's fork parent import ``names`` now (see
+        ``launch.ForkLauncher.import_now``): ``{name: why its import failed, or None}``; None when
+        this world's ranks are not forked (the spawn launcher). Raises :class:`WorldStartError`
+        when the parent cannot start."""
+        if self.closed or not hasattr(self.launcher, "import_now"):
+            return None
+        try:
+            return self.launcher.import_now(names, self._rank_env(0), self.root)
+        except launch.LaunchError as exc:
+            raise WorldStartError(f"could not start the fork launcher's parent: {exc}") from None
+
     def _tmp_dir(self) -> str:
         path = os.path.join(self.root, "tmp")
         os.makedirs(path, exist_ok=True)
@@ -143,7 +178,7 @@ class LocalWorld:
     def start(self) -> None:
         if self.closed:
             raise WorldStartError("this world was closed")
-        store = self._ensure_store()
+        self._ensure_store()
         self.generation += 1
         self._next_job = 0
         self.cold_starts += 1
@@ -157,7 +192,7 @@ class LocalWorld:
                 raise WorldStartError(f"could not start a world of {self.world_size} ranks: {exc}") from None
         deadline = time.monotonic() + self.start_timeout_s
         keys = [protocol.ready_key(self.generation, r) for r in range(self.world_size)]
-        while not store.check(keys):
+        while not all(map(self._has, keys)):
             dead = [r for r, p in enumerate(self._procs) if p.poll() is not None]
             if dead or time.monotonic() > deadline:
                 tails = "\n".join(f"--- rank {r} (exit {self._procs[r].poll()}):\n{self._log_tail(r)}"
@@ -219,6 +254,8 @@ class LocalWorld:
         if self._own_launcher:
             self.launcher.close()
         self.closed = True
+        if isinstance(self._store, kept_store.KeptStore):
+            self._store.close()
         self._store = None
         if self._own_root and not keep_files:
             shutil.rmtree(self.root, ignore_errors=True)
@@ -239,7 +276,7 @@ class LocalWorld:
             self._stop_ranks()  # another target's process state stays with it
         self._tenant = request.tenant
         while True:
-            if not self.alive:
+            if not self.alive or not self._store_answers():
                 if self._procs:
                     self.kill()
                 self.start()
@@ -402,18 +439,16 @@ class _JobWatch:
             pass
 
     def _collect_results(self, now: float) -> None:
-        store = self.world._store
         for r, key in self.keys.items():
-            if r not in self.outcomes and store.check([key]):
-                self.outcomes[r] = RankOutcome.from_wire(protocol.read_result(store.get(key)))
+            if r not in self.outcomes and self.world._has(key):
+                self.outcomes[r] = RankOutcome.from_wire(protocol.read_result(self.world._store.get(key)))
                 self.first_done_at = self.first_done_at or now
                 if self.outcomes[r].status != "ok":
                     self.first_error_at = self.first_error_at or now
 
     def _collect_deaths(self, now: float) -> None:
-        store = self.world._store
         for r, p in enumerate(self.world._procs):
-            if r not in self.outcomes and p.poll() is not None and not store.check([self.keys[r]]):
+            if r not in self.outcomes and p.poll() is not None and not self.world._has(self.keys[r]):
                 self.outcomes[r] = RankOutcome(rank=r, status="died", exit_code=p.returncode)
                 self.first_dead_at = self.first_dead_at or now
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import struct
 from typing import Any, TypedDict
 
 # -- local worlds: the supervisor's store, one generation of ranks at a time -------------------------
@@ -97,10 +98,6 @@ SUPERVISOR_PID_ENV = "LTCONFORM_SUPERVISOR_PID"
 # The process a rank dies with: the supervisor for a spawned rank, the fork parent for a forked one.
 PARENT_PID_ENV = "LTCONFORM_PARENT_PID"
 PRELOAD_ENV = "LTCONFORM_PRELOAD"
-# Preload modules a fork parent imports in its first step, with the first module of the list:
-# validating a target checks that DeepSpeed imports, and a validation process forked after the
-# parent imported it finds it imported instead of importing it a second time.
-FIRST_STEP_PRELOAD = ("deepspeed",)
 
 # Inherited variables that would make Lightning think it runs under a cluster launcher.
 FOREIGN_ENV_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "TORCHELASTIC_", "GROUP_", "ROLE_", "LSB_",
@@ -149,3 +146,29 @@ def result_payload(result: RankResult) -> bytes:
 def read_result(raw: bytes) -> RankResult:
     """The result a rank posted with :func:`result_payload`."""
     return pickle.loads(raw)
+
+
+# -- messages between the supervisor, the fork parent and a store's keeper (pipes and sockets) ---
+
+_HEADER = struct.Struct("!I")
+
+
+def send(fd: int, message: tuple) -> None:
+    """Write one message (a pickled tuple, length-prefixed) to the pipe or socket ``fd``, blocking
+    until it is all written."""
+    data = pickle.dumps(message)
+    view = memoryview(_HEADER.pack(len(data)) + data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def take(buffer: bytearray) -> list[tuple]:
+    """The whole messages at the start of ``buffer``, removed from it."""
+    out = []
+    while len(buffer) >= _HEADER.size:
+        (size,) = _HEADER.unpack_from(buffer)
+        if len(buffer) < _HEADER.size + size:
+            break
+        out.append(pickle.loads(bytes(buffer[_HEADER.size:_HEADER.size + size])))
+        del buffer[:_HEADER.size + size]
+    return out

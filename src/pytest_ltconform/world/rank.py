@@ -30,6 +30,7 @@ from .job import Job
 from .protocol import FORMATION, formed_keys
 
 PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
 
 
 _LIBC = None
@@ -42,6 +43,16 @@ def _set_death_signal() -> None:
     try:
         _LIBC = _LIBC or ctypes.CDLL("libc.so.6", use_errno=True)
         _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def name_process(name: str) -> None:
+    """Set this process's name as ``ps`` and ``/proc/PID/comm`` show it (at most 15 bytes)."""
+    global _LIBC
+    try:
+        _LIBC = _LIBC or ctypes.CDLL("libc.so.6", use_errno=True)
+        _LIBC.prctl(PR_SET_NAME, name.encode()[:15])
     except OSError:
         pass
 
@@ -257,11 +268,13 @@ def run_job(job: Job, rank: int, world_size: int, local_rank: int, store, gen: i
     return result
 
 
-def preload(names: list[str]) -> None:
-    """Import ``names``. A module that is not installed, or whose import raises (a DeepSpeed build
-    broken on this machine), is left out, not fatal: each rank imports it itself, as a spawned
-    rank does, and fails there if it uses it. What the failed import left of its package is
-    forgotten, so a rank's own import starts from nothing, as in a fresh interpreter."""
+def preload(names: list[str]) -> dict[str, str]:
+    """Import ``names``; returns ``{name: "ExceptionType: message"}`` for those that failed. A
+    module that is not installed, or whose import raises (a DeepSpeed build broken on this
+    machine), is left out, not fatal: each rank imports it itself, as a spawned rank does, and
+    fails there if it uses it. What the failed import left of its package is forgotten, so a
+    rank's own import starts from nothing, as in a fresh interpreter."""
+    failed = {}
     for name in names:
         if not name:
             continue
@@ -273,10 +286,12 @@ def preload(names: list[str]) -> None:
             for key in set(sys.modules) - before:
                 if key == package or key.startswith(package + "."):
                     del sys.modules[key]
+            failed[name] = f"{type(exc).__name__}: {exc}"
             missing = isinstance(exc, ModuleNotFoundError) and name.startswith(str(exc.name))
             if not missing:
-                print(f"pytest-ltconform: preloading {name} raised {type(exc).__name__}: {exc}; "
-                      f"each rank imports it itself", file=sys.stderr)
+                print(f"pytest-ltconform: preloading {name} raised {failed[name]}; each rank imports it "
+                      f"itself", file=sys.stderr)
+    return failed
 
 
 def _connect(gen: int, rank: int):

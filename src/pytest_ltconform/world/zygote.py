@@ -1,9 +1,11 @@
 """The fork launcher's parent: ``python -m pytest_ltconform.world.zygote REQUEST_FD REPLY_FD``.
 
-It imports the preload modules once, in two steps: the first (Lightning, and DeepSpeed when its
-tier runs: what validating a target reads) before it says it is ready, the others (torch's
-inductor and distributed checkpoint, the plugin's rank-side modules) when the first rank is
-asked for, so that a session stopped by a usage error or ``--collect-only`` never pays them.
+It imports the preload modules once, in two steps: the first (Lightning: what validating a
+target needs) before it says it is ready, the others (DeepSpeed when its tier runs, the plugin's
+rank-side modules) when the first rank is asked for, so that a session stopped by a usage error
+or ``--collect-only`` never pays them. The supervisor may ask for some of the second step ahead
+(``("import", token, names)``, answered by ``("imported", token, {name: why it failed or None},
+refusal)``): whether DeepSpeed imports decides which items are collected.
 After each step it checks that forking is safe (one thread, CUDA not initialised, no process
 group). It forks a rank process for each request of the supervisor (``launch.ForkLauncher``)
 and reports each one's exit status.
@@ -15,6 +17,8 @@ Messages both ways are length-prefixed pickles (see :func:`send`): to the parent
 ``("fork", token, env, log_path, cwd)`` and ``("fresh", request_path)``; from it
 ``("ready", pid, refusal, env_added)``, ``("forked", token, pid)``, ``("refused", token, refusal)``
 (the second step's imports made forking unsafe; the parent exits) and ``("exit", pid, returncode)``.
+``("store", token, port, secret)`` forks the keeper of a world's store (``kept_store``), answered
+by ``("kept", token, pid)``.
 
 A forked rank may ask the parent for a *fresh process* (:func:`run_fresh`): a sibling forked
 from the same parent, so it has torch and Lightning imported and none of the user's code, which
@@ -30,10 +34,8 @@ import faulthandler
 import importlib
 import json
 import os
-import pickle
 import select
 import signal
-import struct
 import sys
 import tempfile
 import threading
@@ -41,30 +43,10 @@ import time
 import traceback
 
 from . import protocol, rank
+from .protocol import send, take
 
-_HEADER = struct.Struct("!I")
 # In a rank this parent forked: the pipe on which it asks for a fresh process (see run_fresh).
 _ASK_FD: int | None = None
-
-
-def send(fd: int, message: tuple) -> None:
-    """Write one message to the pipe ``fd`` (blocking until it is all written)."""
-    data = pickle.dumps(message)
-    view = memoryview(_HEADER.pack(len(data)) + data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def take(buffer: bytearray) -> list[tuple]:
-    """The whole messages at the start of ``buffer``, removed from it."""
-    out = []
-    while len(buffer) >= _HEADER.size:
-        (size,) = _HEADER.unpack_from(buffer)
-        if len(buffer) < _HEADER.size + size:
-            break
-        out.append(pickle.loads(bytes(buffer[_HEADER.size:_HEADER.size + size])))
-        del buffer[:_HEADER.size + size]
-    return out
 
 
 def unsafe_to_fork() -> str | None:
@@ -82,6 +64,10 @@ def unsafe_to_fork() -> str | None:
     if dist is not None and dist.is_available() and dist.is_initialized():
         return "a process group was opened while importing the preloaded modules"
     return None
+
+
+# The name a store's keeper runs under (``/proc/PID/comm``).
+KEEPER_NAME = "ltconform-store"
 
 
 class _Refused(Exception):
@@ -103,12 +89,12 @@ class Zygote:
         self.asks = bytearray()
         self.preloaded: list[str] = []
         self.later: list[str] = []  # the second step's modules, imported before the first rank
+        self.failed: dict[str, str] = {}  # preload modules whose import failed -> why
 
     def serve(self) -> int:
         names = [n for n in os.environ.get(protocol.PRELOAD_ENV, "").split(",") if n]
-        first = names[:1] + [n for n in names[1:] if n in protocol.FIRST_STEP_PRELOAD]
-        self.later = [n for n in names if n not in first]
-        refusal = self._import(first)
+        self.later = names[1:]
+        refusal = self._import(names[:1])
         send(self.reply_fd, ("ready", os.getpid(), refusal, self.env_added))
         if refusal:
             return 2
@@ -119,7 +105,7 @@ class Zygote:
 
     def _import(self, names: list[str]) -> str | None:
         """Import ``names``; the refusal to fork after them (None when forking is safe)."""
-        rank.preload(names)
+        self.failed.update(rank.preload(names))
         self.preloaded += names
         # What the imports set in os.environ (Lightning sets PYTORCH_NVML_BASED_CUDA_CHECK): a
         # spawned rank has it too, since its imports run after its environment is set.
@@ -158,6 +144,12 @@ class Zygote:
                             return 2
                     elif message[0] == "fresh":
                         self._fresh(message[1])
+                    elif message[0] == "store":
+                        self._keep_store(*message[1:])
+                    elif message[0] == "import":
+                        if not self._import_now(*message[1:]):
+                            self._kill_all()
+                            return 2
 
     def _reap(self) -> None:
         while self.children:
@@ -184,6 +176,15 @@ class Zygote:
         for pid in list(self.children):
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
+
+    def _import_now(self, token: int, names: list[str]) -> bool:
+        """Import ``names`` of the second step ahead of it (the supervisor asks what a tier
+        needs before any rank runs) and say which failed; False after a refusal (sent)."""
+        now = [n for n in names if n not in self.preloaded]
+        self.later = [n for n in self.later if n not in now]
+        refusal = self._import(now)
+        send(self.reply_fd, ("imported", token, {n: self.failed.get(n) for n in names}, refusal))
+        return refusal is None
 
     def _fork(self, token: int, env: dict, log_path: str, cwd: str) -> None:
         if self.later:
@@ -282,6 +283,22 @@ class Zygote:
         pid = self._fork_child(lambda: self._run_fresh(request_path, request))
         self.fresh[pid] = (request_path, request["asker"])
         _write_atomic(request_path + ".pid", str(pid))
+
+    def _keep_store(self, token: int, port: int, secret: str) -> None:
+        """Fork the keeper of a world's store (see ``kept_store``), which connects to the
+        supervisor on loopback ``port``."""
+        pid = self._fork_child(lambda: self._run_keeper(port, secret))
+        send(self.reply_fd, ("kept", token, pid))
+
+    def _run_keeper(self, port: int, secret: str) -> int:
+        """In the child: leave the parent's pipes and signals, die with the parent, serve."""
+        self._leave_parent()
+        os.close(self.ask_w)
+        rank._set_death_signal()
+        rank.name_process(KEEPER_NAME)  # told from the ranks in `ps` (the same command line)
+        from . import kept_store
+
+        return kept_store.serve(port, secret)
 
     def _run_fresh(self, request_path: str, request: dict) -> int:
         """In the child: a spawned process's start, then the requested function, its JSON written."""
