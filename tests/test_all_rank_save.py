@@ -175,6 +175,17 @@ def test_exc_text_strips_ansi_and_keeps_whole_sentences():
     assert long == "ValueError: First sentence."
 
 
+def test_exc_text_of_a_distributed_checkpoint_failure_names_the_ranks_own_exception():
+    # Its str() is every rank's traceback: cut at 300 characters it ended in a file path (a
+    # pytorch-tabular trial); the cause is the rank's own exception.
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    cause = ValueError("Size mismatch between saved torch.Size([16, 5]) and current: torch.Size([80]) for "
+                       "model.weight")
+    exc = CheckpointException("failed", {0: (cause, None), 1: (cause, None)})
+    assert probe.exc_text(exc) == f"CheckpointException on rank(s) 0, 1: ValueError: {cause}"
+
+
 # -- rank-side taps ------------------------------------------------------------------------------
 
 def _events(recorder):

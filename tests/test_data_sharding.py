@@ -45,6 +45,10 @@ def test_data_sharding_recreate_failure_names_the_dataloader_line(fake_runs):
     assert "positionally" in verdict.summary and "/u/dm.py:7" in verdict.render()
     # Five arguments by position: the sampler is still the 4th (it said "argument 5 and on").
     assert "sampler positionally (its 4th argument, of 5 given by position)" in verdict.summary
+    # Three by position (dataset, batch_size, shuffle): the sampler is not among them.
+    three = [fake_runs.rank(r, [{**created, "positional": 3}], status="error", exc_type="MisconfigurationException",
+                            message="The DataLoader implementation has an error", traceback=tb) for r in range(2)]
+    assert "positionally" not in contract.judge(fake_runs.of(three, status="error")).summary
     # The stop is this contract's on every strategy: the run item and the other items point at it, and the
     # sharded tiers do not read it as "the module does not run under FSDP" (chemprop trial).
     from pytest_ltconform import contracts

@@ -39,7 +39,14 @@ WEIGHTS_ONLY = "Weights only load failed"
 
 def exc_text(exc: BaseException, limit: int = 300) -> str:
     """``Type: message`` without ANSI escape codes, on one line, cut at a sentence end when longer
-    than ``limit`` characters; a weights_only refusal is shortened to the class it refused."""
+    than ``limit`` characters; a weights_only refusal is shortened to the class it refused. A
+    distributed checkpoint's ``CheckpointException`` (every failing rank's traceback in its text)
+    names its ranks and the first rank's own exception instead."""
+    failures = getattr(exc, "failures", None)
+    inner = [pair[0] for pair in failures.values() if isinstance(pair, tuple) and pair
+             and isinstance(pair[0], BaseException)] if isinstance(failures, dict) else []
+    if inner:
+        return f"{type(exc).__name__} on rank(s) {', '.join(map(str, sorted(failures)))}: {exc_text(inner[0], limit)}"
     text = " ".join(_ANSI.sub("", str(exc)).split())
     refused = _REFUSED.search(text)
     if WEIGHTS_ONLY in text and refused:

@@ -587,7 +587,7 @@ class DataShardingProbe(Probe):
                     return  # built by Lightning (sampler injection) or a library, not by the user
                 try:
                     object.__setattr__(loader, "_ltconform_site", site)
-                    recorder.emit({"ev": "ds_created", "site": site, "positional": len(args) + 1,
+                    recorder.emit({"ev": "ds_created", "site": site, "positional": len(args),
                                    "cls": type(loader).__name__, "hook": recorder.current_hook()})
                 except Exception:
                     pass
