@@ -86,8 +86,8 @@ def test_a_write_in_a_later_stage_names_the_stage(fake_runs):
     verdict = contract.judge(fake_runs.run([raised, quiet]))
     assert verdict.outcome == "passed"
     assert "during fit and test (until it raised) (outside checkpoint saving)" in verdict.summary
-    assert verdict.notes == ["the test stage raised FileNotFoundError on rank 0 (gone.pt), so writes after that "
-                             "point were not recorded."]
+    assert verdict.notes == ["the test stage, which the plugin runs after fit on the same Trainer, raised "
+                             "FileNotFoundError on rank 0 (gone.pt), so writes after that point were not recorded."]
 
 
 @pytest.mark.slow

@@ -47,8 +47,9 @@ def _stage_error_notes(run: Run) -> list[str]:
     notes = []
     for r in range(run.world_size):
         for e in run.events(r, "stage_error"):
-            notes.append(f"the {e.get('name')} stage raised {e.get('exc_type')} on rank {r} ({e.get('message')}), "
-                         f"so writes after that point were not recorded.")
+            notes.append(f"the {e.get('name')} stage, which the plugin runs after fit on the same Trainer, raised "
+                         f"{e.get('exc_type')} on rank {r} ({e.get('message')}), so writes after that point were "
+                         f"not recorded.")
     return notes[:2]
 
 class SharedWrites(Contract):
