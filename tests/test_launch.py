@@ -117,9 +117,12 @@ def test_a_parent_that_cannot_fork_safely_refuses(module, says, first):
     try:
         with pytest.raises(WorldStartError) as info:
             world.run(JobRequest("test_unsafe:rank_of", timeout_s=120))
+        with pytest.raises(WorldStartError) as again:  # the next run is told at once, not retried
+            world.run(JobRequest("test_unsafe:rank_of", timeout_s=120))
     finally:
         world.close()
     message = str(info.value)
+    assert str(again.value) == message and world.launcher.imports == 1
     assert says in message and f"(preloaded: {', '.join((*first, module))})" in message, message
     assert "--ltconform-launcher=spawn" in message, message
     assert world.launcher.pid is None and world._procs == []  # no rank was forked

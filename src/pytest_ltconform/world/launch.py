@@ -110,6 +110,7 @@ class ForkLauncher:
         self._complete = False  # the parent imported the whole preload (it does so for its first rank)
         self._live: set[int] = set()  # ranks forked whose exit was not reported yet
         self._ready: tuple | None = None
+        self._refusal: str | None = None  # why a parent refused to fork: said again, not retried
 
     @property
     def pid(self) -> int | None:
@@ -126,9 +127,9 @@ class ForkLauncher:
         deadline = time.monotonic() + 60.0 + (0.0 if self._complete else self.start_timeout_s)
         while token not in self._forked:
             if token in self._refused:
-                refusal = self._refused.pop(token)
+                self._refusal = self._refused.pop(token)
                 self.close()
-                raise LaunchError(refusal)
+                raise LaunchError(self._refusal)
             if self._from < 0 or time.monotonic() > deadline:
                 raise LaunchError(f"the fork launcher's parent stopped answering ({self._exit_text()})."
                                   f"\n{self.log_tail()}")
@@ -182,6 +183,7 @@ class ForkLauncher:
             self._pump_or_raise(0.1)
         failed, refusal = self._imported.pop(token)
         if refusal:
+            self._refusal = refusal
             self.close()
             raise LaunchError(refusal)
         return failed
@@ -195,6 +197,8 @@ class ForkLauncher:
     def _ensure_parent(self, env: dict, folder: str) -> None:
         if self._proc is not None and self._proc.poll() is None and self._from >= 0:
             return
+        if self._refusal:  # its imports decide it: a new parent would refuse again, after importing again
+            raise LaunchError(self._refusal)
         self.close()
         self.log_path = os.path.join(folder, "launcher.log")
         request_r, self._to = os.pipe()
@@ -220,9 +224,9 @@ class ForkLauncher:
                 raise LaunchError(f"the fork launcher's parent {why} (preloading {preloading}).\n{self.log_tail()}")
             self.pump(0.1)
         if self._ready[2]:
-            refusal = self._ready[2]
+            self._refusal = self._ready[2]
             self.close()
-            raise LaunchError(refusal)
+            raise LaunchError(self._refusal)
 
     def pump(self, timeout: float) -> None:
         """Read what the parent said (waiting at most ``timeout`` seconds for the first word)."""
