@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import sysconfig
 
 import pytest
@@ -68,3 +69,45 @@ def test_an_override_of_the_traced_api_names_its_caller():
     site, direct = validation_step()
     assert site["func"] == "validation_step" and direct
     assert site["line"] == validation_step.__code__.co_firstlineno + 1
+
+
+MODEL_FILE = '''
+import functools
+
+
+class Base:
+    def __init__(self):
+        self.teacher = object()
+
+
+class Model(Base):
+    @functools.lru_cache
+    def val_dataloader(self):
+        return []
+
+
+class ShuffledShard:
+    pass
+'''
+
+
+def test_evidence_sites_come_from_the_classes_validation_found_not_from_an_import(tmp_path, monkeypatch):
+    # The judging process never imports the user's module (it is validated in another): the
+    # sites are read from (class name, path) pairs and the source file alone.
+    import importlib.util
+
+    from pytest_ltconform.contracts.base import attribute_site, class_site, method_site
+    from pytest_ltconform.target import user_classes_of
+
+    path = tmp_path / "mymodel.py"
+    path.write_text(MODEL_FILE)
+    spec = importlib.util.spec_from_file_location("mymodel_for_sites", path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "mymodel_for_sites", module)  # where inspect finds a class's file
+    spec.loader.exec_module(module)
+    classes = user_classes_of(module.Model)
+    assert classes == (("Model", str(path)), ("Base", str(path)))
+    assert attribute_site(classes, "teacher") == {"file": str(path), "line": 7, "func": "Base.__init__"}
+    assert method_site(classes, "val_dataloader") == {"file": str(path), "line": 11, "func": "Model.val_dataloader"}
+    assert class_site(classes, "ShuffledShard") == {"file": str(path), "line": 16, "func": "ShuffledShard"}
+    assert attribute_site((), "teacher") is None and method_site(classes, "train_dataloader") is None

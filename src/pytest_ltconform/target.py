@@ -497,6 +497,11 @@ class ResolvedTarget:
     strategy_names: tuple[str, ...] = ()
     # Where the module's class is defined (absolute path, 1-based line): the items' location.
     model_source: tuple[str, int] | None = None
+    # The user's classes in the module's (and the datamodule's) MRO, most derived first, as
+    # (class name, absolute source path): evidence points into them without importing the
+    # user's code in pytest's process (the target is validated in another).
+    model_classes: tuple[tuple[str, str], ...] = ()
+    datamodule_classes: tuple[tuple[str, str], ...] = ()
 
     def configures(self, strategy: str) -> bool:
         """Whether the Trainer config names ``strategy`` (a vocabulary id such as 'deepspeed'):
@@ -579,6 +584,8 @@ def validate(model: str, datamodule: str | None = None, trainer: str | dict | No
         id=id, init=dict(init) if init is not None else None, trainer_dict=trainer_dict, declared_at=declared_at,
         strategy_names=_strategy_names(kwargs.get("strategy")),
         model_source=_source_of(type(module)),
+        model_classes=user_classes_of(type(module)),
+        datamodule_classes=user_classes_of(type(dm)) if dm is not None else (),
     )
 
 
@@ -606,6 +613,22 @@ def _check_train_batches(module: Any, dm: Any, spec: ObjectRef) -> None:
         f"{spec.option} {spec.text!r}: {type(owner).__qualname__}.train_dataloader() returned an empty "
         f"DataLoader ({size}, batch_size={loader.batch_size}{drop}), so no training step would run and every "
         f"contract would pass having compared nothing. Give it at least one batch per rank.")
+
+
+def user_classes_of(klass: type) -> tuple[tuple[str, str], ...]:
+    """(class name, absolute source path) of each class in ``klass``'s MRO defined in user code
+    (see ``sites.is_user_file``), most derived first."""
+    from .sites import is_user_file
+
+    found = []
+    for base in getattr(klass, "__mro__", ()):
+        try:
+            path = inspect.getsourcefile(base)
+        except TypeError:
+            continue
+        if path and is_user_file(path):
+            found.append((base.__name__, os.path.abspath(path)))
+    return tuple(found)
 
 
 def _source_of(klass: type) -> tuple[str, int] | None:

@@ -381,81 +381,58 @@ def _mentions_rank(test: ast.AST) -> bool:
 
 # -- where the user's classes define things (pytest side, for evidence) ---------------------------
 
-def user_class(run: Run, which: str = "model"):
-    """The user's LightningModule (or, with ``which="datamodule"``, LightningDataModule) class
-    of this run, from the module the targets were loaded from; None when unavailable."""
-    import importlib
-    import sys
-
-    ref = getattr(run.targets, f"{which}_class", None) if run.targets is not None else None
-    if not ref:
-        return None
-    module_name, _, qualname = ref.partition(":")
-    module = sys.modules.get(module_name)
-    try:
-        obj = module or importlib.import_module(module_name)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
-        return obj
-    except Exception:
-        return None
+def user_classes(run: Run, which: str = "model") -> tuple[tuple[str, str], ...]:
+    """The user's classes of this run's LightningModule (or, with ``which="datamodule"``, its
+    LightningDataModule) and their user base classes, as (class name, source path), most derived
+    first, as validation found them; empty when unknown."""
+    if run.targets is None:
+        return ()
+    return tuple(getattr(run.targets, f"{which}_classes", ()) or ())
 
 
-def _user_classes(cls) -> list:
-    from ..sites import is_user_file
-
-    found = []
-    for klass in getattr(cls, "__mro__", ()):
-        try:
-            path = inspect.getsourcefile(klass)
-        except TypeError:
-            continue
-        if path and is_user_file(path):
-            found.append((klass, path))
-    return found
-
-
-def attribute_site(cls, attr: str) -> dict | None:
-    """Where ``self.<attr> = ...`` is assigned in ``cls`` or a user base class, as a site dict."""
-    for klass, path in _user_classes(cls):
-        tree = _parse(path)
-        if tree is None:
-            continue
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ClassDef) and node.name == klass.__name__:
-                for fn in node.body:
-                    if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                        continue
-                    for sub in ast.walk(fn):
-                        targets = sub.targets if isinstance(sub, ast.Assign) else \
-                            [sub.target] if isinstance(sub, ast.AnnAssign) else []
-                        for t in targets:
-                            if isinstance(t, ast.Attribute) and t.attr == attr and \
-                                    isinstance(t.value, ast.Name) and t.value.id == "self":
-                                return {"file": path, "line": sub.lineno, "func": f"{klass.__name__}.{fn.name}"}
-    return None
-
-
-def method_site(cls, name: str) -> dict | None:
-    """Where the user's class (or a user base class) defines method ``name``, as a site dict."""
-    for klass, path in _user_classes(cls):
-        if name in vars(klass):
-            try:
-                line = inspect.getsourcelines(vars(klass)[name])[1]
-            except (TypeError, OSError):
-                continue
-            return {"file": path, "line": line, "func": f"{klass.__name__}.{name}"}
-    return None
-
-
-def class_site(cls, name: str) -> dict | None:
-    """Where a class called ``name`` is defined in the source file of ``cls`` (e.g. a sampler or
-    dataset class next to the user's module)."""
-    for _, path in _user_classes(cls)[:1]:
+def _class_nodes(classes, name: str | None = None):
+    """(ClassDef node, class name, path) for each of ``classes`` found in its source file."""
+    for klass_name, path in classes:
         tree = _parse(path)
         for node in ast.walk(tree) if tree is not None else ():
-            if isinstance(node, ast.ClassDef) and node.name == name:
-                return {"file": path, "line": node.lineno, "func": name}
+            if isinstance(node, ast.ClassDef) and node.name == (name or klass_name):
+                yield node, klass_name, path
+                break
+
+
+def attribute_site(classes, attr: str) -> dict | None:
+    """Where ``self.<attr> = ...`` is assigned in one of ``classes`` (see :func:`user_classes`),
+    as a site dict."""
+    for node, klass_name, path in _class_nodes(classes):
+        for fn in node.body:
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for sub in ast.walk(fn):
+                targets = sub.targets if isinstance(sub, ast.Assign) else \
+                    [sub.target] if isinstance(sub, ast.AnnAssign) else []
+                for t in targets:
+                    if isinstance(t, ast.Attribute) and t.attr == attr and \
+                            isinstance(t.value, ast.Name) and t.value.id == "self":
+                        return {"file": path, "line": sub.lineno, "func": f"{klass_name}.{fn.name}"}
+    return None
+
+
+def method_site(classes, name: str) -> dict | None:
+    """Where one of ``classes`` (see :func:`user_classes`) defines method ``name`` (its first
+    decorator's line, as ``inspect`` gives it), as a site dict."""
+    for node, klass_name, path in _class_nodes(classes):
+        for fn in node.body:
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and fn.name == name:
+                line = min([fn.lineno] + [d.lineno for d in fn.decorator_list])
+                return {"file": path, "line": line, "func": f"{klass_name}.{name}"}
+    return None
+
+
+def class_site(classes, name: str) -> dict | None:
+    """Where a class called ``name`` is defined in the source file of the first of ``classes``
+    (e.g. a sampler or dataset class next to the user's module)."""
+    for node, _, path in _class_nodes(classes[:1], name):
+        return {"file": path, "line": node.lineno, "func": name}
     return None
 
 
@@ -487,10 +464,10 @@ def target_site(spec) -> dict | None:
 def definition_evidence(run: Run, names: list[str], what: str = "created") -> list[Evidence]:
     """One line per top-level submodule of the parameter ``names``, pointing at the
     ``self.<name> = ...`` that creates it in the user's class."""
-    cls = user_class(run)
+    classes = user_classes(run)
     out = []
     for attr in dict.fromkeys(n.split(".")[0] for n in names):
-        site = attribute_site(cls, attr) if cls is not None else None
+        site = attribute_site(classes, attr)
         if site:
             out.append(Evidence(f"self.{attr} is {what} here", site=fmt_site(site)))
     return out

@@ -24,7 +24,7 @@ import re
 from collections import defaultdict
 
 from ...sites import first_sentence, fmt_site
-from ..base import Blame, Contract, Evidence, Run, Verdict, class_site, merged, user_class
+from ..base import Blame, Contract, Evidence, Run, Verdict, class_site, merged, user_classes
 from ..rank_reads import describe, gating_reads, selecting_reads
 from .probe import ROWS_PER_BATCH, DataShardingProbe
 
@@ -651,8 +651,7 @@ class DataSharding(Contract):
                              + (f"; {kind} order starts {orders[r][:8]}" if orders.get(r) else ""), rank=r)
                     for r in range(run.world_size)]
         for which in ("model", "datamodule"):
-            cls = user_class(run, which)
-            defined = class_site(cls, name) if cls is not None and name else None
+            defined = class_site(user_classes(run, which), name) if name else None
             if defined:
                 what = "its __iter__ shuffles with a fixed seed" if kind == "dataset" else \
                     "it draws its permutation once and has no set_epoch"

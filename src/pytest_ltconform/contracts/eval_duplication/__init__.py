@@ -26,7 +26,7 @@ from collections import Counter, defaultdict
 
 from ...runs import RunSpec
 from ...sites import fmt_site
-from ..base import Contract, Evidence, Findings, Run, Verdict, method_site, rank_guard, user_class
+from ..base import Contract, Evidence, Findings, Run, Verdict, method_site, rank_guard, user_classes
 from ..rank_reads import describe, selecting_reads
 from .content import ContentCheck
 from .probe import STAGES as STAGES_ORDER
@@ -519,8 +519,7 @@ def _loader_site(run: Run, stage: str) -> dict | None:
     """Where the user's module or datamodule defines the ``<stage>_dataloader`` hook."""
     hook = {"validate": "val", "validation": "val", "val": "val"}.get(stage, stage) + "_dataloader"
     for which in ("datamodule", "model"):
-        cls = user_class(run, which)
-        site = method_site(cls, hook) if cls is not None else None
+        site = method_site(user_classes(run, which), hook)
         if site:
             return site
     return None
