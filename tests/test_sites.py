@@ -111,3 +111,13 @@ def test_evidence_sites_come_from_the_classes_validation_found_not_from_an_impor
     assert method_site(classes, "val_dataloader") == {"file": str(path), "line": 11, "func": "Model.val_dataloader"}
     assert class_site(classes, "ShuffledShard") == {"file": str(path), "line": 16, "func": "ShuffledShard"}
     assert attribute_site((), "teacher") is None and method_site(classes, "train_dataloader") is None
+
+
+def test_a_rank_writes_the_users_paths_relative_to_where_pytest_runs(tmp_path, monkeypatch):
+    # A rank's working directory is its job folder: relative to it, every user path began with "..".
+    site = {"file": str(tmp_path / "pkg" / "model.py"), "line": 9, "func": "__init__"}
+    monkeypatch.chdir(tmp_path.parent)
+    monkeypatch.setenv(sites.USER_CWD_ENV, str(tmp_path))
+    assert sites.fmt_site(site) == f"{os.path.join('pkg', 'model.py')}:9 (__init__)"
+    monkeypatch.delenv(sites.USER_CWD_ENV)
+    assert sites.fmt_site(site) == f"{os.path.join(tmp_path.name, 'pkg', 'model.py')}:9 (__init__)"

@@ -97,13 +97,19 @@ def user_site(depth: int = 2, wrappers: tuple[str, ...] = ()) -> tuple[dict | No
     return None, False
 
 
+# Set in a local world's ranks to the supervisor's working directory: a rank, whose own is its
+# job folder, writes the user's paths relative to where pytest runs.
+USER_CWD_ENV = "LTCONFORM_USER_CWD"
+
+
 def fmt_site(site: dict | None) -> str:
-    """``path:line (function)``; the path is relative when it is under the working directory."""
+    """``path:line (function)``; the path is relative when it is under the working directory (in
+    a rank: pytest's, not the rank's job folder)."""
     if not site:
         return "<no user frame>"
     path = site.get("file", "?")
     try:
-        rel = os.path.relpath(path)
+        rel = os.path.relpath(path, os.environ.get(USER_CWD_ENV) or os.getcwd())
         if not rel.startswith(".."):
             path = rel
     except ValueError:

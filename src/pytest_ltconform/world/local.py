@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 
+from ..sites import USER_CWD_ENV
 from . import diagnose, kept_store, launch, protocol
 from .job import Job, JobRequest
 from .launch import DEFAULT_LAUNCHER
@@ -135,7 +136,7 @@ class LocalWorld:
         )
         env.update({protocol.GENERATION_ENV: str(self.generation), protocol.WORLD_DIR_ENV: self.root,
                     protocol.SUPERVISOR_PID_ENV: str(os.getpid()), protocol.PARENT_PID_ENV: str(os.getpid()),
-                    protocol.PRELOAD_ENV: ",".join(self.preload)})
+                    protocol.PRELOAD_ENV: ",".join(self.preload), USER_CWD_ENV: os.getcwd()})
         if self._store is not None:  # None: the fork parent's environment, before any rank starts
             env["MASTER_PORT"] = str(self._store.port)
         env.update(self.env)
