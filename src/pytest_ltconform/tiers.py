@@ -175,6 +175,12 @@ def deepspeed_not_found() -> str | None:
     return None
 
 
+def not_importable(why: str) -> str:
+    """The reason DeepSpeed's tier does not run, from ``why`` its import failed
+    (``"ExceptionType: message"``; its first line is kept)."""
+    return f"deepspeed not importable ({why.splitlines()[0] if why else ''})"
+
+
 def deepspeed_missing() -> str | None:
     """Why DeepSpeed cannot run here (not found, or its import raises), or None; imports it."""
     if not_found := deepspeed_not_found():
@@ -183,7 +189,7 @@ def deepspeed_missing() -> str | None:
         with quiet_deepspeed_detection():
             importlib.import_module("deepspeed")
     except Exception as exc:  # a broken build raises all sorts of things at import
-        return f"deepspeed not importable ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+        return not_importable(f"{type(exc).__name__}: {exc}")
     return None
 
 

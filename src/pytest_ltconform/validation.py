@@ -96,7 +96,7 @@ def deepspeed_missing_in_parent(world) -> str | None:
     fork parent of ``world`` finds it: it imports DeepSpeed once, for its ranks, so the check
     costs no second import. Imports it in this process where the parent cannot say (no fork
     parent, or it cannot start)."""
-    from .tiers import deepspeed_missing, deepspeed_not_found
+    from .tiers import deepspeed_missing, deepspeed_not_found, not_importable
     from .world import WorldStartError
 
     if not_found := deepspeed_not_found():
@@ -108,4 +108,4 @@ def deepspeed_missing_in_parent(world) -> str | None:
     if failed is None:
         return deepspeed_missing()
     why = failed.get("deepspeed")
-    return None if why is None else f"deepspeed not importable ({why.splitlines()[0]})"
+    return None if why is None else not_importable(why)

@@ -88,8 +88,11 @@ class LocalWorld:
 
     def _store_answers(self) -> bool:
         """False when the store's keeper is gone (killed, or dead with the fork parent): the
-        ranks lost their store with it."""
-        return not isinstance(self._store, kept_store.KeptStore) or self._store.alive
+        ranks lost their store with it, and the next start gets a new one."""
+        if isinstance(self._store, kept_store.KeptStore) and not self._store.alive:
+            self._store = None
+            return False
+        return True
 
     def _has(self, key: str) -> bool:
         """Whether the store holds ``key``; False once the store's keeper is gone (the ranks,
@@ -102,9 +105,8 @@ class LocalWorld:
     def _ensure_store(self):
         """The world's store: served by a keeper the fork parent forked (pytest's process need not
         import torch; see ``kept_store``), else held here. A keeper that died with its parent is
-        replaced. Raises WorldStartError when the fork parent cannot start."""
-        if isinstance(self._store, kept_store.KeptStore) and not self._store.alive:
-            self._store = None
+        replaced (see :meth:`_store_answers`). Raises WorldStartError when the fork parent cannot
+        start."""
         if self._store is None and hasattr(self.launcher, "store") and "torch" not in sys.modules:
             try:
                 self._store = self.launcher.store(self._rank_env(0), self.root)
@@ -277,7 +279,8 @@ class LocalWorld:
             self._stop_ranks()  # another target's process state stays with it
         self._tenant = request.tenant
         while True:
-            if not self.alive or not self._store_answers():
+            answers = self._store_answers()  # first: a dead keeper is dropped even when the ranks died too
+            if not self.alive or not answers:
                 if self._procs:
                     self.kill()
                 self.start()
