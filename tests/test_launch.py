@@ -18,6 +18,7 @@ from conftest import wait_until
 pytest_plugins = ["pytester"]
 
 FORKED = '''
+import gc
 import os
 import sys
 import tempfile
@@ -35,7 +36,8 @@ def facts(ctx):
     return {"pid": os.getpid(), "ppid": os.getppid(), "pgid": os.getpgid(0), "sid": os.getsid(0),
             "imported_in": IMPORTED_IN, "rank_env": os.environ["RANK"],
             "rank_zero": getattr(rank_zero_only, "rank", None), "path0": sys.path[0], "tmp": tempfile.gettempdir(),
-            "torch_preloaded": "torch.distributed" in sys.modules}
+            "torch_preloaded": "torch.distributed" in sys.modules, "frozen": gc.get_freeze_count(),
+            "collects": gc.isenabled()}
 
 
 def die(ctx):
@@ -63,6 +65,8 @@ def test_a_replaced_world_is_a_fork_of_the_same_parent():
         # What the parent's imports read from the environment is what the rank's would have read.
         assert (f["rank_env"], f["rank_zero"]) == (str(rank), rank), f
         assert f["path0"] == world.root and f["tmp"] == os.path.join(world.root, "tmp") and f["torch_preloaded"], f
+        # The parent's imports are frozen (a rank's collections skip them); the rank still collects.
+        assert f["frozen"] > 10000 and f["collects"], f
 
 
 def test_the_spawn_launcher_starts_a_fresh_interpreter_per_rank():
