@@ -106,13 +106,18 @@ class Zygote:
 
     def _import(self, names: list[str]) -> str | None:
         """Import ``names``; the refusal to fork after them (None when forking is safe)."""
-        self.failed.update(rank.preload(names))
+        # No collection while importing: each would walk every object imported so far, again and
+        # again (a fifth of the import's CPU). Then the imports' objects go to the collector's
+        # permanent generation: a rank's collections never walk the objects it inherited, nor copy
+        # their pages by touching them (a sixth of a BoringModel session's CPU). Ranks are forked
+        # with the collector on, and collect what they make, the user's objects among them, as usual.
+        gc.disable()
+        try:
+            self.failed.update(rank.preload(names))
+        finally:
+            gc.freeze()
+            gc.enable()
         self.preloaded += names
-        # The imports' objects go to the collector's permanent generation: a rank's collections
-        # then never walk the millions of objects it inherited (nor copy their pages by touching
-        # them). About a sixth of a BoringModel session's CPU. Objects made after the fork, the
-        # user's among them, are collected as usual.
-        gc.freeze()
         # What the imports set in os.environ (Lightning sets PYTORCH_NVML_BASED_CUDA_CHECK): a
         # spawned rank has it too, since its imports run after its environment is set.
         self.env_added = {k: v for k, v in os.environ.items() if self.start_env.get(k) != v}
