@@ -12,7 +12,10 @@ Prints, for each launcher:
   other work on the machine. Under fork the session imports Lightning once, in the ranks'
   parent (DeepSpeed and torch's inductor with it for the deepspeed items); pytest imports torch
   for the ranks' store; validation and spawn-safety's import are forks of that parent. Under
-  spawn pytest, every rank and spawn-safety's interpreter each import Lightning.
+  spawn pytest, every rank and spawn-safety's interpreter each import Lightning. Also printed: the
+  one-target session over one import of what its ranks' parent imports with the deepspeed tier
+  (Lightning, DeepSpeed and torch's inductor, which every DeepSpeed rank needs), and a session of
+  the ddp and fsdp tiers alone (no DeepSpeed import) over one import of Lightning.
 - replace: the seconds from asking a world whose last run failed (a rank raised) for a new run to
   that run's result, for a job that does nothing (the time to replace the world), median of 3.
 - corpus: the wall time of ``python -m pytest_ltconform.corpus`` over the named cases (default:
@@ -39,6 +42,10 @@ CORPUS = [os.path.join(REPO, "conformance", "all-rank-save", name) for name in (
     "callback_save_rank_zero_only.py", "deepspeed_zero3_save_on_rank_zero.py",
     "deepspeed_checkpoint_dir_torch_load.py", "load_sharded_checkpoint_as_file.py")]
 
+# What the ranks' parent imports when the deepspeed tier runs (vocabulary.DEEPSPEED_PRELOAD): every
+# DeepSpeed rank needs the inductor (its ZeRO gradient reduction imports torch.compile'd kernels).
+DEEPSPEED_SESSION_IMPORT = ("lightning.pytorch", "deepspeed", "torch._inductor.compile_fx")
+
 NOTHING_JOB = '''
 import os
 
@@ -64,16 +71,19 @@ def cpu_of(argv: list[str], cwd: str | None = None) -> tuple[float, float, subpr
     return _children_cpu() - before, time.monotonic() - start, proc
 
 
-def import_cpu() -> float:
-    cpu, _, proc = cpu_of([sys.executable, "-c", "import lightning.pytorch"])
+def import_cpu(modules: tuple[str, ...] = ("lightning.pytorch",)) -> float:
+    """CPU seconds of a fresh interpreter that imports ``modules``."""
+    code = f"import importlib\nfor name in {modules!r}: importlib.import_module(name)"
+    cpu, _, proc = cpu_of([sys.executable, "-c", code])
     if proc.returncode:
-        sys.exit(f"import lightning.pytorch failed:\n{proc.stderr[-2000:]}")
+        sys.exit(f"importing {', '.join(modules)} failed:\n{proc.stderr[-2000:]}")
     return cpu
 
 
-def session_cpu(target: str, targets: int, launcher: str) -> tuple[float, str]:
-    """CPU seconds of one default session over ``targets`` copies of ``target``, and its last line."""
-    args = []
+def session_cpu(target: str, targets: int, launcher: str, *extra: str) -> tuple[float, str]:
+    """CPU seconds of one default session over ``targets`` copies of ``target`` (and ``extra``
+    options), and its last line."""
+    args = list(extra)
     for n in range(1, targets + 1):
         args += ["--ltconform", target if targets == 1 else f"{target} id=t{n}"]
     with tempfile.TemporaryDirectory() as tmp:
@@ -129,12 +139,20 @@ def main() -> int:
           f"load average {os.getloadavg()[0]:.1f}")
     one_import = import_cpu()
     print(f"one `import lightning.pytorch`: {one_import:.2f} CPU s")
+    with_deepspeed = import_cpu(DEEPSPEED_SESSION_IMPORT)
+    print(f"one import of {', '.join(DEEPSPEED_SESSION_IMPORT)} (what a session with the deepspeed tier "
+          f"needs): {with_deepspeed:.2f} CPU s")
     rows = {launcher: {} for launcher in ("fork", "spawn")}
     for launcher in rows:
         for targets in (1, 3):
             cpu, last = session_cpu(args.target, targets, launcher)
             rows[launcher][f"session CPU / import CPU, {targets} target(s)"] = f"{cpu / one_import:.2f} ({cpu:.1f} s)"
             print(f"  {launcher}, {targets} target(s): {cpu:.1f} CPU s; {last}", flush=True)
+            if targets == 1:
+                rows[launcher]["  the same / its own import (with DeepSpeed)"] = f"{cpu / with_deepspeed:.2f}"
+        cpu, last = session_cpu(args.target, 1, launcher, "--ltconform-strategies", "ddp,fsdp")
+        rows[launcher]["session CPU / import CPU, 1 target, ddp+fsdp"] = f"{cpu / one_import:.2f} ({cpu:.1f} s)"
+        print(f"  {launcher}, 1 target, ddp and fsdp: {cpu:.1f} CPU s; {last}", flush=True)
         rows[launcher]["replace a world after a failed run (s)"] = f"{replace_s(launcher):.2f}"
         if not args.skip_corpus:
             wall, line = corpus_s(args.corpus, launcher)
@@ -144,6 +162,8 @@ def main() -> int:
     for name in rows["fork"]:
         print(f"{name:48}{rows['fork'][name]:>16}{rows['spawn'][name]:>16}")
     print("issue #21 targets: session CPU / import CPU <= 2.0; replace < 1 s")
+    print(f"(a plain import of what the deepspeed tier's parent imports costs {with_deepspeed / one_import:.2f} "
+          "imports; the parent imports it with the collector off)")
     return 0
 
 
