@@ -124,18 +124,11 @@ class ForkLauncher:
         except OSError:
             pass  # the parent died: pump() below says so
         # The first rank waits for the parent's second step of imports too.
-        deadline = time.monotonic() + 60.0 + (0.0 if self._complete else self.start_timeout_s)
-        while token not in self._forked:
-            if token in self._refused:
-                self._refusal = self._refused.pop(token)
-                self.close()
-                raise LaunchError(self._refusal)
-            if self._from < 0 or time.monotonic() > deadline:
-                raise LaunchError(f"the fork launcher's parent stopped answering ({self._exit_text()})."
-                                  f"\n{self.log_tail()}")
-            self.pump(0.1)
+        pid = self._answer(token, self._forked, 60.0 + (0.0 if self._complete else self.start_timeout_s),
+                           lambda: f"the fork launcher's parent stopped answering ({self._exit_text()}).\n"
+                                   f"{self.log_tail()}")
         self._complete = True
-        return ForkedRank(self, self._forked.pop(token))
+        return ForkedRank(self, pid)
 
     def fresh(self, entry: str, args: list, *, env: dict, cwd: str, folder: str, timeout_s: float,
               parent_env: dict) -> dict:
@@ -176,17 +169,30 @@ class ForkLauncher:
             zygote.send(self._to, ("import", token, list(names)))
         except OSError:
             pass  # the parent died: _pump_or_raise says so
-        deadline = time.monotonic() + self.start_timeout_s
-        while token not in self._imported:
-            if time.monotonic() > deadline:
-                raise LaunchError(f"the fork launcher's parent did not import {', '.join(names)} in time")
-            self._pump_or_raise(0.1)
-        failed, refusal = self._imported.pop(token)
+        failed, refusal = self._answer(token, self._imported, self.start_timeout_s,
+                                       lambda: f"the fork launcher's parent did not import {', '.join(names)} in time")
         if refusal:
-            self._refusal = refusal
-            self.close()
-            raise LaunchError(refusal)
+            self._refuse(refusal)
         return failed
+
+    def _answer(self, token: int, answers: dict, timeout_s: float, late):
+        """The parent's answer to request ``token``, taken from ``answers`` (which :meth:`pump`
+        fills). Raises :class:`LaunchError`: ``late()`` after ``timeout_s`` seconds, the refusal
+        when the parent refused the request, and when the parent is gone."""
+        deadline = time.monotonic() + timeout_s
+        while token not in answers:
+            if token in self._refused:
+                self._refuse(self._refused.pop(token))
+            if time.monotonic() > deadline:
+                raise LaunchError(late())
+            self._pump_or_raise(0.1)
+        return answers.pop(token)
+
+    def _refuse(self, refusal: str):
+        """The parent refused to fork: said again by every later request, never retried."""
+        self._refusal = refusal
+        self.close()
+        raise LaunchError(refusal)
 
     def _pump_or_raise(self, timeout: float) -> None:
         if self._from < 0:
@@ -224,9 +230,7 @@ class ForkLauncher:
                 raise LaunchError(f"the fork launcher's parent {why} (preloading {preloading}).\n{self.log_tail()}")
             self.pump(0.1)
         if self._ready[2]:
-            self._refusal = self._ready[2]
-            self.close()
-            raise LaunchError(self._refusal)
+            self._refuse(self._ready[2])
 
     def pump(self, timeout: float) -> None:
         """Read what the parent said (waiting at most ``timeout`` seconds for the first word)."""
