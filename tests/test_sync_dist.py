@@ -196,6 +196,27 @@ def test_checkpoint_paths_differ_by_unsynced_filename_metric(fake_runs):
     assert any("rank 0 0.875 vs rank 1 0.25" in e.detail for e in verdict.evidence)
 
 
+def test_checkpoint_paths_differ_by_a_filename_made_per_rank(fake_runs):
+    """Same best score on every rank, no metric in the filename: the filename itself was made per rank
+    (pytorch-tabular names it after a run counter each rank bumps). Not a metric disagreement."""
+    ckpt = lambda name: {"monitor": "valid_loss", "best_model_path": f"{name}_epoch=3-valid_loss=4.83.ckpt",  # noqa: E731
+                         "best_model_score": 4.8323, "best_k": [], "filename": name + "_{epoch}-{valid_loss:.2f}"}
+    values = [_value(_final(checkpoints=[ckpt("regression-3")])), _value(_final(checkpoints=[ckpt("regression-5")]))]
+    verdict = get_contract("sync-dist").judge(fake_runs.run(traces=[[], []], values=values))
+    assert verdict.outcome == "failed", verdict.render()
+    expected = ("ModelCheckpoint(monitor='valid_loss') ends with a different best_model_path on each rank although "
+                "the best score is the same on every rank (4.8323): its filename is not the same on every rank "
+                "(rank 0 'regression-3_{epoch}-{valid_loss:.2f}', rank 1 'regression-5_{epoch}-{valid_loss:.2f}')")
+    assert verdict.summary.startswith(expected), verdict.summary
+    assert "disagree about which checkpoint is best" not in verdict.summary
+    assert verdict.fix.startswith("give ModelCheckpoint the same filename on every rank")
+    assert "sync_dist" not in verdict.fix
+    # A different best score is still the metric disagreement.
+    values[1]["probes"]["sync-dist"]["final"]["checkpoints"][0]["best_model_score"] = 5.1
+    other = get_contract("sync-dist").judge(fake_runs.run(traces=[[], []], values=values))
+    assert "the ranks disagree about which checkpoint is best" in other.summary
+
+
 # -- 3. decisions that differ, where they first differ ----------------------------------------------
 
 def _stop(step, rank_site=SITE):

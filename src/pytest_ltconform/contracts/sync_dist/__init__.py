@@ -248,6 +248,8 @@ class SyncDist(Contract):
         evidence = [Evidence(f"best_model_path {p!r}, best_model_score {_fmt(s)}", rank=r)
                     for r, (p, s) in enumerate(zip(paths, scores))]
         culprit = None if _differs(scores) else unsynced_filename_metric(run, ckpt.get("filename"))
+        if culprit is None and not _differs(scores):
+            return self._path_built_per_rank(finals, i, scores, evidence)
         if culprit is None:
             return self.verdict(
                 "failed",
@@ -269,6 +271,31 @@ class SyncDist(Contract):
                    f"the other ranks' best_model_path names a file that does not exist.")
         fix = (f"log {name!r} with sync_dist=True at {site} (or log a TorchMetrics object), or keep it out of "
                f"the ModelCheckpoint filename: every rank must build the same checkpoint path.")
+        return self.verdict("failed", summary, evidence=evidence, category="silent", fix=fix)
+
+    def _path_built_per_rank(self, finals: list[dict], i: int, scores: list, evidence: list) -> Verdict:
+        """The ranks agree on the best score but not on its path, and no unsynced metric in the
+        filename explains it: the filename itself is made per rank (a run counter, a pid, a time).
+        (Lightning broadcasts rank 0's dirpath, so only the filename can differ.)"""
+        ckpts = [f["checkpoints"][i] for f in finals]
+        monitor = ckpts[0]["monitor"]
+        score = next((_fmt(s) for s in scores if s is not None), None)
+        agree = (f"although the best score is the same on every rank ({score})" if score is not None
+                 else "(it monitors nothing, so the last checkpoint is the best)")
+        names = [c.get("filename") for c in ckpts]
+        if len(set(names)) > 1:
+            evidence += [Evidence(f"ModelCheckpoint filename {v!r}", rank=r) for r, v in enumerate(names)]
+            why = "its filename is not the same on every rank (" + ", ".join(
+                f"rank {r} {v!r}" for r, v in enumerate(names)) + ")"
+        else:
+            why = "the path is built from something that is not the same on every rank"
+        summary = (f"ModelCheckpoint(monitor={monitor!r}) ends with a different best_model_path on each rank "
+                   f"{agree}: {why}, so each rank names the best checkpoint its own way. Lightning writes rank "
+                   f"0's file only; the other ranks' best_model_path names a file that does not exist (a later "
+                   f"ckpt_path='best', or loading the best checkpoint on every rank, fails there).")
+        fix = ("give ModelCheckpoint the same filename on every rank: nothing made per process in it (a run "
+               "counter, a process id, a time, a random id). Make such a name once and share it (set it in the "
+               "config, or broadcast rank 0's before building the Trainer).")
         return self.verdict("failed", summary, evidence=evidence, category="silent", fix=fix)
 
     # -- 4. nonlinear per-batch metrics ---------------------------------------------------------
