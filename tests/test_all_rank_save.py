@@ -156,6 +156,42 @@ def test_weights_only_refusal_is_a_note_on_a_passed_verdict(fake_runs):
     assert "it refuses torch.nn.modules.loss.SmoothL1Loss." in CONTRACT.judge(run).notes[0]
 
 
+def test_weights_only_note_says_each_refused_class_once_and_names_the_modules_own_loader(fake_runs):
+    """pytorch-tabular's hparams hold ten OmegaConf configs: the keys that hold the same classes are
+    said together (the note was 2,000 characters). chemprop's MPNN overrides load_from_checkpoint."""
+    listy = ["omegaconf.listconfig.ListConfig", "omegaconf.base.ContainerMetadata", "typing.Any", "list"]
+    refusals = [{"owner": "model", "key": k, "refused": listy} for k in ("target", "continuous_cols", "metrics")]
+    refusals.append({"owner": "model", "key": "head_config", "refused": ["omegaconf.dictconfig.DictConfig", "dict"]})
+    value = {"probes": {"all-rank-save": {"weights_only": refusals, "own_loader": "MPNN"}}}
+    note = CONTRACT.judge(_run(fake_runs, [[], []], values=[value, value])).notes[0]
+    assert ("(hparams['target'], hparams['continuous_cols'], hparams['metrics'] hold omegaconf.listconfig.ListConfig, "
+            "omegaconf.base.ContainerMetadata, typing.Any, list; hparams['head_config'] holds "
+            "omegaconf.dictconfig.DictConfig, dict)") in note, note
+    assert note.count("omegaconf.base.ContainerMetadata") == 2, note  # the refused list, then one group
+    assert note.endswith("Lightning's resume is; MPNN.load_from_checkpoint is the module's own, so whether a load "
+                         "through it is depends on what it passes to torch.load."), note
+
+
+def test_own_loader_is_a_class_that_overrides_lightnings():
+    import lightning.pytorch as L
+
+    from pytest_ltconform.contracts.all_rank_save.probe import own_loader
+
+    class Plain(L.LightningModule):
+        pass
+
+    class Loads(L.LightningModule):
+        @classmethod
+        def load_from_checkpoint(cls, path, **kwargs):
+            return super().load_from_checkpoint(path, weights_only=False, **kwargs)
+
+    class Sub(Loads):
+        pass
+
+    assert own_loader(Plain) is None
+    assert own_loader(Sub) == own_loader(Loads) == "Loads"
+
+
 def test_refused_globals_finds_every_class():
     import torch
 

@@ -303,18 +303,30 @@ def weights_only_note(run: Run, contract_id: str) -> str | None:
         refused = list(dict.fromkeys(m.group(1) for m in map(_REFUSED_CLASS.search, errors) if m))
         if not errors:
             return None
-    held = "; ".join(f"{'datamodule.' if e['owner'] == 'datamodule' else ''}hparams[{e['key']!r}] holds "
-                     f"{', '.join(e['refused'])}" for e in entries)
     keys = [e["key"] for e in entries if e["owner"] == "model"]
     ignore = f"save_hyperparameters(ignore={keys!r})" if keys else "save_hyperparameters(ignore=[...])"
+    own = next((d.get("own_loader") for d in data if d.get("own_loader")), None)
+    affected = ("Lightning's resume and load_from_checkpoint are" if own is None else
+                f"Lightning's resume is; {own}.load_from_checkpoint is the module's own, so whether a load through "
+                f"it is depends on what it passes to torch.load")
     return (f"a checkpoint of this module cannot be resumed or loaded with torch.load(weights_only=True), the "
             f"default in torch 2.6+ that Lightning uses for fit/validate(ckpt_path=...) and load_from_checkpoint, "
             f"on any strategy and on one device alike: it refuses "
             f"{', '.join(refused) if refused else 'an object pickled in the checkpoint'}"
-            + (f" ({held})" if held else "") + ". This is not a distributed fault. Fix: "
+            + (f" ({_held(entries)})" if entries else "") + ". This is not a distributed fault. Fix: "
             f"{ignore} and store a class by its name (resolve it in configure_optimizers or __init__), or pass "
             f"weights_only=False when loading a checkpoint you trust. A loader of your package's own that already "
-            f"passes weights_only=False is not affected; Lightning's resume and load_from_checkpoint are.")
+            f"passes weights_only=False is not affected; {affected}.")
+
+
+def _held(entries: list[dict]) -> str:
+    """Which hparams hold which refused classes, the keys that hold the same ones said together."""
+    groups: dict[tuple, list[str]] = {}
+    for e in entries:
+        label = f"{'datamodule.' if e['owner'] == 'datamodule' else ''}hparams[{e['key']!r}]"
+        groups.setdefault(tuple(e["refused"]), []).append(label)
+    return "; ".join(f"{', '.join(labels)} {'hold' if len(labels) > 1 else 'holds'} {', '.join(classes)}"
+                     for classes, labels in groups.items())
 
 
 def _not_configured(failures: list, files: str) -> str:

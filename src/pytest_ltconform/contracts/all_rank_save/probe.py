@@ -208,6 +208,15 @@ def hparams_refusals(model, datamodule) -> list[dict]:
     return found
 
 
+def own_loader(cls: type) -> str | None:
+    """The name of the class in ``cls``'s MRO that defines ``load_from_checkpoint`` when that is
+    not Lightning's (a package's own loader, such as chemprop's); None when it is Lightning's."""
+    for klass in cls.__mro__:
+        if "load_from_checkpoint" in vars(klass):
+            return None if klass.__module__.startswith(("lightning.", "pytorch_lightning.")) else klass.__name__
+    return None
+
+
 def _dcp_exception() -> type:
     """torch.distributed.checkpoint's CheckpointException derives from BaseException."""
     try:
@@ -255,6 +264,7 @@ class ShardedSaveProbe(Probe):
         with recorder.paused():
             try:
                 self.data["weights_only"] = hparams_refusals(objects.model, objects.datamodule)
+                self.data["own_loader"] = own_loader(type(objects.model))
             except Exception:  # an observation, never a reason for the run to fail
                 self.data["weights_only"] = []
             if self.sharded_run:
