@@ -141,9 +141,13 @@ def test_a_users_exception_is_reported_once_on_the_item_named_for_the_run(pytest
 def test_a_run_item_passes_when_its_run_finished_and_follows_k(pytester, no_leftover_ranks):
     result = pytester.runpytest_subprocess("--ltconform", BORING, "--ltconform-strategies", "ddp", "-k",
                                            "all-rank-save or sync-dist or strategy-config", "-p", "no:cacheprovider",
-                                           "-v")
+                                           "-v", "-rA")
     assert result.ret == pytest.ExitCode.OK, result.stdout.str()[-3000:]
     result.stdout.fnmatch_lines([f"ltconform::{BORING}::fit[[]ddp[]] PASSED*"])
+    # -rA says what the run item is, as it says what each contract item checked.
+    result.stdout.fnmatch_lines(["*= PASSES =*", f"_* ltconform {BORING}::fit[[]ddp[]] _*",
+                                 "the run finished on 2 ranks: fit (*. This item records the run; the contract "
+                                 "items judge it."])
     result.assert_outcomes(passed=4, deselected=result.parseoutcomes()["deselected"])
     # One contract item of a run: no run item (-k sync-dist selects one item, and it is judged as before).
     one = pytester.runpytest_subprocess("--ltconform", BORING, "--ltconform-strategies", "ddp", "-k", "sync-dist",

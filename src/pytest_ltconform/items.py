@@ -113,6 +113,7 @@ class LtconformRunItem(pytest.Item):
         super().__init__(**kwargs)
         self.kind, self.variant, self.target_id = kind, variant, target_id
         self.contract_id = contract_id  # the first contract item after it that needs the run
+        self.summary = ""
 
     def setup(self) -> None:
         first = controller.availability(self.config).first_missing(self.variant)
@@ -140,6 +141,7 @@ class LtconformRunItem(pytest.Item):
                              "category": "crash" if outcome == "error" else None},
                             time.monotonic() - started, target=self.target_id)
         self.user_properties.append((report.PROPERTY, json.dumps({**rec, "run": True})))
+        self.summary = summary  # what -rA prints after "PASSED <id> - "
         if outcome == "skipped":
             pytest.skip(text)
         if outcome == "error":
@@ -242,6 +244,10 @@ def shape_report(item, call, report) -> None:
         first, _, rest = item.verdict_dict.get("message", "").partition("\n")
         plain = first == f"[{item.contract_id}] passed: {item.verdict_dict.get('summary')}"
         report.sections.append(("ltconform", (rest if plain else f"{first}\n{rest}").strip() or "(no notes)"))
+    elif isinstance(item, LtconformRunItem) and report.when == "call" and report.passed and item.summary:
+        # What ran, and that the contract items judge it: -rA prints it as it prints theirs.
+        report.longrepr = _one_line(item.summary)
+        report.sections.append(("ltconform", "(no notes)"))
     elif isinstance(item, LtconformRunItem) and report.skipped and isinstance(report.longrepr, tuple):
         report.longrepr = (item.nodeid, None, report.longrepr[2])  # -rs: the item, not the plugin's file
     elif isinstance(item, LtconformItem) and report.skipped and isinstance(report.longrepr, tuple):
