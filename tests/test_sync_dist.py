@@ -200,7 +200,8 @@ def test_checkpoint_paths_differ_by_a_filename_made_per_rank(fake_runs):
     """Same best score on every rank, no metric in the filename: the filename itself was made per rank
     (pytorch-tabular names it after a run counter each rank bumps). Not a metric disagreement."""
     ckpt = lambda name: {"monitor": "valid_loss", "best_model_path": f"{name}_epoch=3-valid_loss=4.83.ckpt",  # noqa: E731
-                         "best_model_score": 4.8323, "best_k": [], "filename": name + "_{epoch}-{valid_loss:.2f}"}
+                         "best_model_score": 4.8323, "best_k": [], "filename": name + "_{epoch}-{valid_loss:.2f}",
+                         "site": SITE}
     values = [_value(_final(checkpoints=[ckpt("regression-3")])), _value(_final(checkpoints=[ckpt("regression-5")]))]
     verdict = get_contract("sync-dist").judge(fake_runs.run(traces=[[], []], values=values))
     assert verdict.outcome == "failed", verdict.render()
@@ -209,6 +210,8 @@ def test_checkpoint_paths_differ_by_a_filename_made_per_rank(fake_runs):
                 "(rank 0 'regression-3_{epoch}-{valid_loss:.2f}', rank 1 'regression-5_{epoch}-{valid_loss:.2f}')")
     assert verdict.summary.startswith(expected), verdict.summary
     assert "disagree about which checkpoint is best" not in verdict.summary
+    assert any(e.detail == "ModelCheckpoint filename 'regression-5_{epoch}-{valid_loss:.2f}', built at "
+               "/user/model.py:42 (Model.validation_step)" and e.rank == 1 for e in verdict.evidence), verdict.render()
     assert verdict.fix.startswith("give ModelCheckpoint the same filename on every rank")
     assert "sync_dist" not in verdict.fix
     # A different best score is still the metric disagreement.

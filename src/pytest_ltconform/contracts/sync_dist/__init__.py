@@ -284,7 +284,9 @@ class SyncDist(Contract):
                  else "(it monitors nothing, so the last checkpoint is the best)")
         names = [c.get("filename") for c in ckpts]
         if len(set(names)) > 1:
-            evidence += [Evidence(f"ModelCheckpoint filename {v!r}", rank=r) for r, v in enumerate(names)]
+            evidence += [Evidence(f"ModelCheckpoint filename {v!r}"
+                                  + (f", built at {fmt_site(c['site'])}" if c.get("site") else ""), rank=r)
+                         for r, (v, c) in enumerate(zip(names, ckpts))]
             why = "its filename is not the same on every rank (" + ", ".join(
                 f"rank {r} {v!r}" for r, v in enumerate(names)) + ")"
         else:

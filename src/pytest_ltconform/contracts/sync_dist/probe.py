@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import importlib
 import os
+import sys
 import weakref
 from typing import Any
 
@@ -121,8 +122,9 @@ def _make_observer(ns: Any, probe: SyncDistProbe):
     return Observer()
 
 
-def _callback_facts(trainer, ns: Any) -> tuple[list, list, list]:
-    """(best checkpoints, early stopping states, monitors) of the Trainer's callbacks and schedulers."""
+def _callback_facts(trainer, ns: Any, built_at: Any = None) -> tuple[list, list, list]:
+    """(best checkpoints, early stopping states, monitors) of the Trainer's callbacks and schedulers;
+    ``built_at`` maps a ModelCheckpoint to where the user's code built it."""
     callbacks_mod = importlib.import_module(f"{ns.__name__}.callbacks")
     checkpoints, early, monitors = [], [], []
     for cb in trainer.callbacks:
@@ -133,6 +135,7 @@ def _callback_facts(trainer, ns: Any) -> tuple[list, list, list]:
                 "best_model_score": _float_or_none(cb.best_model_score),
                 "best_k": sorted(os.path.basename(p) for p in cb.best_k_models),
                 "filename": cb.filename if isinstance(cb.filename, str) else None,
+                "site": (built_at or {}).get(cb),
             })
             if cb.monitor:
                 monitors.append({"key": cb.monitor, "owner": "ModelCheckpoint"})
@@ -146,9 +149,9 @@ def _callback_facts(trainer, ns: Any) -> tuple[list, list, list]:
     return checkpoints, early, monitors
 
 
-def collect_final(trainer, ns: Any) -> dict:
+def collect_final(trainer, ns: Any, built_at: Any = None) -> dict:
     """Plain-data summary of what each rank ended with: metrics, decisions, monitors."""
-    checkpoints, early, monitors = _callback_facts(trainer, ns)
+    checkpoints, early, monitors = _callback_facts(trainer, ns, built_at)
     return {
         "callback_metrics": {k: _float_or_none(v) for k, v in trainer.callback_metrics.items()},
         "should_stop": bool(trainer.should_stop),
@@ -173,11 +176,16 @@ class SyncDistProbe(Probe):
         self._sample_path: dict[tuple, tuple] = {}  # (stage, idx) -> leaf holding one row per sample
         self._last_lrs = None
         self._patched_trainer = None
+        self.checkpoints_built_at: Any = weakref.WeakKeyDictionary()  # ModelCheckpoint -> user site
 
     # -- taps, installed before the user's module imports TorchMetrics names -----------------------
     def install(self, recorder) -> None:
         self.recorder = recorder
         recorder.add_log_tap(self._on_log)
+        for ns in ("lightning.pytorch", "pytorch_lightning"):
+            if ns in sys.modules:  # where the user's code builds each ModelCheckpoint: its filename's site
+                checkpoint = importlib.import_module(f"{ns}.callbacks").ModelCheckpoint
+                recorder.patch(checkpoint, "__init__", self._checkpoint_init)
         try:
             import torchmetrics
         except ImportError:
@@ -193,6 +201,17 @@ class SyncDistProbe(Probe):
                 if callable(target) and not isinstance(target, type):
                     qualname = f"{target.__module__}.{target.__name__}"
                     recorder.patch(mod, attr, lambda orig, q=qualname: self._functional(orig, q))
+
+    def _checkpoint_init(self, original):
+        built_at = self.checkpoints_built_at
+
+        def __init__(callback, *args, **kwargs):
+            original(callback, *args, **kwargs)
+            site, _ = user_site()
+            if site is not None:
+                built_at.setdefault(callback, site)  # a subclass's own __init__ calls this one too
+
+        return __init__
 
     def _metric_forward(self, original):
         probe = self
@@ -382,5 +401,6 @@ class SyncDistProbe(Probe):
 
     def collect(self, objects, trainer, recorder) -> dict:
         self._unwatch()
-        return {"final": collect_final(trainer, objects.ns), "snapshots": self.state["snapshots"],
-                "per_batch": self.per_batch, "weights": self.weights, "lr_changes": self.state["lr_changes"]}
+        return {"final": collect_final(trainer, objects.ns, self.checkpoints_built_at),
+                "snapshots": self.state["snapshots"], "per_batch": self.per_batch, "weights": self.weights,
+                "lr_changes": self.state["lr_changes"]}
