@@ -16,6 +16,7 @@ Observations: ``{"final": ..., "snapshots": [...], "per_batch": {key: record},
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib
 import os
@@ -207,9 +208,10 @@ class SyncDistProbe(Probe):
 
         def __init__(callback, *args, **kwargs):
             original(callback, *args, **kwargs)
-            site, _ = user_site()
-            if site is not None:
-                built_at.setdefault(callback, site)  # a subclass's own __init__ calls this one too
+            with contextlib.suppress(Exception):  # an observation: never the user's construction's failure
+                site, _ = user_site()
+                if site is not None:
+                    built_at.setdefault(callback, site)  # a subclass's own __init__ calls this one too
 
         return __init__
 
