@@ -10,8 +10,9 @@ Prints, for each launcher:
   the CPU seconds of one ``python -c "import lightning.pytorch"``; for one target and for three
   (the same module under three ids). CPU time, unlike wall time, barely moves with the load of
   other work on the machine. Under fork the session imports Lightning once, in the ranks'
-  parent (DeepSpeed and torch's inductor with it for the deepspeed items); pytest imports torch
-  for the ranks' store; validation and spawn-safety's import are forks of that parent. Under
+  parent (DeepSpeed and torch's inductor with it for the deepspeed items); pytest imports neither
+  (the ranks' store is served by a fork of that parent); validation and spawn-safety's import are
+  forks of that parent too. Under
   spawn pytest, every rank and spawn-safety's interpreter each import Lightning. Also printed: the
   one-target session over one import of what its ranks' parent imports with the deepspeed tier
   (Lightning, DeepSpeed and torch's inductor, which every DeepSpeed rank needs), and a session of

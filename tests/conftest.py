@@ -210,6 +210,7 @@ def pytest_collection_modifyitems(config, items):
 _COSTLY_FIRST = ("test_worlds.py", "test_startup.py", "test_launch.py", "test_deepspeed.py", "test_memory.py",
                  "test_sharded.py", "test_report.py", "test_first_run.py", "test_targets.py", "test_tiers.py",
                  "test_world_formation.py", "test_hangs.py", "test_plugin_items.py", "test_spawn_safety.py")
+_COST_RANK = {name: n for n, name in enumerate(_COSTLY_FIRST)}
 _CORPUS_PART = "test_corpus.py::TestCorpusPart"
 
 
@@ -224,14 +225,13 @@ def pytest_xdist_make_scheduler(config, log):
 
     class CorpusApart(LoadScopeScheduling):
         def _assign_work_unit(self, node):
-            costly = {name: n for n, name in enumerate(_COSTLY_FIRST)}
             busy = sum(1 for other, work in self.assigned_work.items() if other is not node
                        for scope, tests in work.items() if _CORPUS_PART in scope and not all(tests.values()))
-            scopes = list(self.workqueue)
-            parts = [s for s in scopes if _CORPUS_PART in s]
-            others = sorted((s for s in scopes if _CORPUS_PART not in s),
-                            key=lambda s: costly.get(s.rsplit("/", 1)[-1].split("::")[0], len(costly)))
-            pick = (parts if parts and (busy < max(1, len(self.nodes) - 1) or not others) else others)[0]
+            parts = [s for s in self.workqueue if _CORPUS_PART in s]
+            others = sorted((s for s in self.workqueue if _CORPUS_PART not in s),
+                            key=lambda s: _COST_RANK.get(s.rsplit("/", 1)[-1].split("::")[0], len(_COST_RANK)))
+            part_allowed = busy < max(1, len(self.nodes) - 1) or not others
+            pick = parts[0] if parts and part_allowed else others[0]
             self.workqueue.move_to_end(pick, last=False)
             super()._assign_work_unit(node)
 
