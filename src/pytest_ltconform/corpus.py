@@ -157,7 +157,7 @@ def judge_case(case: Case, pool, settings: Settings, only: str | None = None,
         for strategy in item_strategies:
             verdict, duration = session.verdict(cid, strategy)
             group.append(_row(case, cid, strategy, got_of(verdict), verdict.render(), duration,
-                              consequence=verdict.category == "consequence"))
+                              consequence=verdict.category == "consequence", said=verdict.as_dict()))
         _mark_keys(case, group)
         rows += group
     return rows
@@ -339,10 +339,14 @@ def status_of(row: dict) -> str:
 
 
 def _row(case: Case, cid: str, strategy: str, got: str, message: str, duration: float,
-         consequence: bool = False) -> dict:
+         consequence: bool = False, said: dict | None = None) -> dict:
+    """One item's row; ``said``: its verdict's record (a ``Verdict.as_dict()`` or a JSON report
+    record), whose ``evidence`` and ``claims`` the row keeps for the consistency check."""
+    said = said or {}
     return {"case": case.name, "contract": cid, "strategy": strategy, "expected": case.expected.get(cid),
             "got": got, "matched": False, "key": False, "conforming": case.conforming,
             "consequence": consequence, "message": message,
+            "evidence": said.get("evidence") or [], "claims": said.get("claims") or [],
             "evidence_expected": case.evidence, "duration_s": round(duration, 3)}
 
 
@@ -585,7 +589,7 @@ def rows_from_records(case: Case, records: list[dict], problem: str = "", only: 
             got = got_of(rec)
             groups.setdefault(rec["contract"], []).append(
                 _row(case, rec["contract"], rec["strategy"], got, rec.get("message") or "", rec.get("duration_s", 0.0),
-                     consequence=rec.get("category") == "consequence"))
+                     consequence=rec.get("category") == "consequence", said=rec))
     for cid in case.expected:
         # A contract without CPU items (launch-env: multi-node only) has no record in a local run:
         # the report counts its tier under not_run, so it shows as unavailable, not as missing.

@@ -13,6 +13,14 @@ The JSON keys are a stable interface for CI jobs and dashboards::
      "not_run": [{"tier", "reason", "items"}],  # tiers not run here and not asked for: a count each
      "interrupted": bool, "exitstatus": int}    # Ctrl-C, SIGTERM, -x or pytest.exit; pytest's exit code
 
+A record's ``evidence`` is ``[{"rank", "site", "detail", "frame"?}]``: ``site`` is the
+``path:line (function)`` the line names, ``frame`` (where recorded) the ``{"file", "line",
+"func"}`` it was written from. ``claims`` is ``[{"kind", "text", "facts"}]``: each sentence (or
+clause) of the message that states something the run measured, verbatim in ``text``, with the
+recorded facts it was made from in ``facts`` (per kind: ``values`` per rank or per side of a
+comparison, the ``log`` call's flags, a ``frame``, a parameter's ``site`` ...); ``kind`` names
+the check that holds the two together (``pytest_ltconform.claims.KINDS``, whose docstrings say
+what each kind's facts are).
 A memory item's record also has ``table`` (bytes per category, per rank measured, per strategy
 predicted; see contract_docs/memory.md).
 ``outcome`` is one of 'passed', 'failed', 'advisory', 'skipped', 'error'; a record's ``target`` is
@@ -50,6 +58,7 @@ def record(contract: str, strategy: str, world_size: int, verdict_dict: dict, du
             "fix": verdict_dict.get("fix"), "rule_section": verdict_dict.get("rule_section"),
             "seed": verdict_dict.get("rule_section"),
             "evidence": verdict_dict.get("evidence", []), "notes": list(verdict_dict.get("notes", [])),
+            "claims": list(verdict_dict.get("claims", [])),
             "duration_s": round(duration_s, 3), **_figures(verdict_dict)}
 
 

@@ -19,6 +19,7 @@ import inspect
 import linecache
 from typing import Any
 
+from ..claims import LABELS, Claim, label_claim
 from ..outcomes import NOT_JUDGED_PREFIX, NotJudged, Outcome
 from ..runs import FIT, Probe, RunSpec
 from ..sites import fmt_site
@@ -43,14 +44,24 @@ class Blame(enum.IntEnum):
 
 @dataclasses.dataclass
 class Evidence:
-    """One fact behind a verdict: which rank (None: all), where in the user's code, what."""
+    """One fact behind a verdict: which rank (None: all), where in the user's code, what.
+    ``frame``: the recorded frame (``{"file", "line", "func"}``) the site was written from, kept
+    in the JSON report so that the named line can be held against it (``site`` defaults to it)."""
 
     detail: str
     rank: int | None = None
     site: str | None = None
+    frame: dict | None = None
+
+    def __post_init__(self):
+        if self.site is None and self.frame:
+            self.site = fmt_site(self.frame)
 
     def as_dict(self) -> dict:
-        return {"rank": self.rank, "site": self.site, "detail": self.detail}
+        out = {"rank": self.rank, "site": self.site, "detail": self.detail}
+        if self.frame:
+            out["frame"] = {k: self.frame.get(k) for k in ("file", "line", "func")}
+        return out
 
 
 @dataclasses.dataclass
@@ -61,7 +72,9 @@ class Verdict:
     with a summary starting "not judged: " is :attr:`Outcome.NOT_JUDGED`). ``summary`` is one
     paragraph naming the rule and what broke it; ``category`` says whether the fault deadlocks
     the world ('deadlock') or silently mixes values ('silent'). ``depends_on`` names the item
-    whose failure left this one not judged, when another item did.
+    whose failure left this one not judged, when another item did. ``claims``: the sentences of
+    the summary, evidence and notes next to the recorded facts they were made from
+    (:mod:`..claims`); the headline's label adds its own.
     """
 
     contract: str
@@ -79,6 +92,7 @@ class Verdict:
     # not judged, since a pass that compared nothing is no pass.
     empty: bool = False
     depends_on: str | None = None
+    claims: list[Claim] = dataclasses.field(default_factory=list)
 
     def __post_init__(self):
         self.outcome = Outcome.read(self.outcome, self.summary)
@@ -109,8 +123,7 @@ class Verdict:
                 "passed": "passed", "skipped": "skipped", "not_judged": "skipped"}[self.outcome]
         if self.partial and self.outcome == "passed":
             head += " (on the part of the run before the world stopped)"
-        kind = {"deadlock": " (deadlocks the world)", "silent": " (silently wrong values, no error)",
-                "waste": " (not a correctness bug: wasted work)"}.get(self.category or "", "")
+        kind = LABELS.get(self.category or "", "")
         if self.outcome == "error" and self.category == "crash":
             head = "NOT JUDGED (the run stopped in your code)"
         lines = [f"[{self.contract}] {head}{kind}: {self.summary}"]
@@ -134,12 +147,20 @@ class Verdict:
             lines.append(self.diagnosis)
         return "\n".join(lines)
 
+    def all_claims(self) -> list[Claim]:
+        """The verdict's claims, with its headline label's when the headline carries one."""
+        label = label_claim(self.category)
+        shown = label is not None and self.outcome is not Outcome.NOT_JUDGED and \
+            not (self.outcome == "error" and self.category == "crash")
+        return list(self.claims) + ([label] if shown else [])
+
     def as_dict(self) -> dict:
         return {"outcome": self.outcome.reported, "message": self.render(), "summary": self.summary,
                 "partial": self.partial, "block": self.render(with_diagnosis=False),
                 "category": self.category, "fix": self.fix, "rule_section": self.rule_section,
                 "seed": self.rule_section,  # the name before 0.2, kept for report readers
-                "evidence": [e.as_dict() for e in self.evidence], "notes": list(self.notes)}
+                "evidence": [e.as_dict() for e in self.evidence], "notes": list(self.notes),
+                "claims": [c.as_dict() for c in self.all_claims()]}
 
 
 @dataclasses.dataclass
@@ -165,6 +186,7 @@ class Findings:
     evidence: list[Evidence] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
     causes: set[str] = dataclasses.field(default_factory=set)
+    claims: list[Claim] = dataclasses.field(default_factory=list)
 
     def add(self, category: str | None, detail: str, rank: int | None = None, fix: str | None = None) -> None:
         self.items.append(Finding(category, detail, rank, fix))
@@ -195,6 +217,7 @@ def merged(findings: list[Verdict], notes: list[str] = ()) -> Verdict:
     not yet verdicts."""
     first = findings[0]
     first.evidence = [e for f in findings for e in f.evidence]
+    first.claims = [c for f in findings for c in f.claims]
     first.notes = [f.summary for f in findings[1:]] + first.notes + list(notes)
     return first
 

@@ -1,0 +1,390 @@
+"""Claims: each sentence of a verdict next to the recorded facts it was made from (issue 32).
+
+A verdict's sentences are built from what the run recorded. A :class:`Claim` keeps one of them
+(``text``, exactly as the message carries it) with the facts it rests on (``facts``: plain JSON,
+the values per rank, ranks, paths and sites it names), and the JSON report writes them under each
+record's ``claims``, so a reader and a test can hold one against the other.
+
+The kinds of claim are one registry (:data:`KINDS`), each a small function registered with
+:func:`kind`: it gets the claim (``{"kind", "text", "facts"}``) and its whole report record and
+returns what is wrong with it, or None. A kind may also name the phrases that make its claim in
+prose (``prose``, regular expressions, for the contracts in ``scope``; every contract when
+empty): a message that carries such a phrase outside every claim of that kind states something no
+recorded fact backs. :func:`check` runs every kind over one report record (a corpus row works
+too: it has the same ``contract``, ``message``, ``claims`` and ``evidence``); the corpus test runs
+it over every item the corpus produces.
+
+To add a kind: one function here, decorated with ``@kind("name", prose=(...), scope=(...))``, and
+the contract builds its sentence with :func:`claim` (or :meth:`Claim.of`), putting ``claim.text``
+into the message. Imports nothing of the plugin but :mod:`sites`; no torch, no Lightning.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import linecache
+import math
+import re
+from collections.abc import Callable
+
+from .sites import fmt_site
+
+
+@dataclasses.dataclass
+class Claim:
+    """One sentence (or clause) of a verdict and the recorded facts it was made from."""
+
+    kind: str
+    text: str
+    facts: dict = dataclasses.field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"kind": self.kind, "text": self.text, "facts": _plain(self.facts)}
+
+
+def claim(kind_name: str, text: str, **facts) -> Claim:
+    """A :class:`Claim` of a registered kind (a KeyError names an unknown kind at once)."""
+    if kind_name not in KINDS:
+        raise KeyError(f"no claim kind {kind_name!r}; registered: {', '.join(sorted(KINDS))}")
+    return Claim(kind_name, text, facts)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClaimKind:
+    """A registered kind: its check (claim dict, record -> problem or None), the prose that makes
+    its claim, and the contracts whose messages that prose is looked for in (all when empty)."""
+
+    name: str
+    check: Callable[[dict, dict], str | None]
+    prose: tuple[re.Pattern, ...] = ()
+    scope: tuple[str, ...] = ()
+    doc: str = ""
+
+
+KINDS: dict[str, ClaimKind] = {}
+
+
+def kind(name: str, prose: tuple[str, ...] = (), scope: tuple[str, ...] = ()):
+    """Register ``fn(claim, record) -> str | None`` as the check of claim kind ``name``."""
+
+    def register(fn):
+        KINDS[name] = ClaimKind(name, fn, tuple(re.compile(p) for p in prose), tuple(scope),
+                                (fn.__doc__ or "").strip())
+        return fn
+
+    return register
+
+
+def check(record: dict) -> list[str]:
+    """What is wrong with the sentences of one report record (or corpus row): a claim whose text is
+    not in the message, of no registered kind, or that its facts do not bear out; a phrase of a
+    kind's ``prose`` that no claim of that kind covers; an evidence line whose recorded frame does
+    not hold its named line. Empty when every sentence checked rests on its facts."""
+    message = record.get("message") or ""
+    claims = [c for c in record.get("claims") or [] if isinstance(c, dict)]
+    problems = []
+    for c in claims:
+        registered = KINDS.get(c.get("kind"))
+        if registered is None:
+            problems.append(f"claim of unknown kind {c.get('kind')!r}: {c.get('text')!r}")
+            continue
+        if c.get("text") and c["text"] not in message:
+            problems.append(f"{c['kind']} claim not in the message: {c['text']!r}")
+        found = registered.check(c, record)
+        if found:
+            problems.append(f"{c['kind']}: {found} (in {_short(c.get('text'))!r})")
+    problems += _uncovered_prose(record, _stated(message), claims)
+    for e in record.get("evidence") or []:
+        frame = e.get("frame") if isinstance(e, dict) else None
+        if frame:
+            found = frame_problem(frame)
+            if found:
+                problems.append(f"evidence site: {found} (in {_short(e.get('detail'))!r})")
+    return problems
+
+
+def _uncovered_prose(record: dict, message: str, claims: list[dict]) -> list[str]:
+    contract = record.get("contract")
+    problems = []
+    for registered in KINDS.values():
+        if registered.scope and contract not in registered.scope:
+            continue
+        texts = [c.get("text") or "" for c in claims if c.get("kind") == registered.name]
+        for pattern in registered.prose:
+            for m in pattern.finditer(message):
+                if not any(m.group(0) in t and _inside(message, t, m) for t in texts):
+                    problems.append(f"{registered.name}: {m.group(0)!r} is said with no {registered.name} claim "
+                                    f"behind it (in {_short(_sentence_at(message, m.start()))!r})")
+    return problems
+
+
+def _stated(message: str) -> str:
+    """The part of a message that states what the run showed: without its Fix and Rule lines
+    (advice and a pointer, which may name what the user should do: "a TorchMetrics object,
+    synced across ranks")."""
+    return "\n".join(line for line in message.splitlines() if not line.startswith(("Fix: ", "Rule: ")))
+
+
+def _inside(message: str, text: str, m: re.Match) -> bool:
+    """Whether the match lies inside one of the occurrences of ``text`` in ``message``."""
+    start = message.find(text)
+    while start != -1:
+        if start <= m.start() and m.end() <= start + len(text):
+            return True
+        start = message.find(text, start + 1)
+    return False
+
+
+def _sentence_at(message: str, pos: int) -> str:
+    start = max(message.rfind("\n", 0, pos), message.rfind(". ", 0, pos)) + 1
+    end = min([i for i in (message.find("\n", pos), message.find(". ", pos)) if i != -1] or [len(message)])
+    return message[start:end].strip()
+
+
+def _short(text: str | None, limit: int = 160) -> str:
+    text = text or ""
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _plain(value):
+    if isinstance(value, (bool, int, str, type(None))):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_plain(v) for v in (sorted(value, key=repr) if isinstance(value, (set, frozenset)) else value)]
+    return repr(value)
+
+
+# -- values -------------------------------------------------------------------------------------
+
+def same_value(a, b, rel: float = 1e-5) -> bool:
+    """Whether two recorded values are the same: numbers within ``rel`` (relative, at least 1
+    absolute unit of ``rel``), anything else by equality; None (missing) equals only None."""
+    if a is None or b is None:
+        return a is None and b is None
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        if math.isnan(a) or math.isnan(b):
+            return math.isnan(a) and math.isnan(b)
+        return abs(a - b) <= rel * max(1.0, abs(a), abs(b))
+    return a == b
+
+
+def _values(c: dict) -> list:
+    values = c.get("facts", {}).get("values")
+    return list(values.values()) if isinstance(values, dict) else list(values or [])
+
+
+@kind("differ", prose=(r"different best (?:checkpoint|model)\w*", r"different best_model_\w+",
+                       r"best_model_\w+ differs?", r"differs? across ranks", r"different epochs per rank"),
+      scope=("sync-dist",))
+def _differ(c: dict, record: dict) -> str | None:
+    """A claim that values differ (across ranks, or from a reference) rests on at least two
+    recorded values that are not the same (``facts["values"]``: label -> value)."""
+    values = _values(c)
+    if len(values) < 2:
+        return f"needs two recorded values, has {len(values)}"
+    if all(same_value(values[0], v, c["facts"].get("rel", 1e-5)) for v in values[1:]):
+        return f"the recorded values are the same: {values}"
+    return None
+
+
+@kind("equal", prose=(r"equal on every rank", r"equal the single-device ones"))
+def _equal(c: dict, record: dict) -> str | None:
+    """A claim that values agree rests on at least one recorded value per side, all the same
+    (``facts["values"]``: label -> value; a value per rank, or each side of a comparison)."""
+    values = _values(c)
+    if len(values) < 2 and not c["facts"].get("each"):
+        return f"needs two recorded values to be equal, has {len(values)}"
+    rel = c["facts"].get("rel", 1e-5)
+    for group in c["facts"].get("each") or [values]:
+        group = list(group.values()) if isinstance(group, dict) else list(group)
+        if len(group) < 2 or not all(same_value(group[0], v, rel) for v in group[1:]):
+            return f"the recorded values are not all the same: {group}"
+    return None
+
+
+# -- reductions ---------------------------------------------------------------------------------
+
+def reduced_across_ranks(log: dict) -> bool:
+    """Whether a recorded log call (its flags ``sync_dist``, ``rank_zero_only`` and ``vtype``) has
+    its value reduced across ranks: ``sync_dist=True`` without ``rank_zero_only`` (which disables
+    the sync in Lightning 2.6.6), or a TorchMetrics object (which syncs its own state)."""
+    return bool((log.get("sync_dist") and not log.get("rank_zero_only")) or log.get("vtype") == "metric")
+
+
+@kind("reduced", prose=(r"reduced over (?:batches and )?ranks",), scope=("sync-dist", "eval-duplication"))
+def _reduced(c: dict, record: dict) -> str | None:
+    """A value called reduced over ranks rests on a recorded sync: the log call's ``sync_dist``
+    (without ``rank_zero_only``) or a TorchMetrics object (``facts["log"]``)."""
+    log = c["facts"].get("log")
+    if not isinstance(log, dict):
+        return "no log call recorded"
+    return None if reduced_across_ranks(log) else f"the log call was not synced ({_flags(log)})"
+
+
+@kind("local")
+def _local(c: dict, record: dict) -> str | None:
+    """A value called one rank's own rests on a recorded log call that did not sync it."""
+    log = c["facts"].get("log")
+    if not isinstance(log, dict):
+        return "no log call recorded"
+    return f"the log call was synced ({_flags(log)})" if reduced_across_ranks(log) else None
+
+
+def _flags(log: dict) -> str:
+    return ", ".join(f"{k}={log.get(k)!r}" for k in ("sync_dist", "rank_zero_only", "vtype"))
+
+
+@kind("rank-value", prose=(r"\S+ on \d+ ranks vs ",), scope=("eval-duplication",))
+def _rank_value(c: dict, record: dict) -> str | None:
+    """A comparison that uses one rank's value names that rank when the ranks' values differ
+    (``facts``: ``rank``, ``values`` per rank); 'on N ranks' is said only of a value every rank has."""
+    facts = c["facts"]
+    values = [v for v in _values(c) if v is not None]
+    agree = len(values) >= 2 and all(same_value(values[0], v, 1e-4) for v in values[1:])
+    if agree:
+        return None
+    if f"rank {facts.get('rank')}" not in c["text"]:
+        return f"the ranks' values differ ({values}), and the text does not say it uses rank {facts.get('rank')}'s"
+    if re.search(r"on \d+ ranks", c["text"]):
+        return f"the ranks' values differ ({values}), yet the text gives one value 'on N ranks'"
+    return None
+
+
+# -- modules and parameters ---------------------------------------------------------------------
+
+@kind("not-run", prose=(r"never ran in forward",), scope=("unused-parameters",))
+def _not_run(c: dict, record: dict) -> str | None:
+    """A module said never to have run in forward: none of its parameters was recorded as an input
+    of an operation in that step (``facts["used"]`` is False), whether or not its hooks fired."""
+    used = c["facts"].get("used")
+    return None if used is False else f"its parameters' use was recorded as {used!r}"
+
+
+@kind("no-grad", prose=(r"ran only under torch\.no_grad\(\)",), scope=("unused-parameters",))
+def _no_grad(c: dict, record: dict) -> str | None:
+    """A module said to have run only under torch.no_grad(): its parameters were used in that step
+    (``facts["used"]``) and never with grad mode on (``facts["grad_enabled"]`` is False)."""
+    facts = c["facts"]
+    if facts.get("used") is not True or facts.get("grad_enabled") is not False:
+        return f"recorded used={facts.get('used')!r}, grad_enabled={facts.get('grad_enabled')!r}"
+    return None
+
+
+@kind("switched-off", prose=(r"requires_grad was switched off",), scope=("unused-parameters",))
+def _switched_off(c: dict, record: dict) -> str | None:
+    """Where requires_grad was switched off is named from the recorded switch (``facts["site"]``,
+    the user's frame; ``facts["via"]``, the library function it went through), or said unknown;
+    a library function is named only when it was recorded."""
+    facts, text = c["facts"], c["text"]
+    site, via = facts.get("site"), facts.get("via")
+    if site and fmt_site(site).split(" (")[0] not in text:
+        return f"the recorded site {fmt_site(site)} is not named"
+    if not site and "not recorded" not in text and "unknown" not in text:
+        return "no site was recorded, and the text does not say so"
+    for name in ("toggle_optimizer", "freeze", "untoggle_optimizer"):
+        if name in text and name not in (via or ""):
+            return f"names {name}, which was not recorded (via={via!r})"
+    return None
+
+
+# -- sites --------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=256)
+def _tree(path: str):
+    source = "".join(linecache.getlines(path))
+    if not source:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                source = fh.read()
+        except OSError:
+            return None
+    try:
+        return ast.parse(source)
+    except SyntaxError:
+        return None
+
+
+def frame_problem(frame: dict, call: str | None = None) -> str | None:
+    """What is wrong with a named line as a line of its recorded frame (``{"file", "line",
+    "func"}``): the line must lie in a function of that name in that file (module level for
+    ``<module>``), and, with ``call``, the statement at that line must call ``call`` (a name or an
+    attribute, e.g. ``log`` for ``self.log(...)``). None when it holds or the file cannot be read."""
+    path, line, func = frame.get("file"), frame.get("line"), frame.get("func") or ""
+    tree = _tree(path) if path else None
+    if tree is None or not isinstance(line, int):
+        return None  # nothing to hold it against (a file gone, a pseudo file)
+    name = func.rsplit(".", 1)[-1]
+    if name not in ("<module>", "") and not name.startswith("<"):
+        defs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and n.name == name]
+        if defs and not any(_first_line(n) <= line <= (n.end_lineno or n.lineno) for n in defs):
+            return f"line {line} of {path} is not in {func}"
+    if call is not None and not _calls_at(tree, line, call):
+        return f"line {line} of {path} makes no {call}(...) call"
+    return None
+
+
+def _first_line(fn) -> int:
+    return min([fn.lineno] + [d.lineno for d in fn.decorator_list])
+
+
+def _calls_at(tree, line: int, call: str) -> bool:
+    """Whether a call of ``call`` starts at ``line``, or the innermost statement at ``line`` holds one."""
+    stmts = [n for n in ast.walk(tree) if isinstance(n, ast.stmt) and n.lineno <= line <= (n.end_lineno or n.lineno)
+             and not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.If, ast.For,
+                                    ast.While, ast.With, ast.Try, ast.AsyncFor, ast.AsyncWith))]
+    for stmt in stmts:
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Call) and node.lineno <= line <= (node.end_lineno or node.lineno):
+                target = node.func
+                named = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", None)
+                if named == call:
+                    return True
+    return False
+
+
+@kind("site")
+def _site(c: dict, record: dict) -> str | None:
+    """A named line is a line of the recorded frame (``facts["frame"]``), and, with
+    ``facts["call"]``, the line of that call itself; the text names it as ``path:line``."""
+    frame = c["facts"].get("frame")
+    if not isinstance(frame, dict):
+        return "no frame recorded"
+    named = fmt_site(frame).split(" (")[0]
+    if named not in c["text"]:
+        return f"the text does not name {named}"
+    return frame_problem(frame, c["facts"].get("call"))
+
+
+# -- headline labels ----------------------------------------------------------------------------
+
+@kind("label", prose=(r"silently wrong values",))
+def _label(c: dict, record: dict) -> str | None:
+    """The headline's consequence label follows from what was measured: 'silently wrong values' is
+    not said where the record's own claims measured the published values equal to the reference
+    and none measured one that differs."""
+    if c["facts"].get("category") != "silent":
+        return None
+    claims = record.get("claims") or []
+    equal = [x for x in claims if x.get("kind") == "equal" and x.get("facts", {}).get("against") == "reference"]
+    differ = [x for x in claims if x.get("kind") == "differ" or x.get("facts", {}).get("wrong")]
+    if equal and not differ:
+        return "the record's claims measure the published values equal to the single-device ones and none differ"
+    return None
+
+
+LABELS = {"deadlock": " (deadlocks the world)", "silent": " (silently wrong values, no error)",
+          "waste": " (not a correctness bug: wasted work)",
+          "repeated": " (repeated work: every rank evaluates the same samples)"}
+
+
+def label_claim(category: str | None) -> Claim | None:
+    """The headline label of a verdict's category as a claim (None for a category without one)."""
+    text = LABELS.get(category or "")
+    return Claim("label", text.strip(" ()"), {"category": category}) if text else None

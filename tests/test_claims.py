@@ -1,0 +1,152 @@
+"""The consistency check of a verdict's sentences against the facts they were made from
+(``pytest_ltconform.claims``): each kind holds on true facts and fails on false ones; prose that
+makes a claim with no claim behind it fails; an evidence line is held against its frame."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from pytest_ltconform import claims
+from pytest_ltconform.contracts.base import Evidence, Verdict
+
+
+def _record(message: str, *made: claims.Claim, contract: str = "sync-dist", evidence=()) -> dict:
+    return {"contract": contract, "message": message, "claims": [c.as_dict() for c in made],
+            "evidence": list(evidence)}
+
+
+def test_a_claim_of_difference_needs_two_different_recorded_values():
+    text = "the best_model_score differs across ranks"
+    true = claims.claim("differ", text, values={"rank 0": 0.25, "rank 1": 0.5})
+    false = claims.claim("differ", text, values={"rank 0": "a.ckpt", "rank 1": "a.ckpt"})
+    assert claims.check(_record(text, true)) == []
+    assert "the recorded values are the same" in claims.check(_record(text, false))[0]
+    assert "needs two recorded values" in claims.check(_record(text, claims.claim("differ", text, values={})))[0]
+
+
+def test_prose_that_claims_a_difference_with_no_claim_behind_it_fails():
+    """Today's sentence: said with no recorded values next to it."""
+    message = ("[sync-dist] FAILED (silently wrong values, no error): ModelCheckpoint(monitor='val_loss') ends "
+               "with a different best checkpoint on each rank: the ranks disagree about which checkpoint is best.")
+    problems = claims.check(_record(message))
+    assert any("'different best checkpoint' is said with no differ claim" in p for p in problems), problems
+    # The same words in another contract's message are not that kind's business.
+    assert not [p for p in claims.check(_record(message, contract="data-sharding")) if p.startswith("differ")]
+
+
+def test_a_claim_must_be_in_the_message_it_sits_next_to():
+    c = claims.claim("differ", "values differ across ranks", values={"rank 0": 1.0, "rank 1": 2.0})
+    assert "not in the message" in claims.check(_record("something else entirely", c))[0]
+
+
+def test_reduced_needs_a_recorded_sync_and_local_its_absence():
+    synced = {"sync_dist": True, "rank_zero_only": False, "vtype": "tensor"}
+    plain = {"sync_dist": False, "rank_zero_only": False, "vtype": "tensor"}
+    zero_only = {"sync_dist": True, "rank_zero_only": True, "vtype": "tensor"}
+    metric = {"sync_dist": False, "rank_zero_only": False, "vtype": "metric"}
+    text = "'acc' mean-reduced over batches and ranks"
+    assert claims.check(_record(text, claims.claim("reduced", text, log=synced))) == []
+    assert claims.check(_record(text, claims.claim("reduced", text, log=metric))) == []
+    for log in (plain, zero_only):
+        assert "not synced" in claims.check(_record(text, claims.claim("reduced", text, log=log)))[0]
+    local = "'acc' averaged over rank 0's own batches"
+    assert claims.check(_record(local, claims.claim("local", local, log=plain))) == []
+    assert "was synced" in claims.check(_record(local, claims.claim("local", local, log=synced)))[0]
+    # Said with no claim at all (the sentence before issue 32):
+    assert "no reduced claim" in claims.check(_record(text))[0]
+
+
+def test_a_cross_rank_comparison_names_the_rank_whose_value_it_uses():
+    values = {"0": 0.2599, "1": 0.2411}
+    wrong = "acc 0.2599 on 2 ranks vs 0.2484 on 1 device"
+    right = "acc 0.2599 on rank 0 (rank 1: 0.2411) vs 0.2484 on 1 device"
+    rec = _record(wrong, claims.claim("rank-value", wrong, rank=0, values=values), contract="eval-duplication")
+    assert "does not say it uses rank 0's" in claims.check(rec)[0]
+    rec = _record(right, claims.claim("rank-value", right, rank=0, values=values), contract="eval-duplication")
+    assert claims.check(rec) == []
+    synced = {"0": 0.25, "1": 0.25}
+    ok = "acc 0.25 on 2 ranks vs 0.2484 on 1 device"
+    rec = _record(ok, claims.claim("rank-value", ok, rank=0, values=synced), contract="eval-duplication")
+    assert claims.check(rec) == []
+    assert "no rank-value claim" in claims.check(_record(wrong, contract="eval-duplication"))[0]
+
+
+def test_module_never_ran_only_when_its_parameters_were_not_used():
+    text = "head never ran in forward"
+    rec = _record(text, claims.claim("not-run", text, module="head", used=True, hooks=False),
+                  contract="unused-parameters")
+    assert "use was recorded as True" in claims.check(rec)[0]
+    rec = _record(text, claims.claim("not-run", text, module="head", used=False, hooks=False),
+                  contract="unused-parameters")
+    assert claims.check(rec) == []
+    assert "no not-run claim" in claims.check(_record(text, contract="unused-parameters"))[0]
+
+
+def test_a_switched_off_requires_grad_names_the_recorded_site_or_says_unknown():
+    site = {"file": "/user/model.py", "line": 12, "func": "Model.training_step"}
+    guess = "requires_grad was switched off for head.p at that moment (toggle_optimizer or similar)"
+    rec = _record(guess, claims.claim("switched-off", guess, site=None, via=None), contract="unused-parameters")
+    assert "does not say so" in claims.check(rec)[0]
+    rec = _record(guess, claims.claim("switched-off", guess, site=site, via=None), contract="unused-parameters")
+    assert "is not named" in claims.check(rec)[0]
+    named = "requires_grad was switched off for head.p at /user/model.py:12 (Model.training_step)"
+    rec = _record(named, claims.claim("switched-off", named, site=site, via=None), contract="unused-parameters")
+    assert claims.check(rec) == []
+    lightning = named + " (through LightningModule.toggle_optimizer)"
+    rec = _record(lightning, claims.claim("switched-off", lightning, site=site, via="LightningModule.freeze"),
+                  contract="unused-parameters")
+    assert "names toggle_optimizer, which was not recorded" in claims.check(rec)[0]
+
+
+def test_a_named_line_is_a_line_of_its_frame_and_of_the_call(tmp_path):
+    path = tmp_path / "model.py"
+    path.write_text(textwrap.dedent("""\
+        class Model:
+            def validation_step(self, batch):
+                self.log_dict({"a": 1})
+                self.log("val_loss", 2.0,
+                         sync_dist=False)
+
+            def other(self):
+                pass
+        """))
+    frame = {"file": str(path), "line": 4, "func": "Model.validation_step"}
+    assert claims.frame_problem(frame, call="log") is None
+    assert claims.frame_problem({**frame, "line": 5}, call="log") is None  # inside the call's own lines
+    assert "makes no log(...) call" in claims.frame_problem({**frame, "line": 3}, call="log")
+    assert "is not in Model.validation_step" in claims.frame_problem({**frame, "line": 8})
+    # An evidence line's frame is checked whatever the claims say.
+    bad = Evidence("logged here", frame={**frame, "line": 8}).as_dict()
+    assert "not in Model.validation_step" in claims.check(_record("x", evidence=[bad]))[0]
+    assert claims.check(_record("x", evidence=[Evidence("logged here", frame=frame).as_dict()])) == []
+
+
+def test_the_silent_label_is_not_said_over_values_measured_equal():
+    """A headline that contradicts its evidence: the published values were measured equal."""
+    same = claims.claim("equal", "acc 0.5 on 2 ranks = 0.5 on 1 device", values={"world": 0.5, "single": 0.5},
+                        against="reference")
+    verdict = Verdict("eval-duplication", "failed", f"every rank evaluates the whole set; {same.text}.",
+                      category="silent", claims=[same])
+    problems = claims.check({"contract": "eval-duplication", **verdict.as_dict()})
+    assert any("measure the published values equal" in p for p in problems), problems
+    verdict.category = "repeated"
+    assert claims.check({"contract": "eval-duplication", **verdict.as_dict()}) == []
+
+
+def test_a_verdict_carries_its_claims_and_frames_into_the_report_record():
+    from pytest_ltconform import report
+
+    c = claims.claim("differ", "scores differ across ranks", values={"rank 0": 1.0, "rank 1": 2.0})
+    frame = {"file": "/user/m.py", "line": 3, "func": "M.f"}
+    verdict = Verdict("sync-dist", "failed", "the scores differ across ranks.", claims=[c], category="silent",
+                      evidence=[Evidence("here", rank=0, frame=frame)])
+    rec = report.record("sync-dist", "ddp", 2, verdict.as_dict(), 1.0, target="t")
+    assert [x["kind"] for x in rec["claims"]] == ["differ", "label"]
+    assert rec["evidence"][0]["frame"] == frame and rec["evidence"][0]["site"] == "/user/m.py:3 (M.f)"
+
+
+def test_an_unknown_kind_is_refused_where_the_claim_is_made():
+    with pytest.raises(KeyError, match="no claim kind 'nope'"):
+        claims.claim("nope", "x")
