@@ -10,6 +10,8 @@ world; they still validate the ini target (torch and Lightning are imported).
 from __future__ import annotations
 
 import json
+import os
+import stat
 
 import pytest
 from conftest import BORING
@@ -45,6 +47,20 @@ def test_the_report_says_where_it_went_its_exit_status_and_counts_tiers_not_run(
     result.stdout.fnmatch_lines([f"*- generated ltconform report file: {report} -*"])
     doc = json.loads(report.read_text())
     assert (doc["interrupted"], doc["exitstatus"], doc["results"]) == (False, 0, [])
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (a device whose writes fail: ENOSPC)")
+def test_a_report_that_cannot_be_written_fails_the_session_naming_the_path_and_the_os_error(pytester):
+    # /dev/full takes the open and fails the write, as a full disk does; it is written in place, never
+    # replaced by a file (the report's rename would put a file where the device was).
+    pytester.makeini(INI.replace("reports/lt.json", "/dev/full"))
+    pytester.makepyfile(test_unit=UNIT_TEST)
+    result = pytester.runpytest_subprocess("-m", "not ltconform", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()[-2000:]
+    result.stdout.fnmatch_lines(["pytest-ltconform: could not write the JSON report to /dev/full: No space left on "
+                                 "device (errno 28, ENOSPC); the session fails*"])
+    assert "generated ltconform report file" not in result.stdout.str()
+    assert stat.S_ISCHR(os.stat("/dev/full").st_mode)
 
 
 def test_an_interrupted_session_says_so_in_the_report(pytester):

@@ -94,6 +94,16 @@ def test_ini_values_apply_and_command_line_wins(pytester):
          "choose from fork, spawn (fork, the default, forks ranks from one parent*"),
         ("", ["--ltconform-launcher", "vfork"], "ERROR: --ltconform-launcher: unknown launcher 'vfork'; choose from "
          "fork, spawn*"),
+        # A strategy named twice is refused, not run twice or merged without a word.
+        ("", ["--ltconform-strategies", "ddp,fsdp,ddp"], "ERROR: --ltconform-strategies: 'ddp' named more than once "
+         "in 'ddp,fsdp,ddp'; name each once (choose from ddp, fsdp, deepspeed)."),
+        ("ltconform_require = cpu, cpu", [], "ERROR: ini option 'ltconform_require' in *: 'cpu' named more than once*"),
+        # Every bad input of one run in one paragraph, numbered, each with where it came from.
+        ("ltconform_launcher = vfork", ["--ltconform-world-size", "1", "--ltconform-timeout", "3",
+                                        "--ltconform-strategies", "ddp,ddp"],
+         "ERROR: 4 inputs need fixing before anything runs: (1) --ltconform-world-size: a one-rank world cannot show "
+         "* (2) --ltconform-timeout: 3 s is shorter than a contract run can take;* (3) --ltconform-strategies: 'ddp' "
+         "named more than once in 'ddp,ddp';* (4) ini option 'ltconform_launcher' in *: unknown launcher 'vfork';*"),
     ],
 )
 def test_bad_settings_name_where_they_came_from(pytester, ini, args, message):
@@ -251,6 +261,63 @@ def test_an_empty_training_loader_stops_the_session_instead_of_passing(pytester)
     result.stderr.fnmatch_lines(["ERROR: --ltconform 'targets_mod.ZeroBatches': ZeroBatches.train_dataloader() "
                                  "returned an empty DataLoader (3 sample(s), batch_size=4, drop_last=True)*"])
     assert "passed" not in result.stdout.str()
+
+
+def test_bad_targets_and_bad_options_are_named_together_in_one_paragraph(pytester):
+    """Every target is validated even when another, or an option, is bad: one run names them all."""
+    pytester.makepyfile(targets_mod=TARGETS)
+    result = pytester.runpytest_subprocess("--ltconform", "targets_mod:broken_factory", "--ltconform",
+                                           "targets_mod.Missing", "--ltconform", "targets_mod.Good",
+                                           "--ltconform-timeout", "3", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: 3 inputs need fixing before anything runs: (1) --ltconform-timeout: 3 s is "
+                                 "shorter than a contract run can take;* (2) target 1 of 3 (targets_mod:broken_factory)"
+                                 ": --ltconform 'targets_mod:broken_factory': calling broken_factory() raised "
+                                 "ValueError: checkpoint path not set* (3) target 2 of 3 (targets_mod.Missing): "
+                                 "--ltconform 'targets_mod.Missing': *"])
+    assert "Traceback" not in result.stderr.str()
+
+
+def test_a_target_path_with_spaces_is_taken_as_written_or_quoted():
+    from pytest_ltconform.settings import parse_target
+
+    found = parse_target("my models/model.py:Model trainer=my models/train.py:kwargs id=small", "--ltconform")
+    assert (found.model, found.trainer, found.id) == ("my models/model.py:Model", "my models/train.py:kwargs", "small")
+    found = parse_target("'my models/model.py:Model' datamodule=\"my data/dm.py:DM\"", "--ltconform")
+    assert (found.model, found.datamodule) == ("my models/model.py:Model", "my data/dm.py:DM")
+    # A stray word after a target that names no file is still reported, not glued to the target.
+    with pytest.raises(pytest.UsageError, match="'extra' is not KEY=VALUE with a known key"):
+        parse_target("pkg.Model extra", "--ltconform")
+    with pytest.raises(pytest.UsageError, match=r"is not KEY=VALUE with a known key; .* \(a file path may hold spaces: "
+                                                r"it is taken as written, or in quotes, when it ends in \.py:Name\)"):
+        parse_target("my models/model.py:Model extra", "--ltconform")
+
+
+def test_a_file_target_in_a_folder_with_a_space_is_collected(pytester):
+    folder = pytester.path / "my models"
+    folder.mkdir()
+    (folder / "targets mod.py").write_text(TARGETS)
+    result = pytester.runpytest_subprocess("--ltconform", "my models/targets mod.py:Good", "--collect-only", "-q",
+                                           "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str() + result.stderr.str()
+    result.stdout.fnmatch_lines(["ltconform::my models/targets mod.py:Good::sync-dist[[]ddp[]]"])
+
+
+def test_deselecting_every_contract_item_of_a_named_target_is_said_and_imports_nothing(pytester):
+    pytester.makepyfile(targets_mod=TARGETS)
+    pytester.makeconftest(HEAVY_AFTER_VALIDATION)
+    result = pytester.runpytest_subprocess("-m", "not ltconform", "--ltconform", "targets_mod:Good", "-s",
+                                           "-p", "no:cacheprovider")
+    line = ("ltconform: -m 'not ltconform' deselects every contract item, so targets_mod:Good is not checked in this "
+            "run (nothing of it was imported); drop that -m, or select the items with -m ltconform")
+    assert result.stdout.str().count(line) == 2, result.stdout.str()  # in the header and at the end
+    result.stdout.fnmatch_lines(["LOADED IN PYTEST: nothing"])
+    assert not (pytester.path / "imported-with.txt").exists()  # the target was not even imported elsewhere
+    # A -m that keeps some contract items (a tier) selects them, with no such line.
+    kept = pytester.runpytest_subprocess("-m", "not ltconform_deepspeed", "--ltconform", "targets_mod:Good",
+                                         "--collect-only", "-q", "-p", "no:cacheprovider")
+    assert "deselects every contract item" not in kept.stdout.str()
+    kept.stdout.fnmatch_lines(["ltconform::targets_mod:Good::sync-dist[[]ddp[]]"])
 
 
 def test_bad_target_fails_the_session_at_start_without_traceback(pytester):

@@ -28,6 +28,7 @@ ONLY_CONTRACTS_KEY = pytest.StashKey[bool]()
 SIGTERM_KEY = pytest.StashKey["SigtermAsInterrupt"]()
 HIDDEN_KEY = pytest.StashKey[dict]()
 UNSELECTED_KEY = pytest.StashKey[str]()  # why the project's own targets add no item to this run
+DESELECTED_KEY = pytest.StashKey[str]()  # -m deselects every item of the --ltconform targets
 
 MARKERS = {
     "ltconform": "a generated pytest-ltconform contract item",
@@ -41,36 +42,64 @@ MARKERS = {
 
 def resolve_settings(config: pytest.Config):
     """The session's settings (stashed), and the header line when the project's own targets are
-    not checked in this run."""
+    not checked in this run; with the bad inputs found so far (messages; the settings then hold
+    the defaults for those), which :func:`start` reports with its own in one paragraph."""
     selected = _selects_project_contracts(config)
-    settings = settings_mod.resolve(config, project_targets=selected)
+    try:
+        settings, problems = settings_mod.resolve(config, project_targets=selected), []
+    except settings_mod.InputProblems as exc:
+        settings, problems = exc.settings, exc.problems
+    if settings.targets and _deselects_every_contract_item(config):
+        # `-m "not ltconform" --ltconform X`: every item of X would be deselected; say so, import nothing.
+        named = ", ".join(t.id for t in settings.targets)
+        config.stash[DESELECTED_KEY] = (
+            f"ltconform: -m {config.getoption('markexpr')!r} deselects every contract item, so {named} is not "
+            f"checked in this run (nothing of it was imported); drop that -m, or select the items with -m ltconform")
+        config.stash[ONLY_CONTRACTS_KEY] = _contracts_alone(config)
     if not selected and config.args_source == pytest.Config.ArgsSource.ARGS and config.getini(settings_mod.INI_TARGET):
         # Paths named, contract items not deselected: say so, or a CI job running `pytest tests/` reads as checked.
         config.stash[UNSELECTED_KEY] = (
             f"ltconform: the {settings_mod.INI_TARGET} targets are not checked in this run: it names test paths "
             f"(run `pytest -m ltconform`, or pytest without paths, to check them)")
     config.stash[SETTINGS_KEY] = settings
-    return settings
+    return settings, problems
 
 
-def start(config: pytest.Config, settings) -> None:
+def start(config: pytest.Config, settings, problems: list[str] = ()) -> None:
     """With ``--ltconform`` in use: check the machine's capacity, validate every target, attach to
-    a launched world, and decide whether the contract items run alone."""
+    a launched world, and decide whether the contract items run alone. ``problems`` are the bad
+    inputs :func:`resolve_settings` found: every target is still validated, so that one
+    ``pytest.UsageError`` names all of them (and the targets' own) in one paragraph."""
     from . import tiers
 
+    problems = list(problems)
     if tiers.detect_attached() is None:  # a launched world is the launcher's to size and to stop
         if not hasattr(config, "workerinput"):
-            settings_mod.check_capacity(settings)  # before anything heavy is imported or started
+            try:
+                settings_mod.check_capacity(settings)  # before anything heavy is imported or started
+            except pytest.UsageError as exc:
+                problems.append(str(exc))
         stop_on_sigterm(config)
     _add_project_contracts(config)
-    validated = _validate_targets(config, settings)
+    validated = _validate_targets(config, settings, problems)
+    if problems:
+        raise settings_mod.InputProblems(problems)
     config.stash[ALL_TARGETS_KEY] = validated
     config.stash[TARGETS_KEY] = next(iter(validated.values()))
     _attach(config, settings)
-    # `pytest --ltconform X` with no test paths runs the contracts alone; with paths given, or
-    # with the target in the ini file, the contract items join the normal test run.
+    config.stash[ONLY_CONTRACTS_KEY] = _contracts_alone(config)
+
+
+def _contracts_alone(config: pytest.Config) -> bool:
+    """`pytest --ltconform X` with no test paths runs the contracts alone; with paths given, or
+    with the target in the ini file, the contract items join the normal test run."""
     from_command_line = config.getoption(settings_mod.OPT_TARGET) not in (None, "")
-    config.stash[ONLY_CONTRACTS_KEY] = from_command_line and config.args_source != pytest.Config.ArgsSource.ARGS
+    return from_command_line and config.args_source != pytest.Config.ArgsSource.ARGS
+
+
+def deselected_line(config: pytest.Config) -> str | None:
+    """The line saying that ``-m`` deselects every item of the targets named with ``--ltconform``."""
+    return config.stash.get(DESELECTED_KEY, None)
 
 
 def _add_project_contracts(config: pytest.Config) -> None:
@@ -112,6 +141,19 @@ def _selects_project_contracts(config: pytest.Config) -> bool:
     ...``) or whose ``-m`` names an ltconform marker; never when ``-m`` deselects every contract
     item. So ``pytest tests/test_x.py::test_y`` and ``pytest -m "not ltconform"`` cost what they
     cost without the plugin: no torch or Lightning import, no target validated, no item added."""
+    from . import tiers
+
+    if _deselects_every_contract_item(config):
+        return False
+    try:
+        markexpr = tiers.MarkExpression.parse(config.getoption("markexpr", ""))
+    except ValueError:
+        return True  # pytest reports a malformed -m itself
+    return config.args_source != pytest.Config.ArgsSource.ARGS or any(markexpr.names(m) for m in MARKERS)
+
+
+def _deselects_every_contract_item(config: pytest.Config) -> bool:
+    """Whether ``-m`` leaves out the contract items of every tier (``-m "not ltconform"``)."""
     from types import SimpleNamespace
 
     from . import tiers
@@ -120,17 +162,16 @@ def _selects_project_contracts(config: pytest.Config) -> bool:
     try:
         markexpr = tiers.MarkExpression.parse(config.getoption("markexpr", ""))
     except ValueError:
-        return True  # pytest reports a malformed -m itself
+        return False  # pytest reports a malformed -m itself
     every_tier = tiers.variants(SimpleNamespace(strategies=STRATEGIES, tiers=None), STRATEGIES, CPU_STRATEGIES)
-    if not any(markexpr.matches({"ltconform", *variant.markers}) for variant in every_tier):
-        return False
-    return config.args_source != pytest.Config.ArgsSource.ARGS or any(markexpr.names(m) for m in MARKERS)
+    return not any(markexpr.matches({"ltconform", *variant.markers}) for variant in every_tier)
 
 
-def _validate_targets(config: pytest.Config, settings) -> dict:
+def _validate_targets(config: pytest.Config, settings, problems: list[str]) -> dict:
     """Import and check every target, each apart from the others (see :mod:`.validation`: in a
     process forked from the fork launcher's parent, or here); ``{id: target.Targets}`` in order.
-    Raises ``pytest.UsageError`` naming the target (and which of the list) and the fix."""
+    Appends to ``problems`` the message of each target that fails, naming the target (and which
+    of the list) and the fix."""
     from . import target as target_mod
     from . import validation
     from .world import WorldStartError
@@ -151,7 +192,7 @@ def _validate_targets(config: pytest.Config, settings) -> dict:
             validated[declared.id] = resolved if resolved is not None else validation.validate_here(kwargs)
         except target_mod.TargetError as exc:
             which = f"target {n} of {count} ({declared.id}): " if count > 1 else ""
-            raise pytest.UsageError(f"{which}{exc}") from None
+            problems.append(f"{which}{exc}")
     if world is not None and "deepspeed" in settings.strategies:  # asked at collection, if at all
         facts["deepspeed_missing"] = functools.partial(validation.deepspeed_missing_in_parent, world)
     config.stash[FACTS_KEY] = facts

@@ -11,6 +11,7 @@ from . import controller
 def header_lines(config: pytest.Config) -> list[str] | None:
     """What ``pytest_report_header`` prints for ltconform; None when there is nothing to say."""
     lines = [config.stash[controller.UNSELECTED_KEY]] if controller.UNSELECTED_KEY in config.stash else []
+    lines += [controller.deselected_line(config)] if controller.deselected_line(config) else []
     attached = controller.attached_world(config)
     if attached is not None:
         lines.append(f"ltconform: pytest is {attached.info.describe()} (Lightning {attached.info.environment}); "

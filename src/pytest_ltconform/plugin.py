@@ -45,14 +45,16 @@ def pytest_cmdline_main(config: pytest.Config) -> int | None:
 def pytest_configure(config: pytest.Config) -> None:
     for name, text in controller.MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
-    settings = controller.resolve_settings(config)
+    settings, problems = controller.resolve_settings(config)
     config.pluginmanager.register(results.ResultsCollector(config), "ltconform-results")
     config.pluginmanager.register(items_mod.RunItems(), "ltconform-run-items")
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None and config.get_verbosity() >= 1:
         config.pluginmanager.register(results.PassedReasons(reporter), "ltconform-passed-reasons")
-    if settings.enabled:
-        controller.start(config, settings)
+    if settings.enabled and controller.deselected_line(config) is None:
+        controller.start(config, settings, problems)
+    elif problems:
+        raise settings_mod.InputProblems(problems)
 
 
 def pytest_ignore_collect(collection_path, config):

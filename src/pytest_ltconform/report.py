@@ -113,13 +113,21 @@ def write_json(path: str, target: str | None, world_size: int, results: list[dic
                cold_starts: int | None = None, not_run: list[dict] | None = None, interrupted: bool = False,
                exitstatus: int = 0) -> None:
     """Write the report to ``path`` (creating its folder) through a temporary file beside it, so
-    that a failed write leaves the previous report, not half of a new one. ``targets`` are the
+    that a failed write leaves the previous report, not half of a new one (a path that is not a
+    regular file, such as a device or a pipe, is written in place). ``targets`` are the
     validated ``target.Targets`` of the session; ``cold_starts`` the worlds it started;
     ``not_run`` the tiers whose items were not created here (see the module doc). Raises
     ``OSError``."""
     doc = {"target": target, "world_size": world_size, "versions": versions(), "results": results,
            "targets": target_entries(targets or [], results), "cold_starts": cold_starts,
            "not_run": not_run or [], "interrupted": interrupted, "exitstatus": exitstatus}
+    if os.path.exists(path) and not os.path.isfile(path):
+        # A device or a pipe (/dev/stdout, a FIFO a CI step reads): written in place, since replacing
+        # it would put a file where the device was; its errors (ENOSPC on /dev/full) raise as any write's.
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh, indent=2)
+            fh.write("\n")
+        return
     folder = os.path.dirname(path) or "."
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".ltconform-report-", suffix=".json")

@@ -3,6 +3,7 @@ workers send back), the summary table, the JSON report, and the ``-v`` line of a
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 
@@ -97,6 +98,9 @@ class ResultsCollector:
         progress.end_live_line(self.config)  # Ctrl-C or SIGTERM during a run: pytest's banner starts a line
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
+        deselected = controller.deselected_line(self.config)
+        if deselected:  # the header said it too; the counts at the end are where a reader looks
+            terminalreporter.write_line(deselected, yellow=True, bold=True)
         if self.results:
             from . import report as report_mod
 
@@ -127,7 +131,7 @@ class ResultsCollector:
         attached = controller.attached_world(self.config)
         if attached is not None and attached.rank != 0:
             return  # rank 0 writes the report for every rank
-        if all(r["outcome"] == "skipped" for r in self.results) and os.path.exists(settings.report):
+        if all(r["outcome"] == "skipped" for r in self.results) and os.path.isfile(settings.report):
             # `pytest -m "not ltconform"` with the report in the ini file must not wipe the last verdicts.
             self.report_line = (f"ltconform: nothing was judged, so the JSON report {settings.report} was left "
                                 f"as an earlier session wrote it")
@@ -144,9 +148,14 @@ class ResultsCollector:
                                   interrupted=status == pytest.ExitCode.INTERRUPTED or bool(session.shouldstop),
                                   exitstatus=status)
         except OSError as exc:
-            # Checked at start-up, yet the disk can fill or the folder go: the summary still prints.
-            self.report_error = (f"pytest-ltconform: could not write the JSON report to {settings.report}: "
-                                 f"{exc.strerror or exc}; the verdicts are in the summary above.")
+            # Checked at start-up, yet the disk can fill or the folder go: the summary still prints,
+            # and the session fails (a CI job that keeps the report must not pass without it).
+            why = f"{exc.strerror} (errno {exc.errno}, {errno.errorcode.get(exc.errno, '?')})" if exc.strerror \
+                else str(exc)
+            self.report_error = (f"pytest-ltconform: could not write the JSON report to {settings.report}: {why}; "
+                                 f"the session fails, and the verdicts are in the summary above.")
+            if session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
             if self.config.pluginmanager.get_plugin("terminalreporter") is None:
                 sys.stderr.write(self.report_error + "\n")
             return

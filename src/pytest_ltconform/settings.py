@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tempfile
 
 import pytest
@@ -259,6 +260,11 @@ def _validate_choices(raw: str, where: str, choices: tuple[str, ...]) -> tuple[s
         raise pytest.UsageError(
             f"{where}: unknown value(s) {', '.join(map(repr, unknown))}; choose from {', '.join(choices)}."
         )
+    twice = [v for v in dict.fromkeys(values) if values.count(v) > 1]
+    if twice:
+        # Refused rather than merged: a list that names one twice is a typo for another value, often.
+        raise pytest.UsageError(f"{where}: {', '.join(map(repr, twice))} named more than once in {raw!r}; name each "
+                                f"once (choose from {', '.join(choices)}).")
     return values
 
 
@@ -426,43 +432,78 @@ def check_ini_keys(config: pytest.Config) -> None:
                                 f"path/to/file.py:Name), or remove the key.")
 
 
+class InputProblems(pytest.UsageError):
+    """Every bad input found at start, in one paragraph: fixing them one run at a time would cost a
+    run each. ``problems`` are the messages one by one; ``settings`` what resolved (defaults where a
+    value was bad), or None."""
+
+    def __init__(self, problems: list[str], settings: Settings | None = None):
+        self.problems, self.settings = list(problems), settings
+        super().__init__(joined(self.problems))
+
+
+def joined(problems: list[str]) -> str:
+    """One problem as it is; several as one paragraph, numbered."""
+    if len(problems) == 1:
+        return problems[0]
+    return (f"{len(problems)} inputs need fixing before anything runs: "
+            + " ".join(f"({n}) {p}" for n, p in enumerate(problems, 1)))
+
+
+class _Collect:
+    """Runs each check, keeping its pytest.UsageError instead of stopping at the first."""
+
+    def __init__(self):
+        self.problems: list[str] = []
+
+    def __call__(self, check, *args):
+        try:
+            return check(*args)
+        except InputProblems as exc:
+            self.problems += exc.problems
+        except pytest.UsageError as exc:
+            self.problems.append(str(exc))
+        return None
+
+
 def resolve(config: pytest.Config, project_targets: bool = True) -> Settings:
     """Read every ltconform setting from ``config``; ``project_targets`` False leaves out the
     targets the project declares (ini list, ``pytest_ltconform_targets``) unless ``--ltconform``
     is given (see :func:`resolve_targets`).
 
-    Raises ``pytest.UsageError`` naming the option (or ini key) that holds a bad value.
+    Raises :class:`InputProblems` (a ``pytest.UsageError``) naming every option (or ini key) that
+    holds a bad value, with where each came from.
     """
-    check_ini_keys(config)
-    datamodule, dm_from = _lookup(config, OPT_DATAMODULE)
-    trainer, tr_from = _lookup(config, OPT_TRAINER)
-    targets = resolve_targets(config, project_targets)
-    target = targets[0].model if targets else None
+    check = _Collect()
+    check(check_ini_keys, config)
+    datamodule, dm_from = check(_lookup, config, OPT_DATAMODULE) or (None, "--ltconform-datamodule")
+    trainer, tr_from = check(_lookup, config, OPT_TRAINER) or (None, "--ltconform-trainer")
+    targets = check(resolve_targets, config, project_targets)
     kwargs: dict = {"datamodule_from": dm_from, "trainer_from": tr_from}
-    raw, where = _lookup(config, OPT_WORLD_SIZE)
-    if raw is not None:
-        kwargs["world_size"] = _validate_world_size(raw, where)
-        kwargs["world_size_from"] = where
-    raw, where = _lookup(config, OPT_TIMEOUT)
-    if raw is not None:
-        kwargs["timeout_s"] = _validate_seconds(raw, where)
-    raw, where = _lookup(config, OPT_REPORT)
-    if raw is not None:
-        kwargs["report"] = _validate_report_path(raw, where)
-    raw, where = _lookup(config, OPT_REQUIRE)
-    if raw is not None:
-        kwargs["require"] = _validate_choices(raw, where, TIERS)
-    raw, where = _lookup(config, OPT_STRATEGIES)
-    if raw is not None:
-        kwargs["strategies"] = kwargs["strategies_named"] = _validate_choices(raw, where, STRATEGIES)
-    raw, where = _lookup(config, OPT_DEVICE_MEMORY)
-    if raw is not None:
-        kwargs["device_memory"], kwargs["device_memory_from"] = _validate_bytes(raw, where), where
-    raw, where = _lookup(config, OPT_LAUNCHER)
-    if raw is not None:
-        kwargs["launcher"] = _validate_launcher(raw, where)
+    for dest, validate, keys in _VALIDATED:
+        raw, where = check(_lookup, config, dest) or (None, "")
+        value = check(validate, raw, where) if raw is not None else None
+        if value is not None:
+            kwargs.update({key: (where if key.endswith("_from") else value) for key in keys})
     kwargs["oversubscribe"] = bool(config.getoption(OPT_OVERSUBSCRIBE) or config.getini(OPT_OVERSUBSCRIBE))
-    return Settings(target=target, datamodule=datamodule, trainer=trainer, targets=targets, **kwargs)
+    targets = targets or ()
+    settings = Settings(target=targets[0].model if targets else None, datamodule=datamodule, trainer=trainer,
+                        targets=targets, **kwargs)
+    if check.problems:
+        raise InputProblems(check.problems, settings)
+    return settings
+
+
+# (option, its validator, the Settings fields its value fills; a field ending in _from gets where it came from)
+_VALIDATED = (
+    (OPT_WORLD_SIZE, _validate_world_size, ("world_size", "world_size_from")),
+    (OPT_TIMEOUT, _validate_seconds, ("timeout_s",)),
+    (OPT_REPORT, _validate_report_path, ("report",)),
+    (OPT_REQUIRE, lambda raw, where: _validate_choices(raw, where, TIERS), ("require",)),
+    (OPT_STRATEGIES, lambda raw, where: _validate_choices(raw, where, STRATEGIES), ("strategies", "strategies_named")),
+    (OPT_DEVICE_MEMORY, _validate_bytes, ("device_memory", "device_memory_from")),
+    (OPT_LAUNCHER, _validate_launcher, ("launcher",)),
+)
 
 
 # -- targets -------------------------------------------------------------------------------------
@@ -476,7 +517,7 @@ def parse_target(text: str, source: str):
     ``source`` is ``source``. Raises ``pytest.UsageError`` naming the value and the accepted keys."""
     from .target import Target
 
-    parts = text.split()
+    parts = _target_parts(text)
     if not parts or "=" in parts[0]:
         raise pytest.UsageError(f"{source} {text!r}: the value starts with the LightningModule target "
                                 f"(pkg.mod.Class, pkg.mod:factory or path/to/file.py:Name), then optionally "
@@ -488,12 +529,40 @@ def parse_target(text: str, source: str):
             why = (f"{key!r} is given twice" if key in given and sep else
                    f"{part!r} is not KEY=VALUE with a known key" if key not in TARGET_KEYS or not sep else
                    f"{key}= has no value")
+            spaces = " (a file path may hold spaces: it is taken as written, or in quotes, when it ends in " \
+                     ".py:Name)" if ".py" in text else ""
             raise pytest.UsageError(f"{source} {text!r}: {why}; after the target only "
-                                    f"{', '.join(k + '=...' for k in TARGET_KEYS)} are accepted.")
+                                    f"{', '.join(k + '=...' for k in TARGET_KEYS)} are accepted{spaces}.")
         given[key] = value
     found = Target(parts[0], datamodule=given.get("datamodule"), trainer=given.get("trainer"), id=given.get("id"))
     found.source = source
     return found
+
+
+# Where a target value's next KEY=VALUE starts: whitespace before one of TARGET_KEYS and '='.
+_NEXT_KEY = re.compile(r"\s+(?=(?:" + "|".join(TARGET_KEYS) + r")=)")
+
+
+def _target_parts(text: str) -> list[str]:
+    """A target value split into the target and its KEY=VALUE parts. A part may hold spaces when
+    it names a file (``my models/model.py:Model``, ``trainer=my models/train.py:kwargs``), as
+    written or in quotes; any other part is split at whitespace, so a stray word is reported."""
+    parts: list[str] = []
+    for piece in _NEXT_KEY.split(text.strip()):
+        key, sep, value = piece.partition("=") if _NEXT_KEY.match(" " + piece) else ("", "", piece)
+        value = _unquoted(value)
+        if " " in value.strip() and not re.search(r"\.py(:[\w.]+)?$", value):
+            parts += piece.split()
+        else:
+            parts.append(f"{key}{sep}{value}")
+    return [p for p in parts if p]
+
+
+def _unquoted(value: str) -> str:
+    value = value.strip()
+    if len(value) > 1 and value[0] == value[-1] and value[0] in "'\"":
+        return value[1:-1]
+    return value
 
 
 def resolve_targets(config: pytest.Config, project_targets: bool = True) -> tuple:
