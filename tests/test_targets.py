@@ -393,6 +393,18 @@ def test_summary_has_a_block_per_target_and_names_the_target_of_each_failure():
     assert one[5] == "m1 sync-dist evidence"
 
 
+def test_a_green_run_shows_one_line_per_advisory_and_its_evidence_only_when_asked():
+    from pytest_ltconform import report
+
+    results = [_rec("m1", "sync-dist", "passed"), _rec("m1", "memory", "advisory")]
+    lines = [line.rstrip() for line in report.summary_text(results, width=80, color=False).splitlines()]
+    assert "advisory (the evidence: -rA, -vv or the JSON report)" in lines[-2]
+    assert lines[-1] == "memory[ddp]: memory summary"
+    assert "m1 memory evidence" not in "\n".join(lines)
+    detailed = report.summary_text(results, width=80, color=False, details=True)  # -vv
+    assert "m1 memory evidence" in detailed and "memory[ddp]: memory summary" not in detailed
+
+
 def test_report_lists_each_target_with_its_records(tmp_path, targets_mod):
     from pytest_ltconform import report, target
 

@@ -192,12 +192,13 @@ def unknown_contract(contract: str, own: list[str] = ()) -> str:
 _STYLE = {"passed": "green", "failed": "red", "advisory": "yellow", "error": "magenta", "skipped": "yellow"}
 
 
-def summary_text(results: list[dict], width: int, color: bool, blocks: bool = False) -> str:
-    """Per target, a heading line with its id and its contract x strategy table; then each
-    advisory's evidence block (a passed item has no FAILURES entry), one line per failed item (its
-    block is in pytest's FAILURES; ``blocks``: here too, for ``--tb=no``, without the hang
-    diagnosis), then one line per item not judged. Blocks and lines name the target
-    (``<id>::<contract>[<strategy>]``) when there are several."""
+def summary_text(results: list[dict], width: int, color: bool, blocks: bool = False, details: bool = False) -> str:
+    """Per target, a heading line with its id and its contract x strategy table; then one line per
+    advisory (``details``, for ``-vv``: its evidence block; ``-rA`` prints the block under PASSES and
+    the JSON report has it), one line per failed item (its block is in pytest's FAILURES;
+    ``blocks``: here too, for ``--tb=no``, without the hang diagnosis), then one line per item not
+    judged. Blocks and lines name the target (``<id>::<contract>[<strategy>]``) when there are
+    several."""
     from rich.console import Console
     from rich.markup import escape
 
@@ -223,7 +224,7 @@ def summary_text(results: list[dict], width: int, color: bool, blocks: bool = Fa
 
     # A required tier missing here fails each of its items with one message: said once.
     same = collections.Counter(r["message"] for r in results if r.get("category") == "unavailable")
-    said, failed = set(), []
+    said, failed, advisory = set(), [], []
     for r in results:
         unavailable = r.get("category") == "unavailable"
         if unavailable and r["message"] in said:
@@ -234,10 +235,13 @@ def summary_text(results: list[dict], width: int, color: bool, blocks: bool = Fa
         title = name(r) + (f" and {more} more item(s) of that tier" if more else "")
         if r["outcome"] == "failed" and not blocks:
             failed.append(f"{title}: {_first_line(r)}")
+        elif r["outcome"] == "advisory" and not details:
+            advisory.append(f"{title}: {_first_line(r)}")  # a green run reads at a glance
         elif r["outcome"] in ("failed", "advisory"):
             console.rule(escape(title), style="" if not color else _STYLE[r["outcome"]])
             # soft_wrap: long paths stay on one line, so they can be copied.
             console.print(r.get("block") or r["message"], markup=False, highlight=False, soft_wrap=True)
+    _lines(console, "advisory (the evidence: -rA, -vv or the JSON report)", advisory)
     _lines(console, "failed (each block is in FAILURES above)", failed)
     _lines(console, "not judged", [f"{name(r)}: {_first_line(r)}" for r in results if r["outcome"] == "error"])
     return buf.getvalue().rstrip("\n")

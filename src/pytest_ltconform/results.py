@@ -49,7 +49,8 @@ def teststatus(report):
 
 
 class PassedReasons:
-    """Under ``-v``: below each passed contract item's line, what it checked (the verdict's summary)."""
+    """Under ``-v``: below each passed (or advisory) contract item's line, what it checked (the
+    verdict's summary)."""
 
     def __init__(self, terminalreporter):
         self.tr = terminalreporter
@@ -63,7 +64,7 @@ class PassedReasons:
         from . import report as report_mod
 
         rec = report_mod.from_report(report)
-        if rec is None or rec["outcome"] != "passed" or not report.longrepr:
+        if rec is None or rec["outcome"] not in ("passed", "advisory") or not report.longrepr:
             return
         line = f"    {report.longrepr}"
         width = self.tr.config.get_terminal_writer().fullwidth - 1
@@ -114,7 +115,8 @@ class ResultsCollector:
             else:
                 # Each failure's block is printed once: in FAILURES, or here when --tb=no leaves it out.
                 text = report_mod.summary_text(self.results, width=width, color=terminalreporter.hasmarkup,
-                                               blocks=self.config.getoption("tbstyle", "auto") == "no")
+                                               blocks=self.config.getoption("tbstyle", "auto") == "no",
+                                               details=self.config.get_verbosity() >= 2)
                 for line in text.splitlines():
                     terminalreporter.write_line(line)
         if self.report_error:
