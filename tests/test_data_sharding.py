@@ -219,7 +219,67 @@ def test_same_order_every_epoch_from_a_dataset_or_batch_sampler(fake_runs):
     runs = [[_loader(0, 2, **bucket)] + _epochs(fake_runs, rows0),
             [_loader(0, 2, **bucket)] + _epochs(fake_runs, rows1)]
     verdict = contract.judge(fake_runs.run(runs))
-    assert verdict.outcome == "failed" and "the train batch sampler (Buckets)" in verdict.summary
+    assert verdict.outcome == "failed" and "the train batch sampler Buckets gives every rank" in verdict.summary
+
+
+def _owner(cls: str, role: str = "batch sampler", methods=("set_epoch(epoch)",), words=()) -> dict:
+    return {"cls": cls, "role": role, "user": True, "epoch_methods": list(methods), "random_words": list(words),
+            "shuffle": None, "site": {"file": "/u/data.py", "line": 12, "func": cls}}
+
+
+def _keyed(rows_per_epoch):
+    """Batch events whose rows are the dataset keys each fetch received (src "index")."""
+    return [dict(e, src="index") for e in rows_per_epoch]
+
+
+def _reseed_run(fake_runs, owner: dict, extra=(), rng: bool = False, epochs=None):
+    rows = epochs or ([[["3", "1"], ["7", "5"]]] * 2, [[["2", "8"], ["0", "6"]]] * 2)
+    ranks = []
+    for r in range(2):
+        trace = [_loader(0, 2, use_distributed_sampler=False, order_owners=[owner])]
+        trace += [{"ev": "ds_sampler", "cls": owner["cls"], "indices": [[3, 1]], "rng": rng}]
+        trace += _keyed(_epochs(fake_runs, rows[r])) + list(extra)
+        ranks.append(trace)
+    return fake_runs.run(ranks)
+
+
+def test_a_batch_sampler_whose_set_epoch_nothing_calls_fails_from_the_indices_each_epoch_received(fake_runs):
+    """Lightning calls set_epoch on the loader's sampler and the batch sampler's .sampler, never on a
+    batch sampler: one that draws its order at random repeats it every epoch (issue 32, section 3)."""
+    contract = get_contract("data-sharding")
+    verdict = contract.judge(_reseed_run(fake_runs, _owner("Buckets"), rng=True))
+    assert verdict.outcome == "failed" and verdict.category == "silent"
+    assert verdict.summary.startswith("the train batch sampler Buckets gives every rank the same sample order in "
+                                      "epoch 0 and epoch 1, though its order is drawn at random (the global random "
+                                      "state moved while its __iter__ ran (ranks 0, 1)): Buckets has "
+                                      "set_epoch(epoch), which nothing called: Lightning calls set_epoch(epoch) at "
+                                      "every epoch start on the DataLoader's sampler and on its batch sampler's "
+                                      ".sampler only, never on a batch sampler itself.")
+    assert "the same 4 dataset keys in the same order (starting 3, 1, 7, 5)" in verdict.evidence[0].detail
+    assert "Lightning never calls a batch sampler's set_epoch" in verdict.fix
+    # Another name for the reseed: said, with the name Lightning calls.
+    other = contract.judge(_reseed_run(fake_runs, _owner("Buckets", methods=["shuffle(epoch)"], words=["sample"])))
+    assert "Buckets has shuffle(epoch), which nothing called" in other.summary
+    assert "(Lightning calls set_epoch by that name only)" in other.summary
+    assert "(its source calls sample)" in other.summary
+    # Called (by the module's hook) and still the same order: its __iter__ ignores the epoch.
+    called = [{"ev": "ds_epoch_call", "cls": "Buckets", "method": "set_epoch", "epoch": e,
+               "caller": {"file": "/u/model.py", "line": 30, "func": "on_train_epoch_start"}} for e in (0, 1)]
+    ignored = contract.judge(_reseed_run(fake_runs, _owner("Buckets"), extra=called, rng=True))
+    assert "its set_epoch(epoch) was called (epochs 0, 1; first from /u/model.py:30 (on_train_epoch_start)), yet " \
+           "the order did not change" in ignored.summary
+
+
+def test_an_order_that_repeats_without_any_random_draw_is_a_choice_said_in_a_note(fake_runs):
+    contract = get_contract("data-sharding")
+    verdict = contract.judge(_reseed_run(fake_runs, _owner("ByLength", methods=[])))
+    assert verdict.outcome == "passed", verdict.render()
+    assert any("the train order is the same in epoch 0 and epoch 1 on every rank, and ByLength draws nothing at "
+               "random that this check saw" in n for n in verdict.notes)
+    # A new order in the second epoch: nothing to say.
+    moved = contract.judge(_reseed_run(fake_runs, _owner("Buckets"), rng=True,
+                                       epochs=([[["3", "1"]], [["1", "3"]]], [[["2", "8"]], [["8", "2"]]])))
+    assert moved.outcome == "passed" and not any("the train order" in n for n in moved.notes)
 
 
 def test_fingerprint_of_opaque_batches_has_no_addresses():

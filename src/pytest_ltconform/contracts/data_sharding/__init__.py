@@ -24,8 +24,9 @@ import re
 from collections import defaultdict
 
 from ...sites import first_sentence, fmt_site
-from ..base import Blame, Contract, Evidence, Run, Verdict, class_site, merged, user_classes
+from ..base import Blame, Contract, Evidence, Run, Verdict, merged
 from ..rank_reads import describe, gating_reads, selecting_reads
+from . import reseed
 from .probe import ROWS_PER_BATCH, DataShardingProbe
 
 
@@ -595,78 +596,10 @@ class DataSharding(Contract):
                "smallest rank's item count), or let Lightning inject its sampler.")
         return self.verdict("failed", summary, evidence=evidence, fix=fix, category="deadlock")
 
-    # -- 5. a shuffling sampler, batch sampler or dataset that is never reseeded -----------------
-    @staticmethod
-    def _order_source(loader: dict) -> tuple[str, str] | None:
-        """(where the train order is shuffled: 'sampler', 'batch sampler' or 'dataset', its class)
-        when the order is meant to change every epoch and nothing of Lightning's reseeds it."""
-        if loader.get("iterable"):
-            return ("dataset", loader.get("dataset") or "") if loader.get("dataset_shuffles") else None
-        if loader.get("custom_batch_sampler") and loader.get("batch_sampler_shuffles"):
-            return "batch sampler", loader["custom_batch_sampler"]
-        if loader.get("use_distributed_sampler", True):
-            return None  # Lightning's DistributedSampler, reseeded by Lightning every epoch
-        sampler = loader.get("inner_sampler") or loader.get("sampler") or ""
-        if sampler == "SequentialSampler" or (sampler == "DistributedSampler" and not loader.get("shuffle")):
-            return None
-        return "sampler", sampler
-
+    # -- 5. an order drawn at random that repeats every epoch (see .reseed) ------------------------
     def _same_order_every_epoch(self, run, batches, loaders) -> list[Verdict]:
-        source = self._order_source(loaders.get("train") or {})
-        if source is None:
-            return []
-        kind, name = source
-        orders = self._sampler_orders(run, name)
-        per_rank = batches.get("train", {})
-        for r in range(run.world_size):
-            epochs = sorted(per_rank.get(r, {}))
-            if len(epochs) < 2:
-                return []
-            seqs = [[h for e in per_rank[r][ep] for h in e.get("rows", [])] for ep in epochs[:2]]
-            if not seqs[0] or seqs[0] != seqs[1]:
-                return []
-            idx = orders.get(r)
-            if idx is not None and idx == sorted(idx):
-                return []  # a fixed, unshuffled order is a choice, not a missing reseed
-        return [self._same_order(run, per_rank, kind, name, epochs[:2], orders)]
-
-    def _same_order(self, run, per_rank, kind: str, name: str, epochs: list, orders: dict) -> Verdict:
-        a, b = epochs
-        if kind == "dataset":
-            summary = (f"IterableDataset {name} yields every rank the same sample order in epoch {a} and epoch {b}: "
-                       f"its __iter__ shuffles with a fixed seed, so every epoch repeats the same batches.")
-            fix = ("shuffle with a seed that changes every epoch: keep an epoch counter on the dataset (incremented "
-                   "in __iter__, or a set_epoch(epoch) called from on_train_epoch_start) and draw from "
-                   "random.Random(seed + epoch) or torch.Generator().manual_seed(seed + epoch).")
-        else:
-            owner = "with use_distributed_sampler=False the train sampler" if kind == "sampler" \
-                else "the train batch sampler"
-            summary = (f"{owner} ({name}) gives every rank the same sample order in epoch {a} and epoch {b}: it is "
-                       f"shuffled once and never reseeded (no set_epoch), so every epoch repeats the same batches.")
-            fix = (f"reseed the permutation every epoch: implement set_epoch(epoch) on the {kind} (Lightning calls "
-                   f"it at every epoch start) and draw from torch.Generator().manual_seed(seed + epoch), or use "
-                   f"DistributedSampler(shuffle=True).")
-        evidence = [Evidence(f"epochs {a} and {b}: identical sequence of "
-                             f"{len([h for e in per_rank[r][a] for h in e.get('rows', [])])} sample hashes"
-                             + (f"; {kind} order starts {orders[r][:8]}" if orders.get(r) else ""), rank=r)
-                    for r in range(run.world_size)]
-        for which in ("model", "datamodule"):
-            defined = class_site(user_classes(run, which), name) if name else None
-            if defined:
-                what = "its __iter__ shuffles with a fixed seed" if kind == "dataset" else \
-                    "it draws its permutation once and has no set_epoch"
-                evidence.append(Evidence(f"{name} is defined here: {what}", site=fmt_site(defined)))
-                break
-        return self.verdict("failed", summary, evidence=evidence, fix=fix, category="silent")
-
-    @staticmethod
-    def _sampler_orders(run: Run, cls: str) -> dict[int, list]:
-        out = {}
-        for r in range(run.world_size):
-            for e in run.events(r, "ds_sampler"):
-                if e.get("cls") == cls:
-                    out.setdefault(r, e.get("indices"))
-        return out
+        found = reseed.verdict(self, run, batches.get("train", {}), loaders.get("train") or {})
+        return [found] if found is not None else []
 
     # -- 6. random inputs drawn identically on every rank -----------------------------------------
     def _identical_noise(self, run, batches) -> list[Verdict]:
@@ -729,8 +662,9 @@ class DataSharding(Contract):
         what = f" ({self._what(loader)}, sampler {loader.get('sampler')})" if loader else ""
         summary = ("; ".join(parts) or "no batches were recorded") + \
             f"{what}; the same number of train batches per epoch on every rank."
+        fixed = reseed.fixed_order_note(run, batches.get("train", {}), loader or {})
         return self.verdict("passed", summary, notes=[_split_note(stage, read) for stage, read in split.items()]
-                            + _combined_noise_notes(run), empty=not parts)
+                            + _combined_noise_notes(run) + ([fixed] if fixed else []), empty=not parts)
 
 
 def _combined_noise_notes(run: Run) -> list[str]:

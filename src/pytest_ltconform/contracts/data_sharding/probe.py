@@ -13,6 +13,7 @@ from collections import defaultdict
 from ...harness import batch_leaves, batch_size
 from ...runs import Probe
 from .. import fetches, loader_sites
+from . import order
 
 ROWS_PER_BATCH = 64        # sample rows hashed per batch
 BATCHES_PER_EPOCH = 8      # batches fingerprinted per epoch and stage (all are counted)
@@ -123,6 +124,7 @@ def _loader_info(trainer, stage: str, loader) -> dict:
         except TypeError:
             info["length"] = None
         info.update(_order_info(loader))
+        info["order_owners"] = order.owners(loader)
     info["use_distributed_sampler"] = bool(getattr(trainer._accelerator_connector, "use_distributed_sampler", True))
     return info
 
@@ -171,6 +173,13 @@ def _order_info(loader) -> dict:
         "drop_last": bool(getattr(bs, "drop_last", False) or loader.drop_last),
         "dataset_shuffles": isinstance(loader.dataset, IterableDataset) and _shuffles_in_iter(type(loader.dataset)),
     }
+
+
+def _rng_or_none():
+    try:
+        return order.rng_state()
+    except Exception:
+        return None
 
 
 def _first_loader(loaders):
@@ -600,39 +609,39 @@ class DataShardingProbe(Probe):
             [self._callback(loaded.ns, recorder)]
 
     def watch_sampler(self, sampler) -> None:
-        """Record the first indices each iteration of a user-defined sampler yields."""
-        import inspect
-
-        from ...sites import is_user_file
-
+        """Record the first indices each iteration of a user-defined sampler yields, whether the
+        global random state moved until its first item (``rng``), and each call of its epoch
+        methods (see :mod:`.order`)."""
         cls = type(sampler)
-        try:
-            path = inspect.getsourcefile(cls)
-        except TypeError:
-            return
-        if not path or not is_user_file(path) or "__iter__" not in cls.__dict__:
+        if not order.is_user_class(cls):
             return
         recorder = self._recorder
+        order.watch_epoch_methods(cls, recorder)
+        if "__iter__" not in cls.__dict__:
+            return
 
         def factory(original):
             def __iter__(obj):
-                got, done = [], False
+                got, done, before, moved = [], False, _rng_or_none(), False
                 try:
                     limit = max(1, min(ROWS_PER_BATCH, len(obj)))
                 except Exception:
                     limit = ROWS_PER_BATCH
                 for item in original(obj):
+                    if not got:
+                        moved = before is not None and _rng_or_none() not in (None, before)
                     if not done:
                         try:
                             got.append([int(i) for i in item] if isinstance(item, (list, tuple)) else int(item))
                         except Exception:
                             got.append(repr(item)[:40])
                         if len(got) >= limit:
-                            recorder.emit({"ev": "ds_sampler", "cls": cls.__name__, "indices": got})
+                            recorder.emit({"ev": "ds_sampler", "cls": cls.__name__, "indices": got, "rng": moved})
                             done = True
                     yield item
                 if not done:
-                    recorder.emit({"ev": "ds_sampler", "cls": cls.__name__, "indices": got})
+                    moved = moved if got else before is not None and _rng_or_none() not in (None, before)
+                    recorder.emit({"ev": "ds_sampler", "cls": cls.__name__, "indices": got, "rng": moved})
 
             return __iter__
 
@@ -648,8 +657,7 @@ class DataShardingProbe(Probe):
             def _loader(self, trainer, stage, loaders):
                 loader = _first_loader(loaders)
                 probe._loaders[stage] = loader
-                for sampler in (getattr(loader, "sampler", None), getattr(loader, "batch_sampler", None),
-                                getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
+                for sampler in (*_samplers(loader), getattr(loader, "batch_sampler", None)):
                     if sampler is not None:
                         probe.watch_sampler(sampler)
                 try:
