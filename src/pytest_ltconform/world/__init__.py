@@ -1,8 +1,9 @@
 """Worlds: starting, reusing, supervising and diagnosing rank processes.
 
 Every world is a :class:`World`: ``LocalWorld`` starts ranks on this host, ``AttachedWorld`` is
-the torchrun or SLURM world pytest itself runs in. ``WorldPool`` hands out one persistent local
-world per (world size, backend, collective timeout, rank environment) for the whole session.
+the torchrun or SLURM world pytest itself runs in. How ranks come to be is a ``launch.base.Launcher``
+(fork, spawn, attached). ``WorldPool`` hands out one persistent local world per (layout, backend,
+collective timeout, rank environment) for the whole session.
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ from ..vocabulary import DEEPSPEED_PRELOAD
 from . import launch
 from .job import JobRequest
 from .launch import DEFAULT_LAUNCHER, LAUNCHERS
+from .launch.base import Launcher
+from .layout import Layout
 from .local import LocalWorld, WorldStartError, remove_stale_worlds
 from .outcome import JobResult, RankOutcome
 
-__all__ = ["LAUNCHERS", "JobRequest", "JobResult", "LocalWorld", "RankOutcome", "World", "WorldPool",
+__all__ = ["LAUNCHERS", "JobRequest", "JobResult", "Layout", "LocalWorld", "RankOutcome", "World", "WorldPool",
            "WorldStartError", "remove_stale_worlds"]
 
 
@@ -38,7 +41,7 @@ class World(Protocol):
 
 
 class WorldPool:
-    """Persistent worlds keyed by (world size, backend, collective timeout, rank environment).
+    """Persistent worlds keyed by (layout, backend, collective timeout, rank environment).
 
     ``timeout_name`` is what a job killed at its time limit names (the caller's option, e.g.
     ``--ltconform-timeout``) unless the run names its own. Creating a pool removes the world
@@ -56,21 +59,23 @@ class WorldPool:
         self._worlds: dict[tuple, LocalWorld] = {}
         # One fork parent per rank environment (DeepSpeed reads its accelerator when imported),
         # shared by the worlds of every size: each parent is one import for the session.
-        self._launchers: dict[tuple, object] = {}
+        self._launchers: dict[tuple, Launcher] = {}
         if fresh_per_job is None:
             # LTCONFORM_FRESH_WORLDS=1: a cold world per job, for measuring what reuse saves.
             fresh_per_job = os.environ.get("LTCONFORM_FRESH_WORLDS", "") not in ("", "0")
         self.fresh_per_job = fresh_per_job
         atexit.register(self.close)
 
-    def get(self, world_size: int, backend: str = "gloo", pg_timeout_s: float = 30.0,
+    def get(self, layout: Layout | int, backend: str = "gloo", pg_timeout_s: float = 30.0,
             env: dict | None = None) -> LocalWorld:
-        """The world for these parameters; ``env`` ({name: value}) is set in each rank's environment."""
+        """The world for these parameters: ``layout`` (a world size means that many ranks on one
+        node); ``env`` ({name: value}) is set in each rank's environment."""
+        layout = layout if isinstance(layout, Layout) else Layout.single_node(layout)
         env_key = tuple(sorted((env or {}).items()))
-        key = (world_size, backend, pg_timeout_s, env_key)
+        key = (layout, backend, pg_timeout_s, env_key)
         world = self._worlds.get(key)
         if world is None or world.closed:
-            world = self._worlds[key] = LocalWorld(world_size, backend=backend, pg_timeout_s=pg_timeout_s, env=env,
+            world = self._worlds[key] = LocalWorld(layout=layout, backend=backend, pg_timeout_s=pg_timeout_s, env=env,
                                                    timeout_name=self.timeout_name, fresh_per_job=self.fresh_per_job,
                                                    preload=self._preload(backend),
                                                    launcher=self._launcher(env_key, backend))
@@ -81,7 +86,7 @@ class WorldPool:
         # a CUDA world import it themselves, after the fork.
         return tuple(m for m in self.preload if backend != "nccl" or m not in DEEPSPEED_PRELOAD)
 
-    def _launcher(self, env_key: tuple, backend: str):
+    def _launcher(self, env_key: tuple, backend: str) -> Launcher:
         launcher = self._launchers.get((env_key, backend))
         if launcher is None:
             launcher = self._launchers[env_key, backend] = launch.launcher_for(self.launcher, self._preload(backend))

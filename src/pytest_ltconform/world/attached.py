@@ -12,7 +12,6 @@ reaches the same verdicts; only rank 0 prints them.
 
 from __future__ import annotations
 
-import datetime
 import faulthandler
 import os
 import pickle
@@ -25,6 +24,8 @@ import time
 from . import protocol
 from .devices import cuda_device_count
 from .job import Job, JobRequest
+from .launch.attached import AttachedLauncher
+from .launch.base import LaunchError
 from .local import WorldStartError
 from .outcome import JobResult, RankOutcome, read_trace
 from .rank import keep_library_roots, run_job
@@ -55,27 +56,17 @@ class AttachedWorld:
         self._root: str | None = None
         self._next_job = 0
         self._store = None
+        self.launcher = AttachedLauncher(info, connect_timeout_s)
         self.closed = False
 
     @property
     def store(self):
-        """The shared store, connected on first use (rank 0 serves it unless torchrun's agent does)."""
+        """The shared store, connected on first use (see ``launch.attached.AttachedLauncher``)."""
         if self._store is None:
-            import torch.distributed as dist
-
-            serve = self.rank == 0 and not self.info.agent_store
             try:
-                base = dist.TCPStore(self.info.main_address, int(self.info.main_port), is_master=serve,
-                                     wait_for_workers=False,
-                                     timeout=datetime.timedelta(seconds=self.connect_timeout_s))
-            except Exception as exc:
-                role = "serve" if serve else "reach"
-                raise WorldStartError(
-                    f"{self.info.describe()}: could not {role} the rendezvous store at "
-                    f"{self.info.main_address}:{self.info.main_port} ({type(exc).__name__}: {exc}). Check that "
-                    f"MASTER_ADDR names a host every node can reach and that the port is free on it."
-                ) from None
-            self._store = dist.PrefixStore(protocol.PREFIX, base)
+                self._store = self.launcher.store()
+            except LaunchError as exc:
+                raise WorldStartError(str(exc)) from None
         return self._store
 
     @property

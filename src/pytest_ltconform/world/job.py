@@ -3,8 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import pickle
 from collections.abc import Callable
+from typing import Any
+
+
+def resolve(ref: str) -> Any:
+    """The object a "module:qualname" reference names (a job's ``fn``, a probe class): the one
+    place such references are resolved, on the ranks and in the harness."""
+    module_name, _, qualname = ref.partition(":")
+    obj = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
 @dataclasses.dataclass

@@ -22,6 +22,8 @@ from ..sites import USER_CWD_ENV
 from . import diagnose, kept_store, launch, protocol
 from .job import Job, JobRequest
 from .launch import DEFAULT_LAUNCHER
+from .launch.base import Launcher, LaunchError
+from .layout import Layout
 from .outcome import JobResult, RankOutcome, read_trace, without_own_noise
 
 # Each world folder names the process that owns it, so that a later session can remove the folders
@@ -34,6 +36,14 @@ class WorldStartError(RuntimeError):
     """The ranks of a world could not be started; the message has every rank's log tail."""
 
 
+def _check_local_layout(layout: Layout) -> None:
+    """Raise ValueError for a layout a local world cannot take: several nodes (a local world is
+    one node today; this is the one check that stands in the way of several nodes on this host)."""
+    if layout.nodes != 1:
+        raise ValueError(f"a local world runs its ranks on one node; a layout of {layout.nodes} nodes "
+                         f"({layout}) is not supported yet")
+
+
 class LocalWorld:
     """``world_size`` rank processes on this host, reused across jobs.
 
@@ -43,17 +53,22 @@ class LocalWorld:
     all. With ``fresh_per_job`` its ranks are stopped after every job, so each job pays a cold
     start (what the benchmark of reuse compares against); the files stay until :meth:`close`.
     ``launcher`` starts the ranks (``launch.LAUNCHERS``): 'fork' from a parent that imported
-    ``preload`` once (default), 'spawn' a fresh interpreter each, or a launcher object to share.
+    ``preload`` once (default), 'spawn' a fresh interpreter each, or a ``launch.base.Launcher`` to
+    share. ``layout`` places the ranks on nodes (default: ``world_size`` ranks on one node); the
+    ranks' torchrun variables and the job's node count come from it.
     """
 
     # Seconds without trace progress, after a divergence, before a world is declared hung.
     EARLY_IDLE_S = 4.0
 
-    def __init__(self, world_size: int = 2, *, backend: str = "gloo", pg_timeout_s: float = 30.0,
-                 preload: tuple[str, ...] = ("lightning.pytorch",), start_timeout_s: float = 300.0,
-                 root: str | None = None, env: dict | None = None, timeout_name: str = "timeout_s",
-                 fresh_per_job: bool = False, launcher: str | object = DEFAULT_LAUNCHER):
-        self.world_size = world_size
+    def __init__(self, world_size: int = 2, *, layout: Layout | None = None, backend: str = "gloo",
+                 pg_timeout_s: float = 30.0, preload: tuple[str, ...] = ("lightning.pytorch",),
+                 start_timeout_s: float = 300.0, root: str | None = None, env: dict | None = None,
+                 timeout_name: str = "timeout_s", fresh_per_job: bool = False,
+                 launcher: str | Launcher = DEFAULT_LAUNCHER):
+        self.layout = layout or Layout.single_node(world_size)
+        _check_local_layout(self.layout)
+        self.world_size = self.layout.world_size
         self.env = dict(env or {})  # set in each rank's environment, over the inherited one
         self.backend = backend
         self.pg_timeout_s = pg_timeout_s
@@ -69,7 +84,7 @@ class LocalWorld:
         # A launcher given by name is this world's own (closed with it); an object is shared (a pool's).
         self._own_launcher = isinstance(launcher, str)
         self.launcher = launch.launcher_for(launcher, preload, start_timeout_s) if self._own_launcher else launcher
-        self._procs: list = []  # subprocess.Popen or launch.ForkedRank
+        self._procs: list = []  # launch.base.RankProcess: subprocess.Popen or launch.fork.ForkedRank
         self.generation = -1
         self._next_job = 0
         self._jobs_total = 0
@@ -107,10 +122,10 @@ class LocalWorld:
         import torch; see ``kept_store``), else held here. A keeper that died with its parent is
         replaced (see :meth:`_store_answers`). Raises WorldStartError when the fork parent cannot
         start."""
-        if self._store is None and hasattr(self.launcher, "store") and "torch" not in sys.modules:
+        if self._store is None and "torch" not in sys.modules:  # else holding it here costs nothing more
             try:
                 self._store = self.launcher.store(self._rank_env(0), self.root)
-            except launch.LaunchError as exc:
+            except LaunchError as exc:
                 raise WorldStartError(f"could not start a world of {self.world_size} ranks: {exc}") from None
         if self._store is None:
             import torch.distributed as dist
@@ -121,13 +136,15 @@ class LocalWorld:
 
     def _rank_env(self, rank: int) -> dict:
         env = protocol.without_launcher_env(os.environ)
+        layout = self.layout
         env.update(
             MASTER_ADDR="127.0.0.1", WORLD_SIZE=str(self.world_size),
-            RANK=str(rank), LOCAL_RANK=str(rank), NODE_RANK="0",
+            RANK=str(rank), LOCAL_RANK=str(layout.local_rank(rank)), NODE_RANK=str(layout.node_rank(rank)),
             # The rest of torchrun's variables: with TORCHELASTIC_RUN_ID set, Lightning picks its
             # TorchElasticEnvironment first and never probes MPI (importing mpi4py where Open MPI
             # cannot start kills the rank: seen on a GPU host with mpi4py installed).
-            GROUP_RANK="0", GROUP_WORLD_SIZE="1", LOCAL_WORLD_SIZE=str(self.world_size),
+            GROUP_RANK=str(layout.node_rank(rank)), GROUP_WORLD_SIZE=str(layout.nodes),
+            LOCAL_WORLD_SIZE=str(layout.ranks_per_node),
             ROLE_RANK=str(rank), ROLE_WORLD_SIZE=str(self.world_size), ROLE_NAME="default",
             TORCHELASTIC_RUN_ID=f"ltconform-{os.getpid()}", TORCHELASTIC_MAX_RESTARTS="0",
             TORCHELASTIC_USE_AGENT_STORE="True", TORCHELASTIC_RESTART_COUNT=str(self.generation),
@@ -153,24 +170,24 @@ class LocalWorld:
         (started now if it is not running), as ``zygote.run_fresh`` does for a rank; None when
         this world's ranks are not forked (the spawn launcher). Raises :class:`WorldStartError`
         when the parent cannot start."""
-        if self.closed or not hasattr(self.launcher, "fresh"):
+        if self.closed:
             return None
         try:
             return self.launcher.fresh(entry, args, env=env, cwd=cwd, folder=self.root, timeout_s=timeout_s,
                                        parent_env=self._rank_env(0))
-        except launch.LaunchError as exc:
+        except LaunchError as exc:
             raise WorldStartError(f"could not start the fork launcher's parent: {exc}") from None
 
     def import_in_parent(self, names: list[str]) -> dict[str, str | None] | None:
         """Have this world's fork parent import ``names`` now (see
-        ``launch.ForkLauncher.import_now``): ``{name: why its import failed, or None}``; None when
+        ``launch.fork.ForkLauncher.import_now``): ``{name: why its import failed, or None}``; None when
         this world's ranks are not forked (the spawn launcher). Raises :class:`WorldStartError`
         when the parent cannot start."""
-        if self.closed or not hasattr(self.launcher, "import_now"):
+        if self.closed:
             return None
         try:
             return self.launcher.import_now(names, self._rank_env(0), self.root)
-        except launch.LaunchError as exc:
+        except LaunchError as exc:
             raise WorldStartError(f"could not start the fork launcher's parent: {exc}") from None
 
     def _tmp_dir(self) -> str:
@@ -190,7 +207,7 @@ class LocalWorld:
             log = protocol.log_file(self.root, self.generation, rank)
             try:
                 self._procs.append(self.launcher.start(self._rank_env(rank), log, self.root))
-            except launch.LaunchError as exc:
+            except LaunchError as exc:
                 self.kill()
                 raise WorldStartError(f"could not start a world of {self.world_size} ranks: {exc}") from None
         deadline = time.monotonic() + self.start_timeout_s
@@ -312,7 +329,7 @@ class LocalWorld:
         job_dir = os.path.join(self.root, f"job{self._jobs_total:04d}")
         os.makedirs(job_dir, exist_ok=True)
         job = Job(fn=fn_ref, dir=job_dir, n=n, args=args, kwargs=kwargs, seed=seed, backend=self.backend,
-                  pg_timeout_s=self.pg_timeout_s)
+                  pg_timeout_s=self.pg_timeout_s, num_nodes=self.layout.nodes)
         self._store.set(protocol.job_key(self.generation, n), job.wire())
         return job
 

@@ -26,7 +26,7 @@ import traceback
 
 from .. import user_modules
 from . import protocol
-from .job import Job
+from .job import Job, resolve
 from .protocol import FORMATION, formed_keys
 
 PR_SET_PDEATHSIG = 1
@@ -117,14 +117,6 @@ def current_context() -> RankContext | None:
     """The context of the job running on this rank now; None outside a job (for instance in
     the pytest process)."""
     return _CURRENT
-
-
-def _resolve(ref: str):
-    module_name, _, qualname = ref.partition(":")
-    obj = importlib.import_module(module_name)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 _KEEP_ROOTS: tuple[str, ...] = ()
@@ -250,7 +242,7 @@ def run_job(job: Job, rank: int, world_size: int, local_rank: int, store, gen: i
         try:
             _form_group(job, rank, world_size, store, gen)
             stage = "job"
-            result["value"] = _resolve(job.fn)(ctx, *job.args, **job.kwargs)
+            result["value"] = resolve(job.fn)(ctx, *job.args, **job.kwargs)
         except BaseException as exc:  # report everything, including SystemExit from user code
             skip = type(exc).__name__ in ("Skipped", "SkipTest")
             result.update(status="skip" if skip else "error", exc_type=type(exc).__name__,

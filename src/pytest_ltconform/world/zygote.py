@@ -7,7 +7,7 @@ or ``--collect-only`` never pays them. The supervisor may ask for some of the se
 (``("import", token, names)``, answered by ``("imported", token, {name: why it failed or None},
 refusal)``): whether DeepSpeed imports decides which items are collected.
 After each step it checks that forking is safe (one thread, CUDA not initialised, no process
-group). It forks a rank process for each request of the supervisor (``launch.ForkLauncher``)
+group). It forks a rank process for each request of the supervisor (``launch.fork.ForkLauncher``)
 and reports each one's exit status.
 A forked rank becomes what a spawned one is: its own session, environment, working folder, log
 file and ``sys.path``, then ``rank.main()``. The user's code never runs here. This module never
@@ -339,7 +339,7 @@ def run_fresh(entry: str, args: list, *, env: dict, cwd: str, folder: str, timeo
     ``{"crashed": exit status, "tail": its output's last lines}``; None when this process was not
     forked by that parent (a spawned or attached rank): the caller starts an interpreter itself.
     The request, output and log files are written under ``folder``. The supervisor asks through
-    ``launch.ForkLauncher.fresh``."""
+    ``launch.fork.ForkLauncher.fresh``."""
     if _ASK_FD is None:
         return None
     request = write_request(entry, args, env=env, cwd=cwd, folder=folder)

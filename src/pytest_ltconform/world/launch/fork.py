@@ -1,15 +1,11 @@
-"""How a local world's rank processes come to be: forked from a parent that imported torch and
-Lightning once (``fork``, the default), or each a fresh interpreter (``spawn``, the baseline).
+"""The fork launcher (the default): ranks forked from one parent of our own (``zygote.py``) that
+imported torch and Lightning once.
 
-Either way ``start(env, log_path, cwd)`` returns a handle with ``pid``, ``poll()``,
-``returncode`` and ``wait(timeout)``, as ``subprocess.Popen`` has; the rank leads its own process
-group (the supervisor kills it with ``os.killpg``) and writes stdout and stderr to ``log_path``.
-
-Why a parent of our own (``zygote.py``) and not ``multiprocessing``'s forkserver: the forkserver
-is one per process with one preload list, while a session needs a parent per list (Lightning, plus
-DeepSpeed for its tier, nothing for the world machinery's own tests) and per import-time
-environment (DeepSpeed picks its accelerator when imported); its children do not die with it,
-nor lead their own process groups, and it drops preload errors. Ours does those in 200 lines.
+Why a parent of our own and not ``multiprocessing``'s forkserver: the forkserver is one per
+process with one preload list, while a session needs a parent per list (Lightning, plus DeepSpeed
+for its tier, nothing for the world machinery's own tests) and per import-time environment
+(DeepSpeed picks its accelerator when imported); its children do not die with it, nor lead their
+own process groups, and it drops preload errors. Ours does those in 200 lines.
 """
 
 from __future__ import annotations
@@ -21,36 +17,12 @@ import subprocess
 import sys
 import time
 
-from ..vocabulary import LAUNCHERS
-from . import kept_store, protocol, zygote
+from .. import kept_store, protocol, zygote
+from .base import Launcher, LaunchError
 
-DEFAULT_LAUNCHER = LAUNCHERS[0]
 # Rank variables the parent must not import with: it serves every rank (Lightning's rank-zero
 # logging reads RANK when imported; the child sets it again, see zygote._rank_zero_from_env).
 PER_RANK_ENV = ("RANK", "LOCAL_RANK", "ROLE_RANK", protocol.GENERATION_ENV)
-
-
-class LaunchError(RuntimeError):
-    """No rank could be started: the fork parent died while importing, or refused to fork."""
-
-
-class SpawnLauncher:
-    """Every rank a fresh ``python -m pytest_ltconform.world.rank`` (each pays the imports)."""
-
-    kind = "spawn"
-
-    def __init__(self):
-        self.imports = 0  # interpreters started that import the preload modules
-
-    def start(self, env: dict, log_path: str, cwd: str) -> subprocess.Popen:
-        self.imports += 1
-        with open(log_path, "wb") as log:
-            return subprocess.Popen([sys.executable, "-m", "pytest_ltconform.world.rank"], env=env,
-                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=cwd,
-                                    start_new_session=True)
-
-    def close(self) -> None:
-        pass
 
 
 class ForkedRank:
@@ -85,7 +57,7 @@ class ForkedRank:
         os.kill(self.pid, signal.SIGKILL)
 
 
-class ForkLauncher:
+class ForkLauncher(Launcher):
     """Ranks forked from one parent (``zygote.py``) that imported ``preload`` once; started on the
     first rank, with that rank's environment less its per-rank variables, in that rank's world
     folder (its log there: it is read when the parent cannot start). A parent that died is started
@@ -143,11 +115,11 @@ class ForkLauncher:
             pass  # the parent died: no answer comes, and the request times out
         return zygote.await_fresh(request, timeout_s, self.pump)
 
-    def store(self, parent_env: dict, folder: str) -> kept_store.KeptStore:
-        """A ``TCPStore`` served by a keeper forked from the parent (started with ``parent_env``
-        in ``folder`` if it is not running), so this process need not import torch. Raises
-        :class:`LaunchError` when the parent cannot start or no keeper connects."""
-        self._ensure_parent(parent_env, folder)
+    def store(self, env: dict, folder: str) -> kept_store.KeptStore:
+        """A ``TCPStore`` served by a keeper forked from the parent (started with ``env``, a
+        rank's environment, in ``folder`` if it is not running), so this process need not import
+        torch. Raises :class:`LaunchError` when the parent cannot start or no keeper connects."""
+        self._ensure_parent(env, folder)
         server, secret = kept_store.listen()
         token = self._next_token = self._next_token + 1
         try:
@@ -298,11 +270,3 @@ class ForkLauncher:
         self._lost()
         self._proc = None
 
-
-def launcher_for(kind: str, preload: tuple[str, ...], start_timeout_s: float = 300.0):
-    """A new launcher of ``kind`` (one of :data:`LAUNCHERS`); ValueError names a bad one."""
-    if kind == "fork":
-        return ForkLauncher(preload, start_timeout_s)
-    if kind == "spawn":
-        return SpawnLauncher()
-    raise ValueError(f"unknown rank launcher {kind!r}; choose from {', '.join(LAUNCHERS)}")
