@@ -16,9 +16,9 @@ import time
 
 
 def main(out: str, specs: list[str]) -> None:
-    from pytest_ltconform import target as target_mod
     from pytest_ltconform.session import LtconformSession
     from pytest_ltconform.settings import Settings
+    from pytest_ltconform.target import validation as target_validation
     from pytest_ltconform.world import WorldPool
 
     pool = WorldPool()
@@ -28,7 +28,7 @@ def main(out: str, specs: list[str]) -> None:
         for spec in specs:
             path, contract, strategy = re.fullmatch(r"(.+\.py):([\w-]+)\[(\w+)\]", spec).groups()
             if path not in sessions:
-                targets = target_mod.validate(f"{path}:Model", None, f"{path}:trainer_kwargs")
+                targets = target_validation.validate(f"{path}:Model", None, f"{path}:trainer_kwargs")
                 sessions[path] = LtconformSession(Settings(target=path, timeout_s=60.0), targets, pool=pool)
             started = time.monotonic()
             verdict, _ = sessions[path].verdict(contract, strategy)

@@ -264,13 +264,13 @@ def test_table_counts_per_strategy_and_lists_every_skip_with_its_reason(capsys):
 def test_corpus_items_are_those_of_a_default_run():
     """Every contract of a conforming case (each under its CPU strategies, deepspeed where the
     config names it and it is installed); only the named contracts of a faulty one."""
-    from pytest_ltconform import target as target_mod
     from pytest_ltconform.corpus import item_strategies
+    from pytest_ltconform.target import validation as target_validation
     from pytest_ltconform.tiers import contract_tiers
 
     path = CONFORMANCE / "all-rank-save" / "ok_metric_compute_every_rank.py"
     ok = read_case(str(path))
-    targets = target_mod.validate(f"{path}:Model", f"{path}:DataModule" if ok.has_datamodule else None)
+    targets = target_validation.validate(f"{path}:Model", f"{path}:DataModule" if ok.has_datamodule else None)
     items = dict(case_items(ok, targets, None))
     assert list(items) == [c for c in contracts.ids() if "cpu" in contract_tiers(contracts.get_contract(c))]
     strategies = item_strategies()

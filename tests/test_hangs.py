@@ -149,7 +149,7 @@ def _session_with(fake_runs, hung_stack: str, strategy: str = "ddp"):
     run.job.timed_out_by = "--ltconform-timeout=10"
     run.strategy = strategy
     run.cause_item = f"all-rank-save[{strategy}]"
-    session = LtconformSession(Settings(target="m.Model", world_size=2), targets=None, pool=_NoPool())
+    session = LtconformSession(Settings(target="m.Model", world_size=2), target=None, pool=_NoPool())
     session._runs[session._key("fit", strategy, "cpu")] = run
     return session
 

@@ -694,17 +694,18 @@ def test_a_module_that_cannot_be_rebuilt_under_fake_tensors_says_so_with_its_lin
     reason: what the rebuild met is, at the user's line."""
     import lightning.pytorch as L
 
-    from pytest_ltconform import target as target_mod
     from pytest_ltconform.contracts.memory.probe import _predicted
+    from pytest_ltconform.target import loading as target_loading
+    from pytest_ltconform.target import spec as target_spec
 
     (tmp_path / "numpy_init.py").write_text(
         "import lightning.pytorch as L\nimport torch\n\n\nclass Model(L.LightningModule):\n"
         "    def __init__(self):\n        super().__init__()\n        self.layer = torch.nn.Linear(2, 2)\n"
         "        self.scale = float(torch.ones(1).numpy()[0])\n")
-    spec = target_mod.parse(f"{tmp_path / 'numpy_init.py'}:Model", "--ltconform")
+    spec = target_spec.parse(f"{tmp_path / 'numpy_init.py'}:Model", "--ltconform")
     objects = types.SimpleNamespace(
         model=types.SimpleNamespace(automatic_optimization=True), datamodule=None, ns=L, user_kwargs={},
-        new_model=lambda: target_mod.instantiate(spec, "LightningModule", "LightningModule"))
+        new_model=lambda: target_loading.instantiate(spec, "LightningModule", "LightningModule"))
     objects.model.train_dataloader = lambda: [(__import__("torch").zeros(2, 2),)]
     error = _predicted(objects, None, 2)["error"]
     assert error.startswith("building the module under fake tensors stopped at "), error

@@ -76,12 +76,13 @@ def test_an_interrupted_session_says_so_in_the_report(pytester):
 def test_callback_reprs_carry_no_memory_address(tmp_path):
     from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
-    from pytest_ltconform import report, target
+    from pytest_ltconform import report
+    from pytest_ltconform.target import validation as target_validation
 
     paths = []
     for n in range(2):  # two reports of one config, with callbacks built anew each time
         kwargs = {"max_epochs": 1, "callbacks": [ModelCheckpoint(monitor="x"), EarlyStopping(monitor="x")]}
-        validated = target.validate(BORING, trainer=kwargs, id="m")
+        validated = target_validation.validate(BORING, trainer=kwargs, id="m")
         paths.append(tmp_path / f"r{n}.json")
         report.write_json(str(paths[-1]), BORING, 2, [], targets=[validated])
     docs = [json.loads(p.read_text()) for p in paths]

@@ -77,7 +77,7 @@ def test_a_run_that_stops_like_the_fit_names_the_fit_item_instead_of_a_second_tr
     assert judge(contracts.get_contract("all-rank-save"), fit).outcome == "error"  # shows the traceback once
     evaluation = _crashed_run(fake_runs)
     evaluation.kind = contracts.get_contract("eval-duplication").run_spec.name
-    session = LtconformSession(Settings(target="m.Model", world_size=2), targets=None, pool=object())
+    session = LtconformSession(Settings(target="m.Model", world_size=2), target=None, pool=object())
     session._runs.update({session._key("fit", "ddp", "cpu"): fit,
                           session._key(evaluation.kind, "ddp", "cpu"): evaluation})
     verdict = session._explained_by_fit(contracts.get_contract("eval-duplication"), "ddp", "cpu")
@@ -92,18 +92,24 @@ def test_a_run_that_stops_like_the_fit_names_the_fit_item_instead_of_a_second_tr
 
 def test_a_gpu_item_is_not_explained_by_the_cpu_fit(fake_runs):
     # The runs of one tier say nothing about another tier's: each tier has its own world and fit.
-    from pytest_ltconform.session import LtconformSession, RunKey
+    from pytest_ltconform.runs import RunKey
+    from pytest_ltconform.session import LtconformSession
     from pytest_ltconform.settings import Settings
+    from pytest_ltconform.world.layout import Layout
+
+    two = Layout(1, 2)
 
     fit = _crashed_run(fake_runs)
     judge(contracts.get_contract("all-rank-save"), fit)
     evaluation = _crashed_run(fake_runs)
     evaluation.kind = contracts.get_contract("eval-duplication").run_spec.name
-    session = LtconformSession(Settings(target="m.Model", world_size=2), targets=None, pool=object())
-    session._runs.update({RunKey("fit", "ddp", 2, "cpu"): fit, RunKey(evaluation.kind, "ddp", 2, "cpu"): evaluation})
+    session = LtconformSession(Settings(target="m.Model", world_size=2), target=None, pool=object())
+    session._runs.update({RunKey("-", "fit", "ddp", "cpu", two): fit,
+                          RunKey("-", evaluation.kind, "ddp", "cpu", two): evaluation})
     assert session._explained_by_fit(contracts.get_contract("eval-duplication"), "ddp", "cpu") is not None
     assert session._explained_by_fit(contracts.get_contract("eval-duplication"), "ddp", "gpu") is None
-    assert session._key("fit", "ddp", "gpu") == RunKey("fit", "ddp", 2, "gpu") != session._key("fit", "ddp", "cpu")
+    assert session._key("fit", "ddp", "gpu") == RunKey("-", "fit", "ddp", "gpu", two) != \
+        session._key("fit", "ddp", "cpu")
 
 
 # -- a pass that judged nothing: not judged when the world stopped, kept when it finished ----------

@@ -97,7 +97,7 @@ def test_evidence_sites_come_from_the_classes_validation_found_not_from_an_impor
     import importlib.util
 
     from pytest_ltconform.contracts.base import attribute_site, class_site, method_site
-    from pytest_ltconform.target import user_classes_of
+    from pytest_ltconform.target.validation import user_classes_of
 
     path = tmp_path / "mymodel.py"
     path.write_text(MODEL_FILE)

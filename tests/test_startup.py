@@ -208,15 +208,16 @@ class DataNeedsRoot(L.LightningDataModule):
     ],
 )
 def test_bad_targets_name_the_input_and_the_fix(tmp_path, monkeypatch, model, trainer, expected):
-    from pytest_ltconform import target
+    from pytest_ltconform.target import spec as target_spec
+    from pytest_ltconform.target import validation as target_validation
 
     (tmp_path / "targets_mod.py").write_text(TARGETS)
     (tmp_path / "broken_syntax.py").write_text("import torch\nclass Model(\n")
     monkeypatch.syspath_prepend(tmp_path)
     monkeypatch.chdir(tmp_path)
     monkeypatch.delitem(__import__("sys").modules, "targets_mod", raising=False)
-    with pytest.raises(target.TargetError) as info:
-        target.validate(model, None, trainer)
+    with pytest.raises(target_spec.TargetError) as info:
+        target_validation.validate(model, None, trainer)
     assert expected in str(info.value)
     assert "(at ?)" not in str(info.value)
     if model.startswith("broken_syntax"):
@@ -235,23 +236,24 @@ def test_bad_targets_name_the_input_and_the_fix(tmp_path, monkeypatch, model, tr
     ],
 )
 def test_bad_datamodule_targets_name_the_candidates(tmp_path, monkeypatch, datamodule, expected):
-    from pytest_ltconform import target
+    from pytest_ltconform.target import spec as target_spec
+    from pytest_ltconform.target import validation as target_validation
 
     (tmp_path / "targets_mod.py").write_text(TARGETS)
     monkeypatch.syspath_prepend(tmp_path)
     monkeypatch.delitem(__import__("sys").modules, "targets_mod", raising=False)
-    with pytest.raises(target.TargetError) as info:
-        target.validate("targets_mod.Good", datamodule)
+    with pytest.raises(target_spec.TargetError) as info:
+        target_validation.validate("targets_mod.Good", datamodule)
     assert str(info.value).endswith(expected)
 
 
 def test_a_loader_that_needs_setup_is_left_to_the_ranks(tmp_path, monkeypatch):
-    from pytest_ltconform import target
+    from pytest_ltconform.target import validation as target_validation
 
     (tmp_path / "targets_mod.py").write_text(TARGETS)
     monkeypatch.syspath_prepend(tmp_path)
     monkeypatch.delitem(__import__("sys").modules, "targets_mod", raising=False)
-    assert target.validate("targets_mod.NeedsSetup").model_name == "NeedsSetup"
+    assert target_validation.validate("targets_mod.NeedsSetup").model_name == "NeedsSetup"
 
 
 def test_an_empty_training_loader_stops_the_session_instead_of_passing(pytester):
@@ -437,15 +439,16 @@ def test_trainer_kwargs_lightning_refuses_are_named_with_the_fix(tmp_path, monke
     # the run's sys.modules snapshot then drops, and a later run crashes re-importing them.
     from fnmatch import fnmatch
 
-    from pytest_ltconform import target
+    from pytest_ltconform.target import spec as target_spec
+    from pytest_ltconform.target import validation as target_validation
 
     (tmp_path / "targets_mod.py").write_text(TARGETS)
     (tmp_path / "trainers.py").write_text(TRAINERS)
     monkeypatch.syspath_prepend(tmp_path)
     for name in ("targets_mod", "trainers"):
         monkeypatch.delitem(__import__("sys").modules, name, raising=False)
-    with pytest.raises(target.TargetError) as info:
-        target.validate("targets_mod.Good", trainer=f"trainers:{kwargs}", options=(
+    with pytest.raises(target_spec.TargetError) as info:
+        target_validation.validate("targets_mod.Good", trainer=f"trainers:{kwargs}", options=(
             "--ltconform", "--ltconform-datamodule", "trainer= of --ltconform"))
     assert fnmatch(f"ERROR: {info.value}", WHERE.format(kwargs) + message), str(info.value)
 
@@ -579,12 +582,13 @@ class DataModule(L.LightningDataModule):
 def test_data_hooks_set_on_the_instance_count_as_lightning_counts_them(tmp_path, monkeypatch):
     """A datamodule whose train_dataloader is a partial assigned in __init__ (a Trainer fits it) was
     refused at start ("no train_dataloader is defined"), and its test stage was never run."""
-    from pytest_ltconform import harness, target
+    from pytest_ltconform import harness
+    from pytest_ltconform.target import validation as target_validation
 
     (tmp_path / "partial_hooks.py").write_text(PARTIAL_HOOKS)
     monkeypatch.syspath_prepend(tmp_path)
     monkeypatch.delitem(__import__("sys").modules, "partial_hooks", raising=False)
-    validated = target.validate("partial_hooks.Model", datamodule="partial_hooks.DataModule")
+    validated = target_validation.validate("partial_hooks.Model", datamodule="partial_hooks.DataModule")
     assert validated.model_name == "Model"
     assert harness.later_stages(harness.UserObjects(validated)) == ["test"]
 
@@ -592,11 +596,13 @@ def test_data_hooks_set_on_the_instance_count_as_lightning_counts_them(tmp_path,
 def test_an_evaluation_loader_set_on_the_instance_is_evaluated(tmp_path, monkeypatch):
     """eval-duplication said "the target has no validation, test or predict dataloader" (and passed) for a
     test_dataloader assigned in the datamodule's __init__ (pytorch-lifestream's PtlsDataModule does so)."""
-    from pytest_ltconform import harness, target
+    from pytest_ltconform import harness
     from pytest_ltconform.contracts.eval_duplication import probe
+    from pytest_ltconform.target import validation as target_validation
 
     (tmp_path / "partial_hooks.py").write_text(PARTIAL_HOOKS)
     monkeypatch.syspath_prepend(tmp_path)
     monkeypatch.delitem(__import__("sys").modules, "partial_hooks", raising=False)
-    objects = harness.UserObjects(target.validate("partial_hooks.Model", datamodule="partial_hooks.DataModule"))
+    objects = harness.UserObjects(target_validation.validate("partial_hooks.Model",
+                                                             datamodule="partial_hooks.DataModule"))
     assert probe._has_loader(objects, "test") and not probe._has_loader(objects, "validate")

@@ -120,13 +120,14 @@ def test_declared_target_records_where_and_its_written_form():
 # -- validation in this process ----------------------------------------------------------------------
 
 def test_init_builds_the_module_and_a_trainer_dict_is_kept(targets_mod):
-    from pytest_ltconform import target
+    from pytest_ltconform.target import loading as target_loading
+    from pytest_ltconform.target import validation as target_validation
 
-    t = target.validate("targets_mod.Sized", init={"hidden": 3}, trainer={"max_epochs": 2}, id="sized")
+    t = target_validation.validate("targets_mod.Sized", init={"hidden": 3}, trainer={"max_epochs": 2}, id="sized")
     assert (t.id, t.init, t.trainer_dict, t.trainer, t.trainer_keys) == \
         ("sized", {"hidden": 3}, {"max_epochs": 2}, None, ("max_epochs",))
-    assert target.user_trainer_kwargs(t) == {"max_epochs": 2}
-    model = target.instantiate(t.model, "LightningModule", "LightningModule", t.init)
+    assert target_loading.user_trainer_kwargs(t) == {"max_epochs": 2}
+    model = target_loading.instantiate(t.model, "LightningModule", "LightningModule", t.init)
     assert model.layer.out_features == 3 and model.lr == 0.1
 
 
@@ -141,10 +142,11 @@ def test_init_builds_the_module_and_a_trainer_dict_is_kept(targets_mod):
     ({}, "--ltconform 'targets_mod.Sized': Sized() cannot be constructed without arguments (__init__ requires hidden)"),
 ])
 def test_bad_init_or_trainer_dict_says_which_argument(targets_mod, kwargs, expected):
-    from pytest_ltconform import target
+    from pytest_ltconform.target import spec as target_spec
+    from pytest_ltconform.target import validation as target_validation
 
-    with pytest.raises(target.TargetError) as info:
-        target.validate("targets_mod.Sized", **kwargs)
+    with pytest.raises(target_spec.TargetError) as info:
+        target_validation.validate("targets_mod.Sized", **kwargs)
     assert str(info.value).startswith(expected) and "\n" not in str(info.value)
 
 
@@ -154,7 +156,8 @@ NET = "KIND = {kind!r}\n\nclass Net:\n    kind = KIND\n"
 def test_file_targets_with_one_basename_load_as_distinct_modules(tmp_path, monkeypatch):
     """Three folders each with model.py: each target gets its own module, loading one twice
     gives the same class (what pickle needs), and a third file does not replace the second."""
-    from pytest_ltconform import target
+    from pytest_ltconform.target import loading as target_loading
+    from pytest_ltconform.target import spec as target_spec
 
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.setattr(sys, "modules", dict(sys.modules))
@@ -162,10 +165,10 @@ def test_file_targets_with_one_basename_load_as_distinct_modules(tmp_path, monke
     for kind in ("a", "b", "c"):
         (tmp_path / kind).mkdir()
         (tmp_path / kind / "model.py").write_text(NET.format(kind=kind))
-        specs.append(target.parse(f"{tmp_path / kind / 'model.py'}:Net", "--ltconform"))
-    classes = [target.load_object(spec) for spec in specs]
+        specs.append(target_spec.parse(f"{tmp_path / kind / 'model.py'}:Net", "--ltconform"))
+    classes = [target_loading.load_object(spec) for spec in specs]
     assert [c.kind for c in classes] == ["a", "b", "c"]
-    assert [target.load_object(spec) for spec in specs] == classes  # not executed again
+    assert [target_loading.load_object(spec) for spec in specs] == classes  # not executed again
     for spec, cls in zip(specs, classes):
         module = sys.modules[cls.__module__]
         assert module.__file__ == spec.path and module.Net is cls
@@ -173,7 +176,8 @@ def test_file_targets_with_one_basename_load_as_distinct_modules(tmp_path, monke
 
 
 def test_own_imports_forgets_the_user_modules_of_one_target(tmp_path, monkeypatch):
-    from pytest_ltconform import target
+    from pytest_ltconform.target import loading as target_loading
+    from pytest_ltconform.target import spec as target_spec
 
     monkeypatch.setattr(sys, "modules", dict(sys.modules))
     for kind in ("a", "b"):
@@ -183,8 +187,9 @@ def test_own_imports_forgets_the_user_modules_of_one_target(tmp_path, monkeypatc
     path = list(sys.path)
     kinds = []
     for kind in ("a", "b"):
-        with target.own_imports():
-            kinds.append(target.load_object(target.parse(f"{tmp_path / kind / 'model.py'}:Net", "--x")).kind)
+        with target_loading.own_imports():
+            spec = target_spec.parse(f"{tmp_path / kind / 'model.py'}:Net", "--x")
+            kinds.append(target_loading.load_object(spec).kind)
         assert "helpers" not in sys.modules and "model" not in sys.modules and sys.path == path
     assert kinds == ["a", "b"]  # b's model imported b's helpers, not a's
 
@@ -195,24 +200,25 @@ def test_a_user_module_forgotten_between_targets_is_executed_once(tmp_path, monk
     (field26 GraphGym). An edited file is executed again."""
     import os
 
-    from pytest_ltconform import target
+    from pytest_ltconform.target import loading as target_loading
+    from pytest_ltconform.target import spec as target_spec
 
     monkeypatch.setattr(sys, "modules", dict(sys.modules))
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     runs = tmp_path / "runs.txt"
     source = f"with open({str(runs)!r}, 'a') as fh:\n    fh.write('x')\n\nclass Net:\n    pass\n"
     (tmp_path / "model.py").write_text(source)
-    spec = target.parse(f"{tmp_path / 'model.py'}:Net", "--x")
+    spec = target_spec.parse(f"{tmp_path / 'model.py'}:Net", "--x")
     classes = []
     for _ in range(2):
-        with target.own_imports():
-            classes.append(target.load_object(spec))
+        with target_loading.own_imports():
+            classes.append(target_loading.load_object(spec))
         assert "model" not in sys.modules
     assert runs.read_text() == "x" and classes[0] is classes[1]
     (tmp_path / "model.py").write_text(source + "# edited\n")
     os.utime(tmp_path / "model.py", ns=(1, 1))  # a new mtime even within the clock's resolution
-    with target.own_imports():
-        assert target.load_object(spec) is not classes[0]
+    with target_loading.own_imports():
+        assert target_loading.load_object(spec) is not classes[0]
     assert runs.read_text() == "xx"
 
 
@@ -271,15 +277,17 @@ def test_strategy_config_deepspeed_item_only_for_a_target_whose_config_names_dee
 def test_configured_strategy_names():
     from lightning.pytorch.strategies import DDPStrategy
 
-    from pytest_ltconform import target
+    from pytest_ltconform.target import spec as target_spec
+    from pytest_ltconform.target import validation as target_validation
 
-    ds = target.Targets(model=None, datamodule=None, trainer=None, namespace="lightning.pytorch", model_name="M",
-                        strategy_names=target._strategy_names("DeepSpeed_Stage_3_Offload"))
+    ds = target_spec.ResolvedTarget(model=None, datamodule=None, trainer=None, namespace="lightning.pytorch",
+                                    model_name="M",
+                                    strategy_names=target_validation._strategy_names("DeepSpeed_Stage_3_Offload"))
     assert ds.configures("deepspeed") and not ds.configures("fsdp")
-    ddp = target.Targets(model=None, datamodule=None, trainer=None, namespace="lightning.pytorch", model_name="M",
-                         strategy_names=target._strategy_names(DDPStrategy()))
+    ddp = target_spec.ResolvedTarget(model=None, datamodule=None, trainer=None, namespace="lightning.pytorch",
+                                     model_name="M", strategy_names=target_validation._strategy_names(DDPStrategy()))
     assert ddp.configures("ddp") and not ddp.configures("deepspeed")
-    none = target.Targets(model=None, datamodule=None, trainer=None, namespace="x", model_name="M")
+    none = target_spec.ResolvedTarget(model=None, datamodule=None, trainer=None, namespace="x", model_name="M")
     assert not none.configures("ddp")
 
 
@@ -406,10 +414,11 @@ def test_a_green_run_shows_one_line_per_advisory_and_its_evidence_only_when_aske
 
 
 def test_report_lists_each_target_with_its_records(tmp_path, targets_mod):
-    from pytest_ltconform import report, target
+    from pytest_ltconform import report
+    from pytest_ltconform.target import validation as target_validation
 
-    first = target.validate("targets_mod.Good", "targets_mod.Data", "targets_mod:trainer_ok", id="first")
-    second = target.validate("targets_mod.Sized", init={"hidden": 2, "lr": 0.5}, trainer={"max_epochs": 1},
+    first = target_validation.validate("targets_mod.Good", "targets_mod.Data", "targets_mod:trainer_ok", id="first")
+    second = target_validation.validate("targets_mod.Sized", init={"hidden": 2, "lr": 0.5}, trainer={"max_epochs": 1},
                              id="second")
     results = [_rec("first", "sync-dist", "passed"), _rec("second", "sync-dist", "failed")]
     path = tmp_path / "r.json"

@@ -385,7 +385,7 @@ def test_session_sends_each_tier_to_its_world():
     from pytest_ltconform.settings import Settings
 
     pool, attached = _RecordingPool(), _RecordingWorld()
-    session = LtconformSession(Settings(target="x"), targets=None, pool=pool)
+    session = LtconformSession(Settings(target="x"), target=None, pool=pool)
     session.attached = attached
     launch = contracts.get_contract("launch-env").run_spec
     session.run_for(launch, "ddp", "cpu")

@@ -12,8 +12,9 @@ __version__ = "0.1.0"
 __all__ = ["Contract", "Evidence", "FIT", "Outcome", "Probe", "ResolvedTarget", "Target", "Verdict"]
 
 # name -> the module that defines it
-_LAZY = {"Target": "target", "ResolvedTarget": "target", "Contract": "contracts.base", "Evidence": "contracts.base",
-         "Verdict": "contracts.base", "Probe": "harness", "FIT": "harness", "Outcome": "outcomes"}
+_LAZY = {"Target": "target.spec", "ResolvedTarget": "target.spec", "Contract": "contracts.base",
+         "Evidence": "contracts.base", "Verdict": "contracts.base", "Probe": "runs", "FIT": "runs",
+         "Outcome": "outcomes"}
 
 
 def __getattr__(name: str):

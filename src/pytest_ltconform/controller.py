@@ -16,8 +16,8 @@ import pytest
 from . import contracts, progress
 from . import settings as settings_mod
 
-TARGETS_KEY = pytest.StashKey["object"]()  # target.Targets of the first target, once validated
-ALL_TARGETS_KEY = pytest.StashKey[dict]()  # target id -> target.Targets, every target in order
+TARGETS_KEY = pytest.StashKey["object"]()  # target.spec.ResolvedTarget of the first target, once validated
+ALL_TARGETS_KEY = pytest.StashKey[dict]()  # target id -> target.spec.ResolvedTarget, every target in order
 SESSIONS_KEY = pytest.StashKey[dict]()  # target id -> session.LtconformSession, created on first use
 SETTINGS_KEY = pytest.StashKey["settings_mod.Settings"]()
 POOL_KEY = pytest.StashKey["object"]()
@@ -169,11 +169,11 @@ def _deselects_every_contract_item(config: pytest.Config) -> bool:
 
 def _validate_targets(config: pytest.Config, settings, problems: list[str]) -> dict:
     """Import and check every target, each apart from the others (see :mod:`.validation`: in a
-    process forked from the fork launcher's parent, or here); ``{id: target.Targets}`` in order.
-    Appends to ``problems`` the message of each target that fails, naming the target (and which
-    of the list) and the fix."""
-    from . import target as target_mod
+    process forked from the fork launcher's parent, or here); ``{id: target.spec.ResolvedTarget}``
+    in order. Appends to ``problems`` the message of each target that fails, naming the target (and
+    which of the list) and the fix."""
     from . import validation
+    from .target import spec as target_spec
     from .world import WorldStartError
 
     world = _validation_world(config, settings)
@@ -190,7 +190,7 @@ def _validate_targets(config: pytest.Config, settings, problems: list[str]) -> d
                 except WorldStartError:
                     world = None  # the parent cannot start: validate here; the first run says why
             validated[declared.id] = resolved if resolved is not None else validation.validate_here(kwargs)
-        except target_mod.TargetError as exc:
+        except target_spec.TargetError as exc:
             which = f"target {n} of {count} ({declared.id}): " if count > 1 else ""
             problems.append(f"{which}{exc}")
     if world is not None and "deepspeed" in settings.strategies:  # asked at collection, if at all
@@ -210,7 +210,8 @@ def _validation_world(config: pytest.Config, settings):
         return None
     if {"lightning", "pytorch_lightning"} & set(sys.modules):
         return None
-    return tiers.world_for("cpu", pool(config), None, settings.world_size, settings.pg_timeout_s)
+    cpu = tiers.get("cpu")
+    return cpu.world(pool(config), None, cpu.layout(settings.world_size), settings.pg_timeout_s)
 
 
 def contracts_only(config: pytest.Config) -> bool:

@@ -139,12 +139,12 @@ def judge_case(case: Case, pool, settings: Settings, only: str | None = None,
     """One row per item a default ``pytest --ltconform`` run creates for the case and the corpus
     checks: every contract EXPECTED names, and on a conforming (``ok_``) case every other contract
     too; each under every CPU strategy of ``strategies`` (default: the ones a default run has)."""
-    from . import target as target_mod
     from .session import LtconformSession
+    from .target import spec as target_spec
 
     try:
         targets = _validate(case, pool, settings)
-    except target_mod.TargetError as exc:
+    except target_spec.TargetError as exc:
         return [_target_error_row(case, c, str(exc)) for c in case.expected if only in (None, c)]
     if not case.strategy:
         case.strategy = _configured_strategy(targets)
@@ -164,22 +164,23 @@ def judge_case(case: Case, pool, settings: Settings, only: str | None = None,
 
 
 def _validate(case: Case, pool, settings: Settings):
-    """The case's ``target.ResolvedTarget``, checked in a process forked from the CPU world's
+    """The case's ``target.spec.ResolvedTarget``, checked in a process forked from the CPU world's
     fork parent as ``pytest --ltconform`` does (this process then imports neither the case nor
-    torch), else here. Raises ``target.TargetError``."""
-    from . import target as target_mod
+    torch), else here. Raises ``target.spec.TargetError``."""
     from . import tiers, validation
+    from .target import validation as target_validation
     from .world import WorldStartError
 
     kwargs = {"model": f"{case.path}:Model",
               "datamodule": f"{case.path}:DataModule" if case.has_datamodule else None,
               "trainer": f"{case.path}:trainer_kwargs" if case.has_trainer else None}
     try:  # None under the spawn launcher
-        world = tiers.world_for("cpu", pool, None, settings.world_size, settings.pg_timeout_s)
+        cpu = tiers.get("cpu")
+        world = cpu.world(pool, None, cpu.layout(settings.world_size), settings.pg_timeout_s)
         resolved = validation.validate_forked(world, kwargs, {})
     except WorldStartError:
         resolved = None  # the parent cannot start: validate here; the first run says why
-    return resolved if resolved is not None else target_mod.validate(**kwargs)
+    return resolved if resolved is not None else target_validation.validate(**kwargs)
 
 
 def item_strategies() -> tuple[str, ...]:
@@ -608,13 +609,14 @@ def rows_from_records(case: Case, records: list[dict], problem: str = "", only: 
 
 
 def _configured_strategy_of(case: Case) -> str:
-    from . import target as target_mod
+    from .target import spec as target_spec
+    from .target import validation as target_validation
 
     try:
-        targets = target_mod.validate(
+        targets = target_validation.validate(
             f"{case.path}:Model", f"{case.path}:DataModule" if case.has_datamodule else None,
             f"{case.path}:trainer_kwargs" if case.has_trainer else None)
-    except target_mod.TargetError:
+    except target_spec.TargetError:
         return "ddp"
     return _configured_strategy(targets)
 

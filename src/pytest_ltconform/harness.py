@@ -1,9 +1,10 @@
 """The rank-side harness: every run a contract is judged on is made here, on every rank.
 
 A contract declares the run it needs as a :class:`~.runs.RunSpec` (``runs.py``: the pytest-side
-interface, pure data); the session submits ``spec.fn`` to a world with the contracts' probes as
-data ("module:Class" references, resolved here the way worlds resolve job functions), so this
-module never imports a contract. The shared runs' functions are defined here:
+interface, pure data); the session submits ``spec.fn`` to a world with one
+:class:`~.runs.RunArgs` (the target, the strategy, the contracts' probes as "module:Class"
+references, resolved here the way worlds resolve job functions), so this module never imports a
+contract. The shared runs' functions are defined here, each ``fn(ctx, args)``:
 
 - :func:`traced_fit`, the traced ``trainer.fit`` every fit-based contract is judged on (``runs.FIT``);
 - :func:`inspect`, which loads the user's objects without training (``runs.inspection``).
@@ -23,45 +24,36 @@ import importlib
 import sys
 from typing import Any
 
-from . import target as target_mod
 from . import trainer_overrides
-
-# FIT, RunSpec and inspection are re-exported: contracts written before runs.py import them from here.
-from .runs import FIT, FIT_WITHOUT_VALIDATION, WITHOUT_VALIDATION, Probe, RunSpec, inspection  # noqa: F401
+from .runs import WITHOUT_VALIDATION, Probe, RunArgs
+from .target import loading as target_loading
+from .target import spec as target_spec
 from .trace import HOOK_PREFIXES, Recorder
+from .world.job import resolve
 from .world.rank import current_context, stack_path
-
-
-def resolve(ref: str) -> Any:
-    """The object a "module:qualname" reference names."""
-    module_name, _, qualname = ref.partition(":")
-    obj = importlib.import_module(module_name)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 class UserObjects:
     """The user's objects, loaded inside a rank after the trace is installed: ``model``,
     ``datamodule`` (or None), ``user_kwargs`` (their Trainer kwargs), ``ns`` (the Lightning
-    namespace module) and ``targets``."""
+    namespace module) and ``target`` (the ``target.spec.ResolvedTarget`` they come from)."""
 
-    def __init__(self, targets: target_mod.Targets):
-        self.targets = targets
-        self.ns = importlib.import_module(targets.namespace)
+    def __init__(self, target: target_spec.ResolvedTarget):
+        self.target = target
+        self.ns = importlib.import_module(target.namespace)
         self.model = self.new_model()
         self.datamodule = self.new_datamodule()
-        self.user_kwargs = target_mod.user_trainer_kwargs(targets)
+        self.user_kwargs = target_loading.user_trainer_kwargs(target)
 
     def new_model(self) -> Any:
         """A fresh instance of the user's LightningModule, as their code builds it."""
-        return target_mod.instantiate(self.targets.model, "LightningModule", "LightningModule", self.targets.init)
+        return target_loading.instantiate(self.target.model, "LightningModule", "LightningModule", self.target.init)
 
     def new_datamodule(self) -> Any:
         """A fresh instance of the user's LightningDataModule; None when there is none."""
-        if not self.targets.datamodule:
+        if not self.target.datamodule:
             return None
-        return target_mod.instantiate(self.targets.datamodule, "LightningDataModule", "LightningDataModule")
+        return target_loading.instantiate(self.target.datamodule, "LightningDataModule", "LightningDataModule")
 
 
 def _make_profiler(ns: Any, recorder: Recorder):
@@ -227,31 +219,32 @@ def build_trainer_kwargs(user: dict, strategy: Any, world_size: int, root: str, 
 
 
 class RankRun:
-    """One run on this rank as its probes see it: ``ctx`` (the job's rank context), ``targets``,
-    ``objects`` (the user's objects, loaded on first use), ``recorder`` (None in an untraced run),
-    ``probes`` (contract id -> Probe) and ``trainer`` once built."""
+    """One run on this rank as its probes see it: ``ctx`` (the job's rank context), ``args`` (the
+    job's :class:`~.runs.RunArgs`; ``target`` is its target), ``objects`` (the user's objects,
+    loaded on first use), ``recorder`` (None in an untraced run), ``probes`` (contract id ->
+    Probe) and ``trainer`` once built."""
 
-    def __init__(self, ctx, targets, pg_timeout_s: float, probes: dict[str, Probe], recorder: Recorder | None,
-                 exits: contextlib.ExitStack | None = None, strategy_name: str | None = None):
+    def __init__(self, ctx, args: RunArgs, probes: dict[str, Probe], recorder: Recorder | None,
+                 exits: contextlib.ExitStack | None = None):
         self.ctx = ctx
-        self.targets = targets
-        self.pg_timeout_s = pg_timeout_s
+        self.args = args
+        self.target = args.target
         self.probes = probes
         self.recorder = recorder
         self.trainer = None
-        self.strategy_name = strategy_name
         self._exits = exits
         self._optimizers_swapped = False
 
     @functools.cached_property
     def objects(self) -> UserObjects:
-        objects = UserObjects(self.targets)
+        objects = UserObjects(self.target)
         self._cpu_optimizers()
         return objects
 
     def strategy(self, name: str, user_strategy: Any = None) -> Any:
-        """The strategy object for ``name`` (see :func:`adapt_strategy`), adapting ``user_strategy``."""
-        made = adapt_strategy(self.objects.ns, name, user_strategy, self.pg_timeout_s)
+        """The strategy object for ``name`` (the run's own is ``args.strategy``; see
+        :func:`adapt_strategy`), adapting ``user_strategy``."""
+        made = adapt_strategy(self.objects.ns, name, user_strategy, self.args.pg_timeout_s)
         self._cpu_optimizers()  # the DeepSpeed strategy has imported deepspeed by now
         return made
 
@@ -363,38 +356,39 @@ def _step_site(cls: type) -> dict | None:
 
 
 @contextlib.contextmanager
-def rank_run(ctx, targets, probes: list, pg_timeout_s: float, traced: bool = True, strategy_name: str | None = None):
-    """The :class:`RankRun` of one job on this rank. ``probes``: ``[(contract_id, "module:Class")]``
-    or ``[(contract_id, Probe)]``. A traced run installs the recorder first (so that names the
-    user's module imports are the recording ones), then each probe's ``install``; the recorder is
-    removed on exit."""
+def rank_run(ctx, args: RunArgs, *, traced: bool = True, probes=None):
+    """The :class:`RankRun` of one job on this rank, for ``args`` (a :class:`~.runs.RunArgs`).
+    ``probes`` replaces ``args.probes``: ``[(contract_id, "module:Class")]`` or ``[(contract_id,
+    Probe)]``. A traced run installs the recorder first (so that names the user's module imports
+    are the recording ones), then each probe's ``install``; the recorder is removed on exit."""
     recorder = None
     if traced:
         recorder = Recorder(ctx.trace_path, ctx.rank)
         recorder.watch_collectives(stack_path())
-        namespaces = [targets.namespace] + [ns for ns in target_mod.NAMESPACES
-                                            if ns != targets.namespace and ns in sys.modules]
+        namespace = args.target.namespace
+        namespaces = [namespace] + [ns for ns in target_spec.NAMESPACES if ns != namespace and ns in sys.modules]
         recorder.install(tuple(namespaces))
     try:
-        loaded = {cid: resolve(p)() if isinstance(p, str) else p for cid, p in probes}
+        loaded = {cid: resolve(p)() if isinstance(p, str) else p
+                  for cid, p in (args.probes if probes is None else probes)}
         if recorder is not None:
             for probe in loaded.values():
                 probe.install(recorder)
         with contextlib.ExitStack() as exits:
-            yield RankRun(ctx, targets, pg_timeout_s, loaded, recorder, exits, strategy_name)
+            yield RankRun(ctx, args, loaded, recorder, exits)
     finally:
         if recorder is not None:
             recorder.uninstall()
 
 
-def traced_fit(ctx, targets: target_mod.Targets, strategy_name: str, probes: list, pg_timeout_s: float,
-               overrides: dict | None = None) -> dict:
-    """Run ``trainer.fit`` on this rank with the trace installed; the run every fit-based
-    contract is judged on. ``overrides``: Trainer kwargs set over the bounded ones. Returns
-    ``{"probes": {contract_id: observations}}``."""
+def traced_fit(ctx, args: RunArgs, overrides: dict | None = None) -> dict:
+    """Run ``trainer.fit`` on this rank with the trace installed, under ``args.strategy``; the run
+    every fit-based contract is judged on. ``overrides``: Trainer kwargs set over the bounded
+    ones. Returns ``{"probes": {contract_id: observations}}``."""
     from .sharded import configured_for, ddp_note, precision_note
 
-    with rank_run(ctx, targets, probes, pg_timeout_s, strategy_name=strategy_name) as run:
+    strategy_name = args.strategy
+    with rank_run(ctx, args) as run:
         objects = run.objects
         user_strategy = objects.user_kwargs.get("strategy")
         strategy = run.strategy(strategy_name, user_strategy)
@@ -476,16 +470,15 @@ def _any_rank(flag: bool) -> bool:
     return value.item() > 0
 
 
-def traced_fit_without_validation(ctx, targets: target_mod.Targets, strategy_name: str, probes: list,
-                                  pg_timeout_s: float) -> dict:
+def traced_fit_without_validation(ctx, args: RunArgs) -> dict:
     """:func:`traced_fit` with no validation loop and no sanity check (``WITHOUT_VALIDATION``)."""
-    return traced_fit(ctx, targets, strategy_name, probes, pg_timeout_s, overrides=WITHOUT_VALIDATION)
+    return traced_fit(ctx, args, overrides=WITHOUT_VALIDATION)
 
 
-def inspect(ctx, targets: target_mod.Targets, strategy_name: str, probes: list, pg_timeout_s: float) -> dict:
+def inspect(ctx, args: RunArgs) -> dict:
     """An untraced run that trains nothing: each probe's :meth:`Probe.inspect`. Returns
     ``{"probes": {contract_id: observations}}``."""
-    with rank_run(ctx, targets, probes, pg_timeout_s, traced=False, strategy_name=strategy_name) as run:
+    with rank_run(ctx, args, traced=False) as run:
         return {"probes": {cid: probe.inspect(run) for cid, probe in run.probes.items()}}
 
 

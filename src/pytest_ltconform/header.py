@@ -43,12 +43,13 @@ def _overridden(config: pytest.Config, targets) -> list[str]:
     """What conformance runs replace of one target's Trainer kwargs."""
     if targets.trainer is None and targets.trainer_dict is None:
         return []
-    from . import target as target_mod
     from . import trainer_overrides
+    from .target import loading as target_loading
+    from .target import spec as target_spec
 
     try:
-        user = target_mod.user_trainer_kwargs(targets)
-    except target_mod.TargetError:
+        user = target_loading.user_trainer_kwargs(targets)
+    except target_spec.TargetError:
         return []  # validated at start-up; a factory that fails only now is the items' to report
     settings, attached = config.stash[controller.SETTINGS_KEY], controller.attached_world(config)
     avail = controller.availability(config)

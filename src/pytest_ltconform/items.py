@@ -57,11 +57,11 @@ class LtconformItem(pytest.Item):
 
     def _record(self, verdict_dict: dict, duration: float) -> None:
         """Carry this item's report record on its pytest reports (see report.from_report)."""
-        from . import report
+        from . import report, tiers
 
         attached = controller.attached_world(self.config)
-        multinode = self.tier == "multinode" and attached is not None
-        world_size = attached.world_size if multinode else self.config.stash[controller.SETTINGS_KEY].world_size
+        launched = not tiers.get(self.tier).local and attached is not None  # the launched world's own size
+        world_size = attached.world_size if launched else self.config.stash[controller.SETTINGS_KEY].world_size
         rec = report.record(self.contract_id, self.variant.label if self.variant else self.strategy, world_size,
                             verdict_dict, duration, target=self.target_id)
         self.user_properties.append((report.PROPERTY, json.dumps(rec)))
@@ -165,7 +165,7 @@ class RunItems:
     def pytest_collection_modifyitems(self, session: pytest.Session, config: pytest.Config, items: list) -> None:
         if config.stash.get(controller.ALL_TARGETS_KEY, None) is None:
             return
-        from . import contracts
+        from . import contracts, tiers
 
         users: dict = {}  # (target id, variant label, kind) -> [index of each contract item needing it]
         for n, item in enumerate(items):
@@ -175,9 +175,9 @@ class RunItems:
         added, avail = {}, controller.availability(config)
         for (tid, _label, kind), where in users.items():
             # A tier that cannot run here skips (or fails) each of its items with the reason: no run.
-            # The multinode tier is decided once the launched world agreed on the collection.
+            # A launched world's tier (multinode) is decided once its ranks agreed on the collection.
             variant = items[where[0]].variant
-            if len(where) > 1 and variant.tier != "multinode" and not avail.first_missing(variant):
+            if len(where) > 1 and tiers.get(variant.tier).local and not avail.first_missing(variant):
                 added[where[0]] = _run_item(session, tid, kind, items[where[0]].contract_id, variant)
         if not added:
             return

@@ -98,7 +98,7 @@ def _plain(value):
 
 
 def target_entries(targets: list, results: list[dict]) -> list[dict]:
-    """The report's ``targets`` list: each validated target (``target.Targets``) with its records."""
+    """The report's ``targets`` list: each validated target (``target.spec.ResolvedTarget``) with its records."""
     entries = []
     for t in targets:
         trainer = t.trainer.text if t.trainer is not None else _plain(t.trainer_dict)
@@ -115,7 +115,7 @@ def write_json(path: str, target: str | None, world_size: int, results: list[dic
     """Write the report to ``path`` (creating its folder) through a temporary file beside it, so
     that a failed write leaves the previous report, not half of a new one (a path that is not a
     regular file, such as a device or a pipe, is written in place). ``targets`` are the
-    validated ``target.Targets`` of the session; ``cold_starts`` the worlds it started;
+    validated ``target.spec.ResolvedTarget`` of the session; ``cold_starts`` the worlds it started;
     ``not_run`` the tiers whose items were not created here (see the module doc). Raises
     ``OSError``."""
     doc = {"target": target, "world_size": world_size, "versions": versions(), "results": results,

@@ -1,9 +1,12 @@
-"""The pytest-side run interface: which runs a contract is judged on and the probe it observes
-them with, as pure data apart from the rank-side harness that makes them (``harness.py``).
+"""The pytest-side run interface: which runs a contract is judged on, what a run's job carries to
+its ranks and the probe it observes them with, as pure data apart from the rank-side harness that
+makes them (``harness.py``).
 
 A :class:`RunSpec` names its rank-side functions as "module:function" strings, resolved on the
-ranks; the session passes the spec object itself, never its name to be looked up again. Imports
-nothing of the plugin, no torch and no Lightning.
+ranks; the session passes the spec object itself, never its name to be looked up again. A
+:class:`RunArgs` is the one argument every such function gets after its rank context; a
+:class:`RunKey` names one run. Imports nothing of the plugin but the world's layout (pure data),
+no torch and no Lightning.
 """
 
 from __future__ import annotations
@@ -11,15 +14,17 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from .world.layout import Layout
+
 
 @dataclasses.dataclass(frozen=True)
 class RunSpec:
     """A run a contract is judged on. ``name`` keys the session's run cache (contracts that
     declare the same spec share one run) and labels the run in verdicts. ``fn`` ("module:function")
-    runs on every rank as ``fn(ctx, targets, strategy_name, probes, pg_timeout_s) -> dict``, where
-    ``probes`` is ``[(contract_id, "module:Class"), ...]``. ``reference`` ("module:function" or
-    None) runs on one rank after a finished world, as ``reference(ctx, targets, *args,
-    pg_timeout_s)`` with ``args`` = rank 0's ``value["reference_args"]``. ``trains``: whether the
+    runs on every rank as ``fn(ctx, args) -> dict`` (``args`` a :class:`RunArgs`). ``reference``
+    ("module:function" or None) runs on one rank after a finished world, as ``reference(ctx, args,
+    *reference_args)``, where ``args`` is the run's :class:`RunArgs` for that one rank (no probes)
+    and ``reference_args`` rank 0's ``value["reference_args"]``. ``trains``: whether the
     run trains (False for an inspection run, which loads the user's objects only and so cannot run
     into a hang of an earlier training run)."""
 
@@ -27,6 +32,42 @@ class RunSpec:
     fn: str
     reference: str | None = None
     trains: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class RunArgs:
+    """What a run's job carries to every rank, as one value (pickled into the job): the
+    ``target`` to load (a ``target.spec.ResolvedTarget``), the ``strategy`` the run is made under
+    ('ddp', 'fsdp' or 'deepspeed'), the ``probes`` of the contracts judged on it (``((contract_id,
+    "module:Class"), ...)``, loaded on the ranks), the process group's timeout ``pg_timeout_s``
+    (seconds, for the strategies the ranks build) and the ``layout`` of the world it was asked
+    for (nodes x ranks per node; None: the world's own, as an attached world's launcher made it).
+    The rank context (``world.rank.RankContext``) says what the world gave: rank, world size,
+    node count."""
+
+    target: Any
+    strategy: str
+    probes: tuple[tuple[str, str], ...] = ()
+    pg_timeout_s: float = 30.0
+    layout: Layout | None = None
+
+    def for_reference(self) -> RunArgs:
+        """These arguments for a run's one-rank reference: no probes, one rank on one node."""
+        return dataclasses.replace(self, probes=(), layout=Layout.single_node(1))
+
+
+@dataclasses.dataclass(frozen=True)
+class RunKey:
+    """One run's identity: the ``target`` (its item id), the ``kind`` (a run spec's name), the
+    ``strategy``, the ``tier`` and the world's ``layout`` (None: the attached world's own). Runs
+    with equal keys are the same run: the session makes each once and shares it between the
+    items judged on it."""
+
+    target: str
+    kind: str
+    strategy: str
+    tier: str
+    layout: Layout | None
 
 
 FIT = RunSpec("fit", "pytest_ltconform.harness:traced_fit")

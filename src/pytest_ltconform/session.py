@@ -9,35 +9,24 @@ and which contract an unfinished run's failure belongs to (``contracts.blamed``)
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 from . import contracts, tiers
 from .contracts.base import Run, Verdict
-from .runs import FIT, FIT_WITHOUT_VALIDATION, WITHOUT_VALIDATION, RunSpec
+from .runs import FIT, FIT_WITHOUT_VALIDATION, WITHOUT_VALIDATION, RunArgs, RunKey, RunSpec
 from .settings import Settings
 from .sites import fmt_site
-from .vocabulary import CUDA_TIERS, SHARDED_STRATEGIES, STRATEGY_NAMES
+from .vocabulary import SHARDED_STRATEGIES, STRATEGY_NAMES
 from .world import JobRequest, WorldPool, WorldStartError
 from .world.causes import cause_text, first_cause, stack_user_site
-
-
-@dataclasses.dataclass(frozen=True)
-class RunKey:
-    """The run cache's key: one run per kind (a run spec's name), strategy, world size and tier."""
-
-    kind: str
-    strategy: str
-    world_size: int
-    tier: str
 
 
 class LtconformSession:
     """Makes and caches runs, and judges contracts on them."""
 
-    def __init__(self, settings: Settings, targets, pool: WorldPool | None = None):
+    def __init__(self, settings: Settings, target, pool: WorldPool | None = None):
         self.settings = settings
-        self.targets = targets
+        self.target = target  # a target.spec.ResolvedTarget (None in tests that make no run)
         self.pool = pool or WorldPool()
         self._runs: dict[RunKey, Run | Exception] = {}
         # The launched world pytest runs in (world.attached.AttachedWorld), for the multinode tier.
@@ -97,7 +86,8 @@ class LtconformSession:
         return "error", "\n".join([f"[{item}] the run did not finish: {headline}."] + [p for p in parts if p])
 
     def _key(self, kind: str, strategy: str, tier: str) -> RunKey:
-        return RunKey(kind, strategy, self.settings.world_size, tier)
+        target = (self.target.id or self.target.model_name) if self.target is not None else "-"
+        return RunKey(target, kind, strategy, tier, tiers.get(tier).layout(self.settings.world_size))
 
     def _ddp_run(self, run: Run, tier: str) -> Run | None:
         """The ddp run already made of ``run``'s kind (else the traced fit) in the same tier: what a
@@ -109,42 +99,41 @@ class LtconformSession:
         return None
 
     def _make(self, spec: RunSpec, strategy: str, tier: str, probes_of: RunSpec | None = None) -> Run:
-        probes = contracts.probes_for(probes_of or spec)
-        settings = self.settings
-        world = tiers.world_for(tier, self.pool, self.attached, settings.world_size, settings.pg_timeout_s)
-        label = strategy + ("-gpu" if tier in CUDA_TIERS else "")
-        job = world.run(JobRequest(spec.fn, (self.targets, strategy, probes, settings.pg_timeout_s),
-                                   timeout_s=settings.timeout_s, progress=self._progress(spec.name, label),
+        settings, tier_of = self.settings, tiers.get(tier)
+        args = RunArgs(self.target, strategy, tuple(contracts.probes_for(probes_of or spec)), settings.pg_timeout_s,
+                       tier_of.layout(settings.world_size))
+        world = tier_of.world(self.pool, self.attached, args.layout, settings.pg_timeout_s)
+        job = world.run(JobRequest(spec.fn, (args,), timeout_s=settings.timeout_s,
+                                   progress=self._progress(spec.name, tier_of.run_label(strategy)),
                                    tenant=self._tenant(strategy)))
-        run = Run(job, strategy, spec.name, self.targets)
+        run = Run(job, strategy, spec.name, self.target)
         run.settings = settings  # what a verdict may weigh against (e.g. a stated device memory)
         if spec.reference:
-            run.reference = self._reference(spec, job, strategy, tier)
+            run.reference = self._reference(spec, job, args, tier)
         return run
 
-    def _reference(self, spec: RunSpec, job, strategy: str, tier: str) -> Run | None:
+    def _reference(self, spec: RunSpec, job, args: RunArgs, tier: str) -> Run | None:
         """The one-rank reference run of ``spec``, on what rank 0 of ``job`` saved; None when the
-        world did not finish, or where no reference world runs (see tiers.reference_world)."""
+        world did not finish, or where no reference world runs (see ``Tier.reference_world``)."""
         value = job.ranks[0].value if job.status == "ok" and job.ranks else None
-        args = (value or {}).get("reference_args") if isinstance(value, dict) else None
-        world = tiers.reference_world(tier, self.pool, self.settings.pg_timeout_s) if args else None
+        saved = (value or {}).get("reference_args") if isinstance(value, dict) else None
+        world = tiers.get(tier).reference_world(self.pool, self.settings.pg_timeout_s) if saved else None
         if world is None:
             return None
-        request = JobRequest(spec.reference, (self.targets, *args, self.settings.pg_timeout_s),
-                             timeout_s=self.settings.timeout_s,
-                             progress=self._progress(f"{spec.name}-reference", strategy),
-                             tenant=self._tenant(strategy))
+        request = JobRequest(spec.reference, (args.for_reference(), *saved), timeout_s=self.settings.timeout_s,
+                             progress=self._progress(f"{spec.name}-reference", args.strategy),
+                             tenant=self._tenant(args.strategy))
         try:
             ref = world.run(request)
         except WorldStartError:
             return None
-        return Run(ref, strategy, f"{spec.name}-reference", self.targets)
+        return Run(ref, args.strategy, f"{spec.name}-reference", self.target)
 
     def _tenant(self, strategy: str) -> str:
         """Whose process state a run is (world.job.JobRequest.tenant): this target under this
         strategy. Ranks that ran another target's or strategy's jobs are replaced first, so the
         module never sees what another run left in a rank (a library's process-wide flag, threads)."""
-        target = self.targets
+        target = self.target
         name = (target.id or target.model_name) if target is not None else "-"
         return f"{name}@{id(self):x}/{strategy}"
 

@@ -515,7 +515,7 @@ def parse_target(text: str, source: str):
     """One ``--ltconform`` value or ``ltconform_target`` line, ``TARGET [datamodule=DM] [trainer=TR]
     [id=NAME]`` (whitespace-separated), as a :class:`~pytest_ltconform.target.Target` whose
     ``source`` is ``source``. Raises ``pytest.UsageError`` naming the value and the accepted keys."""
-    from .target import Target
+    from .target.spec import Target
 
     parts = _target_parts(text)
     if not parts or "=" in parts[0]:
@@ -590,7 +590,7 @@ def resolve_targets(config: pytest.Config, project_targets: bool = True) -> tupl
 
 
 def validate_args(settings: Settings, t) -> dict:
-    """Keyword arguments of ``target.validate`` for target ``t`` of ``settings``: its own
+    """Keyword arguments of ``target.validation.validate`` for target ``t`` of ``settings``: its own
     datamodule and trainer, or else the session-wide ones, each with where it came from."""
     own = t.source if t.source.startswith(("--", "ini ", "pytest_ltconform")) else f"Target at {t.source}"
     dm, dm_from = (t.datamodule, f"datamodule= of {own}") if t.datamodule is not None else \
@@ -603,7 +603,7 @@ def validate_args(settings: Settings, t) -> dict:
 
 
 def _hook_targets(result) -> list:
-    from .target import Target
+    from .target.spec import Target
 
     items = [result] if isinstance(result, (Target, str)) else list(result or [])
     out = []

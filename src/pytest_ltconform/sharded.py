@@ -275,7 +275,7 @@ def _recording_init(cls: type, original):
 # Lightning 2.6.6 refuses DeepSpeed without CUDA, but DeepSpeed ZeRO 2 and 3 train on CPU gloo
 # ranks with four overrides (docs: shared recipe "deepspeed-on-cpu-gloo"): no CUDA check, no
 # device-index validation, a root device with an index, and the gloo backend. The rank's
-# environment carries DS_ACCELERATOR=cpu (vocabulary.RANK_ENV), set before deepspeed is imported.
+# environment carries DS_ACCELERATOR=cpu (tiers.base.CPU_RANK_ENV), set before deepspeed is imported.
 
 # Optimizer types DeepSpeed builds from its config; on CPU only its torch path runs. Its other
 # types are torch.optim names it builds as such, Adagrad (torch's without offload), or those below,

@@ -5,8 +5,8 @@ parent (``world.LocalWorld.fresh``): the parent imports torch and Lightning once
 and for this, and pytest itself imports neither (nor the user's code) to validate. Where ranks
 are not forked (``--ltconform-launcher spawn``, a torchrun or SLURM world), and where pytest's
 process imported Lightning already (a conftest did), it happens in this process, as
-:func:`target.validate` always did. Either way the errors are the same
-:class:`target.TargetError` paragraphs.
+:func:`target.validation.validate` always did. Either way the errors are the same
+:class:`target.spec.TargetError` paragraphs.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ import os
 import pickle
 import sys
 
-from . import target as target_mod
+from .target import loading as target_loading
+from .target import spec as target_spec
+from .target import validation as target_validation
 
 ENTRY = "pytest_ltconform.validation:validate_in_child"
 # A target's import may download weights or build a large model: minutes, not hours.
@@ -24,22 +26,23 @@ TIMEOUT_S = 900.0
 
 
 def validate_here(kwargs: dict):
-    """``target.validate(**kwargs)`` in this process, its own user modules forgotten afterwards (so
+    """``target.validation.validate(**kwargs)`` in this process, its own user modules forgotten afterwards (so
     two folders with a ``model.py`` each do not meet)."""
     from .tiers import quiet_deepspeed_detection
 
     # A user module that imports deepspeed would otherwise print its accelerator warning.
-    with target_mod.own_imports(), quiet_deepspeed_detection():
-        return target_mod.validate(**kwargs)
+    with target_loading.own_imports(), quiet_deepspeed_detection():
+        return target_validation.validate(**kwargs)
 
 
 def validate_forked(world, kwargs: dict, facts: dict) -> object | None:
-    """Validate in a fresh process of ``world``'s fork parent: the ``target.ResolvedTarget``, with
-    what that process saw of the machine added to ``facts`` ("cuda": device count); None where
-    ``world`` has no fork parent (the caller validates here). Raises :class:`target.TargetError` for a bad target, a
-    target whose import never finished or killed its process, and ``world.WorldStartError`` when
-    the parent cannot start. Whatever else that process could not answer is left to pytest's
-    own process (None), which then behaves as it did before validation moved out of it."""
+    """Validate in a fresh process of ``world``'s fork parent: the ``target.spec.ResolvedTarget``,
+    with what that process saw of the machine added to ``facts`` ("cuda": device count); None where
+    ``world`` has no fork parent (the caller validates here). Raises
+    :class:`target.spec.TargetError` for a bad target, a target whose import never finished or
+    killed its process, and ``world.WorldStartError`` when the parent cannot start. Whatever else
+    that process could not answer is left to pytest's own process (None), which then behaves as it
+    did before validation moved out of it."""
     try:
         payload = base64.b64encode(pickle.dumps(kwargs)).decode()
     except Exception:
@@ -54,14 +57,14 @@ def validate_forked(world, kwargs: dict, facts: dict) -> object | None:
         return pickle.loads(base64.b64decode(out["target"]))
     where = f"{kwargs['options'][0]} {kwargs['model']!r}" if kwargs.get("options") else repr(kwargs.get("model"))
     if "error" in out:
-        raise target_mod.TargetError(out["error"])
+        raise target_spec.TargetError(out["error"])
     if "timeout" in out:
-        raise target_mod.TargetError(
+        raise target_spec.TargetError(
             f"{where}: importing and building the target did not finish within {TIMEOUT_S:.0f} s (something at "
             f"import or in __init__ keeps running: training, a download, a server). Move it under "
             f"`if __name__ == \"__main__\":` or into a method the Trainer calls.")
     if "crashed" in out:
-        raise target_mod.TargetError(
+        raise target_spec.TargetError(
             f"{where}: the process importing and building the target died (exit status {out['crashed']}) "
             f"before it could report; its last output:\n{out.get('tail', '').strip()}")
     return None  # it could not say (its arguments did not unpickle there, a bug of ours): validate here
@@ -82,9 +85,9 @@ def validate_in_child(payload: str) -> dict:
         from .world.devices import cuda_device_count
 
         with quiet_deepspeed_detection():
-            resolved = target_mod.validate(**kwargs)
+            resolved = target_validation.validate(**kwargs)
         facts = {"cuda": cuda_device_count()}
-    except target_mod.TargetError as exc:
+    except target_spec.TargetError as exc:
         return {"error": str(exc)}
     except BaseException:
         return {"internal": traceback.format_exc()}

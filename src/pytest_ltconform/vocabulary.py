@@ -1,7 +1,8 @@
-"""The words items are made of: strategies, tiers and process-group backends.
+"""The words items are made of: strategies, tiers and launchers.
 
 One place for the lists that the options, the item generator, the session and the worlds share,
-so that a strategy or tier is added once. Plain data; imports nothing.
+so that a strategy or tier is named once (what a tier does is its class in ``tiers/``). Plain
+data; imports nothing.
 """
 
 from __future__ import annotations
@@ -23,8 +24,6 @@ SHARDED_STRATEGIES = ("fsdp", "deepspeed")
 TIERS = ("cpu", "gpu", "multinode", "deepspeed")
 # The tiers a contract has items in unless it says otherwise.
 DEFAULT_CONTRACT_TIERS = ("cpu", "gpu", "multinode")
-# Tiers whose ranks sit on CUDA devices.
-CUDA_TIERS = ("gpu", "deepspeed")
 
 
 # How local worlds start their ranks (--ltconform-launcher): forked from a parent that imported
@@ -45,17 +44,3 @@ def preload_modules(strategies) -> tuple[str, ...]:
 
 FSDP_PRELOAD = ("torch.distributed.checkpoint",)
 DEEPSPEED_PRELOAD = ("deepspeed", "torch._inductor.compile_fx")
-
-# Environment of every rank of a tier's local worlds. DeepSpeed picks its accelerator once, at
-# import: on CPU ranks it must be the CPU one, also on a host with GPUs.
-RANK_ENV = {"cpu": {"DS_ACCELERATOR": "cpu"}}
-
-
-def rank_env_for(tier: str) -> dict:
-    """Variables set in each rank of ``tier``'s local world (a new dict; empty for most tiers)."""
-    return dict(RANK_ENV.get(tier, {}))
-
-
-def backend_for(tier: str) -> str:
-    """The process-group backend of ``tier``'s world: 'nccl' on CUDA tiers, else 'gloo'."""
-    return "nccl" if tier in CUDA_TIERS else "gloo"

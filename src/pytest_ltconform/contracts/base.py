@@ -227,11 +227,11 @@ class Run:
     rank-side observations, and, for a world that did not finish, the divergence and diagnosis.
     """
 
-    def __init__(self, job, strategy: str, kind: str, targets: Any = None):
+    def __init__(self, job, strategy: str, kind: str, target: Any = None):
         self.job = job
         self.strategy = strategy
         self.kind = kind
-        self.targets = targets
+        self.target = target  # the target.spec.ResolvedTarget it ran (None in hand-built runs)
         self.reference: Run | None = None  # the one-rank run of RunSpec.reference, when it ran
         self.first_item: str | None = None  # the first item judged on it: a later hang names it
         self.cause_item: str | None = None  # the item that shows why it did not finish
@@ -408,9 +408,9 @@ def user_classes(run: Run, which: str = "model") -> tuple[tuple[str, str], ...]:
     """The user's classes of this run's LightningModule (or, with ``which="datamodule"``, its
     LightningDataModule) and their user base classes, as (class name, source path), most derived
     first, as validation found them; empty when unknown."""
-    if run.targets is None:
+    if run.target is None:
         return ()
-    return tuple(getattr(run.targets, f"{which}_classes", ()) or ())
+    return tuple(getattr(run.target, f"{which}_classes", ()) or ())
 
 
 def _class_nodes(classes, name: str | None = None):
@@ -463,10 +463,10 @@ def target_site(spec) -> dict | None:
     """Where a target (e.g. the ``--ltconform-trainer`` callable or dict) is defined."""
     if spec is None:
         return None
-    from .. import target as target_mod
+    from ..target import loading as target_loading
 
     try:
-        obj = target_mod.load_object(spec)
+        obj = target_loading.load_object(spec)
     except Exception:
         return None
     if inspect.isfunction(obj) or inspect.isclass(obj):
@@ -475,7 +475,7 @@ def target_site(spec) -> dict | None:
                     "func": spec.attr}
         except (TypeError, OSError):
             return None
-    module = target_mod.import_module(spec)
+    module = target_loading.import_module(spec)
     path = getattr(module, "__file__", None)
     tree = _parse(path) if path else None
     for node in ast.walk(tree) if tree is not None else ():

@@ -26,10 +26,10 @@ import re
 import sys
 
 from ... import sharded
-from ... import target as target_mod
 from ...harness import build_trainer_kwargs
 from ...runs import Probe
 from ...sites import user_site
+from ...target import loading as target_loading
 from . import taps
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -324,8 +324,8 @@ def _fresh_user_kwargs(objects) -> dict:
     factory's, built again, or a dict's, copied; without a copy, no callbacks of theirs."""
     import copy
 
-    user = target_mod.user_trainer_kwargs(objects.targets)
-    if objects.targets.trainer_dict is not None and user.get("callbacks") is not None:
+    user = target_loading.user_trainer_kwargs(objects.target)
+    if objects.target.trainer_dict is not None and user.get("callbacks") is not None:
         try:
             user["callbacks"] = copy.deepcopy(user["callbacks"])
         except Exception:  # a callback that cannot be copied is not shared with the fit's Trainer
@@ -406,7 +406,7 @@ class _Resume:
     def _validate(self, kwargs: dict, out: dict) -> dict | None:
         objects = self.objects
         model, datamodule = objects.new_model(), objects.new_datamodule()  # the failed fit left the first one wrapped
-        if not target_mod.defines(model, "validation_step", objects.targets.namespace):
+        if not target_loading.defines(model, "validation_step", objects.target.namespace):
             # Nothing to evaluate the restored weights with: the save itself is what was checked.
             out["unchecked"] = "the module defines no validation_step to load the weights through"
             return None

@@ -73,15 +73,15 @@ def _override_site(cls, hook: str) -> str | None:
         return None
 
 def _has_eval(loaded, stage: str) -> bool:
-    from ... import target as target_mod
+    from ...target import loading as target_loading
 
-    ns = loaded.targets.namespace
+    ns = loaded.target.namespace
     step = f"{stage}_step"
     loader = f"{'val' if stage == 'validation' else stage}_dataloader"
-    if not target_mod.defines(loaded.model, step, ns):
+    if not target_loading.defines(loaded.model, step, ns):
         return False
-    return target_mod.defines(loaded.model, loader, ns) or (
-        loaded.datamodule is not None and target_mod.defines(loaded.datamodule, loader, ns))
+    return target_loading.defines(loaded.model, loader, ns) or (
+        loaded.datamodule is not None and target_loading.defines(loaded.datamodule, loader, ns))
 
 def _metrics(trainer) -> dict[str, float]:
     out = {}
@@ -102,7 +102,7 @@ class ConfigureModelProbe(Probe):
 
         from ... import sharded
 
-        ns = importlib.import_module(loaded.targets.namespace)
+        ns = importlib.import_module(loaded.target.namespace)
         helpers = importlib.import_module(f"{ns.__name__}.utilities.model_helpers")
         model = loaded.model
         user_strategy = loaded.user_kwargs.get("strategy")

@@ -20,9 +20,9 @@ import os
 import re
 
 from ...harness import RankRun, batch_size, rank_run
-from ...runs import Probe
+from ...runs import Probe, RunArgs
 from ...sites import user_site
-from ...target import defines
+from ...target.loading import defines
 from . import window
 
 MANUAL_LIMIT = 8  # training batches a manually optimized world may take to reach its first step
@@ -392,13 +392,14 @@ def _world_value(state: dict, accumulate: int, manual: bool, model, rank: int) -
             "loss_lines": _loss_lines(model) if rank == 0 else []}
 
 
-def one_step(ctx, targets, strategy_name: str, probes: list, pg_timeout_s: float) -> dict:
-    """Every rank: the world's first optimizer step, saved for the one-rank reference. Returns
+def one_step(ctx, args: RunArgs) -> dict:
+    """Every rank: the world's first optimizer step under ``args.strategy``, saved for the one-rank
+    reference. Returns
     ``{"ebatch": {...}, "reference_args": [folder, world, window] (rank 0, after a step)}``."""
     import torch
 
     folder = os.path.dirname(ctx.job_dir)
-    with rank_run(ctx, targets, probes, pg_timeout_s, traced=False) as run:
+    with rank_run(ctx, args, traced=False) as run:
         probe = next(p for p in run.probes.values() if isinstance(p, EffectiveBatchProbe))
         probe.folder, probe.rank = folder, ctx.rank
         objects = run.objects
@@ -406,7 +407,7 @@ def one_step(ctx, targets, strategy_name: str, probes: list, pg_timeout_s: float
         accumulate = user.get("accumulate_grad_batches", 1)
         accumulate = accumulate if isinstance(accumulate, int) and accumulate > 0 else 1
         manual = not objects.model.automatic_optimization
-        strategy = run.strategy(strategy_name, user.get("strategy"))
+        strategy = run.strategy(args.strategy, user.get("strategy"))
         _keep_ddp_going(strategy)
         limit = max(accumulate, MANUAL_LIMIT) if manual else accumulate
         trainer = run.build_trainer(_one_step_kwargs(run, user, strategy, ctx.world_size, limit))
@@ -462,7 +463,7 @@ def _fit_reference(run: RankRun, model, dm, batches: list, folder: str, seed: in
                                 callbacks=(_make_callback(objects.ns, probe),))
     # The same samples come from wherever the user's train_dataloader lives; the rest of the
     # datamodule (validation, setup) stays the user's.
-    ns = run.targets.namespace
+    ns = run.target.namespace
     holder = dm if dm is not None and defines(dm, "train_dataloader", ns) else model
     # The user's loader is built where Lightning builds it (after the datamodule's setup).
     own = holder.train_dataloader if defines(holder, "train_dataloader", ns) else None
@@ -477,12 +478,12 @@ def _fit_reference(run: RankRun, model, dm, batches: list, folder: str, seed: in
     return probe
 
 
-def reference(ctx, targets, folder: str, world: int, micro: int, pg_timeout_s: float) -> dict:
+def reference(ctx, args: RunArgs, folder: str, world: int, micro: int) -> dict:
     """One rank, the same weights, one step on the world's window merged, made twice under two
     RNG seeds. Returns ``{"reference": {...}}`` (``not_judged`` set when no fair batch exists)."""
     import torch
 
-    with rank_run(ctx, targets, [], pg_timeout_s, traced=False) as run:
+    with rank_run(ctx, args, traced=False) as run:
         # Built first: the user's module must be imported before batches of its own classes are
         # unpickled, and draws made in __init__ are not the step's.
         run.objects  # noqa: B018

@@ -21,7 +21,7 @@ import sys
 from typing import Any
 
 from ...harness import RankRun, UserObjects, batch_leaves, can_run, rank_run, tolerate_unused_parameters
-from ...runs import Probe
+from ...runs import Probe, RunArgs
 from ...sites import user_site
 from .. import fetches, loader_sites
 
@@ -458,16 +458,17 @@ def _probe_of(run: RankRun) -> EvalDuplicationProbe:
     return next(p for p in run.probes.values() if isinstance(p, EvalDuplicationProbe))
 
 
-def evaluate(ctx, targets, strategy_name: str, probes: list, pg_timeout_s: float) -> dict:
-    """Every rank: the driver steps, then each evaluation stage, recorded. Returns plain data:
+def evaluate(ctx, args: RunArgs) -> dict:
+    """Every rank: the driver steps, then each evaluation stage under ``args.strategy``, recorded.
+    Returns plain data:
     ``{"eval": {"stages": {stage: record}, "weights": path, "driver": [...], "limited": bool},
     "reference_args": [weights, stages] (rank 0)}``."""
     try:
-        with rank_run(ctx, targets, probes, pg_timeout_s) as run:
+        with rank_run(ctx, args) as run:
             probe = _probe_of(run)
             objects = run.objects
             before, stages = _driver(objects)
-            strategy = run.strategy(strategy_name, objects.user_kwargs.get("strategy"))
+            strategy = run.strategy(args.strategy, objects.user_kwargs.get("strategy"))
             # Unused parameters are unused-parameters' verdict; the evaluation must still run.
             tolerate_unused_parameters(strategy)
             kwargs, limits, limited = _eval_kwargs(run, objects.user_kwargs, strategy, ctx.world_size)
@@ -487,13 +488,13 @@ def evaluate(ctx, targets, strategy_name: str, probes: list, pg_timeout_s: float
         _ACTIVE["stage"] = None
 
 
-def reference(ctx, targets, weights: str, stages: list[str], pg_timeout_s: float) -> dict:
+def reference(ctx, args: RunArgs, weights: str, stages: list[str]) -> dict:
     """One rank, ``Trainer(accelerator="cpu", devices=1)``: the same stages on the saved weights."""
     import torch
 
     probe = EvalDuplicationProbe(load_from=torch.load(weights, map_location="cpu", weights_only=True))
     try:
-        with rank_run(ctx, targets, [("reference", probe)], pg_timeout_s, traced=False) as run:
+        with rank_run(ctx, args, traced=False, probes=[("reference", probe)]) as run:
             user = {k: v for k, v in run.objects.user_kwargs.items() if k != "strategy"}
             kwargs, limits, limited = _eval_kwargs(run, user, "auto", 1)
             trainer = run.build_trainer(kwargs)

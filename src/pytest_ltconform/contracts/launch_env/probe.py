@@ -77,16 +77,16 @@ def _trainer_site(targets) -> dict | None:
     """Where the user's Trainer kwargs (``--ltconform-trainer``) are defined."""
     import inspect
 
-    from ... import target as target_mod
+    from ...target import loading as target_loading
 
     if not targets.trainer:
         return None
     try:
-        obj = target_mod.load_object(targets.trainer)
+        obj = target_loading.load_object(targets.trainer)
         if callable(obj):
             path, line = inspect.getsourcefile(obj), inspect.getsourcelines(obj)[1]
             return {"file": path, "line": line, "func": getattr(obj, "__qualname__", "trainer kwargs")}
-        return _assignment_site(target_mod.import_module(targets.trainer), targets.trainer.attr)
+        return _assignment_site(target_loading.import_module(targets.trainer), targets.trainer.attr)
     except Exception:
         return None
 
@@ -95,11 +95,11 @@ class LaunchEnvProbe(Probe):
         """This rank's launcher variables and the user's Trainer world settings:
         ``{"kind", "env", "trainer", "simulated", "simulated_site", "trainer_site"}``, where ``kind``
         is 'attached' or 'local' (ranks the plugin spawned)."""
-        from ... import target as target_mod
+        from ...target import loading as target_loading
 
-        targets = run.targets
-        user = target_mod.user_trainer_kwargs(targets)
-        module = target_mod.import_module(targets.model)
+        targets = run.target
+        user = target_loading.user_trainer_kwargs(targets)
+        module = target_loading.import_module(targets.model)
         strategy = user.get("strategy")
         return {
             "kind": run.ctx.world_kind,

@@ -353,7 +353,7 @@ def stopped(what: str, exc: BaseException) -> str:
     """'<what> stopped at <user file:line (function)>: <the message> (<exception class>)'. A
     TargetError of the rebuild speaks of the target; its cause is what the rebuild met."""
     from ...sites import first_sentence, fmt_site, is_user_file
-    from ...target import TargetError
+    from ...target.spec import TargetError
 
     cause = exc.__context__ if isinstance(exc, TargetError) and exc.__context__ is not None else exc
     frames = [f for f in traceback.extract_tb(cause.__traceback__) if is_user_file(f.filename)]

@@ -11,7 +11,7 @@ observations.
 
 from __future__ import annotations
 
-from ...harness import Probe
+from ...runs import Probe
 from .held import CATEGORIES, Activations, held
 
 WATCHED = 3  # training batches measured: the optimizer state exists from the second one on

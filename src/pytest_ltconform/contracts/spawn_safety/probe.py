@@ -149,10 +149,10 @@ class SpawnSafetyProbe(Probe):
             ctx.store.set(done_key, "1")
 
 def _observe_rank0(run) -> dict:
-    from ... import target as target_mod
     from ... import tripwire
+    from ...target import loading as target_loading
 
-    targets = run.targets
+    targets = run.target
     loaded = run.objects
     objects = [(loaded.model, type(loaded.model).__qualname__)]
     if loaded.datamodule is not None:
@@ -167,7 +167,7 @@ def _observe_rank0(run) -> dict:
     user_strategy = loaded.user_kwargs.get("strategy")
     spawn_config = (isinstance(user_strategy, str) and "spawn" in user_strategy) or \
         getattr(user_strategy, "_start_method", "popen") == "spawn"
-    names = (targets.model.module, target_mod.private_name(targets.model)) if targets.model.path else \
+    names = (targets.model.module, target_loading.private_name(targets.model)) if targets.model.path else \
         (targets.model.module,)
     tripped = [dict(v) for v in tripwire.TRIPPED.values() if v.get("module") in names
                and (not targets.model.path or v.get("path") in (None, targets.model.path))]

@@ -359,7 +359,7 @@ class StrategyConfigProbe(Probe):
         """The user's strategy settings as findings (rank 0 only; None on other ranks). In a
         'deepspeed' run the config is also validated by DeepSpeed itself; a Trainer config that
         names no DeepSpeed gives ``{"not_deepspeed": <its strategy>}`` there."""
-        from ... import target as target_mod
+        from ...target import loading as target_loading
 
         if run.ctx.rank != 0:
             return None
@@ -371,7 +371,7 @@ class StrategyConfigProbe(Probe):
                 not (isinstance(strategy, str) and strategy.lower().startswith("deepspeed")):
             return {"not_deepspeed": type(strategy).__name__ if strategy is not None and
                     not isinstance(strategy, str) else repr(strategy or "auto")}
-        file = target_mod.trainer_file(run.targets)
+        file = target_loading.trainer_file(run.target)
         names = _mro_names(strategy) if strategy is not None and not isinstance(strategy, str) else []
         findings: list[dict] = []
         if "FSDPStrategy" in names:

@@ -137,7 +137,7 @@ class UnusedParameters(Contract):
                 evidence=[Evidence(f"{len(v)} backward pass{'' if len(v) == 1 else 'es'}, none left a trainable "
                                    f"parameter without gradient", rank=r) for r, v in records.items()]
                 + [Evidence("the Trainer config that sets find_unused_parameters=True",
-                            site=_site(target_site(run.targets.trainer if run.targets else None)))],
+                            site=_site(target_site(run.target.trainer if run.target else None)))],
                 fix="remove the flag (DDPStrategy(find_unused_parameters=False) is the default; use "
                     "strategy='ddp'); keep it only if some steps really skip parameters.",
                 category="waste")
