@@ -95,7 +95,7 @@ import pytest_ltconform
 
 def test_target(ltconform_target):
     assert type(ltconform_target) is pytest_ltconform.ResolvedTarget
-    assert type(ltconform_target.model) is pytest_ltconform.target.ObjectRef
+    assert type(ltconform_target.model) is pytest_ltconform.target.spec.ObjectRef
     assert ltconform_target.model.text == "model.py:Model"
 ''')
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ltconform", "model.py:Model",

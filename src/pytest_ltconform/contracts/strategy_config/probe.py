@@ -366,7 +366,7 @@ class StrategyConfigProbe(Probe):
         loaded = run.objects
         user = loaded.user_kwargs
         strategy = user.get("strategy")
-        deepspeed_item = getattr(run, "strategy_name", None) == "deepspeed"
+        deepspeed_item = run.args.strategy == "deepspeed"
         if deepspeed_item and "DeepSpeedStrategy" not in _mro_names(strategy) and \
                 not (isinstance(strategy, str) and strategy.lower().startswith("deepspeed")):
             return {"not_deepspeed": type(strategy).__name__ if strategy is not None and
