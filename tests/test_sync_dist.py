@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from pytest_ltconform import claims
 from pytest_ltconform.contracts import get_contract
 from pytest_ltconform.contracts.base import Blame
 from pytest_ltconform.contracts.sync_dist import decisions
@@ -140,6 +141,35 @@ def test_mean_of_per_batch_auroc_and_accuracy_fails(fake_runs):
     assert "is the mean of functional auroc and functional accuracy" in verdict.summary
 
 
+def test_an_unsynced_per_batch_metric_is_called_rank_zeros_own_not_reduced_over_ranks(fake_runs):
+    """Issue 32: "mean-reduced over batches and ranks" was said of a value logged without sync_dist.
+    Lightning averages it over each rank's own batches and publishes rank 0's: the nonlinear part is
+    measured against rank 0's own samples, and the rank-local part is told apart."""
+    import torch
+    from torchmetrics.functional import accuracy, auroc
+
+    records = _records(_auroc_acc, _blocks())
+    for r in records:
+        r["sync_dist"] = False
+    logged = _epoch_value(records[:1])  # rank 0's own batches only
+    values = [_value(_final({"val_score": logged}), per_batch={"val_score": r}) for r in records]
+    verdict = get_contract("sync-dist").judge(fake_runs.run(values=values))
+    assert verdict.outcome == "failed", verdict.render()
+    assert "mean-reduced over batches and ranks" not in verdict.summary
+    assert ("logged without sync_dist, so Lightning averages its per-batch values over each rank's own batches and "
+            "publishes rank 0's") in verdict.summary
+    preds, target = (torch.cat([b[i] for b in _blocks()[0]]) for i in (0, 1))
+    own = float(auroc(preds, target, task="binary")) + float(accuracy(preds, target, task="binary"))
+    assert f"rank 0's logged epoch value {logged:.4f} is not the sum of the same metrics over rank 0's 8 samples of " \
+           f"the epoch ({own:.4f})" in verdict.summary, verdict.summary
+    assert "samples of all ranks it is" in verdict.summary and "rank 0's shard alone" in verdict.summary
+    record = {"contract": "sync-dist", **verdict.as_dict()}
+    assert claims.check(record) == []
+    # Today's words over the same run: a reduction claimed with no recorded sync.
+    record["message"] += "\n'val_score' is mean-reduced over batches and ranks."
+    assert any("no reduced claim" in p for p in claims.check(record))
+
+
 def test_probe_records_a_value_computed_from_tapped_outputs():
     import torch
     import torchmetrics
@@ -217,7 +247,88 @@ def test_checkpoint_paths_differ_by_a_filename_made_per_rank(fake_runs):
     # A different best score is still the metric disagreement.
     values[1]["probes"]["sync-dist"]["final"]["checkpoints"][0]["best_model_score"] = 5.1
     other = get_contract("sync-dist").judge(fake_runs.run(traces=[[], []], values=values))
-    assert "the ranks disagree about which checkpoint is best" in other.summary
+    assert other.summary.startswith("ModelCheckpoint(monitor='valid_loss') ends with a different best_model_score on "
+                                    "each rank and a different best_model_path: "), other.summary
+    assert claims.check({"contract": "sync-dist", **other.as_dict()}) == []
+
+
+def _best(path, score, monitor="val_loss"):
+    return {"monitor": monitor, "best_model_path": path, "best_model_score": score, "best_k": [path],
+            "filename": None}
+
+
+def test_same_best_path_with_different_scores_says_the_scores_differ_not_the_checkpoint(fake_runs):
+    """Issue 32: 'a different best checkpoint on each rank' under evidence of one best_model_path on
+    every rank. What differs is the score, and with it the ranking each rank's top k is decided on."""
+    es = [{"monitor": "val_loss", "stopped_epoch": 0, "wait_count": 0}]
+    values = [_value(_final(checkpoints=[_best("epoch=1-step=8.ckpt", 0.2599)], early_stopping=es)),
+              _value(_final(checkpoints=[_best("epoch=1-step=8.ckpt", 0.2411)], early_stopping=es))]
+    verdict = get_contract("sync-dist").judge(fake_runs.run(traces=[[], []], values=values))
+    assert verdict.outcome == "failed" and verdict.category == "silent"
+    assert verdict.summary.startswith(
+        "ModelCheckpoint(monitor='val_loss') ends with a different best_model_score on each rank, with the same "
+        "best_model_path on every rank ('epoch=1-step=8.ckpt'): "), verdict.summary
+    assert "top-k checkpoints" in verdict.summary and "EarlyStopping(monitor='val_loss') decides" in verdict.summary
+    assert "different best checkpoint" not in verdict.summary
+    assert claims.check({"contract": "sync-dist", **verdict.as_dict()}) == []
+    # The sentence before the fix, with the same evidence, fails the consistency check.
+    old = verdict.as_dict()
+    old["message"] = old["message"].replace(verdict.summary, "ModelCheckpoint(monitor='val_loss') ends with a "
+                                            "different best checkpoint on each rank: the ranks disagree.")
+    old["claims"] = [claims.claim("differ", "different best checkpoint on each rank",
+                                  values={"rank 0": "epoch=1-step=8.ckpt", "rank 1": "epoch=1-step=8.ckpt"}).as_dict()]
+    assert any("the recorded values are the same" in p for p in claims.check({"contract": "sync-dist", **old}))
+
+
+# -- 2. monitored values where their callbacks read them --------------------------------------------
+
+def _read(value, epoch, owner="EarlyStopping", hook="on_train_epoch_end", key="train_loss"):
+    return {"owner": owner, "cls": owner, "n": 0, "key": key, "hook": hook, "epoch": epoch, "step": 4 * (epoch + 1),
+            "sanity": False, "value": value}
+
+
+def _monitored_run(fake_runs, reads0, reads1, log_flags=None, key="train_loss"):
+    log = {"ev": "log", "name": key, "hook": "training_step", "site": SITE, "sync_dist": False, "vtype": "tensor",
+           "on_epoch": True, **(log_flags or {})}
+    monitors = [{"key": key, "owner": "EarlyStopping"}]
+    values = [_value(_final(monitors=monitors), reads=reads0), _value(_final(monitors=monitors), reads=reads1)]
+    return fake_runs.run(traces=[[log], [log]], values=values)
+
+
+def test_a_monitor_read_at_train_epoch_end_is_compared_there(fake_runs):
+    """EarlyStopping(check_on_train_epoch_end=True) on an unsynced train metric: no validation ever
+    runs, and the values differ where the callback reads them (missed before: only the snapshots
+    after validation were compared)."""
+    run = _monitored_run(fake_runs, [_read(0.5, 0), _read(0.4, 1)], [_read(0.7, 0), _read(0.6, 1)])
+    verdict = get_contract("sync-dist").judge(run)
+    assert verdict.outcome == "failed", verdict.render()
+    assert "its value differs across ranks (read by EarlyStopping in on_train_epoch_end at epoch 0)" in verdict.summary
+    assert any("'train_loss' read by EarlyStopping in on_train_epoch_end at epoch 1: rank 0 0.4 vs rank 1 0.6"
+               == e.detail for e in verdict.evidence), verdict.render()
+    assert claims.check({"contract": "sync-dist", **verdict.as_dict()}) == []
+
+
+def test_a_passing_monitor_names_the_reads_it_compared_and_none_compared_is_not_judged(fake_runs):
+    synced = {"sync_dist": True}
+    run = _monitored_run(fake_runs, [_read(0.5, 0), _read(0.4, 1)], [_read(0.5, 0), _read(0.4, 1)], synced)
+    verdict = get_contract("sync-dist").judge(run)
+    assert verdict.outcome == "passed", verdict.render()
+    assert ("monitored 'train_loss' equal on every rank at each of the 2 value(s) compared (read by EarlyStopping "
+            "in on_train_epoch_end, epochs 0-1)") in verdict.summary
+    assert claims.check({"contract": "sync-dist", **verdict.as_dict()}) == []
+    # No read on any rank (the callback never checked): nothing was compared, so no pass.
+    run = _monitored_run(fake_runs, [], [], {"sync_dist": False})
+    verdict = get_contract("sync-dist").judge(run)
+    assert verdict.outcome == "not_judged", verdict.render()
+    assert "monitored 'train_loss' not judged: no callback read it in this run" in verdict.summary
+
+
+def test_a_rank_zero_only_monitor_is_not_said_to_differ_unless_measured(fake_runs):
+    run = _monitored_run(fake_runs, [_read(0.5, 0)], [_read(0.5, 0)], {"rank_zero_only": True})
+    verdict = get_contract("sync-dist").judge(run)
+    assert verdict.outcome == "failed"
+    assert "differs" not in verdict.summary and "decides on its own shard's value" in verdict.summary
+    assert claims.check({"contract": "sync-dist", **verdict.as_dict()}) == []
 
 
 # -- 3. decisions that differ, where they first differ ----------------------------------------------

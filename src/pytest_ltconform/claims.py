@@ -99,7 +99,7 @@ def check(record: dict) -> list[str]:
     for e in record.get("evidence") or []:
         frame = e.get("frame") if isinstance(e, dict) else None
         if frame:
-            found = frame_problem(frame)
+            found = frame_problem(frame, frame.get("call"))
             if found:
                 problems.append(f"evidence site: {found} (in {_short(e.get('detail'))!r})")
     return problems

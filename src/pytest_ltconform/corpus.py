@@ -402,6 +402,21 @@ def print_table(rows: list[dict], verbose: bool = False) -> None:
 STATUSES = ("right", "wrong", "error", "skipped", "unchecked", "known")
 
 
+def sentence_problems(rows: list[dict]) -> list[str]:
+    """Every sentence of every row that its recorded facts do not bear out (``claims.check``), as
+    "<case> <contract>[<strategy>]: <problem>"."""
+    from . import claims
+
+    return [f"{r['case']} {r['contract']}[{r['strategy']}]: {p}" for r in rows for p in claims.check(r)]
+
+
+def print_sentence_problems(rows: list[dict]) -> None:
+    problems = sentence_problems(rows)
+    print(f"sentences: {len(problems)} not borne out by their recorded facts" + (":" if problems else ""))
+    for line in problems:
+        print(f"    {line}")
+
+
 def read_known(paths: list[str]) -> dict:
     """{(case name, contract or "*"): why} from ``known_failing.txt`` in each folder of ``paths``:
     lines ``<contract folder>/<case> <contract|*> <why>`` ("#" starts a comment). Such items still
@@ -475,11 +490,13 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.monotonic() - started
     mark_known(rows, read_known(args.paths))
     print_table(rows, args.verbose)
+    print_sentence_problems(rows)
     starts = f" with {cold} world start(s)" if cold is not None else " (one pytest run per case)"
     print(f"{len(cases)} cases, {len(rows)} verdicts in {elapsed:.1f} s{starts}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump({"rows": rows, "rates": rates(rows), "elapsed_s": elapsed, "world_starts": cold}, fh, indent=2)
+            json.dump({"rows": rows, "rates": rates(rows), "sentence_problems": sentence_problems(rows),
+                       "elapsed_s": elapsed, "world_starts": cold}, fh, indent=2)
     return 0 if all(status_of(r) not in ("wrong", "error") for r in rows) else 1
 
 

@@ -52,6 +52,7 @@ class Evidence:
     rank: int | None = None
     site: str | None = None
     frame: dict | None = None
+    call: str | None = None  # the call the named line makes (``log`` for self.log), held against its source
 
     def __post_init__(self):
         if self.site is None and self.frame:
@@ -61,6 +62,8 @@ class Evidence:
         out = {"rank": self.rank, "site": self.site, "detail": self.detail}
         if self.frame:
             out["frame"] = {k: self.frame.get(k) for k in ("file", "line", "func")}
+            if self.call:
+                out["frame"]["call"] = self.call
         return out
 
 

@@ -30,14 +30,16 @@ Checked from the traced fit (rank side: ``probe.py``):
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import math
 from collections import defaultdict
 
+from ...claims import Claim, claim, reduced_across_ranks
 from ...sites import fmt_site, hook_label
 from ...world.diagnose import first_divergence
 from ..base import Blame, Contract, Evidence, Run, Verdict, merged, rank_guard
-from . import nonlinear
+from . import monitors, nonlinear
 from .decisions import STOP_FIX, lr_divergence, lr_texts, stop_divergence, stop_texts, unsynced_filename_metric
 from .missing import missing_monitor, missing_texts
 from .probe import SyncDistProbe
@@ -49,6 +51,11 @@ def synced_log(event: dict) -> bool:
 
 def _fmt(value) -> str:
     return "missing" if value is None else f"{value:.6g}"
+
+
+def _per_rank(values: list) -> dict:
+    """A claim's ``values``: one per rank, keyed "rank <r>"."""
+    return {f"rank {r}": v for r, v in enumerate(values)}
 
 
 def _differs(values: list, rel: float = 1e-5) -> bool:
@@ -155,56 +162,29 @@ class SyncDist(Contract):
         return rows
 
     def _monitor_failures(self, run: Run) -> list[Verdict]:
+        """Each monitored key that is not reduced across ranks, judged on the values its callbacks
+        read where they read them (``monitors.compared``)."""
         failures = []
-        monitors = self._monitors(run)
         by_key = defaultdict(list)
-        for m in monitors:
+        for m in self._monitors(run):
             by_key[m["key"]].append(m["owner"])
         for key, owners in by_key.items():
             logs = [e for r in range(run.world_size) for e in run.events(r, "log") if e.get("name") == key]
-            if not logs:
+            found = monitors.failure_texts(key, owners, logs, monitors.compared(run, key))
+            if found is None:
                 continue
-            first = logs[0]
-            hook = first.get("hook")
-            site = fmt_site(first.get("site"))
-            owner_text = "/".join(owners) + " monitor"
-            rows = self._snapshot_values(run, key)
-            diff_rows = [(meta, vals) for meta, vals in rows if _differs(vals)]
-            evidence = [Evidence(f"{key!r} after validation at epoch {meta['epoch']}: "
-                                 + " vs ".join(f"rank {r} {_fmt(v)}" for r, v in enumerate(vals)))
-                        for meta, vals in diff_rows[:4]]
-            rzo = any(e.get("rank_zero_only") for e in logs)
-            synced = any(e.get("sync_dist") for e in logs)
-            if rzo and synced:
-                summary = (f"monitored metric {key!r} ({owner_text}) logged with sync_dist=True and "
-                           f"rank_zero_only=True in {hook} at {site}: in Lightning 2.6.6 rank_zero_only "
-                           f"disables the sync, so each rank's {owners[0]} ranks by its own shard and the "
-                           f"monitor differs across ranks.")
-            elif rzo:
-                summary = (f"monitored metric {key!r} ({owner_text}) logged with rank_zero_only=True and "
-                           f"not synced in {hook} at {site}: Lightning never reduces it, so its value "
-                           f"differs across ranks at epoch end and every rank's {owners[0]} decides on "
-                           f"its own shard.")
-            elif diff_rows:
-                as_float = (" as a Python float (e.g. .item()), for which Lightning gives no sync_dist warning,"
-                            if any(e.get("vtype") == "float" for e in logs) else "")
-                summary = (f"monitored metric {key!r} ({owner_text}) is logged{as_float} without sync_dist in "
-                           f"{hook} at {site}, and its value differs across ranks at epoch end.")
-            else:
-                continue
-            if not diff_rows and rows:
-                evidence.append(Evidence(f"{key!r} happened to agree across ranks in this run; it is still "
-                                         f"not reduced"))
+            summary, lines, made = found
             fix = (f"log {key!r} on every rank with sync_dist=True (and batch_size=...) or log a "
                    f"TorchMetrics object; never rank_zero_only for a metric a callback monitors.")
-            failures.append(self.verdict("failed", summary, evidence=evidence, fix=fix, category="silent"))
+            failures.append(self.verdict("failed", summary, evidence=[Evidence(x) for x in lines], fix=fix,
+                                         category="silent", claims=made))
         return failures
 
     # -- 3. decisions ---------------------------------------------------------------------------
     def _stop_failure(self, run: Run, div: dict) -> Verdict:
-        summary, evidence = stop_texts(run, div)
+        summary, evidence, made = stop_texts(run, div)
         notes = [] if run.finished else ["the world did not finish; the item's report says where each rank was."]
-        return self.verdict("failed", summary, evidence=evidence, category="deadlock", notes=notes,
+        return self.verdict("failed", summary, evidence=evidence, category="deadlock", notes=notes, claims=made,
                             fix=f"at {fmt_site(div['event'].get('site'))}: {STOP_FIX}")
 
     def _decision_failures(self, run: Run, stop_seen: bool = False) -> list[Verdict]:
@@ -216,24 +196,27 @@ class SyncDist(Contract):
         stops = [f["should_stop"] for f in finals]
         epochs = [f["current_epoch"] for f in finals]
         if not stop_seen and (len(set(stops)) > 1 or len(set(epochs)) > 1):
+            differ = claim("differ", "trainer.should_stop / the final epoch differ across ranks",
+                           values=_per_rank([[s, e] for s, e in zip(stops, epochs)]))
             failures.append(self.verdict(
-                "failed", "trainer.should_stop / the final epoch differ across ranks: one rank decided to stop "
-                          "and the others did not.",
+                "failed", f"{differ.text}: one rank decided to stop and the others did not.", claims=[differ],
                 evidence=[Evidence(f"should_stop={s}, current_epoch={e}", rank=r)
                           for r, (s, e) in enumerate(zip(stops, epochs))],
                 category="deadlock", fix=STOP_FIX))
         for i, es in enumerate(finals[0]["early_stopping"]):
             stopped = [f["early_stopping"][i]["stopped_epoch"] for f in finals]
             if len(set(stopped)) > 1:
+                differ = claim("differ", f"EarlyStopping(monitor={es['monitor']!r}) stopped at different epochs "
+                                         f"per rank", values=_per_rank(stopped))
                 failures.append(self.verdict(
-                    "failed", f"EarlyStopping(monitor={es['monitor']!r}) stopped at different epochs per rank.",
+                    "failed", f"{differ.text}.", claims=[differ],
                     evidence=[Evidence(f"stopped_epoch={s}", rank=r) for r, s in enumerate(stopped)],
                     category="silent", fix="monitor a metric logged with sync_dist=True."))
         found = lr_divergence([v.get("lr_changes") or [] for v in values])
         if found is not None:
-            summary, evidence = lr_texts(*found)
+            summary, evidence, made = lr_texts(*found)
             failures.append(self.verdict(
-                "failed", summary, evidence=evidence, category="silent",
+                "failed", summary, evidence=evidence, category="silent", claims=made,
                 fix="step every scheduler on every rank from a value all ranks share: monitor a metric logged "
                     "with sync_dist=True (or a TorchMetrics object), and never step a scheduler under a rank "
                     "condition."))
@@ -251,27 +234,44 @@ class SyncDist(Contract):
         if culprit is None and not _differs(scores):
             return self._path_built_per_rank(finals, i, scores, evidence)
         if culprit is None:
-            return self.verdict(
-                "failed",
-                f"ModelCheckpoint(monitor={ckpt['monitor']!r}) ends with a different best checkpoint on "
-                f"each rank: the ranks disagree about which checkpoint is best.",
-                evidence=evidence, category="silent",
-                fix="make the monitored value identical on every rank (sync_dist=True or a TorchMetrics "
-                    "object); decisions must be taken from reduced values.")
+            return self._scores_differ(finals, ckpt, paths, scores, evidence)
         name, site = culprit["name"], fmt_site(culprit.get("site"))
         evidence += [Evidence(f"{name!r} after validation at epoch {meta['epoch']}: "
                               + " vs ".join(f"rank {r} {_fmt(v)}" for r, v in enumerate(vals)))
                      for meta, vals in self._snapshot_values(run, name) if _differs(vals)][:4]
         monitored = (f"although the monitored {ckpt['monitor']!r} agrees" if ckpt["monitor"]
                      else "(it monitors nothing, so the last checkpoint is the best)")
+        differ = claim("differ", "different best_model_path on each rank", values=_per_rank(paths))
         summary = (f"ModelCheckpoint(monitor={ckpt['monitor']!r}, filename={ckpt['filename']!r}) ends with a "
-                   f"different best_model_path on each rank {monitored}: the filename interpolates {name!r}, "
+                   f"{differ.text} {monitored}: the filename interpolates {name!r}, "
                    f"logged without sync_dist in {hook_label(culprit.get('hook'))} at {site}, so each rank "
                    f"formats the path with the value of its own shard. Lightning writes rank 0's file only; "
                    f"the other ranks' best_model_path names a file that does not exist.")
         fix = (f"log {name!r} with sync_dist=True at {site} (or log a TorchMetrics object), or keep it out of "
                f"the ModelCheckpoint filename: every rank must build the same checkpoint path.")
-        return self.verdict("failed", summary, evidence=evidence, category="silent", fix=fix)
+        return self.verdict("failed", summary, evidence=evidence, category="silent", fix=fix, claims=[differ])
+
+    def _scores_differ(self, finals: list[dict], ckpt: dict, paths: list, scores: list,
+                       evidence: list[Evidence]) -> Verdict:
+        """The ranks' best scores differ: say what differs (the score; the path too where it does)
+        and what that does: each rank ranks its top-k checkpoints on its own numbers."""
+        monitor = ckpt["monitor"]
+        made = [claim("differ", "a different best_model_score on each rank", values=_per_rank(scores))]
+        if len(set(paths)) > 1:
+            made.append(claim("differ", "a different best_model_path", values=_per_rank(paths)))
+            what = f"{made[0].text} and {made[1].text}"
+        else:
+            same = claim("equal", f"the same best_model_path on every rank ({paths[0]!r})", values=_per_rank(paths))
+            made.append(same)
+            what = f"{made[0].text}, with {same.text}"
+        stoppers = sorted({es["monitor"] for f in finals for es in f["early_stopping"]} & {monitor})
+        also = (f"; EarlyStopping(monitor={monitor!r}) decides on the same rank-local numbers" if stoppers else "")
+        summary = (f"ModelCheckpoint(monitor={monitor!r}) ends with {what}: the monitored value is not the same on "
+                   f"every rank, so each rank ranks its top-k checkpoints (which to keep, which is best) on different "
+                   f"numbers{also}.")
+        return self.verdict("failed", summary, evidence=evidence, category="silent", claims=made,
+                            fix="make the monitored value identical on every rank (sync_dist=True or a TorchMetrics "
+                                "object); decisions must be taken from reduced values.")
 
     def _path_built_per_rank(self, finals: list[dict], i: int, scores: list, evidence: list) -> Verdict:
         """The ranks agree on the best score but not on its path, and no unsynced metric in the
@@ -291,14 +291,16 @@ class SyncDist(Contract):
                 f"rank {r} {v!r}" for r, v in enumerate(names)) + ")"
         else:
             why = "the path is built from something that is not the same on every rank"
-        summary = (f"ModelCheckpoint(monitor={monitor!r}) ends with a different best_model_path on each rank "
+        paths = claim("differ", "a different best_model_path on each rank",
+                      values=_per_rank([c["best_model_path"] for c in ckpts]))
+        summary = (f"ModelCheckpoint(monitor={monitor!r}) ends with {paths.text} "
                    f"{agree}: {why}, so each rank names the best checkpoint its own way. Lightning writes rank "
                    f"0's file only; the other ranks' best_model_path names a file that does not exist (a later "
                    f"ckpt_path='best', or loading the best checkpoint on every rank, fails there).")
         fix = ("give ModelCheckpoint the same filename on every rank: nothing made per process in it (a run "
                "counter, a process id, a time, a random id). Make such a name once and share it (set it in the "
                "config, or broadcast rank 0's before building the Trainer).")
-        return self.verdict("failed", summary, evidence=evidence, category="silent", fix=fix)
+        return self.verdict("failed", summary, evidence=evidence, category="silent", fix=fix, claims=[paths])
 
     # -- 4. nonlinear per-batch metrics ---------------------------------------------------------
     def _nonlinear_failures(self, run: Run) -> list[Verdict]:
@@ -312,22 +314,24 @@ class SyncDist(Contract):
                 continue
             metrics = values[0]["final"]["callback_metrics"]
             logged = metrics.get(key, metrics.get(f"{key}_epoch"))
-            found = nonlinear.analyse(records) if logged is not None else None
-            if found is None or not any(p["nonlinear"] for p in found["parts"]):
+            scope = _Scope.of(record, records) if logged is not None else None
+            if scope is None or scope.found is None or not any(p["nonlinear"] for p in scope.found["parts"]):
                 continue  # linear parts (accuracy, MSE) average correctly over batches
-            if not nonlinear.differs(logged, found["truth"]):
+            if not nonlinear.differs(logged, scope.found["truth"]):
                 continue
             evidence = [Evidence(f"{len(r['batches'])} per-batch values logged in the last epoch", rank=i,
-                                 site=fmt_site(r.get("site"))) for i, r in enumerate(records)]
-            if found["mode"] == "single":
-                summary, fix = _single_texts(key, record, found, logged)
+                                 frame=r.get("site"), call="log_dict" if r.get("via") == "log_dict" else "log")
+                        for i, r in enumerate(records)]
+            if scope.found["mode"] == "single":
+                summary, fix, made = _single_texts(key, record, scope, logged)
             else:
-                summary, fix = _combination_texts(key, record, found, logged)
+                summary, fix, made = _combination_texts(key, record, scope, logged)
                 evidence += [Evidence(f"{p['label']}: mean of its per-batch values {_fmt4(p['batch_mean'])}, over "
-                                      f"the epoch's {found['samples']} samples of all ranks {p['truth']:.4f}"
+                                      f"{scope.samples_text} {p['truth']:.4f}"
                                       + ("" if p["nonlinear"] else " (linear: the same either way)"))
-                             for p in found["parts"]]
-            failures.append(self.verdict("failed", summary, category="silent", fix=fix, evidence=evidence))
+                             for p in scope.found["parts"]]
+            failures.append(self.verdict("failed", summary, category="silent", fix=fix, evidence=evidence,
+                                         claims=made))
         return failures
 
     # -- 5. Lightning's batch-size inference ----------------------------------------------------
@@ -376,21 +380,28 @@ class SyncDist(Contract):
 
     def _passed(self, run: Run) -> Verdict:
         synced = sorted({e.get("name") for e in run.events(0, "log") if synced_log(e)})
-        monitors = sorted({m["key"] for m in self._monitors(run)})
-        parts = []
-        parts.append(f"synced log keys identical on every rank ({', '.join(synced)})" if synced
-                     else "no synced log calls")
-        if monitors:
-            parts.append(f"monitored {', '.join(map(repr, monitors))} equal on every rank after every validation")
-        parts.append("shared decisions agree")
+        keys = sorted({m["key"] for m in self._monitors(run)})
+        parts = [f"synced log keys identical on every rank ({', '.join(synced)})" if synced
+                 else "no synced log calls"]
+        compared, made, unjudged = monitors.pass_text(run, keys)
+        parts += compared
         notes = []
+        for key in unjudged:
+            read = monitors.read_anywhere(run, key)
+            why = ("no callback read it on every rank in this run" if read else "no callback read it in this run")
+            parts.append(f"monitored {key!r} not judged: {why}")
+        parts.append("shared decisions agree")
         floats = sorted({e.get("name") for e in run.events(0, "log")
                          if e.get("vtype") == "float" and e.get("on_epoch") and not e.get("sync_dist")})
         if floats:
             notes.append(f"{', '.join(floats)} logged as Python floats without sync_dist: Lightning gives no "
                          f"warning for these; the logged value is rank 0's alone.")
         logged = any(run.events(r, "log") for r in range(run.world_size))
-        return self.verdict("passed", "; ".join(parts) + ".", notes=notes, empty=not logged and not monitors)
+        if unjudged and not compared and not synced:
+            return self.not_judged("; ".join(parts[1:-1]) + ", and no synced log call was made, so nothing was "
+                                   "compared across ranks.", notes=notes)
+        return self.verdict("passed", "; ".join(parts) + ".", notes=notes, claims=made,
+                            empty=not logged and not keys)
 
 
 # -- 1. helpers for a diverged sequence of synced log calls -----------------------------------------
@@ -454,9 +465,50 @@ def _weighted(batches: list[dict], weight: str) -> float | None:
     return sum(b["value"] * b[weight] for b in batches) / total if total else None
 
 
-def _single_texts(key: str, record: dict, found: dict, logged: float) -> tuple[str, str]:
-    """(summary, fix) for one nonlinear metric output logged per batch."""
-    part = found["parts"][0]
+@dataclasses.dataclass
+class _Scope:
+    """Over which values Lightning's epoch value of a per-batch metric is a mean: every rank's batches
+    when the log call synced it, rank 0's own otherwise (``found``: ``nonlinear.analyse`` over those
+    ranks; ``whole``: over every rank's, for an unsynced value). ``over``: the claim that says which."""
+
+    log: dict
+    found: dict | None
+    whole: dict | None
+    over: Claim
+
+    @classmethod
+    def of(cls, record: dict, records: list[dict]) -> _Scope:
+        log = {"sync_dist": bool(record.get("sync_dist")), "rank_zero_only": bool(record.get("rank_zero_only")),
+               "vtype": record.get("vtype", "tensor")}
+        if reduced_across_ranks(log):
+            return cls(log, nonlinear.analyse(records), None,
+                       claim("reduced", "mean-reduced over batches and ranks", log=log))
+        flags = "with rank_zero_only=True" if log["rank_zero_only"] else "without sync_dist"
+        return cls(log, nonlinear.analyse(records[:1]), nonlinear.analyse(records),
+                   claim("local", f"logged {flags}, so Lightning averages its per-batch values over each rank's "
+                                  f"own batches and publishes rank 0's", log=log))
+
+    @property
+    def samples_text(self) -> str:
+        if self.whole is None:
+            return f"the epoch's {self.found['samples']} samples of all ranks"
+        return f"rank 0's {self.found['samples']} samples of the epoch"
+
+    def values_text(self, logged: float, what: str) -> str:
+        """The logged value against the metric over the samples it averaged; for an unsynced value,
+        the part of the difference that is rank 0's shard alone, where there is one."""
+        rank = "rank 0's " if self.whole is not None else ""
+        text = (f"{rank}logged epoch value {logged:.4f} is not {what} over {self.samples_text} "
+                f"({self.found['truth']:.4f})")
+        if self.whole is not None and nonlinear.differs(self.found["truth"], self.whole["truth"]):
+            text += (f"; over the epoch's {self.whole['samples']} samples of all ranks it is "
+                     f"{self.whole['truth']:.4f}, a further difference that is rank 0's shard alone")
+        return text
+
+
+def _single_texts(key: str, record: dict, scope: _Scope, logged: float) -> tuple[str, str, list[Claim]]:
+    """(summary, fix, claims) for one nonlinear metric output logged per batch."""
+    part = scope.found["parts"][0]
     if part["kind"] == "functional":
         cls = _metric_class_for(part["fn"].rsplit(".", 1)[-1])
         fix = (f"keep a torchmetrics {cls or 'Metric'} object on the module, update it every step and "
@@ -468,23 +520,24 @@ def _single_texts(key: str, record: dict, found: dict, logged: float) -> tuple[s
                f"self.<metric>.compute() at epoch end; its per-batch return value is the metric "
                f"of that batch only.")
         what = f"via {record['via']} from {part['label']}"
-    summary = (f"{key!r} logged {what} in {record['hook']} and mean-reduced over batches and ranks "
-               f"(nonlinear metric): the logged epoch value is {logged:.4f}, the same metric over "
-               f"the epoch's {found['samples']} samples of all ranks is {found['truth']:.4f}.")
-    return summary, fix
+    summary = (f"{key!r} logged {what} in {record['hook']} and {scope.over.text} (nonlinear metric): the "
+               f"{scope.values_text(logged, 'the same metric')}.")
+    return summary, fix, [scope.over]
 
 
-def _combination_texts(key: str, record: dict, found: dict, logged: float) -> tuple[str, str]:
-    """(summary, fix) for a value computed from several metric outputs of each batch."""
+def _combination_texts(key: str, record: dict, scope: _Scope, logged: float) -> tuple[str, str, list[Claim]]:
+    """(summary, fix, claims) for a value computed from several metric outputs of each batch."""
+    found = scope.found
     labels = [p["label"] for p in found["parts"]]
     bad = [p for p in found["parts"] if p["nonlinear"]]
     bad_text = " and ".join(p["label"] for p in bad)
     verb = "is" if len(bad) == 1 else "are"
     via = "log_dict" if record["via"] == "log_dict" else "self.log"
+    whole = f"the {found['mode']} of the same metrics"
     summary = (f"{key!r} logged with {via} in {record['hook']} is the {found['mode']} of "
-               f"{', '.join(labels[:-1])} and {labels[-1]} of each batch, mean-reduced over batches and ranks: "
-               f"{bad_text} {verb} nonlinear, so the logged epoch value {logged:.4f} is not the {found['mode']} of "
-               f"the same metrics over the epoch's {found['samples']} samples of all ranks ({found['truth']:.4f}).")
+               f"{', '.join(labels[:-1])} and {labels[-1]} of each batch, {scope.over.text}: "
+               f"{bad_text} {verb} nonlinear, so the "
+               f"{scope.values_text(logged, whole)}.")
     classes = []
     for p in bad:
         name = p["name"] if p["kind"] == "metric" else _metric_class_for(p["fn"].rsplit(".", 1)[-1])
@@ -492,7 +545,7 @@ def _combination_texts(key: str, record: dict, found: dict, logged: float) -> tu
     fix = (f"keep a torchmetrics object per nonlinear part ({', '.join(dict.fromkeys(classes))}) on the module, "
            f"update it every step, and log the objects separately, or log the {found['mode']} of their "
            f".compute() values at epoch end; a value derived from per-batch metrics is still a per-batch metric.")
-    return summary, fix
+    return summary, fix, [scope.over]
 
 
 def _metric_class_for(fn_name: str) -> str | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import re
 
+from ...claims import Claim, claim
 from ...sites import fmt_site, hook_label
 from ..base import Evidence, Run
 
@@ -44,8 +45,8 @@ def stop_divergence(run: Run) -> dict | None:
     return None
 
 
-def stop_texts(run: Run, div: dict) -> tuple[str, list[Evidence]]:
-    """(summary, evidence) of a should_stop divergence."""
+def stop_texts(run: Run, div: dict) -> tuple[str, list[Evidence], list[Claim]]:
+    """(summary, evidence, claims) of a should_stop divergence."""
     event, setter = div["event"], div["setter"]
     step, epoch = event.get("step"), event.get("epoch")
     hook = hook_label(event.get("hook") or event.get("action"))
@@ -64,11 +65,15 @@ def stop_texts(run: Run, div: dict) -> tuple[str, list[Evidence]]:
             evidence.append(Evidence(f"trainer.should_stop = {e['value']} in "
                                      f"{hook_label(e.get('hook') or e.get('action'))} at {where}", rank=r,
                                      site=fmt_site(e.get("site"))))
-    summary = (f"trainer.should_stop differs across ranks from global step {step} (epoch {epoch}): rank {setter} "
+    at_step = {f"rank {setter}": event["value"]}
+    at_step.update({f"rank {r}": (not event["value"]) if e is None or e.get("step") != step else e["value"]
+                    for r, e in sorted(div["others"].items())})
+    differ = claim("differ", f"trainer.should_stop differs across ranks from global step {step}", values=at_step)
+    summary = (f"{differ.text} (epoch {epoch}): rank {setter} "
                f"set it to {event['value']} in {hook} at {site}, {'; '.join(others)}. Each rank leaves the "
                f"training loop at a different batch, so the next collective of one rank pairs with a different "
                f"one, or with none, on the others.")
-    return summary, evidence
+    return summary, evidence, [differ]
 
 
 def _lrs_close(a: list, b: list) -> bool:
@@ -100,14 +105,16 @@ def lr_divergence(changes: list[list[dict]]) -> tuple[dict, list] | None:
     return None
 
 
-def lr_texts(head: dict, lrs: list) -> tuple[str, list[Evidence]]:
-    summary = (f"the optimizers' learning rates differ across ranks from global step {head['step']} (epoch "
+def lr_texts(head: dict, lrs: list) -> tuple[str, list[Evidence], list[Claim]]:
+    differ = claim("differ", "the optimizers' learning rates differ across ranks",
+                   values={f"rank {r}": x for r, x in enumerate(lrs)}, rel=1e-6)
+    summary = (f"{differ.text} from global step {head['step']} (epoch "
                f"{head['epoch']}, seen at {head['hook']}): a scheduler stepped on a rank-local value (e.g. "
                f"ReduceLROnPlateau on an unsynced metric) or on some ranks only, so the ranks apply different "
                f"learning rates to the gradients DDP averaged.")
     evidence = [Evidence(f"learning rates per optimizer and param group at global step {head['step']}: "
                          f"{_fmt_lrs(x)}", rank=r) for r, x in enumerate(lrs)]
-    return summary, evidence
+    return summary, evidence, [differ]
 
 
 def _fmt_lrs(lrs) -> str:

@@ -10,8 +10,12 @@
 - Epoch-mean logs without ``batch_size``: the count Lightning infers from the batch next to the
   batch's number of samples, with the logged value.
 
+- Every monitored value a callback reads, where it reads it (EarlyStopping's check, the top-k
+  check of ModelCheckpoint, a ReduceLROnPlateau scheduler's value): ``reads``, one record per
+  read with the callback, its key, the hook it ran in, epoch, global step and the value.
+
 Observations: ``{"final": ..., "snapshots": [...], "per_batch": {key: record},
-"weights": {key: record}, "lr_changes": [...]}``.
+"weights": {key: record}, "lr_changes": [...], "reads": [...]}``.
 """
 
 from __future__ import annotations
@@ -166,7 +170,7 @@ def collect_final(trainer, ns: Any, built_at: Any = None) -> dict:
 
 class SyncDistProbe(Probe):
     def __init__(self):
-        self.state: dict = {"snapshots": [], "validation_runs": 0, "lr_changes": []}
+        self.state: dict = {"snapshots": [], "validation_runs": 0, "lr_changes": [], "reads": []}
         # id(tensor) -> (weakref, producer info); for the nonlinear-metric check.
         self.produced: dict[int, tuple[Any, dict]] = {}
         self.step_taps: list[dict] = []  # this batch's tapped outputs, for values derived from them
@@ -185,8 +189,9 @@ class SyncDistProbe(Probe):
         recorder.add_log_tap(self._on_log)
         for ns in ("lightning.pytorch", "pytorch_lightning"):
             if ns in sys.modules:  # where the user's code builds each ModelCheckpoint: its filename's site
-                checkpoint = importlib.import_module(f"{ns}.callbacks").ModelCheckpoint
-                recorder.patch(checkpoint, "__init__", self._checkpoint_init)
+                callbacks = importlib.import_module(f"{ns}.callbacks")
+                recorder.patch(callbacks.ModelCheckpoint, "__init__", self._checkpoint_init)
+                self._tap_reads(recorder, ns, callbacks)
         try:
             import torchmetrics
         except ImportError:
@@ -214,6 +219,52 @@ class SyncDistProbe(Probe):
                     built_at.setdefault(callback, site)  # a subclass's own __init__ calls this one too
 
         return __init__
+
+    # -- the monitored values callbacks read, where they read them ----------------------------------
+    def _tap_reads(self, recorder, ns: str, callbacks) -> None:
+        """Tap the three places Lightning reads a monitored value: EarlyStopping's check, the top-k
+        check of ModelCheckpoint (``check_monitor_top_k``, given the value it ranks), and the epoch
+        loop's value for a ReduceLROnPlateau scheduler; each read is a ``reads`` record with the
+        value this rank's callback decided on."""
+        loop = importlib.import_module(f"{ns}.loops.training_epoch_loop")._TrainingEpochLoop
+
+        def early(original):
+            def _run_early_stopping_check(callback, trainer):
+                self._read("EarlyStopping", callback, callback.monitor, trainer,
+                           lambda: trainer.callback_metrics.get(callback.monitor))
+                return original(callback, trainer)
+            return _run_early_stopping_check
+
+        def topk(original):  # (_save_topk_checkpoint is all-rank-save's tap already)
+            def check_monitor_top_k(callback, trainer, current=None):
+                self._read("ModelCheckpoint", callback, callback.monitor, trainer, lambda: current)
+                return original(callback, trainer, current)
+            return check_monitor_top_k
+
+        def plateau(original):
+            def _get_monitor_value(epoch_loop, key):
+                value = original(epoch_loop, key)
+                self._read("ReduceLROnPlateau", None, key, epoch_loop.trainer, lambda: value,
+                           hook="the learning-rate update")
+                return value
+            return _get_monitor_value
+
+        recorder.patch(callbacks.EarlyStopping, "_run_early_stopping_check", early)
+        recorder.patch(callbacks.ModelCheckpoint, "check_monitor_top_k", topk)
+        recorder.patch(loop, "_get_monitor_value", plateau)
+
+    def _read(self, owner: str, callback, key: str, trainer, value, hook: str | None = None) -> None:
+        with contextlib.suppress(Exception):  # an observation: never the user's callback's failure
+            same_kind = [c for c in trainer.callbacks if type(c).__name__ == type(callback).__name__] \
+                if callback is not None else []
+            if hook is None and self.recorder is not None:
+                hook = self.recorder.current_hook()
+            self.state["reads"].append({
+                "owner": owner, "cls": type(callback).__name__ if callback is not None else owner,
+                "n": next((i for i, c in enumerate(same_kind) if c is callback), 0), "key": key,
+                "hook": (hook or "").rsplit(".", 1)[-1] or None, "epoch": int(trainer.current_epoch),
+                "step": int(trainer.global_step), "sanity": bool(trainer.sanity_checking),
+                "value": _float_or_none(value())})
 
     def _metric_forward(self, original):
         probe = self
@@ -313,7 +364,8 @@ class SyncDistProbe(Probe):
         record = self.per_batch.get(name)
         if record is None or record["run"] != run_key:
             record = {"run": run_key, "hook": event["hook"], "site": event["site"], "via": event["via"],
-                      "sync_dist": event["sync_dist"], "batches": [], "templates": {}}
+                      "sync_dist": event["sync_dist"], "rank_zero_only": event.get("rank_zero_only", False),
+                      "vtype": event.get("vtype"), "batches": [], "templates": {}}
             self.per_batch[name] = record
         for combo in combos.values():
             for part in combo["parts"]:
@@ -405,4 +457,4 @@ class SyncDistProbe(Probe):
         self._unwatch()
         return {"final": collect_final(trainer, objects.ns, self.checkpoints_built_at),
                 "snapshots": self.state["snapshots"], "per_batch": self.per_batch, "weights": self.weights,
-                "lr_changes": self.state["lr_changes"]}
+                "lr_changes": self.state["lr_changes"], "reads": self.state["reads"]}
