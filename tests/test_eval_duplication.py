@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from conftest import case
 
+from pytest_ltconform import claims
 from pytest_ltconform.contracts import get_contract
 
 
@@ -186,6 +187,45 @@ def test_whole_set_on_every_rank_with_a_batch_per_rank_fails(fake_runs):
     assert ("every rank evaluates the whole set: all 8 samples on each of the 2 ranks (4 batches per rank, "
             "SequentialSampler), so each sample is evaluated 2 times") in v.summary
     assert "val_loss 0.5" in v.summary and "use_distributed_sampler=True" in v.fix
+
+
+def test_whole_set_repeated_with_equal_values_is_repeated_work_not_silently_wrong(fake_runs):
+    """Issue 32: "FAILED (silently wrong values, no error)" over a stream evaluated on every rank whose
+    message says the published values equal the single-device ones. The label follows the measure."""
+    ranks, ref_stages = _whole_set(batches=4)
+    ref = fake_runs.run(values=_values([ref_stages]), kind="eval-reference")
+    v = judge(fake_runs.run(values=_values(ranks), kind="eval", reference=ref))
+    assert v.outcome == "failed" and v.category == "repeated", v.render()
+    head = v.render().splitlines()[0]
+    assert "silently wrong values" not in head and "repeated work" in head, head
+    assert "the published values equal the single-device ones (val_loss 0.5 on 2 ranks = 0.5 on 1 device)" in \
+        v.summary
+    record = {"contract": "eval-duplication", **v.as_dict()}
+    assert claims.check(record) == []
+    # The old headline over the same facts contradicts them.
+    record["claims"] = [c for c in record["claims"] if c["kind"] != "label"] + [
+        claims.label_claim("silent").as_dict()]
+    record["message"] = record["message"].replace(head, "[eval-duplication] FAILED (silently wrong values, "
+                                                        "no error): x")
+    assert any("measure the published values equal" in p for p in claims.check(record)), claims.check(record)
+
+
+def test_a_duplicate_under_an_unsynced_metric_names_rank_zero_and_where_the_difference_comes_from(fake_runs):
+    """Issue 32: '0.2599 on 2 ranks vs 0.2484 on 1 device' used rank 0's own unsynced value as if
+    it were every rank's; and the duplicated-sample part is told apart from the rank-local part."""
+    ranks = [{"validate": _stage([_loader([0, 2, 4], 5, total=6)], {"val_acc": 0.2599})},
+             {"validate": _stage([_loader([1, 3, 0], 5, total=6)], {"val_acc": 0.2411})}]
+    ref_stages = {"validate": _stage([_loader([0, 1, 2, 3, 4], 5, sampler="SequentialSampler")], {"val_acc": 0.2484})}
+    ref = fake_runs.run(values=_values([ref_stages]), kind="eval-reference")
+    v = judge(fake_runs.run(values=_values(ranks), kind="eval", reference=ref))
+    text = v.render()
+    assert "on 2 ranks vs" not in text
+    assert ("val_acc 0.2599 on rank 0 (rank 1: 0.2411) vs 0.2484 on 1 device with the same weights (difference "
+            "+0.0115): rank 0's own value (not synced): the difference is rank 0's shard alone (rank-local), not "
+            "the duplicated samples") in text, text
+    assert claims.check({"contract": "eval-duplication", **v.as_dict()}) == []
+    old = text.replace("val_acc 0.2599 on rank 0 (rank 1: 0.2411) vs", "val_acc 0.2599 on 2 ranks vs")
+    assert any("no rank-value claim" in p for p in claims.check({"contract": "eval-duplication", "message": old}))
 
 
 def test_whole_set_with_fewer_batches_than_ranks_passes_with_a_note(fake_runs):

@@ -174,3 +174,104 @@ def test_manual_optimization_returning_none_is_not_a_skipped_step(pytester, no_l
         "-k", "unused-parameters[", "-v")
     result.assert_outcomes(passed=1)
     assert "training_step returned None" not in result.stdout.str()
+
+
+# -- issue 32: a module ran when its parameters were used; where requires_grad was switched off ------
+
+def _switch_event(batch, usage, off_at):
+    return _backward(batch, ["aux.weight", "aux.bias"], off=["aux.weight", "aux.bias"], not_run=[], no_grad=[],
+                     usage=usage, off_at=off_at)
+
+
+def test_a_module_called_by_forward_is_not_said_never_to_have_run_and_the_switch_is_named(fake_runs):
+    """`self.aux.forward(x)` fires no hook but uses the parameters; the module's own hook switched
+    requires_grad off at a line of the user's: that line is named, Lightning is not guessed."""
+    from pytest_ltconform import claims
+
+    hook = {"file": "/x/model.py", "line": 51, "func": "Model.on_train_batch_start"}
+    usage = {"aux": {"used": True, "grad": True, "hooks": False}}
+    off_at = {"aux.weight": {"site": hook, "via": "Module.requires_grad_"},
+              "aux.bias": {"site": hook, "via": "Module.requires_grad_"}}
+    events = [_switch_event(b, usage, off_at) for b in range(2)] + [_backward(b) for b in range(2, 4)]
+    v = judge(fake_runs.run(_traces([events, events])))
+    text = v.render()
+    assert v.outcome == "failed", text
+    assert ("requires_grad was switched off for all of them at /x/model.py:51 (Model.on_train_batch_start) "
+            "(through Module.requires_grad_)") in text
+    assert "never ran" not in text and "toggle_optimizer" not in text
+    assert claims.check({"contract": "unused-parameters", **v.as_dict()}) == []
+    # The sentences before the fix, over the same recorded facts, are not borne out.
+    old = {"contract": "unused-parameters", "message": "aux never ran in forward; requires_grad was switched off for "
+           "all of them at that moment (toggle_optimizer or similar)", "claims": []}
+    assert {p.split(":")[0] for p in claims.check(old)} == {"not-run", "switched-off"}
+
+
+def test_a_switch_with_no_recorded_site_is_said_unknown(fake_runs):
+    from pytest_ltconform import claims
+
+    events = [_switch_event(b, {"aux": {"used": True, "grad": True, "hooks": True}}, {}) for b in range(4)]
+    v = judge(fake_runs.run(_traces([events, events])))
+    assert "requires_grad was switched off for all of them before this backward (where was not recorded)" in v.render()
+    assert claims.check({"contract": "unused-parameters", **v.as_dict()}) == []
+
+
+def test_an_unused_layer_is_located_where_the_users_code_built_it(fake_runs):
+    built = {"aux.weight": {"file": "/x/model.py", "line": 12, "func": "Encoder.__init__"},
+             "aux.bias": {"file": "/x/model.py", "line": 12, "func": "Encoder.__init__"}}
+    traces = _traces([[_backward(b, ["aux.weight", "aux.bias"]) for b in range(4)]] * 2)
+    for t in traces:
+        t[1]["built"] = built
+    v = judge(fake_runs.run(traces))
+    located = [e for e in v.evidence if e.detail == "aux.weight, aux.bias built here"]
+    assert [e.site for e in located] == ["/x/model.py:12 (Encoder.__init__)"], v.render()
+
+
+class _Patcher:
+    """The recorder's patch/uninstall, for the rank-side taps run in this process."""
+
+    def __init__(self):
+        self.undo = []
+
+    def patch(self, owner, name, factory, inherited=False):
+        own = owner.__dict__.get(name)
+        setattr(owner, name, factory(getattr(owner, name)))
+        self.undo.append((owner, name, own))
+
+    def uninstall(self):
+        for owner, name, own in reversed(self.undo):
+            if own is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, own)
+
+
+def test_the_probe_records_parameter_use_without_hooks_and_the_switchs_site():
+    import sys
+
+    import torch
+
+    from pytest_ltconform.contracts.unused_parameters import probe
+
+    patcher = _Patcher()
+    observer = probe._Observer(recorder=None)
+    sites = {}
+    try:
+        probe._watch_requires_grad(patcher, observer)
+        head, body = torch.nn.Linear(3, 3), torch.nn.Linear(3, 3)
+        for name, mod in (("head", head), ("body", body)):
+            for pname, p in mod.named_parameters():
+                observer.ids[id(p)], observer.params[f"{name}.{pname}"] = f"{name}.{pname}", p
+                observer.owner[f"{name}.{pname}"] = name
+        step = probe._with_param_use(lambda x: head.forward(body(x)).sum(), observer)
+        step(torch.randn(2, 3))
+        line = sys._getframe().f_lineno + 1
+        head.requires_grad_(False)
+        sites = dict(observer.switched)
+        assert observer.watching
+        usage = observer._usage(["head", "body"])
+    finally:
+        patcher.uninstall()
+    assert usage["head"] == {"used": True, "grad": True, "hooks": False}  # forward() bypassed the hooks
+    switched = sites[id(head.weight)]
+    assert switched["via"] == "Module.requires_grad_" and switched["site"]["line"] == line
+    assert "requires_grad" not in torch.nn.Parameter.__dict__  # the watch is gone after the run

@@ -381,7 +381,7 @@ def _label(c: dict, record: dict) -> str | None:
 
 LABELS = {"deadlock": " (deadlocks the world)", "silent": " (silently wrong values, no error)",
           "waste": " (not a correctness bug: wasted work)",
-          "repeated": " (repeated work: every rank evaluates the same samples)"}
+          "repeated": " (repeated work: samples evaluated more than once, no published value measured wrong)"}
 
 
 def label_claim(category: str | None) -> Claim | None:

@@ -24,10 +24,12 @@ import dataclasses
 import math
 from collections import Counter, defaultdict
 
+from ...claims import claim
 from ...runs import RunSpec
 from ...sites import fmt_site
 from ..base import Contract, Evidence, Findings, Run, Verdict, method_site, rank_guard, user_classes
 from ..rank_reads import describe, selecting_reads
+from . import statements
 from .content import ContentCheck
 from .probe import STAGES as STAGES_ORDER
 from .probe import EvalDuplicationProbe
@@ -78,8 +80,10 @@ class StageFindings(Findings):
     good: list[str] = dataclasses.field(default_factory=list)
     unread: list[str] = dataclasses.field(default_factory=list)
 
-    def fail(self, text: str, fix: str) -> None:
-        self.add("silent", text, fix=fix)  # a duplicated or missing sample raises nothing
+    def fail(self, text: str, fix: str, category: str = "silent") -> None:
+        """A finding; ``category`` 'repeated' where samples are evaluated more than once and no
+        published value was measured wrong (a duplicated or missing sample raises nothing)."""
+        self.add(category, text, fix=fix)
 
 
 class EvalDuplication(Contract):
@@ -123,12 +127,15 @@ class EvalDuplication(Contract):
         if not judged:
             return self.not_judged(found.notes[-1], notes=found.notes[:-1])
         if found.items:
+            # The label follows from what was measured: wrong values if any finding measured or implies them.
+            category = "silent" if any(f.category == "silent" for f in found.items) else found.lead.category
             return self.verdict("failed", found.summary(every=True), evidence=found.evidence,
-                                fix=found.fixes(), category=found.lead.category, notes=found.notes)
+                                fix=found.fixes(), category=category, notes=found.notes, claims=found.claims)
         if found.unread and not found.good:  # nothing compared: never a pass
             return self.not_judged("cannot tell samples apart in " + "; ".join(found.unread)
                                 + " (no dataset indices to read).", notes=found.notes)
-        return self.verdict("passed", " ".join(found.good), evidence=found.evidence, notes=found.notes)
+        return self.verdict("passed", " ".join(found.good), evidence=found.evidence, notes=found.notes,
+                            claims=found.claims)
 
 
 def _stage_error_note(stage: str, recs: list, driver: list, stages: list) -> str:
@@ -222,12 +229,12 @@ class _StageCheck:
         split = self._split_in_step(per_rank) if dups else None
         if split is not None:
             self._in_step(tag, per_rank, split, moved)
-        elif dups and self._whole_set_unsplit(tag, i, infos, per_rank, n):
+        elif dups and self._whole_set_unsplit(tag, i, infos, per_rank, n, moved):
             pass
         elif dups and self._whole_set_unchanged(tag, i, per_rank, n, moved):
             pass
         elif dups:
-            self._duplicates(tag, infos, per_rank, counts, dups, moved)
+            self._duplicates(tag, infos, per_rank, counts, dups, moved, i)
         elif n is not None and not self.limited and len(counts) < n:
             missing = sorted(set(range(n)) - set(counts))
             shard_text = ", ".join(f"rank {r}: {len(x)}" for r, x in enumerate(per_rank))
@@ -238,7 +245,7 @@ class _StageCheck:
         if not dups:
             self._shard_metrics(tag, per_rank, n, moved)
 
-    def _whole_set_unsplit(self, tag, i, infos, per_rank, n) -> bool:
+    def _whole_set_unsplit(self, tag, i, infos, per_rank, n, moved) -> bool:
         """Every rank evaluates the whole set although it has a batch or more for each rank: no
         sampler splits it, so each sample is evaluated world-size times (seed section "Sampling,
         metrics and writes"). A set with fewer batches than ranks, left whole on purpose, is
@@ -251,12 +258,16 @@ class _StageCheck:
             return False
         sampler = infos[0].get("sampler") or "no sampler"
         same = self._same(i)
-        equal = ("; the published values equal the single-device ones (" + ", ".join(
-            f"{k} {_fmt(v)}" for k, v, _ in same[:3]) + "), only because each copy weighs the same") if same else ""
+        equal = ""
+        if same:
+            values, made = statements.published_equal(same, self.world, limit=3)
+            equal = f"; {values}, only because each copy weighs the same"
+            self.found.claims += made
         self.found.fail(f"{tag}: every rank evaluates the whole set: all {len(set(full))} samples on each of the "
                         f"{self.world} ranks ({min(batches)} batches per rank, {sampler}), so each sample is "
                         f"evaluated {self.world} times and no sampler splits the {self.word} set across "
-                        f"ranks{equal}.", _FIX_UNSPLIT)
+                        f"ranks{equal}.", _FIX_UNSPLIT, "silent" if moved else "repeated")
+        self._moved_evidence(moved, [per_rank[0]], synced_only=False)
         for r, idx in enumerate(per_rank):
             self.found.evidence.append(Evidence(f"this rank's {self.word} loader yields all {len(idx)} indices "
                                                 f"{_ids(idx, keep_order=True)} in {batches[r]} batches", rank=r))
@@ -275,9 +286,9 @@ class _StageCheck:
         same = self._same(i)
         if not same:
             return False  # nothing compared: duplicates are judged as such
-        values = ", ".join(f"{k} {_fmt(v)} on {self.world} ranks = {_fmt(ref)} on 1 device" for k, v, ref in same[:4])
-        self.found.good.append(f"{tag}: every rank evaluates all {len(full)} samples and the published values "
-                               f"equal the single-device ones ({values}).")
+        values, made = statements.published_equal(same, self.world)
+        self.found.claims += made
+        self.found.good.append(f"{tag}: every rank evaluates all {len(full)} samples and {values}.")
         self.found.notes.append(f"{tag}: the loader is not sharded, so each of the {self.world} ranks repeats the "
                                 f"whole evaluation: wasted work, but no sample weighs more than another.")
         return True
@@ -302,7 +313,7 @@ class _StageCheck:
         share = f"rank 0's rows of each batch ({hook} selects them by rank at {fmt_site(read.get('site'))})"
         self._shard_metrics(tag, per_rank, None, moved, share=share)
 
-    def _duplicates(self, tag, infos, per_rank, counts, dups, moved) -> None:
+    def _duplicates(self, tag, infos, per_rank, counts, dups, moved, i) -> None:
         word, world, n = self.word, self.world, infos[0].get("dataset_len")
         sampler = infos[0].get("sampler") or "sampler"
         where = defaultdict(list)
@@ -317,8 +328,10 @@ class _StageCheck:
                    f"by repeating the first ones.")
         several = "indices" if len(dups) > 1 else "index"
         total = sum(len(x) for x in per_rank)
+        measured_equal = bool(self._same(i)) and not moved
         self.found.fail(f"{tag}: {len(dups)} sample {several} evaluated more than once across ranks: "
-                        f"{total} evaluations for {len(counts)} distinct samples.{pad}", _FIX_DUPLICATES)
+                        f"{total} evaluations for {len(counts)} distinct samples.{pad}", _FIX_DUPLICATES,
+                        "repeated" if measured_equal else "silent")
         evidence = self.found.evidence
         evidence.append(Evidence(f"{word} sample {named} ({sampler})"))
         built = _built_evidence(self.run, self.stage, infos[0], f"Lightning wraps it in {sampler}")
@@ -329,9 +342,19 @@ class _StageCheck:
                                      f"{_ids(idx, keep_order=True)}", rank=r))
         for name, samples in _metric_counts(self.recs).items():
             evidence.append(_metric_evidence(name, samples, per_rank, len(counts), word))
-        for key, dist, single, _ in moved:
-            evidence.append(Evidence(f"{key} {_fmt(dist)} on {world} ranks vs {_fmt(single)} on 1 device "
-                                     f"with the same weights (difference {dist - single:+.4g})"))
+        self._moved_evidence(moved, per_rank)
+
+    def _moved_evidence(self, moved, per_rank, synced_only: bool = False) -> None:
+        """One line per published value that differs from the one-device value: whose value it is
+        (every rank's, or rank 0's own) and, for duplicates, what part of the run the difference
+        comes from (``statements.difference_origin``)."""
+        for key, dist, single, values in moved:
+            text, made = statements.versus(key, values, single, self.world)
+            origin = statements.difference_origin(values, per_rank[0], statements.agree(values)) \
+                if len(per_rank) > 1 else ""
+            self.found.claims += made
+            self.found.evidence.append(Evidence(f"{text} with the same weights (difference {dist - single:+.4g})"
+                                                + (f": {origin}" if origin else "")))
 
     def _exactly_once(self, tag, i, per_rank, n, counts) -> None:
         span = f"every index 0..{n - 1}" if n is not None and len(counts) == n else f"{len(counts)} indices"
@@ -339,8 +362,9 @@ class _StageCheck:
         text = f"{tag}: {span} evaluated exactly once across ranks ({shard_text})"
         same = self._same(i)
         if same:
-            text += "; " + ", ".join(f"{k} {_fmt(v)} on {self.world} ranks = {_fmt(s)} on 1 device"
-                                     for k, v, s in same[:4])
+            values, made = statements.equal_list(same, self.world)
+            text += "; " + values
+            self.found.claims += made
         self.found.good.append(text + ".")
 
     def _values(self, i, rec) -> dict:
@@ -363,11 +387,14 @@ class _StageCheck:
             out.append((key, dist, single, [pr.get(key) for pr in per_rank]))
         return out
 
-    def _same(self, i) -> list[tuple[str, float, float]]:
+    def _same(self, i) -> list[tuple[str, list, float]]:
+        """[(key, [value per rank], one-device value)] of the published (rank 0) values equal to the
+        one-device ones."""
         if self.ref_rec is None:
             return []
         ref_vals = self._values(i, self.ref_rec)
-        return [(k, v, ref_vals[k]) for k, v in self._values(i, self.recs[0]).items()
+        per_rank = [self._values(i, r) for r in self.recs]
+        return [(k, [pr.get(k) for pr in per_rank], ref_vals[k]) for k, v in per_rank[0].items()
                 if k in ref_vals and _close(v, ref_vals[k])]
 
     def _shard_metrics(self, tag, per_rank, n, moved, share: str | None = None) -> None:
@@ -386,13 +413,16 @@ class _StageCheck:
             covered = len(per_rank[0])
             total = n if n is not None else len({i for idx in per_rank for i in idx})
             share_text = share or f"{covered} of {total} {self.word} samples"
-            self.found.fail(f"{tag}: {key} published from rank 0 is computed from rank 0's shard alone: "
-                            f"{share_text}{how}.", _FIX_SHARD_METRIC)
+            local = f"{key} published from rank 0 is computed from rank 0's shard alone"
+            if log is not None:
+                self.found.claims.append(claim("local", local, log=log))
+            self.found.fail(f"{tag}: {local}: {share_text}{how}.", _FIX_SHARD_METRIC)
+            text, made = statements.versus(key, values, single, self.world)
+            self.found.claims += made
             self.found.evidence.append(Evidence(
-                f"{key} {_fmt(dist)} on rank 0 (" + ", ".join(f"rank {r}: {_fmt(v)}" for r, v in enumerate(values)
-                                                        if r and v is not None)
-                + f") vs {_fmt(single)} on 1 device with the same weights (difference {dist - single:+.4g})",
-                rank=0, site=fmt_site(log.get("site")) if log else None))
+                f"{text} with the same weights (difference {dist - single:+.4g})", rank=0,
+                frame=log.get("site") if log else None, call="log_dict" if log and log.get("via") == "log_dict"
+                else "log" if log else None))
 
     def _rank_zero_writes(self) -> None:
         recs, word, stage = self.recs, self.word, self.stage

@@ -18,6 +18,7 @@ from collections import defaultdict
 from ...sites import fmt_site
 from ..base import Evidence
 from ..rank_reads import describe, selecting_reads
+from . import statements
 
 FIX_UNSPLIT_STREAM = ("Split evaluation across ranks: build the loader as a torch DataLoader over a map-style "
                       "dataset so that Lightning adds its DistributedSampler, or make the stream yield only this "
@@ -114,16 +115,17 @@ class ContentCheck:
             sc.found.notes.append(f"{self.tag}: the stream is not split, so each of the {sc.world} ranks repeats "
                                   f"the whole evaluation: wasted work, but no sample weighs more than another.")
             return
-        equal = ("; the published values equal the single-device ones (" + ", ".join(
-            f"{key} {v:.4g}" for key, v, _ in same[:3]) + "), only because each copy weighs the same") if same else ""
+        equal = ""
+        if same:
+            values, made = statements.published_equal(same, sc.world, limit=3)
+            equal = f"; {values}, only because each copy weighs the same"
+            sc.found.claims += made
         sc.found.fail(f"{self.tag}: every rank evaluates the same stream: the {_batches(n)} each rank's {sc.word} "
                       f"loop received are the same on all {sc.world} ranks, so each sample is evaluated "
                       f"{sc.world} times and nothing splits the {sc.word} set across ranks ({self._how(streams, k)})"
-                      f"{equal}.", FIX_UNSPLIT_STREAM)
+                      f"{equal}.", FIX_UNSPLIT_STREAM, "silent" if moved else "repeated")
         self._evidence(streams, f"tensor {k} of each batch the same as on every other rank", leaf=k)
-        for key, dist, single, _ in moved:
-            sc.found.evidence.append(Evidence(f"{key} {dist:.4g} on {sc.world} ranks vs {single:.4g} on 1 device "
-                                              f"with the same weights (difference {dist - single:+.4g})"))
+        sc._moved_evidence(moved, [[]])
 
     def _different(self, streams) -> None:
         sc = self.sc
@@ -134,10 +136,12 @@ class ContentCheck:
         shared = [fp for fp, ranks in where.items() if len(ranks) > 1]
         sizes = ", ".join(f"rank {r}: {len(s)}" for r, s in enumerate(streams))
         if shared:
+            equal = bool(sc._same(self.i)) and not sc._compare(self.i)
             sc.found.fail(f"{self.tag}: {len(shared)} batch(es) reached more than one rank with the same content "
                           f"({sizes} batches; established by content: {self.source} hands out no dataset "
                           f"indices, so the batches were fingerprinted as the loop received them).",
-                          FIX_SHARED_BATCHES)
+                          FIX_SHARED_BATCHES, "repeated" if equal else "silent")
+            sc._moved_evidence(sc._compare(self.i), [[]])
             self._evidence(streams, "batches whose content another rank also evaluated", only=set(shared))
             return
         sc.found.good.append(f"{self.tag}: no batch reached two ranks ({sizes} batches, compared by content: "

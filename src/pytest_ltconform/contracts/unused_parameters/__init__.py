@@ -26,7 +26,8 @@ import dataclasses
 import re
 from collections import defaultdict
 
-from ...sites import first_sentence, plural
+from ...claims import claim
+from ...sites import first_sentence, fmt_site, plural
 from ..base import Blame, Contract, Evidence, Findings, Run, Verdict, definition_evidence, target_site
 from .probe import UnusedParametersProbe
 
@@ -159,9 +160,11 @@ class UnusedParameters(Contract):
                 f"{plural(len(always), 'parameter')} ({_group(always)}) never got a gradient: they only cost "
                 f"memory. Not a correctness bug.",
                 evidence=found.evidence, fix="freeze them (module.requires_grad_(False)) or delete them.",
-                category="waste")
+                category="waste", claims=found.claims)
         if use.find_unused:
-            return self._dynamic(always, sometimes, found.evidence)
+            verdict = self._dynamic(always, sometimes, found.evidence)
+            verdict.claims = found.claims if verdict.evidence else []
+            return verdict
         return self._failed(run, use, always, sometimes, found)
 
     def _dynamic(self, always: list[str], sometimes: list[str], evidence: list[Evidence]) -> Verdict:
@@ -191,7 +194,7 @@ class UnusedParameters(Contract):
                        "iteration' at the step after the first such backward, which Lightning re-raises as 'It "
                        "looks like your LightningModule has parameters that were not used in producing the loss' "
                        "without naming them.")
-        evidence = found.evidence + definition_evidence(run, list(always) + list(sometimes))
+        evidence = found.evidence + _built_evidence(run, list(always) + list(sometimes))
         summary = (f"under DDP with find_unused_parameters=False, {_what_missed(always, sometimes)}. DDP waits for a "
                    f"gradient of every registered parameter in every backward.{stopped}")
         notes = []
@@ -199,7 +202,7 @@ class UnusedParameters(Contract):
             notes.append("the conformance run kept DDP going with find_unused_parameters=True so every backward "
                          "could be observed; the verdict is about your setting, find_unused_parameters=False.")
         fix = _fix(always, sometimes, "toggled" in found.causes)
-        return self.verdict("failed", summary, evidence=evidence, fix=fix, notes=notes)
+        return self.verdict("failed", summary, evidence=evidence, fix=fix, notes=notes, claims=found.claims)
 
 @dataclasses.dataclass
 class _GradUse:
@@ -263,23 +266,73 @@ def _pattern_evidence(rank: int, recs: list[dict], found: Findings) -> None:
                   f" ({'; '.join(why) or 'their output did not reach the loss'}); "
                   f"in {len(steps)} of {len({(e.get('epoch'), e.get('batch')) for e in recs})} "
                   f"training steps: {step_text}")
-        found.evidence.append(Evidence(detail, rank=rank, site=_site(first.get("site"))))
+        found.evidence.append(Evidence(detail, rank=rank, frame=first.get("site")))
 
 def _why_unused(event: dict, unused: tuple, found: Findings) -> list[str]:
-    """The reasons one grad_use event gives for its unused parameters; notes each cause."""
+    """The reasons one grad_use event gives for its unused parameters, each from what the probe
+    recorded (a module ran when its parameters were used; where requires_grad was switched off);
+    notes each cause and the claims behind the sentences."""
     why = []
+    usage = event.get("usage")
     if event.get("no_grad"):
-        why.append(f"{', '.join(event['no_grad'])} ran only under torch.no_grad()")
+        text = f"{', '.join(event['no_grad'])} ran only under torch.no_grad()"
+        for m in event["no_grad"]:  # from parameter use, or (an older record) its hook under no_grad
+            u = (usage or {}).get(m) or {"used": True, "grad": False}
+            found.claims.append(claim("no-grad", text, module=m, used=u["used"], grad_enabled=u["grad"]))
+        why.append(text)
         found.causes.add("no_grad")
-    if event.get("not_run"):
-        why.append(f"{', '.join(event['not_run'])} never ran in forward")
+    if event.get("not_run") and usage is not None:
+        text = f"{', '.join(event['not_run'])} never ran in forward, none of its parameters used"
+        found.claims += [claim("not-run", text, module=m, used=usage[m]["used"], hooks=usage[m]["hooks"])
+                         for m in event["not_run"]]
+        why.append(text)
+        found.causes.add("not_run")
+    elif event.get("not_run"):
+        why.append(f"the forward hook of {', '.join(event['not_run'])} never fired (whether its parameters were "
+                   f"used was not recorded)")
         found.causes.add("not_run")
     if event.get("off"):
-        off = "all of them" if len(event["off"]) == len(unused) else _group(event["off"])
-        why.append(f"requires_grad was switched off for {off} at that moment "
-                   f"(toggle_optimizer or similar)")
+        why += _switched_off(event, unused, found)
         found.causes.add("toggled")
     return why
+
+
+def _switched_off(event: dict, unused: tuple, found: Findings) -> list[str]:
+    """Where requires_grad was switched off for the unused parameters that had it off: the user's
+    line and the library call it went through, as recorded; or said unknown."""
+    groups: dict = defaultdict(list)
+    for name in event["off"]:
+        at = (event.get("off_at") or {}).get(name) or {}
+        groups[(fmt_site(at["site"]) if at.get("site") else None, at.get("via"))].append((name, at))
+    texts = []
+    for (where, via), entries in groups.items():
+        names = [n for n, _ in entries]
+        off = "all of them" if 1 < len(names) == len(unused) and len(groups) == 1 else _group(names)
+        through = f" (through {via})" if via else ""
+        if where:
+            text = f"requires_grad was switched off for {off} at {where}{through}"
+        elif via:
+            text = f"requires_grad was switched off for {off} by {via}, with no frame of your code above it"
+        else:
+            text = f"requires_grad was switched off for {off} before this backward (where was not recorded)"
+        found.claims.append(claim("switched-off", text, params=names, site=entries[0][1].get("site"), via=via))
+        texts.append(text)
+    return texts
+
+def _built_evidence(run: Run, names: list[str]) -> list[Evidence]:
+    """Where the user's code built the parameters ``names``: the innermost user frame that
+    registered each (``Encoder.__init__``'s ``self.fc = nn.Linear(...)``, not the parent's
+    ``self.encoder = Encoder()``), one line per site; names without a recorded site fall back to the
+    ``self.<attr> = ...`` of their top-level submodule."""
+    built = next((e.get("built") for t in run.traces for e in t if e.get("ev") == "grad_setup" and e.get("built")),
+                 None) or {}
+    by_site: dict = defaultdict(list)
+    for n in names:
+        if built.get(n):
+            by_site[fmt_site(built[n])].append(n)
+    out = [Evidence(f"{_group(group)} built here", frame=built[group[0]]) for group in by_site.values()]
+    return out + definition_evidence(run, [n for n in names if not built.get(n)])
+
 
 def _ddp_error_evidence(use: _GradUse, found: Findings) -> None:
     """DDP's own reducer message per rank, with its parameter indices mapped back to names."""

@@ -1,10 +1,24 @@
 """unused-parameters, rank side: what its probe observes on every rank (the package's docstring says
 what the verdict makes of it).
+
+- Where each parameter was built: the innermost user frame when its module registered it
+  (``Module.register_parameter``, tapped from before the user's module is built), so that an
+  ``nn.Linear`` built inside ``Encoder.__init__`` is located there, not at ``self.encoder = ...``.
+- Which parameters each forward used: every torch function call made inside ``training_step`` is
+  seen by a :class:`torch.overrides.TorchFunctionMode` that notes the tracked parameters among its
+  arguments, and whether grad mode was on. A module ran when its parameters were used, whether or
+  not its hooks fired (``self.head.forward(x)`` bypasses them).
+- Where ``requires_grad`` was switched off: ``Parameter.requires_grad`` and ``requires_grad_`` are
+  watched during the run, with the user's frame and the library function it went through
+  (``LightningModule.toggle_optimizer``, ``Module.requires_grad_``), recorded, never guessed.
 """
 
 from __future__ import annotations
 
+import sys
+
 from ...harness import tolerate_unused_parameters, training_step_source
+from ...sites import is_user_file, user_site
 from ..base import Probe
 
 _DDP_ERROR_PATTERNS = (
@@ -32,6 +46,12 @@ class _Observer:
         self.in_batch = 0
         self.unused_backwards = 0
         self.started = False
+        self.built: dict[str, dict] = {}        # parameter name -> where the user's code built it
+        self.used: dict[int, bool] = {}         # id(parameter) -> used with grad enabled (this backward's forward)
+        self.switched: dict[int, dict] = {}     # id(parameter) -> its last recorded switch of requires_grad off
+        self.ids: dict[int, str] = {}           # id(parameter) -> name, for the tracked ones
+        self.sites = None                       # parameter -> where it was built (the probe's, from install)
+        self.watching = False                   # whether the forward's parameter use is recorded
 
     def start(self, trainer) -> None:
         import torch
@@ -53,15 +73,45 @@ class _Observer:
                 self.names.append(full)
                 self.params[full] = p
                 self.owner[full] = mod_name
+                self.ids[id(p)] = full
                 self.handles.append(p.register_hook(self._grad_hook(full)))
             if own:
                 self.handles.append(mod.register_forward_hook(self._forward_hook(mod_name)))
         ddp = getattr(trainer.strategy, "model", None)
-        config = {"ev": "grad_setup", "names": self.names, "ddp": False}
+        config = {"ev": "grad_setup", "names": self.names, "ddp": False, "built": self.built_sites()}
         if isinstance(ddp, torch.nn.parallel.DistributedDataParallel):
             config.update(ddp=True, find_unused=bool(ddp.find_unused_parameters),
                           static_graph=bool(getattr(ddp, "static_graph", False)))
         self.recorder.emit(config)
+
+    def built_sites(self) -> dict[str, dict]:
+        """Parameter name -> the user frame that built it, for the tracked parameters recorded."""
+        sites = getattr(self, "sites", None)
+        if sites is None:
+            return {}
+        return {n: sites[p] for n, p in self.params.items() if p in sites}
+
+    def note_use(self, param, grad_enabled: bool) -> None:
+        key = id(param)
+        if key in self.ids:
+            self.used[key] = self.used.get(key, False) or grad_enabled
+
+    def note_switch(self, param, value: bool) -> None:
+        """A tracked parameter's requires_grad set to ``value``: its user frame and library call."""
+        if id(param) not in self.ids or value:
+            return
+        site, _ = user_site(depth=3)
+        self.switched[id(param)] = {"site": site, "via": _library_call(sys._getframe(2))}
+
+    def _usage(self, owners: list[str]) -> dict[str, dict]:
+        """Per owning module: whether any of its parameters was used in this forward (None when
+        parameter use was not recorded), with grad enabled, and whether its forward hook fired."""
+        out = {}
+        for m in owners:
+            ids = [id(p) for n, p in self.params.items() if self.owner[n] == m]
+            seen = [self.used[i] for i in ids if i in self.used]
+            out[m] = {"used": bool(seen) if self.watching else None, "grad": any(seen), "hooks": m in self.ran}
+        return out
 
     def _grad_hook(self, name: str):
         def hook(grad):
@@ -96,26 +146,95 @@ class _Observer:
         if unused:
             self.unused_backwards += 1
             event["off"] = [n for n in unused if not self.params[n].requires_grad]
+            event["off_at"] = {n: self.switched.get(id(self.params[n])) for n in event["off"]}
             owners = sorted({self.owner[n] for n in unused})
-            event["not_run"] = [m for m in owners if m not in self.ran]
-            event["no_grad"] = [m for m in owners if self.ran.get(m) is False]
+            usage = event["usage"] = self._usage(owners)
+            # Ran or not is decided by the parameters' use (hooks are bypassed by module.forward(x)).
+            if self.watching:
+                event["not_run"] = [m for m in owners if usage[m]["used"] is False]
+                event["no_grad"] = [m for m in owners if usage[m]["used"] and not usage[m]["grad"]]
+            else:
+                event["not_run"], event["no_grad"] = [], [m for m in owners if self.ran.get(m) is False]
         self.recorder.emit(event)
         self.seen = set()
         self.ran = {}
+        self.used = {}
 
     def close(self) -> None:
         for h in self.handles:
             h.remove()
         self.handles.clear()
 
+def _library_call(frame) -> str | None:
+    """The outermost library function between a watched switch and the user's frame that called it
+    (``LightningModule.toggle_optimizer``, ``Module.requires_grad_``); None when the user's code set
+    the flag itself."""
+    found = None
+    while frame is not None and not is_user_file(frame.f_code.co_filename):
+        code = frame.f_code
+        if "pytest_ltconform" not in code.co_filename:
+            found = getattr(code, "co_qualname", code.co_name)
+        frame = frame.f_back
+    return found
+
+
+def _param_use_mode(observer):
+    """A TorchFunctionMode that notes every tracked parameter a torch function receives (directly,
+    or in a list or tuple argument), and whether grad mode was on."""
+    import torch
+    from torch.nn import Parameter
+
+    class ParameterUse(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            try:
+                enabled = torch.is_grad_enabled()
+                for arg in (*args, *kwargs.values()):
+                    for a in (arg if isinstance(arg, (list, tuple)) else (arg,)):
+                        if isinstance(a, Parameter):
+                            observer.note_use(a, enabled)
+            except Exception:  # an observation: never the user's forward's failure
+                pass
+            return func(*args, **kwargs)
+
+    return ParameterUse
+
+
 class UnusedParametersProbe(Probe):
     def __init__(self):
         self.observer = None
+        self.sites = None
+
+    def install(self, recorder) -> None:
+        """Note where the user's code builds each parameter (before the module is built)."""
+        import torch
+        from torch.utils.weak import WeakIdKeyDictionary
+
+        sites = self.sites = WeakIdKeyDictionary()
+
+        def factory(original):
+            def register_parameter(module, name, param):
+                out = original(module, name, param)
+                if param is not None and param not in sites:
+                    try:
+                        site, _ = user_site()
+                        if site is not None:
+                            sites[param] = site
+                    except Exception:  # an observation: never the user's construction's failure
+                        pass
+                return out
+
+            return register_parameter
+
+        recorder.patch(torch.nn.Module, "register_parameter", factory)
 
     def before_trainer(self, loaded, trainer_kwargs, recorder) -> None:
         if not isinstance(getattr(trainer_kwargs.get("strategy"), "_ddp_kwargs", None), dict):
             return  # not DDP (e.g. the sharded tier): find_unused_parameters does not apply
         observer = self.observer = _Observer(recorder)
+        observer.sites = self.sites
+        observer.watching = False
+        _watch_requires_grad(recorder, observer)
 
         class GradUse(loaded.ns.Callback):
             def on_train_start(self, trainer, pl_module):
@@ -157,7 +276,8 @@ class UnusedParametersProbe(Probe):
 
         object.__setattr__(strategy, "backward", traced_backward)
         object.__setattr__(strategy, "on_exception", traced_on_exception)
-        object.__setattr__(strategy, "training_step", _none_watch(strategy.training_step, trainer, recorder))
+        step = _none_watch(strategy.training_step, trainer, recorder)
+        object.__setattr__(strategy, "training_step", _with_param_use(step, observer))
 
     def collect(self, loaded, trainer, recorder):
         obs = self.observer
@@ -165,6 +285,46 @@ class UnusedParametersProbe(Probe):
             return None
         obs.close()
         return {"backwards": obs.backwards, "unused_backwards": obs.unused_backwards, "tracked": len(obs.names)}
+
+def _with_param_use(training_step, observer):
+    """``training_step`` run under the parameter-use mode (its forward is where parameters are used;
+    a manual backward inside it ends a record as an automatic one after it does)."""
+    try:
+        mode = _param_use_mode(observer)
+        observer.watching = True
+    except Exception:
+        return training_step
+
+    def traced(*args, **kwargs):
+        with mode():
+            return training_step(*args, **kwargs)
+
+    return traced
+
+
+def _watch_requires_grad(recorder, observer) -> None:
+    """Watch ``Parameter.requires_grad = ...`` and ``requires_grad_(...)`` for the run."""
+    import torch
+
+    base = torch._C.TensorBase.requires_grad
+
+    class Watched(property):
+        pass
+
+    def setter(param, value):
+        observer.note_switch(param, bool(value))
+        base.__set__(param, value)
+
+    def method(original):
+        def requires_grad_(param, requires_grad=True):
+            observer.note_switch(param, bool(requires_grad))
+            return original(param, requires_grad)
+
+        return requires_grad_
+
+    recorder.patch(torch.nn.Parameter, "requires_grad", lambda _: Watched(base.__get__, setter), inherited=True)
+    recorder.patch(torch.nn.Parameter, "requires_grad_", method, inherited=True)
+
 
 def _none_watch(training_step, trainer, recorder):
     """``strategy.training_step`` that writes a ``step_none`` event (epoch, batch, the user's
