@@ -28,6 +28,7 @@ from pytest_ltconform.corpus import (
     read_case,
     read_known,
     rows_from_records,
+    sentence_problems,
     status_of,
 )
 
@@ -129,6 +130,15 @@ class CorpusPart:
             missing = [t for t in _evidence_tokens(case.evidence) if t not in message]
             assert not missing, f"evidence {missing} not named in:\n{message}"
             assert "Fix:" in message
+
+    def test_every_sentence_rests_on_a_recorded_fact(self, corpus_part):
+        """Issue 32: every item of the part, held against the facts recorded next to its sentences
+        (``claims.check``: a claim of difference on two different values, of reduction on a recorded
+        sync, a named line on a line of its frame, ...). Reuses the part's verdicts."""
+        rows = [r for group in corpus_part(self.part).values() for r in group]
+        assert rows
+        problems = sentence_problems(rows)
+        assert not problems, "\n".join(problems)
 
     def test_detection_rate_is_complete(self, corpus_part):
         rows = [r for (name, cid), group in corpus_part(self.part).items() for r in group

@@ -144,7 +144,9 @@ def test_replacement_sampler_repeats_are_not_a_fault(fake_runs):
     assert contract.judge(fake_runs.run([r0, r1])).outcome == "passed"
     r0[0] = _loader(0, 2, replacement=False)
     verdict = contract.judge(fake_runs.run([r0, r1]))
-    assert verdict.outcome == "failed" and "rank 0 saw 3 of its 6 train tensor rows" in verdict.summary
+    assert verdict.outcome == "failed"
+    assert ("every rank (0 and 1) saw its own train tensor rows (dataset items cannot be counted) more than once "
+            "in epoch 0 (rank 0: 3 of 6, rank 1: 3 of 6)") in verdict.summary
 
 
 # -- random inputs identical on every rank ----------------------------------------------------------
@@ -576,7 +578,10 @@ def test_iterable_items_fill_the_batches_they_were_collated_into(fake_runs):
 
     replayed = contract.judge(fake_runs.run([rank([["a", "b", "c", "d"]] * 2), rank([["e", "f", "g", "h"]] * 2)]))
     assert replayed.outcome == "failed", replayed.render()
-    assert "rank 0 saw 4 of its 8 train dataset items more than once" in replayed.summary
+    # Every rank that shows it is named (issue 32: the evidence gave rank 0 only).
+    assert ("every rank (0 and 1) saw its own train dataset items more than once in epoch 0 (rank 0: 4 of 8, "
+            "rank 1: 4 of 8)") in replayed.summary
+    assert [e.rank for e in replayed.evidence] == [0, 1]
     sharded = contract.judge(fake_runs.run([rank([["a", "b", "c", "d"], ["e", "f", "g", "h"]]),
                                             rank([["i", "j", "k", "l"], ["m", "n", "o", "p"]])]))
     assert sharded.outcome == "passed", sharded.render()

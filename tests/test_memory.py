@@ -812,3 +812,33 @@ def test_a_graph_batch_whose_storage_holds_a_weakref_is_made_fake_and_an_unmappa
         _fake_batch(mode, _CopiesToSlots(torch.zeros(2)), 2, 2)
     applied = _fake_batch(mode, _LockedWithApply(torch.zeros(2)), 2, 2)  # mapped through its own apply
     assert isinstance(applied.x, FakeTensor) and applied.x.shape == (2,)
+
+
+def test_a_stop_inside_an_installed_package_names_the_users_own_line_first(tmp_path):
+    """Issue 32: a memory note stopped "at .../safetensors/torch.py:323" where the user's line that
+    called it was known. The user's own frame comes first, the package's after it."""
+    import sys
+
+    from pytest_ltconform.contracts.memory.predict import stopped
+
+    pkg = tmp_path / "site-packages" / "tensorfiles"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("def load(path):\n    raise OSError(f'no file {path}')\n")
+    own = tmp_path / "project"
+    own.mkdir()
+    (own / "model_io.py").write_text("import tensorfiles\n\n\ndef restore():\n    return tensorfiles.load('w.st')\n")
+    sys.path[:0] = [str(tmp_path / "site-packages"), str(own)]
+    try:
+        import model_io
+
+        try:
+            model_io.restore()
+        except OSError as exc:
+            error = stopped("building the module under fake tensors", exc)
+    finally:
+        sys.path[:2] = []
+        sys.modules.pop("model_io", None)
+        sys.modules.pop("tensorfiles", None)
+    first, second = error.index("model_io.py:5 (restore)"), error.index("tensorfiles/__init__.py:2 (load)")
+    assert error.startswith("building the module under fake tensors stopped at ") and first < second, error
+    assert "no file w.st (OSError)" in error

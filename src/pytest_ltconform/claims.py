@@ -256,6 +256,19 @@ def _rank_value(c: dict, record: dict) -> str | None:
     return None
 
 
+@kind("ranks")
+def _ranks(c: dict, record: dict) -> str | None:
+    """A fault said of some ranks names every rank that recorded it (``facts["ranks"]``), each as
+    "rank r" or in "ranks a and b" / "every rank (...)" (then they must be all ``world_size``)."""
+    ranks, text = c["facts"].get("ranks") or [], c["text"]
+    if not ranks:
+        return "no rank recorded"
+    if text.startswith("every rank") and len(ranks) != c["facts"].get("world_size"):
+        return f"says every rank, but only {ranks} recorded it"
+    missing = [r for r in ranks if not re.search(rf"\b{r}\b", text)]
+    return f"ranks {missing} recorded it and are not named" if missing else None
+
+
 # -- modules and parameters ---------------------------------------------------------------------
 
 @kind("not-run", prose=(r"never ran in forward",), scope=("unused-parameters",))

@@ -70,6 +70,13 @@ def is_user_file(filename: str) -> bool:
     return result
 
 
+def is_installed(filename: str) -> bool:
+    """True for a file of an installed package (under site-packages or dist-packages): user code
+    by the rule above, but not the user's own project."""
+    real = os.path.realpath(filename)
+    return any(d in real for d in _INSTALLED_DIRS)
+
+
 def _qualname(code) -> str:
     return getattr(code, "co_qualname", code.co_name)
 

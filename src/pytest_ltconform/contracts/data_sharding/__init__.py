@@ -23,6 +23,7 @@ import math
 import re
 from collections import defaultdict
 
+from ...claims import claim
 from ...sites import first_sentence, fmt_site
 from ..base import Blame, Contract, Evidence, Run, Verdict, merged
 from ..rank_reads import describe, gating_reads, selecting_reads
@@ -505,31 +506,40 @@ class DataSharding(Contract):
 
     # -- 3. the same samples several times on one rank -------------------------------------------
     def _replayed_within_rank(self, run, batches, loaders) -> list[Verdict]:
-        out = []
+        """The first epoch in which a rank sees a quarter or more of its own train rows again, with
+        every rank that shows it in that epoch (a stream each DataLoader worker replays does so on
+        every rank)."""
         if (loaders.get("train") or {}).get("replacement"):
-            return out  # sampling with replacement repeats samples by design
-        for stage in ("train",):
-            for r, epochs in sorted(batches.get(stage, {}).items()):
-                for epoch, events in sorted(epochs.items()):
-                    rows = [h for e in events for h in e.get("rows", [])]
-                    if len(rows) < 2:
-                        continue
-                    repeats = len(rows) - len(set(rows))
-                    if repeats * 4 >= len(rows):  # a quarter or more of the rows seen before
-                        loader = loaders.get(stage) or {}
-                        workers = loader.get("num_workers", 0)
-                        why = (f" (DataLoader num_workers={workers}: each worker replays the stream)"
-                               if workers and loader.get("iterable") else "")
-                        unit = _counted_as(events, loader)[0]
-                        summary = (f"rank {r} saw {repeats} of its {len(rows)} {stage} {unit} more "
-                                   f"than once in epoch {epoch}{why}; {self._what(loader)} does not split the work "
-                                   f"between workers/ranks.")
-                        out.append(self.verdict("failed", summary, category="silent", fix=self._fix_for(loader),
-                                                evidence=[Evidence(f"epoch {epoch}: {len(rows)} {unit}, "
-                                                                   f"{len(set(rows))} distinct", rank=r,
-                                                                   site=self._dataset_site(loader))]))
-                        return out
-        return out
+            return []  # sampling with replacement repeats samples by design
+        per_epoch: dict = defaultdict(dict)  # epoch -> rank -> (repeats, rows, distinct)
+        for r, epochs in sorted(batches.get("train", {}).items()):
+            for epoch, events in sorted(epochs.items()):
+                rows = [h for e in events for h in e.get("rows", [])]
+                repeats = len(rows) - len(set(rows))
+                if len(rows) >= 2 and repeats * 4 >= len(rows):  # a quarter or more of the rows seen before
+                    per_epoch[epoch][r] = (repeats, len(rows), len(set(rows)), events)
+        if not per_epoch:
+            return []
+        epoch = min(per_epoch)
+        found = per_epoch[epoch]
+        loader = loaders.get("train") or {}
+        workers = loader.get("num_workers", 0)
+        why = (f" (DataLoader num_workers={workers}: each worker replays the stream)"
+               if workers and loader.get("iterable") else "")
+        unit = _counted_as(next(iter(found.values()))[3], loader)[0]
+        ranks = sorted(found)
+        who = claim("ranks", _rank_list(ranks, run.world_size), ranks=ranks, world_size=run.world_size)
+        counts = ", ".join(f"rank {r}: {found[r][0]} of {found[r][1]}" for r in ranks)
+        if len(ranks) == 1:
+            r = ranks[0]
+            what = f"{who.text} saw {found[r][0]} of its {found[r][1]} train {unit} more than once in epoch {epoch}"
+        else:
+            what = f"{who.text} saw its own train {unit} more than once in epoch {epoch} ({counts})"
+        summary = f"{what}{why}; {self._what(loader)} does not split the work between workers/ranks."
+        evidence = [Evidence(f"epoch {epoch}: {found[r][1]} {unit}, {found[r][2]} distinct", rank=r,
+                             site=self._dataset_site(loader)) for r in ranks]
+        return [self.verdict("failed", summary, category="silent", fix=self._fix_for(loader), evidence=evidence,
+                             claims=[who])]
 
     # -- 4. different numbers of batches ---------------------------------------------------------
     def _uneven_counts(self, run, batches, loaders) -> list[Verdict]:
@@ -680,6 +690,14 @@ def _combined_noise_notes(run: Run) -> list[str]:
             notes.append(f"the random draws at {where} are the same on every rank, but each meets the rank's own "
                          f"data (in {use.get('op')}): noise on each rank's samples, not a sample of its own.")
     return notes
+
+
+def _rank_list(ranks: list[int], world_size: int) -> str:
+    """'rank 0', 'ranks 0 and 1', or 'every rank (0 and 1)' when all of them."""
+    names = " and ".join(map(str, ranks)) if len(ranks) <= 2 else ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    return f"every rank ({names})" if len(ranks) == world_size else f"ranks {names}"
 
 
 CONTRACT = DataSharding()

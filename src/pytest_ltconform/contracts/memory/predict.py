@@ -350,15 +350,23 @@ def _phase(what: str):
 
 
 def stopped(what: str, exc: BaseException) -> str:
-    """'<what> stopped at <user file:line (function)>: <the message> (<exception class>)'. A
-    TargetError of the rebuild speaks of the target; its cause is what the rebuild met."""
-    from ...sites import first_sentence, fmt_site, is_user_file
+    """'<what> stopped at <user file:line (function)>[, in <package file:line (function)>]: <the
+    message> (<exception class>)': the innermost frame of the user's own code, then the innermost
+    frame of an installed package it called (user code too, DESIGN 'User code') where the error
+    was raised further in. A TargetError of the rebuild speaks of the target; its cause is what
+    the rebuild met."""
+    from ...sites import first_sentence, fmt_site, is_installed, is_user_file
     from ...target.spec import TargetError
 
     cause = exc.__context__ if isinstance(exc, TargetError) and exc.__context__ is not None else exc
     frames = [f for f in traceback.extract_tb(cause.__traceback__) if is_user_file(f.filename)]
-    where = (f"at {fmt_site({'file': frames[-1].filename, 'line': frames[-1].lineno, 'func': frames[-1].name})}"
-             if frames else "before reaching user code")
+    # The user's own line first (their project, not a package installed beside it), then the
+    # package's line it went into (safetensors, a model zoo), where those differ.
+    own = [f for f in frames if not is_installed(f.filename)]
+    named = [f for f in (own[-1] if own else None, frames[-1] if frames else None) if f is not None]
+    named = named[:1] if len(named) == 2 and named[0] is named[1] else named
+    where = ("at " + ", in ".join(fmt_site({"file": f.filename, "line": f.lineno, "func": f.name}) for f in named)
+             if named else "before reaching user code")
     message = first_sentence(str(cause), 240) or "no message"
     said = f"{message} ({type(cause).__name__})"
     plain = _FAKE_LIMITS.get(type(cause).__name__)

@@ -91,16 +91,25 @@ def failure_texts(key: str, owners: list[str], logs: list[dict],
     with rank_zero_only, or without sync_dist with values that differ where a callback read them);
     None when it is reduced, or unsynced but never seen to differ."""
     diff = [row for row in rows if differs(row["values"])]
-    first = logs[-1] if logs else {}
-    at = (f" in {first.get('hook')} at {fmt_site(first.get('site'))}" if first else "")
-    owner_text = "/".join(owners) + " monitor"
+    # The log call that published what the callbacks read: the last one of the key.
+    last = logs[-1] if logs else {}
     made = []
+    at = ""
+    if last:
+        where = fmt_site(last.get("site"))
+        at = f" in {last.get('hook')} at {where}"
+        if last.get("site"):
+            made.append(claim("site", where, frame=last["site"], call="log_dict" if last.get("via") == "log_dict"
+                              else "log"))
+    owner_text = "/".join(owners) + " monitor"
+    measured = ""
     if diff:
-        made.append(claim("differ", f"its value differs across ranks ({diff[0]['where']})",
-                          values={f"rank {r}": v for r, v in enumerate(diff[0]["values"])}))
+        differ = claim("differ", f"its value differs across ranks ({diff[0]['where']})",
+                       values={f"rank {r}": v for r, v in enumerate(diff[0]["values"])})
+        made.append(differ)
+        measured = f", and {differ.text}"
     rzo = any(e.get("rank_zero_only") for e in logs)
     synced = any(e.get("sync_dist") for e in logs)
-    measured = f", and {made[0].text}" if made else ""
     if rzo and synced:
         summary = (f"monitored metric {key!r} ({owner_text}) logged with sync_dist=True and rank_zero_only=True{at}: "
                    f"in Lightning 2.6.6 rank_zero_only disables the sync, so each rank's {owners[0]} decides on its "
