@@ -737,3 +737,4 @@ def test_only_the_stage_loaders_fetches_count_and_an_unreadable_wrapper_keeps_al
     wrapped = SimpleNamespace(train_dataloader=SimpleNamespace(dataset=data))  # no torch DataLoader
     assert _is_stage_stream(wrapped, "train", index_sampler=iter(own)._index_sampler)
     assert _is_stage_stream(SimpleNamespace(), "train", index_sampler=iter(own)._index_sampler)
+

@@ -526,3 +526,29 @@ def test_a_monitored_key_no_rank_logged_is_the_users_typo_not_claimed(fake_runs,
     assert get_contract("sync-dist").blames(run) is None and blamed(run) is None
     verdict = judge(get_contract("all-rank-save"), run)
     assert verdict.outcome == "error" and "MisconfigurationException" in verdict.summary
+
+
+def test_a_diverging_key_is_located_at_its_own_log_call_not_the_log_dict_above_it(fake_runs, tmp_path):
+    """Issue 32: the evidence named the log_dict line above the self.log that logged the key the
+    ranks disagree on. The line named is the diverging call's own frame, held against its source."""
+    path = tmp_path / "model.py"
+    path.write_text("class Model:\n    def on_validation_epoch_end(self):\n"
+                    "        self.log_dict({'val_loss': 1.0}, sync_dist=True)\n"
+                    "        self.log(f'val_acc_class{k}', 2.0, sync_dist=True)\n")
+    at = lambda line: {"file": str(path), "line": line, "func": "Model.on_validation_epoch_end"}  # noqa: E731
+    hook = {"ev": "hook", "i": 1, "h": 1, "name": "[LightningModule]Model.on_validation_epoch_end"}
+    log = lambda name, line, via: {"ev": "log", "name": name, "h": 1, "site": at(line), "via": via,  # noqa: E731
+                                   "sync_dist": True, "hook": "on_validation_epoch_end"}
+    rank0 = [hook, log("val_loss", 3, "log_dict"), log("val_acc_class2", 4, "log"), {"ev": "hook_exit", "i": 1}]
+    rank1 = [hook, log("val_loss", 3, "log_dict"), {"ev": "hook_exit", "i": 1}]
+    verdict = get_contract("sync-dist").judge(fake_runs.run(traces=[rank0, rank1], values=[None, None]))
+    assert verdict.outcome == "failed", verdict.render()
+    assert verdict.summary.startswith("self.log(sync_dist=True) in Model.on_validation_epoch_end logs different key "
+                                      "sets per rank: rank 0 {val_loss, val_acc_class2}, rank 1 {val_loss}, at "
+                                      f"{path}:4 (Model.on_validation_epoch_end)"), verdict.summary
+    assert f"{path}:3" not in verdict.summary
+    assert claims.check({"contract": "sync-dist", **verdict.as_dict()}) == []
+    # The line above, named as that call's, does not hold against its source.
+    wrong = claims.claim("site", f"{path}:3", frame=at(3), call="log")
+    assert "makes no log(...) call" in claims.check({"contract": "sync-dist", "message": f"{path}:3",
+                                                    "claims": [wrong.as_dict()]})[0]

@@ -106,12 +106,18 @@ class SyncDist(Contract):
         events = div["events"]
         hook = hook_label(next(iter(div["hook"].values())))
         keys = {r: [e.get("name") for e in evs] for r, evs in events.items()}
-        some = next(e for evs in events.values() for e in evs)
+        some = _diverging_call(events)
         site = fmt_site(some.get("site"))
         guard = rank_guard(some.get("site"))
         via = "log_dict" if some.get("via") == "log_dict" else "self.log"
-        evidence = [Evidence(f"synced log calls in {hook}: {keys[r] or 'none'}", rank=r,
-                             site=fmt_site(events[r][0].get("site")) if events[r] else None) for r in sorted(keys)]
+        made = [claim("site", site, frame=some["site"], call="log_dict" if via == "log_dict" else "log")] \
+            if some.get("site") else []
+        evidence = []
+        for r in sorted(keys):
+            own = _diverging_call({r: events[r]}, keys) if events[r] else None
+            evidence.append(Evidence(f"synced log calls in {hook}: {keys[r] or 'none'}", rank=r,
+                                     frame=(own or {}).get("site"),
+                                     call="log_dict" if (own or {}).get("via") == "log_dict" else "log"))
         evidence += _count_evidence(run, keys)
         empty = [r for r, k in keys.items() if not k]
         callers = sorted(r for r, k in keys.items() if k)
@@ -131,7 +137,8 @@ class SyncDist(Contract):
                        f"{site}. Each key is an all-reduce, so the ranks' collectives no longer pair up.")
         fix = _sequence_fix(bool(empty), name_text, where)
         notes = [] if run.finished else ["the world did not finish; the item's report says where each rank was."]
-        return self.verdict("failed", summary, evidence=evidence, fix=fix, category="deadlock", notes=notes)
+        return self.verdict("failed", summary, evidence=evidence, fix=fix, category="deadlock", notes=notes,
+                            claims=made)
 
     # -- 2. monitored metrics -------------------------------------------------------------------
     def _missing_failures(self, run: Run) -> list[Verdict]:
@@ -405,6 +412,26 @@ class SyncDist(Contract):
 
 
 # -- 1. helpers for a diverged sequence of synced log calls -----------------------------------------
+
+def _diverging_call(events: dict, keys: dict | None = None) -> dict:
+    """The synced log call where the ranks' sequences part (``events``: rank -> that hook's synced
+    log events): the first call of a key that not every rank logs, else the first position whose
+    key differs between ranks, else the first call. Its site is the line named (a log_dict above
+    the self.log of the diverging key is not that line). ``keys``: every rank's key list, when
+    ``events`` holds one rank's."""
+    names = keys or {r: [e.get("name") for e in evs] for r, evs in events.items()}
+    common = set.intersection(*(set(map(str, k)) for k in names.values())) if names else set()
+    for evs in events.values():
+        for e in evs:
+            if str(e.get("name")) not in common:
+                return e
+    for i in range(max((len(k) for k in names.values()), default=0)):
+        at = {r: (k[i] if i < len(k) else None) for r, k in names.items()}
+        holders = [r for r in events if i < len(events[r])]
+        if len({str(v) for v in at.values()}) > 1 and holders:
+            return events[holders[0]][i]
+    return next(e for evs in events.values() for e in evs)
+
 
 def _count_evidence(run: Run, keys: dict) -> list[Evidence]:
     """Per-rank totals over the run of the keys that diverged, where they differ."""
