@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+import torch  # at collection: a later in-process import after a test dropped torch's modules crashes
 from conftest import case
 
 from pytest_ltconform.contracts import get_contract
+from pytest_ltconform.contracts.unused_parameters import probe as rank_probe
 
 NAMES = ["enc.weight", "enc.bias", "aux.weight", "aux.bias"]
 SITE = {"file": "/x/model.py", "line": 40, "func": "Model.training_step"}
@@ -248,10 +250,7 @@ class _Patcher:
 def test_the_probe_records_parameter_use_without_hooks_and_the_switchs_site():
     import sys
 
-    import torch
-
-    from pytest_ltconform.contracts.unused_parameters import probe
-
+    probe = rank_probe
     patcher = _Patcher()
     observer = probe._Observer(recorder=None)
     sites = {}
