@@ -231,7 +231,8 @@ def _gate_evidence(read: dict, reads: list[list[dict]]) -> Evidence:
     ranks = [r for r, events in enumerate(reads)
              if any(e.get("site") == read.get("site") and e.get("hook") == read.get("hook") for e in events)]
     return Evidence(f"{describe(read, where=False)}, so it does not split the batch",
-                    rank=ranks[0] if len(ranks) == 1 else None, site=fmt_site(read.get("site")))
+                    rank=ranks[0] if len(ranks) == 1 else None,
+                    site=None if read.get("site") else fmt_site(None), frame=read.get("site"))
 
 
 def _counted_as(events: list[dict], loader: dict | None) -> tuple[str, str]:

@@ -451,7 +451,8 @@ class _StageCheck:
                             + f" from rank 0's shard: it covers {len(own)} of {n} {word} samples; nothing "
                               f"gathers the other ranks' outputs first.", _FIX_WRITES)
             self.found.evidence.append(Evidence(f"{path} written in {stage} from {len(own)} of {n} samples: ids "
-                                                f"{_ids(own)} (rank 0){lines}", rank=0, site=fmt_site(site)))
+                                                f"{_ids(own)} (rank 0){lines}", rank=0,
+                                                site=None if site else fmt_site(None), frame=site))
             self.found.evidence.append(Evidence(f"ids {_ids(rest)} were {word} inputs on other ranks and never "
                                                 f"reached the file (trainer.{stage} returns only each rank's own "
                                                 f"shard)"))
@@ -537,11 +538,11 @@ def _built_evidence(run: Run, stage: str, info: dict, then: str) -> Evidence | N
     built = info.get("built") or {}
     what = f"{_STAGE_WORDS[stage]} {built.get('cls') or 'DataLoader'}"
     if built.get("site"):
-        return Evidence(f"the {what} is built here, and {then}", site=fmt_site(built["site"]))
+        return Evidence(f"the {what} is built here, and {then}", frame=built["site"])
     hook = _loader_site(run, stage)
     if hook:
         return Evidence(f"the {what} is returned by this hook (where it was built was not recorded), and {then}",
-                        site=fmt_site(hook))
+                        frame=hook)
     return None
 
 

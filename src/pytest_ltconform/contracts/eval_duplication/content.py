@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from ...sites import fmt_site
 from ..base import Evidence
 from ..rank_reads import describe, selecting_reads
 from . import statements
@@ -157,7 +156,7 @@ class ContentCheck:
         given, else of whole batches (those in ``only`` when given)."""
         if self.built:
             self.sc.found.evidence.append(Evidence(f"the {self.sc.word} loader ({self.source}) is built here",
-                                                   site=fmt_site(self.built)))
+                                                   frame=self.built))
         for r, s in enumerate(streams):
             fps = [b["leaves"][leaf][0] if leaf is not None else b["fp"] for b in s
                    if only is None or b["fp"] in only]

@@ -64,7 +64,7 @@ def stop_texts(run: Run, div: dict) -> tuple[str, list[Evidence], list[Claim]]:
             others.append(f"rank {r} only at {where}")
             evidence.append(Evidence(f"trainer.should_stop = {e['value']} in "
                                      f"{hook_label(e.get('hook') or e.get('action'))} at {where}", rank=r,
-                                     site=fmt_site(e.get("site"))))
+                                     site=None if e.get("site") else fmt_site(None), frame=e.get("site")))
     at_step = {f"rank {setter}": event["value"]}
     at_step.update({f"rank {r}": (not event["value"]) if e is None or e.get("step") != step else e["value"]
                     for r, e in sorted(div["others"].items())})

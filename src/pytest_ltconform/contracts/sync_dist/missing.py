@@ -59,7 +59,9 @@ def missing_texts(found: dict) -> tuple[str, list[Evidence], str]:
     evidence = [Evidence(f"{key!r} logged {len(evs)} time{'s' if len(evs) != 1 else ''}"
                          + (" (sync_dist=True)" if any(e.get("sync_dist") for e in evs) else "")
                          + (" (rank_zero_only=True)" if any(e.get("rank_zero_only") for e in evs) else ""),
-                         rank=r, site=fmt_site(evs[0].get("site"))) for r, evs in logs.items() if evs]
+                         rank=r, site=None if evs[0].get("site") else fmt_site(None), frame=evs[0].get("site"),
+                         call="log_dict" if evs[0].get("via") == "log_dict" else "log")
+                for r, evs in logs.items() if evs]
     evidence += [Evidence(f"{key!r} never logged", rank=r) for r in silent]
     evidence.append(Evidence(f"{callback} raised {found['exc_type']}: {first_sentence(found['message'], 200)}",
                              rank=found["rank"]))
