@@ -184,9 +184,13 @@ def _param_use_mode(observer):
     import torch
     from torch.nn import Parameter
 
+    compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
+
     class ParameterUse(torch.overrides.TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
+            if compiling():  # inside a torch.compile trace: leave the graph as the user's code makes it
+                return func(*args, **kwargs)
             try:
                 enabled = torch.is_grad_enabled()
                 for arg in (*args, *kwargs.values()):
