@@ -466,3 +466,19 @@ def test_a_target_without_evaluation_loaders_is_not_judged(fake_runs):
     assert v.outcome == "not_judged", v.render()
     assert v.summary == ("not judged: the target has no validation, test or predict dataloader, so no evaluation "
                          "ran to count samples in.")
+
+
+def test_a_failed_verdict_carries_only_the_claims_of_what_it_says(fake_runs):
+    """A stage that passed (its "= on 1 device" sentence is left out of a failed verdict) leaves its
+    claims out too: every claim's text is in the message (found on a shared case)."""
+    ranks = [{"validate": _stage([_loader([0, 2, 4], 5, total=6)], {"val_acc": 0.5}),
+              "test": _stage([_loader([0, 2], 4)], {"test_acc": 0.75})},
+             {"validate": _stage([_loader([1, 3, 0], 5, total=6)], {"val_acc": 0.5}),
+              "test": _stage([_loader([1, 3], 4)], {"test_acc": 0.75})}]
+    ref_stages = {"validate": _stage([_loader([0, 1, 2, 3, 4], 5)], {"val_acc": 0.4}),
+                  "test": _stage([_loader([0, 1, 2, 3], 4)], {"test_acc": 0.75})}
+    ref = fake_runs.run(values=_values([ref_stages], driver=("validate", "test")), kind="eval-reference")
+    v = judge(fake_runs.run(values=_values(ranks, driver=("validate", "test")), kind="eval", reference=ref))
+    assert v.outcome == "failed", v.render()
+    assert "test_acc" not in v.render()
+    assert claims.check({"contract": "eval-duplication", **v.as_dict()}) == []

@@ -129,13 +129,22 @@ class EvalDuplication(Contract):
         if found.items:
             # The label follows from what was measured: wrong values if any finding measured or implies them.
             category = "silent" if any(f.category == "silent" for f in found.items) else found.lead.category
-            return self.verdict("failed", found.summary(every=True), evidence=found.evidence,
-                                fix=found.fixes(), category=category, notes=found.notes, claims=found.claims)
+            summary = found.summary(every=True)
+            return self.verdict("failed", summary, evidence=found.evidence, fix=found.fixes(), category=category,
+                                notes=found.notes, claims=_said(found, summary))
         if found.unread and not found.good:  # nothing compared: never a pass
             return self.not_judged("cannot tell samples apart in " + "; ".join(found.unread)
                                 + " (no dataset indices to read).", notes=found.notes)
-        return self.verdict("passed", " ".join(found.good), evidence=found.evidence, notes=found.notes,
-                            claims=found.claims)
+        summary = " ".join(found.good)
+        return self.verdict("passed", summary, evidence=found.evidence, notes=found.notes,
+                            claims=_said(found, summary))
+
+
+def _said(found: StageFindings, summary: str) -> list:
+    """The claims of the sentences the verdict says (a failed verdict leaves the stages' passing
+    sentences out, and their claims with them)."""
+    said = "\n".join([summary, *found.notes, *(e.detail for e in found.evidence)])
+    return [c for c in found.claims if c.text in said]
 
 
 def _stage_error_note(stage: str, recs: list, driver: list, stages: list) -> str:
