@@ -156,7 +156,7 @@ def test_an_unsynced_per_batch_metric_is_called_rank_zeros_own_not_reduced_over_
     verdict = get_contract("sync-dist").judge(fake_runs.run(values=values))
     assert verdict.outcome == "failed", verdict.render()
     assert "mean-reduced over batches and ranks" not in verdict.summary
-    assert ("logged without sync_dist, so Lightning averages its per-batch values over each rank's own batches and "
+    assert ("not synced (no sync_dist), so Lightning averages its per-batch values over each rank's own batches and "
             "publishes rank 0's") in verdict.summary
     preds, target = (torch.cat([b[i] for b in _blocks()[0]]) for i in (0, 1))
     own = float(auroc(preds, target, task="binary")) + float(accuracy(preds, target, task="binary"))

@@ -12,7 +12,8 @@ from torch.utils.data import DataLoader, IterableDataset
 
 SOURCE = "seed"
 EXPECTED = {"data-sharding": "fail"}
-EVIDENCE = "rank 0 saw its samples more than once in epoch 0 (DataLoader num_workers=2: each worker replays the stream)"
+EVIDENCE = ("`every rank (0 and 1)` saw its samples more than once in epoch 0 (DataLoader num_workers=2: each worker "
+            "replays the stream): every rank that shows it is named, with evidence for each")
 
 
 class RankShardedStream(IterableDataset):

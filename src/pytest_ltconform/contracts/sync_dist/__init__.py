@@ -510,10 +510,10 @@ class _Scope:
         if reduced_across_ranks(log):
             return cls(log, nonlinear.analyse(records), None,
                        claim("reduced", "mean-reduced over batches and ranks", log=log))
-        flags = "with rank_zero_only=True" if log["rank_zero_only"] else "without sync_dist"
+        flags = "rank_zero_only=True" if log["rank_zero_only"] else "no sync_dist"
         return cls(log, nonlinear.analyse(records[:1]), nonlinear.analyse(records),
-                   claim("local", f"logged {flags}, so Lightning averages its per-batch values over each rank's "
-                                  f"own batches and publishes rank 0's", log=log))
+                   claim("local", f"not synced ({flags}), so Lightning averages its per-batch values over each "
+                                  f"rank's own batches and publishes rank 0's", log=log))
 
     @property
     def samples_text(self) -> str:
@@ -524,8 +524,8 @@ class _Scope:
     def values_text(self, logged: float, what: str) -> str:
         """The logged value against the metric over the samples it averaged; for an unsynced value,
         the part of the difference that is rank 0's shard alone, where there is one."""
-        rank = "rank 0's " if self.whole is not None else ""
-        text = (f"{rank}logged epoch value {logged:.4f} is not {what} over {self.samples_text} "
+        whose = "rank 0's" if self.whole is not None else "the"
+        text = (f"{whose} logged epoch value {logged:.4f} is not {what} over {self.samples_text} "
                 f"({self.found['truth']:.4f})")
         if self.whole is not None and nonlinear.differs(self.found["truth"], self.whole["truth"]):
             text += (f"; over the epoch's {self.whole['samples']} samples of all ranks it is "
@@ -547,7 +547,7 @@ def _single_texts(key: str, record: dict, scope: _Scope, logged: float) -> tuple
                f"self.<metric>.compute() at epoch end; its per-batch return value is the metric "
                f"of that batch only.")
         what = f"via {record['via']} from {part['label']}"
-    summary = (f"{key!r} logged {what} in {record['hook']} and {scope.over.text} (nonlinear metric): the "
+    summary = (f"{key!r} logged {what} in {record['hook']} and {scope.over.text} (nonlinear metric): "
                f"{scope.values_text(logged, 'the same metric')}.")
     return summary, fix, [scope.over]
 
@@ -563,8 +563,7 @@ def _combination_texts(key: str, record: dict, scope: _Scope, logged: float) -> 
     whole = f"the {found['mode']} of the same metrics"
     summary = (f"{key!r} logged with {via} in {record['hook']} is the {found['mode']} of "
                f"{', '.join(labels[:-1])} and {labels[-1]} of each batch, {scope.over.text}: "
-               f"{bad_text} {verb} nonlinear, so the "
-               f"{scope.values_text(logged, whole)}.")
+               f"{bad_text} {verb} nonlinear, so {scope.values_text(logged, whole)}.")
     classes = []
     for p in bad:
         name = p["name"] if p["kind"] == "metric" else _metric_class_for(p["fn"].rsplit(".", 1)[-1])
