@@ -137,7 +137,9 @@ def pass_text(run, keys: list[str]) -> tuple[list[str], list[Claim], list[str]]:
     compared; a key no callback read on every rank compared nothing and is said not judged."""
     parts, made, unjudged = [], [], []
     for key in keys:
-        rows = compared(run, key)
+        # A read where some rank had no value (or nan) compares nothing: it is not called equal.
+        rows = [row for row in compared(run, key)
+                if all(v is not None and not math.isnan(v) for v in row["values"])]
         if not rows:
             unjudged.append(key)
             continue
