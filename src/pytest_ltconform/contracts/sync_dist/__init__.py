@@ -395,7 +395,8 @@ class SyncDist(Contract):
         notes = []
         for key in unjudged:
             read = monitors.read_anywhere(run, key)
-            why = ("no callback read it on every rank in this run" if read else "no callback read it in this run")
+            why = ("a rank had no value at every read of it" if monitors.compared(run, key) else
+                   "no callback read it on every rank in this run" if read else "no callback read it in this run")
             parts.append(f"monitored {key!r} not judged: {why}")
         parts.append("shared decisions agree")
         floats = sorted({e.get("name") for e in run.events(0, "log")
