@@ -25,6 +25,7 @@ import sys
 from typing import Any
 
 from . import trainer_overrides
+from .events import NONFINITE, NOTE, STAGE, STAGE_ERROR, STRATEGY
 from .runs import WITHOUT_VALIDATION, Probe, RunArgs
 from .target import loading as target_loading
 from .target import spec as target_spec
@@ -257,7 +258,7 @@ class RankRun:
 
         if "deepspeed" in sys.modules:
             self._optimizers_swapped = True
-            self._exits.enter_context(cpu_optimizers(lambda text: self.emit({"ev": "note", "text": text})))
+            self._exits.enter_context(cpu_optimizers(lambda text: self.emit(NOTE.new(text=text))))
 
     def trainer_kwargs(self, strategy: Any, user: dict | None = None, world_size: int | None = None) -> dict:
         """The bounded Trainer kwargs of this run: ``user`` (default: the user's own) merged by
@@ -320,9 +321,9 @@ def _finite_loss_watch(ns: Any, recorder: Recorder) -> Any:
             if self.seen or not hasattr(loss, "isfinite") or bool(loss.detach().isfinite().all()):
                 return
             self.seen = True
-            recorder.emit({"ev": "nonfinite", "loss": str(float(loss.detach().float().flatten()[0])),
-                           "step": self.step, "epoch": int(trainer.current_epoch),
-                           "batch_idx": int(batch_idx), "site": _step_site(type(pl_module))})
+            recorder.emit(NONFINITE.new(loss=str(float(loss.detach().float().flatten()[0])), step=self.step,
+                                        epoch=int(trainer.current_epoch), batch_idx=int(batch_idx),
+                                        site=_step_site(type(pl_module))))
 
     return FiniteLossWatch()
 
@@ -398,10 +399,10 @@ def traced_fit(ctx, args: RunArgs, overrides: dict | None = None) -> dict:
         fp32 = precision_note(strategy, objects.user_kwargs.get("precision"))
         note = " ".join(n for n in (note, fp32) if n)
         if note:
-            run.emit({"ev": "note", "text": note})
-        run.emit({"ev": "strategy", "configured": configured_for(strategy_name, user_strategy)})
+            run.emit(NOTE.new(text=note))
+        run.emit(STRATEGY.new(configured=configured_for(strategy_name, user_strategy)))
         trainer = run.build_trainer(kwargs)
-        run.emit({"ev": "stage", "name": "fit"})
+        run.emit(STAGE.new(name="fit"))
         trainer.fit(objects.model, datamodule=objects.datamodule)
         # Later stages run traced before the probes' own (untraced) Trainer calls, except on the
         # sharded tier, whose save-and-resume check needs the trainer as fit left it.
@@ -443,15 +444,14 @@ def run_later_stages(run: RankRun) -> None:
     alone sees only its shard). A stage that raises is recorded as a ``stage_error`` event and
     ends the later stages on every rank (the ranks agree first, so none waits inside the next)."""
     for stage in later_stages(run.objects):
-        run.emit({"ev": "stage", "name": stage})
+        run.emit(STAGE.new(name=stage))
         failed = False
         try:
             kwargs = {"verbose": False} if stage == "test" else {}  # a writer needs predict's returned rows
             getattr(run.trainer, stage)(run.objects.model, datamodule=run.objects.datamodule, **kwargs)
         except Exception as exc:  # the user's later stage: evidence, never the end of the fit run
             failed = True
-            run.emit({"ev": "stage_error", "name": stage, "exc_type": type(exc).__name__,
-                      "message": str(exc)[:500]})
+            run.emit(STAGE_ERROR.new(name=stage, exc_type=type(exc).__name__, message=str(exc)[:500]))
         if _any_rank(failed):
             break
 

@@ -13,6 +13,7 @@ import time
 
 from . import contracts, tiers
 from .contracts.base import Run, Verdict
+from .events import HOOK, HOOK_EXIT, NONFINITE, NOTE, STAGE, STAGE_ERROR, STRATEGY
 from .runs import FIT, FIT_WITHOUT_VALIDATION, WITHOUT_VALIDATION, RunArgs, RunKey, RunSpec
 from .settings import Settings
 from .sites import fmt_site
@@ -73,7 +74,7 @@ class LtconformSession:
             # The stop is a contract's finding: its item fails, once; this record does not fail again.
             return "passed", (f"the run stopped because of the {owner}[{strategy}] failure (see that item); this item "
                               f"only records the run.")
-        configured = any(e.get("configured") for e in run.events(0, "strategy"))
+        configured = any(e.get("configured") for e in run.events(0, STRATEGY))
         skipped = _not_a_sharded_module(contract, run, self._ddp_run(run, tier)) \
             if strategy in SHARDED_STRATEGIES and not configured else None
         if skipped is not None:  # the same words as the contract items judged on this run
@@ -279,7 +280,7 @@ def first_nonfinite(run: Run) -> tuple[int, dict] | None:
     """(rank, event) of the earliest non-finite training loss a rank recorded (lowest step,
     then rank); None when every loss was finite."""
     found = [(e.get("step", 0), r, e) for r, trace in enumerate(run.traces) for e in trace
-             if e.get("ev") == "nonfinite"]
+             if NONFINITE.of(e)]
     if not found:
         return None
     _, rank, event = min(found, key=lambda f: (f[0], f[1]))
@@ -315,7 +316,7 @@ def judge(contract, run: Run, ddp: Run | None = None) -> Verdict:
                                 diagnosis=traceback.format_exc())
     # What ran in place of the user's strategy (e.g. their FSDP/DeepSpeed config as CPU FSDP).
     # Every distinct note, in order: the tier's, then each optimizer substituted on CPU.
-    tier_notes = [t for t in dict.fromkeys(e.get("text") for e in run.events(0, "note")) if t]
+    tier_notes = [t for t in dict.fromkeys(e.get("text") for e in run.events(0, NOTE)) if t]
     verdict.notes[:0] = [t for t in tier_notes if t not in verdict.notes]
     if run.finished:
         return verdict
@@ -327,7 +328,7 @@ def judge(contract, run: Run, ddp: Run | None = None) -> Verdict:
     if owner is not None and owner != contract.id:
         return _after_owned_failure(contract, run, verdict, owner)
     # Whether the user's config asks for what this item ran (traced runs say; others never do).
-    configured = any(e.get("configured") for e in run.events(0, "strategy"))
+    configured = any(e.get("configured") for e in run.events(0, STRATEGY))
     if run.strategy in SHARDED_STRATEGIES and not configured and owner is None:
         skipped = _not_a_sharded_module(contract, run, ddp)
         if skipped is not None:
@@ -364,9 +365,9 @@ def _stopped_in_validation(run: Run) -> bool:
         open_hooks: dict = {}
         sanity = False
         for e in trace:
-            if e.get("ev") == "hook":
+            if HOOK.of(e):
                 open_hooks[e.get("i")] = str(e.get("name", ""))
-            elif e.get("ev") == "hook_exit":
+            elif HOOK_EXIT.of(e):
                 open_hooks.pop(e.get("i"), None)
             if "sanity" in e:
                 sanity = bool(e["sanity"])
@@ -377,7 +378,7 @@ def _stopped_in_validation(run: Run) -> bool:
 
 def _reached_a_step(run: Run) -> bool:
     """Whether any rank entered a step (training, validation, test or predict) before the stop."""
-    return any(e.get("ev") == "hook" and str(e.get("name", "")).endswith("_step") for t in run.traces for e in t)
+    return any(HOOK.of(e) and str(e.get("name", "")).endswith("_step") for t in run.traces for e in t)
 
 
 def _not_a_sharded_module(contract, run: Run, ddp: Run | None = None) -> Verdict | None:
@@ -447,12 +448,12 @@ def _what_ran(run) -> str:
     step(s) over 2 epoch(s) on rank 0), then test``; a later stage that raised is named with its
     exception type."""
     trace = run.job.ranks[0].trace if run.job.ranks else []
-    stepped = [e for e in trace if e.get("ev") == "hook" and str(e.get("name", "")).endswith(".training_step")]
+    stepped = [e for e in trace if HOOK.of(e) and str(e.get("name", "")).endswith(".training_step")]
     stages = []
     for e in trace:
-        if e.get("ev") == "stage" and e.get("name") not in stages:
+        if STAGE.of(e) and e.get("name") not in stages:
             stages.append(e["name"])
-    errors = {e.get("name"): e.get("exc_type") for e in trace if e.get("ev") == "stage_error"}
+    errors = {e.get("name"): e.get("exc_type") for e in trace if STAGE_ERROR.of(e)}
     if stepped:
         epochs = len({e.get("epoch") for e in stepped})
         fit = f"fit ({len(stepped)} training step(s) over {epochs} epoch(s) on rank 0)"

@@ -40,6 +40,7 @@ import threading
 import time
 from typing import Any
 
+from .events import CALL, EXIT, FLIGHT_RECORD, HOOK, HOOK_EXIT, LOG, LOG_DICT, TRACE_ERROR
 from .sites import user_site
 
 COLLECTIVES = (
@@ -139,7 +140,7 @@ class Recorder:
             self._hook_count += 1
             index = self._hook_count
             self._hooks.append((index, action))
-        self.emit({"ev": "hook", "i": index, "name": action, "h": index})
+        self.emit(HOOK.new(i=index, name=action, h=index))
 
     def hook_exit(self, action: str) -> None:
         with self._lock:
@@ -150,7 +151,7 @@ class Recorder:
                     break
             else:
                 return
-        self.emit({"ev": "hook_exit", "i": index, "h": index})
+        self.emit(HOOK_EXIT.new(i=index, h=index))
 
     # -- patching -------------------------------------------------------------------------------
     def patch(self, owner: Any, name: str, wrapper_factory, inherited: bool = False) -> None:
@@ -179,8 +180,8 @@ class Recorder:
         @contextlib.contextmanager
         def traced():
             parent = self._calls[-1] if self._calls else None
-            event = {"ev": "call", "kind": kind, "op": op, "label": label, "site": site,
-                     "user": bool(direct and parent is None), "parent": parent, "hook": self.current_hook()}
+            event = CALL.new(kind=kind, op=op, label=label, site=site, user=bool(direct and parent is None),
+                             parent=parent, hook=self.current_hook())
             event.update(extra)
             seq = self.emit(event)
             self._calls.append(seq)
@@ -192,7 +193,7 @@ class Recorder:
                 raise
             finally:
                 self._calls.pop()
-                exit_event = {"ev": "exit", "of": seq}
+                exit_event = EXIT.new(of=seq)
                 if raised:
                     # Where the rank was when the collective failed: the hooks unwind next.
                     exit_event["raised"] = raised
@@ -246,7 +247,7 @@ class Recorder:
         try:
             entries = _flight_recorder_entries(frames)
         except Exception as exc:  # an older torch, or a build without it: nothing to add
-            self.emit({"ev": "trace_error", "where": "flight recorder", "error": repr(exc)})
+            self.emit(TRACE_ERROR.new(where="flight recorder", error=repr(exc)))
             return
         mine = [_compact_entry(e) for e in entries if (e.get("time_created_ns") or 0) >= self._since_ns]
         with self._lock:
@@ -254,7 +255,7 @@ class Recorder:
                 return
             # Written without the trainer's position: a dump at the end is not a place in the run.
             self._seq += 1
-            event = {"ev": "collectives", "why": why, "frames": frames, "entries": mine, "seq": self._seq}
+            event = FLIGHT_RECORD.new(why=why, frames=frames, entries=mine, seq=self._seq)
             self._fh.write(json.dumps(event, default=repr) + "\n")
 
     def watch_collectives(self, stack_path: str | None) -> None:
@@ -319,10 +320,10 @@ class Recorder:
         def log_dict(module, dictionary, *args, **kwargs):
             site, direct = user_site(wrappers=_LOG_NAMES)
             keys = [str(k) for k in dict(dictionary).keys()] if hasattr(dictionary, "keys") else []
-            recorder.emit({"ev": "log_dict", "keys": keys, "site": site, "user": direct,
-                           "hook": getattr(module, "_current_fx_name", None) or recorder.current_hook(),
-                           "sync_dist": bool(kwargs.get("sync_dist", False)),
-                           "rank_zero_only": bool(kwargs.get("rank_zero_only", False))})
+            recorder.emit(LOG_DICT.new(keys=keys, site=site, user=direct,
+                                       hook=getattr(module, "_current_fx_name", None) or recorder.current_hook(),
+                                       sync_dist=bool(kwargs.get("sync_dist", False)),
+                                       rank_zero_only=bool(kwargs.get("rank_zero_only", False))))
             recorder._log_dict_depth += 1
             try:
                 return original(module, dictionary, *args, **kwargs)
@@ -344,7 +345,7 @@ class Recorder:
             try:
                 recorder._record_log(module, bound, site, direct)
             except Exception as exc:  # recording must never break the user's run
-                recorder.emit({"ev": "trace_error", "where": "log", "error": repr(exc)})
+                recorder.emit(TRACE_ERROR.new(where="log", error=repr(exc)))
             return original(module, *args, **kwargs)
 
         return log
@@ -366,16 +367,13 @@ class Recorder:
         if on_epoch is None:
             on_epoch = not in_train_step
         reduce_fx = bound.get("reduce_fx", "mean")
-        event = {
-            "ev": "log", "name": name, "hook": hook, "site": site, "user": direct,
-            "via": "log_dict" if self._log_dict_depth else "log",
-            "sync_dist": bool(bound.get("sync_dist", False)),
-            "rank_zero_only": bool(bound.get("rank_zero_only", False)),
-            "on_step": bool(on_step), "on_epoch": bool(on_epoch),
-            "batch_size": bound.get("batch_size") is not None,
-            "reduce_fx": reduce_fx if isinstance(reduce_fx, str) else getattr(reduce_fx, "__name__", "custom"),
-            "vtype": vtype,
-        }
+        event = LOG.new(
+            name=name, hook=hook, site=site, user=direct, via="log_dict" if self._log_dict_depth else "log",
+            sync_dist=bool(bound.get("sync_dist", False)), rank_zero_only=bool(bound.get("rank_zero_only", False)),
+            on_step=bool(on_step), on_epoch=bool(on_epoch), batch_size=bound.get("batch_size") is not None,
+            reduce_fx=reduce_fx if isinstance(reduce_fx, str) else getattr(reduce_fx, "__name__", "custom"),
+            vtype=vtype,
+        )
         if vtype in ("tensor", "float"):
             try:
                 # detached: float() of a tensor that requires grad warns, as if the user's code did

@@ -20,6 +20,7 @@ import linecache
 from typing import Any
 
 from ..claims import LABELS, Claim, label_claim
+from ..events import RAISED
 from ..outcomes import NOT_JUDGED_PREFIX, NotJudged, Outcome
 from ..runs import FIT, Probe, RunSpec
 from ..sites import fmt_site
@@ -263,9 +264,11 @@ class Run:
         """Each rank's probe observations for ``contract_id`` (None for a rank that did not finish)."""
         return [(v or {}).get("probes", {}).get(contract_id) if v else None for v in self.values()]
 
-    def events(self, rank: int, ev: str | None = None) -> list[dict]:
-        trace = self.job.ranks[rank].trace
-        return [e for e in trace if ev is None or e.get("ev") == ev]
+    def events(self, rank: int, kind: str | None = None) -> list[dict]:
+        """Rank ``rank``'s trace events of ``kind`` (an ``events.Kind``; a project's own contract
+        may name its kind as a string), in order; every event without one."""
+        trace = self.job.ranks[rank].trace or []
+        return list(trace) if kind is None else [e for e in trace if e.get("ev") == kind]
 
     def divergence_kind(self) -> str | None:
         """'hooks' or 'calls' for the first point where the ranks' traces differ; None if none."""
@@ -273,7 +276,8 @@ class Run:
         return div["kind"] if div else None
 
     def divergent_events(self) -> set:
-        """The ``ev`` kinds of the events at the first divergence ('call', 'log', ...)."""
+        """The kinds of the events at the first divergence (``events.CALL``, ``events.LOG``, ...;
+        compared as the strings they are)."""
         div = self.job.divergence
         return {e.get("ev") for evs in div["events"].values() for e in evs} if div else set()
 
@@ -286,13 +290,13 @@ class Run:
 
     def raised_owner(self) -> str | None:
         """The contract owning a failure that every failed rank raised inside a recorded user call
-        (trace event ``{"ev": "raised", "owner": ...}``, e.g. load_from_checkpoint on a sharded
+        (trace event ``events.RAISED`` with its ``owner``, e.g. load_from_checkpoint on a sharded
         directory); None when a failed rank has no such event or they name different owners."""
         owners = set()
         for rank in self.job.ranks:
             if rank.status == "ok":
                 continue
-            found = [e.get("owner") for e in rank.trace or [] if e.get("ev") == "raised" and e.get("owner")]
+            found = [e.get("owner") for e in RAISED.find(rank.trace) if e.get("owner")]
             if not found:
                 return None
             owners.add(found[-1])

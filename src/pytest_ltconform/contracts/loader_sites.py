@@ -20,6 +20,19 @@ import sys
 import weakref
 from typing import Any
 
+from ..events import Recorded, declare
+
+
+class LoaderBuiltEvent(Recorded):
+    """The loaders a data hook (``hook``) returned, each with where the user's code built it (``loaders``)."""
+
+    hook: str
+    loaders: list
+
+
+LOADER_BUILT = declare("loader_built", LoaderBuiltEvent)
+
+
 MAX_OBJECTS = 2000  # iterables remembered per process: enough for any factory, bounded for a huge one
 
 
@@ -128,7 +141,7 @@ def _record_hook(name: str, value) -> None:
     _REG.by_hook[name] = entries
     if _REG.emit is not None:
         # In the trace too: a fit that stops in Lightning's sampler injection still names the line.
-        _REG.emit({"ev": "loader_built", "hook": name, "loaders": entries})
+        _REG.emit({"ev": LOADER_BUILT, "hook": name, "loaders": entries})
 
 
 def _is_torch_loader(obj) -> bool:

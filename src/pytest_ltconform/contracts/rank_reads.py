@@ -10,7 +10,7 @@ Rank side: :class:`RankReads` wraps ``LightningModule.global_rank``/``local_rank
 ``Trainer.global_rank``/``local_rank`` and ``torch.distributed.get_rank`` and passes one event per
 distinct user line (at most :data:`MAX_SITES`) to a sink::
 
-    {"ev": "rank_read", "hook": "training_step", "what": "self.global_rank",
+    {"ev": RANK_READ, "hook": "training_step", "what": "self.global_rank",
      "site": {"file", "line", "func"}, "use": "select" | "gate" | "other", "how": "a subscript"}
 
 Judge side: :func:`selecting_reads` and :func:`describe`. Imports nothing of torch or Lightning
@@ -20,6 +20,22 @@ at module level.
 from __future__ import annotations
 
 import ast
+
+from ..events import Recorded, declare
+
+
+class RankReadEvent(Recorded):
+    """User code read its rank (``what``) in ``hook`` at ``site`` and used it to ``use`` ('select',
+    'gate', 'other'), ``how`` in words."""
+
+    hook: str
+    what: str
+    site: dict | None
+    use: str
+    how: str
+
+
+RANK_READ = declare("rank_read", RankReadEvent)
 
 STEP_HOOKS = ("training_step", "validation_step", "test_step", "predict_step")
 MAX_SITES = 8
@@ -92,7 +108,7 @@ class RankReads:
             if key not in self._uses:
                 self._uses[key] = classify(site["file"], site["line"])
             use, how = self._uses[key]
-            self.sink({"ev": "rank_read", "hook": hook, "what": what, "site": site, "use": use, "how": how})
+            self.sink({"ev": RANK_READ, "hook": hook, "what": what, "site": site, "use": use, "how": how})
         except Exception:
             pass  # a read that cannot be recorded is not recorded; the user's step goes on
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from collections import Counter, defaultdict
 
+from ..events import CALL, EXIT, FLIGHT_RECORD, HOOK, HOOK_EXIT, LOG
 from ..sites import first_sentence, fmt_site, hook_label, is_user_file
 from .causes import exit_words, is_transport_failure, raised_in_user_code, stack_frames, user_raise_site
 
@@ -20,21 +21,21 @@ from .causes import exit_words, is_transport_failure, raised_in_user_code, stack
 def is_collective_bearing(event: dict) -> bool:
     """A user-level call that the other ranks must match: saves, strategy and raw collectives,
     and self.log calls that Lightning will all-reduce."""
-    if event.get("ev") == "call":
+    if CALL.of(event):
         return bool(event.get("user"))
-    if event.get("ev") == "log":
+    if LOG.of(event):
         return bool(event.get("sync_dist")) and not event.get("rank_zero_only")
     return False
 
 
 def signature(event: dict) -> tuple:
-    if event.get("ev") == "log":
-        return ("log", event.get("name"))
-    return ("call", event.get("label"))
+    if LOG.of(event):
+        return (LOG, event.get("name"))
+    return (CALL, event.get("label"))
 
 
 def describe_event(event: dict) -> str:
-    if event.get("ev") == "log":
+    if LOG.of(event):
         how = "log_dict" if event.get("via") == "log_dict" else "self.log"
         return f"{how}({event.get('name')!r}, sync_dist=True) at {fmt_site(event.get('site'))}"
     return f"{event.get('label')}() at {fmt_site(event.get('site'))}"
@@ -43,9 +44,9 @@ def describe_event(event: dict) -> str:
 def _hooks(trace: list[dict]) -> tuple[dict[int, str], set[int]]:
     names, exited = {}, set()
     for e in trace:
-        if e.get("ev") == "hook":
+        if HOOK.of(e):
             names[e["i"]] = e["name"]
-        elif e.get("ev") == "hook_exit":
+        elif HOOK_EXIT.of(e):
             exited.add(e["i"])
     return names, exited
 
@@ -148,16 +149,15 @@ def rank_position(trace: list[dict]) -> str:
     raised = None
     last = {}
     for e in trace:
-        ev = e.get("ev")
-        if ev == "call":
+        if CALL.of(e):
             calls[e["seq"]] = open_calls[e["seq"]] = e
-        elif ev == "exit":
+        elif EXIT.of(e):
             done = open_calls.pop(e.get("of"), None)
             if e.get("raised") and raised is None and done is not None:
                 raised = (done, e)
-        elif ev == "hook":
+        elif HOOK.of(e):
             open_hooks[e["i"]] = e["name"]
-        elif ev == "hook_exit":
+        elif HOOK_EXIT.of(e):
             open_hooks.pop(e.get("i"), None)
         if "epoch" in e:
             last = e
@@ -266,7 +266,7 @@ def _collectives(outcome) -> dict[tuple, dict]:
     """``{(pg, seq): entry}`` of the rank's collectives (not point-to-point), from its last
     ``collectives`` event with frames, else its last one; the entry the rank was blocked in when it
     was stuck gets the frames of its faulthandler dump."""
-    dumps = [e for e in outcome.trace or [] if e.get("ev") == "collectives"]
+    dumps = FLIGHT_RECORD.find(outcome.trace)
     if not dumps:
         return {}
     dump = next((d for d in reversed(dumps) if d.get("frames")), dumps[-1])

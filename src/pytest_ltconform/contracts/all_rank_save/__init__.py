@@ -30,10 +30,11 @@ import os
 import re
 from collections import Counter
 
+from ...events import CALL, EXIT, HOOK, LOG, RAISED, STRATEGY
 from ...sites import fmt_site, hook_label, plural
 from ...world.diagnose import first_divergence
 from ..base import Blame, Contract, Evidence, Run, Verdict, rank_guard
-from .probe import ShardedSaveProbe
+from .probe import LOAD, ShardedSaveProbe
 
 _REFUSED_CLASS = re.compile(r"refused ([\w.]+?)\.?$")
 # Layouts of a checkpoint path that load_from_checkpoint cannot read.
@@ -44,7 +45,7 @@ SHARDED_LAYOUTS = {"fsdp": "an FSDP sharded checkpoint (torch.distributed.checkp
 
 
 def user_call(event: dict) -> bool:
-    return event.get("ev") == "call" and bool(event.get("user"))
+    return CALL.of(event) and bool(event.get("user"))
 
 
 def _counts(run: Run, label: str) -> dict[int, int]:
@@ -61,7 +62,7 @@ class AllRankSave(Contract):
     def blames(self, run: Run) -> int | None:
         """A collective-bearing call some ranks made and the others did not stopped the world;
         a load_from_checkpoint that raised on a sharded directory names this contract too."""
-        if "call" in run.divergent_events() and not stopped_first(run, run.job.divergence):
+        if CALL in run.divergent_events() and not stopped_first(run, run.job.divergence):
             return Blame.CALL
         if mismatch_cause(run) is not None and not run.raised_in_user_code():
             return Blame.CALL
@@ -74,13 +75,13 @@ class AllRankSave(Contract):
         if not run.finished and not run.raised_in_user_code() and mismatch_cause(run) is not None:
             return self._mismatched(run)
         loads = [(r, e) for r, t in enumerate(run.traces) for e in t
-                 if e.get("ev") == "load" and e.get("layout") in SHARDED_LAYOUTS]
+                 if LOAD.of(e) and e.get("layout") in SHARDED_LAYOUTS]
         if loads:
             return self._sharded_load(run, loads)
         round_trip = self._round_trip(run)
         if isinstance(round_trip, Verdict):
             return round_trip
-        calls = Counter(e.get("label") for e in run.events(0, "call") if user_call(e))
+        calls = Counter(e.get("label") for e in run.events(0, CALL) if user_call(e))
         if calls:
             listing = ", ".join(f"{label} x{n}" for label, n in sorted(calls.items()))
             summary = ("every rank made the same collective-bearing calls from user code, in the same order "
@@ -104,7 +105,7 @@ class AllRankSave(Contract):
         layout = SHARDED_LAYOUTS[first["layout"]]
         made_by = f" (written under {first['strategy']})" if first.get("strategy") else ""
         raised = {r: e.get("exc") for r, t in enumerate(run.traces) for e in t
-                  if e.get("ev") == "raised" and e.get("in") in ("load_from_checkpoint", "torch.load")}
+                  if RAISED.of(e) and e.get("in") in ("load_from_checkpoint", "torch.load")}
         arg = re.search(r"load(?:_from_checkpoint)?\((.*)\)", source)
         reader = str(first.get("label", "")).rsplit(".", 1)[-1] if "load_from" in str(first.get("label")) else \
             first.get("label")
@@ -150,7 +151,7 @@ class AllRankSave(Contract):
                     (d.get("error") or not (d.get("restored_ok") or d.get("unchecked") or d.get("nonfinite")))]
         first = done[0][1]
         files = ", ".join(first.get("files") or []) or "nothing"
-        if failures and not any(e.get("configured") for e in run.events(0, "strategy")):
+        if failures and not any(e.get("configured") for e in run.events(0, STRATEGY)):
             return _not_configured(failures, files)
         after = next((d["after_restore"] for _, d in done if d.get("after_restore")), None)
         after = (f" The resumed fit then stopped ({after}) after the checkpoint had loaded: that is the run's "
@@ -358,7 +359,7 @@ def _collective_name(call: dict) -> str:
 
 def _synced_keys(run: Run, rank: int) -> list[str]:
     """The keys rank ``rank`` logged with sync_dist=True (what a read of the trainer's metrics syncs)."""
-    return list(dict.fromkeys(str(e.get("name")) for e in run.events(rank, "log")
+    return list(dict.fromkeys(str(e.get("name")) for e in run.events(rank, LOG)
                               if e.get("sync_dist") and not e.get("rank_zero_only")))
 
 
@@ -391,11 +392,11 @@ def _raised_on_its_own(run: Run, rank: int, h: int) -> bool:
     if outcome.status != "error" or any(word in (outcome.message or "") for word in _COLLECTIVE_ERRORS):
         return False
     trace = outcome.trace or []
-    calls = {e.get("seq") for e in trace if e.get("ev") == "call"}
-    exits = [e for e in trace if e.get("ev") == "exit"]
+    calls = {e.get("seq") for e in trace if CALL.of(e)}
+    exits = [e for e in trace if EXIT.of(e)]
     if calls - {e.get("of") for e in exits} or any(e.get("raised") for e in exits):
         return False  # it stopped in (or because of) a collective
-    later = [e.get("name") or "" for e in trace if e.get("ev") == "hook" and e.get("i", 0) > h]
+    later = [e.get("name") or "" for e in trace if HOOK.of(e) and e.get("i", 0) > h]
     return all(name.endswith(_AFTER_RAISE) for name in later)
 
 

@@ -26,11 +26,29 @@ import re
 import sys
 
 from ... import sharded
+from ...events import RAISED, Recorded, declare
 from ...harness import build_trainer_kwargs
 from ...runs import Probe
 from ...sites import user_site
 from ...target import loading as target_loading
 from . import taps
+
+
+class LoadEvent(Recorded):
+    """A checkpoint loaded (``label``: ``Model.load_from_checkpoint`` or ``torch.load``): its ``path``,
+    ``layout`` (what is at the path: a file, a sharded folder of FSDP or DeepSpeed), ``files``,
+    ``site``, ``user``, ``hook`` and, for load_from_checkpoint, the run's ``strategy``."""
+
+    label: str
+    path: str
+    layout: str
+    files: list
+    site: dict | None
+    user: bool
+    hook: str | None
+
+
+LOAD = declare("load", LoadEvent)
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _REFUSED = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
@@ -97,14 +115,14 @@ class _LoadTap:
             site, direct = user_site()
             layout, files = checkpoint_layout(checkpoint_path)
             path = os.fspath(checkpoint_path) if isinstance(checkpoint_path, (str, os.PathLike)) else None
-            recorder.emit({"ev": "load", "label": f"{cls_name}.load_from_checkpoint", "path": path,
+            recorder.emit({"ev": LOAD, "label": f"{cls_name}.load_from_checkpoint", "path": path,
                            "layout": layout, "files": files, "site": site, "user": direct,
                            "hook": recorder.current_hook(), "strategy": strategy_text})
             try:
                 return bound(checkpoint_path, *args, **kwargs)
             except Exception as exc:
                 if layout not in (None, "file"):
-                    recorder.emit({"ev": "raised", "in": "load_from_checkpoint", "owner": "all-rank-save",
+                    recorder.emit({"ev": RAISED, "in": "load_from_checkpoint", "owner": "all-rank-save",
                                    "exc": exc_text(exc, 200)})
                 raise
 
@@ -124,12 +142,12 @@ def torch_load_tap(recorder):
             site, direct = user_site()
             if not direct:
                 return original(f, *args, **kwargs)
-            recorder.emit({"ev": "load", "label": "torch.load", "path": os.fspath(f), "layout": layout,
+            recorder.emit({"ev": LOAD, "label": "torch.load", "path": os.fspath(f), "layout": layout,
                            "files": files, "site": site, "user": True, "hook": recorder.current_hook()})
             try:
                 return original(f, *args, **kwargs)
             except Exception as exc:
-                recorder.emit({"ev": "raised", "in": "torch.load", "owner": "all-rank-save",
+                recorder.emit({"ev": RAISED, "in": "torch.load", "owner": "all-rank-save",
                                "exc": exc_text(exc, 200)})
                 raise
 

@@ -24,11 +24,24 @@ import re
 from collections import defaultdict
 
 from ...claims import claim
+from ...events import HOOK
 from ...sites import first_sentence, fmt_site
 from ..base import Blame, Contract, Evidence, Run, Verdict, merged
-from ..rank_reads import describe, gating_reads, selecting_reads
+from ..loader_sites import LOADER_BUILT
+from ..rank_reads import RANK_READ, describe, gating_reads, selecting_reads
 from . import reseed
-from .probe import ROWS_PER_BATCH, DataShardingProbe
+from .probe import (
+    BATCH,
+    DS_CREATED,
+    DS_DRAW,
+    DS_DRAW_USE,
+    DS_INDEX,
+    DS_ITEM,
+    DS_LOADER,
+    DS_STREAM,
+    ROWS_PER_BATCH,
+    DataShardingProbe,
+)
 
 
 def _user_frames(tb_text: str) -> list[dict]:
@@ -136,7 +149,7 @@ def _completed_epochs(run: Run) -> dict[int, set]:
             out[r] = seen
             continue
         last = max(seen, default=-1)
-        ended = {e["epoch"] for e in events if e.get("ev") == "hook" and str(e.get("name", "")).endswith(
+        ended = {e["epoch"] for e in events if HOOK.of(e) and str(e.get("name", "")).endswith(
             "on_train_epoch_end")}
         out[r] = {ep for ep in seen if ep < last} | ended
     return out
@@ -149,8 +162,8 @@ def _draw_uses(run: Run) -> dict[str, dict]:
     with the rank's data (noise on a VAE's mean, a dropout mask) makes the line "combined"."""
     out: dict = {}
     for r in range(run.world_size):
-        sites = {e.get("id"): fmt_site(e["site"]) for e in run.events(r, "ds_draw") if e.get("site")}
-        for e in run.events(r, "ds_draw_use"):
+        sites = {e.get("id"): fmt_site(e["site"]) for e in run.events(r, DS_DRAW) if e.get("site")}
+        for e in run.events(r, DS_DRAW_USE):
             where = sites.get(e.get("id"))
             if where is None:
                 continue
@@ -164,7 +177,7 @@ def _draws_by_site(run: Run) -> dict[str, dict[int, dict[tuple, list]]]:
     """user file:line -> rank -> (epoch, batch_idx) -> value hashes of the draws made there."""
     out: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for r in range(run.world_size):
-        for e in run.events(r, "ds_draw"):
+        for e in run.events(r, DS_DRAW):
             if e.get("site") and e.get("key"):
                 out[fmt_site(e["site"])][r][tuple(e["key"])].append(e.get("hash"))
     return out
@@ -175,7 +188,7 @@ def _index_groups(run: Run, rank: int) -> dict[tuple, list[list]]:
     stage fetched from (a second loader of the stage is not dataloader 0's)."""
     first: dict = {}
     out: dict = defaultdict(list)
-    for e in run.events(rank, "ds_index"):
+    for e in run.events(rank, DS_INDEX):
         stage = e.get("stage")
         if first.setdefault(stage, e.get("ds")) == e.get("ds"):
             out[(stage, e.get("epoch", 0))].append(e.get("keys") or [])
@@ -190,11 +203,11 @@ def _items_into_batches(run: Run, rank: int, out: dict) -> None:
 
     per: dict = defaultdict(lambda: defaultdict(list))
     workers: dict = {}
-    for e in run.events(rank, "ds_item"):
+    for e in run.events(rank, DS_ITEM):
         key = (e.get("stage"), e.get("epoch", 0))
         per[key][e.get("w", 0)].append(e.get("h"))
         workers[key] = max(1, int(e.get("nw") or 1))
-    sizes = {e.get("stage"): e.get("batch_size") or 1 for e in run.events(rank, "ds_loader")}
+    sizes = {e.get("stage"): e.get("batch_size") or 1 for e in run.events(rank, DS_LOADER)}
     for (stage, epoch), by_worker in per.items():
         nw, bs = workers[(stage, epoch)], sizes.get(stage, 1)
         for k, event in enumerate(out.get(stage, {}).get(rank, {}).get(epoch, [])):
@@ -254,7 +267,7 @@ def _returned_site(run: Run, hook: str) -> dict | None:
     """Where the loader ``hook`` returned was constructed (a loader built before the hooks ran,
     in the target factory or ``setup``), from the ranks' ``loader_built`` events."""
     for r in range(run.world_size):
-        for e in run.events(r, "loader_built"):
+        for e in run.events(r, LOADER_BUILT):
             if e.get("hook") == hook and e.get("loaders") and e["loaders"][0].get("site"):
                 return e["loaders"][0]["site"]
     return None
@@ -335,7 +348,7 @@ class DataSharding(Contract):
         rows of its tensors: a collated graph's atoms or a loader's positions are not samples."""
         out: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
         for r in range(run.world_size):
-            for e in run.events(r, "batch"):
+            for e in run.events(r, BATCH):
                 if e.get("dl", 0) == 0:
                     out[e["stage"]][r][e.get("epoch", 0)].append(dict(e))
             for (stage, epoch), groups in _index_groups(run, r).items():
@@ -349,7 +362,7 @@ class DataSharding(Contract):
         """stage -> the first loader event of rank 0 (or any rank)."""
         out = {}
         for r in range(run.world_size):
-            for e in run.events(r, "ds_loader"):
+            for e in run.events(r, DS_LOADER):
                 out.setdefault(e["stage"], e)
         return out
 
@@ -418,14 +431,14 @@ class DataSharding(Contract):
         return self.verdict("failed", summary, evidence=evidence, fix=fix)
 
     def _creation_events(self, run: Run) -> list[dict]:
-        return [e for r in range(run.world_size) for e in run.events(r, "ds_created")][:4]
+        return [e for r in range(run.world_size) for e in run.events(r, DS_CREATED)][:4]
 
     # -- 2. identical data on every rank ---------------------------------------------------------
     def _identical_across_ranks(self, run, batches, loaders, split: dict) -> list[Verdict]:
         """Stages whose batches are the same on every rank; a stage whose step selects its rows by
         rank on every rank (``split``: stage -> rank 0's read) is split inside the step instead."""
         out = []
-        reads = [run.events(r, "rank_read") for r in range(run.world_size)]
+        reads = [run.events(r, RANK_READ) for r in range(run.world_size)]
         # Training only: validation batches repeated on every rank are duplicated evaluation,
         # judged by eval-duplication against the single-device values (often harmless: a set
         # smaller than the world is evaluated whole on every rank on purpose).
@@ -550,7 +563,7 @@ class DataSharding(Contract):
         streams = self._stream_batches(run)
         if len(set(streams.values())) > 1:
             return [self._uneven(run, loaders, 0, streams, "stream")]
-        for epoch in sorted({e.get("epoch", 0) for r in range(run.world_size) for e in run.events(r, "ds_loader")}):
+        for epoch in sorted({e.get("epoch", 0) for r in range(run.world_size) for e in run.events(r, DS_LOADER)}):
             lengths = self._lengths(run, epoch)
             if len(set(lengths.values())) > 1:
                 return [self._uneven(run, loaders, epoch, lengths, "len")]
@@ -570,8 +583,8 @@ class DataSharding(Contract):
         rank before training; {} unless every rank has one."""
         streams = {}
         for r in range(run.world_size):
-            n = next((e.get("n") for e in run.events(r, "ds_stream") if e.get("stage") == "train"), None)
-            loader = next(iter(run.events(r, "ds_loader")), {})
+            n = next((e.get("n") for e in run.events(r, DS_STREAM) if e.get("stage") == "train"), None)
+            loader = next(iter(run.events(r, DS_LOADER)), {})
             if n is not None and loader.get("batch_size"):
                 bs = loader["batch_size"]
                 streams[r] = n // bs if loader.get("drop_last") else math.ceil(n / bs)
@@ -582,7 +595,7 @@ class DataSharding(Contract):
         """rank -> len(train DataLoader) recorded at the start of ``epoch``; {} unless every rank has one."""
         out = {}
         for r in range(run.world_size):
-            for e in run.events(r, "ds_loader"):
+            for e in run.events(r, DS_LOADER):
                 if e.get("stage") == "train" and e.get("epoch", 0) == epoch and e.get("length") is not None:
                     out[r] = e["length"]
         return out if len(out) == run.world_size else {}
@@ -633,7 +646,7 @@ class DataSharding(Contract):
         return []
 
     def _noise(self, run, where: str, steps: list, train) -> Verdict:
-        first = {r: next(e for e in run.events(r, "ds_draw") if fmt_site(e["site"]) == where)
+        first = {r: next(e for e in run.events(r, DS_DRAW) if fmt_site(e["site"]) == where)
                  for r in range(run.world_size)}
         fn, shape = first[0]["fn"], first[0]["shape"]
         op = _draw_uses(run).get(where, {}).get("op")
@@ -645,7 +658,7 @@ class DataSharding(Contract):
                    f"one rank's random input {run.world_size} times and more ranks add no new random samples.")
         evidence = []
         for r in range(run.world_size):
-            hashes = [e["hash"][:8] for e in run.events(r, "ds_draw") if fmt_site(e["site"]) == where][:4]
+            hashes = [e["hash"][:8] for e in run.events(r, DS_DRAW) if fmt_site(e["site"]) == where][:4]
             batch = [(_batch_fp(train, r, k) or "none")[:8] for k in steps[:4]]
             evidence.append(Evidence(f"{fn} value hashes {hashes} at steps {[tuple(k) for k in steps[:4]]} "
                                      f"(epoch, batch); batch hashes {batch}", rank=r, site=where))

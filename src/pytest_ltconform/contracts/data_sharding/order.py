@@ -20,6 +20,20 @@ import inspect
 import re
 import sys
 
+from ...events import Recorded, declare
+
+
+class EpochCallEvent(Recorded):
+    """A method of an order owner's class (``cls``) that takes the epoch was called (``method``,
+    with ``epoch``) by ``caller`` (file, line, func)."""
+
+    cls: str
+    method: str
+    caller: dict
+
+
+DS_EPOCH_CALL = declare("ds_epoch_call", EpochCallEvent)
+
 # Roles, as the verdict names them.
 BATCH_SAMPLER, SAMPLER, WRAPPED = "batch sampler", "sampler", "wrapped sampler"
 
@@ -140,7 +154,7 @@ def watch_epoch_methods(cls, recorder) -> None:
             def method(obj, *args, **kwargs):
                 epoch = args[0] if args else kwargs.get("epoch")
                 caller = sys._getframe(1)
-                recorder.emit({"ev": "ds_epoch_call", "cls": type(obj).__name__, "method": name,
+                recorder.emit({"ev": DS_EPOCH_CALL, "cls": type(obj).__name__, "method": name,
                                "epoch": epoch if isinstance(epoch, int) else repr(epoch)[:20],
                                "caller": {"file": caller.f_code.co_filename, "line": caller.f_lineno,
                                           "func": caller.f_code.co_name}})

@@ -10,10 +10,97 @@ import functools
 import re
 from collections import defaultdict
 
+from ...events import TRACE_ERROR, Recorded, declare
 from ...harness import batch_leaves, batch_size
 from ...runs import Probe
 from .. import fetches, loader_sites
 from . import order
+
+
+class LoaderEvent(Recorded):
+    """A loader a stage iterates (``stage``, ``type``) with its dataset, sampler and batch sampler."""
+
+    stage: str
+    type: str
+
+
+class DrawEvent(Recorded):
+    """A random draw in user code (``fn``, ``site``) fingerprinted (``hash``, ``shape``, ``id``)."""
+
+    fn: str
+    site: dict | None
+    key: str
+    hash: str
+    shape: list
+    id: int
+
+
+class DrawUseEvent(Recorded):
+    """Draw ``id`` met an operation ``op`` that ``use`` s it."""
+
+    id: int
+    use: str
+    op: str
+
+
+class IndexEvent(Recorded):
+    """Dataset indices a stage's loader fetched (``keys``) from dataset ``ds`` (``dataset`` its class)."""
+
+    stage: str
+    keys: list
+    ds: int
+    dataset: str
+
+
+class ItemEvent(Recorded):
+    """Items an IterableDataset yielded in ``stage``, on DataLoader worker ``w`` of ``nw``."""
+
+    stage: str
+    w: int
+    nw: int
+
+
+class CreatedEvent(Recorded):
+    """A DataLoader built in user code (``site``, ``cls``, ``positional`` arguments, ``hook``)."""
+
+    site: dict | None
+    positional: int
+    cls: str
+    hook: str | None
+
+
+class SamplerEvent(Recorded):
+    """A sampler (``cls``) iterated: the ``indices`` it gave and whether the global RNG moved (``rng``)."""
+
+    cls: str
+    indices: list
+    rng: bool
+
+
+class BatchEvent(Recorded):
+    """A batch a stage received (``idx``, dataloader ``dl``) with its fingerprint's keys."""
+
+    stage: str
+    idx: int
+    dl: int
+
+
+class StreamEvent(Recorded):
+    """How many items a train IterableDataset streams (``n``)."""
+
+    stage: str
+    n: int | None
+
+
+DS_LOADER = declare("ds_loader", LoaderEvent)
+DS_DRAW = declare("ds_draw", DrawEvent)
+DS_DRAW_USE = declare("ds_draw_use", DrawUseEvent)
+DS_INDEX = declare("ds_index", IndexEvent)
+DS_ITEM = declare("ds_item", ItemEvent)
+DS_CREATED = declare("ds_created", CreatedEvent)
+DS_SAMPLER = declare("ds_sampler", SamplerEvent)
+BATCH = declare("batch", BatchEvent)
+DS_STREAM = declare("ds_stream", StreamEvent)
 
 ROWS_PER_BATCH = 64        # sample rows hashed per batch
 BATCHES_PER_EPOCH = 8      # batches fingerprinted per epoch and stage (all are counted)
@@ -104,7 +191,7 @@ def _class_site(cls) -> dict | None:
 def _loader_info(trainer, stage: str, loader) -> dict:
     from torch.utils.data import DataLoader, IterableDataset
 
-    info = {"ev": "ds_loader", "stage": stage, "type": type(loader).__name__}
+    info = {"ev": DS_LOADER, "stage": stage, "type": type(loader).__name__}
     if isinstance(loader, DataLoader):
         ds = loader.dataset
         bs = loader.batch_sampler
@@ -321,7 +408,7 @@ class _Draws:
             return
         use = "input" if all(_is_weight(t) for t in others) else "combined"
         for draw_id in hits:
-            self.recorder.emit({"ev": "ds_draw_use", "id": draw_id, "use": use, "op": name})
+            self.recorder.emit({"ev": DS_DRAW_USE, "id": draw_id, "use": use, "op": name})
         self.tracked = {k: v for k, v in self.tracked.items() if v[1] not in hits}
 
     def _track(self, tensor, draw_id: int) -> None:
@@ -384,7 +471,7 @@ class _Draws:
                 self.count += 1
                 digest = hashlib.blake2b(_row_bytes(out.detach().reshape(-1)[:64]), digest_size=8).hexdigest()
                 self.ids += 1
-                self.recorder.emit({"ev": "ds_draw", "fn": label, "site": site, "key": self.key, "hash": digest,
+                self.recorder.emit({"ev": DS_DRAW, "fn": label, "site": site, "key": self.key, "hash": digest,
                                     "shape": list(out.shape), "id": self.ids})
                 self._track(out, self.ids)
         except Exception:
@@ -475,7 +562,7 @@ class _Indices:
         key = (stage, int(trainer.current_epoch))
         self.counts[key] += 1
         if self.counts[key] <= INDEX_GROUPS:
-            self.recorder.emit({"ev": "ds_index", "stage": stage, "keys": keys, "ds": id(it._dataset),
+            self.recorder.emit({"ev": DS_INDEX, "stage": stage, "keys": keys, "ds": id(it._dataset),
                                 "dataset": type(it._dataset).__qualname__})
 
 
@@ -539,7 +626,7 @@ class _Items:
         if stage is None:
             return None
         info = get_worker_info()
-        return {"ev": "ds_item", "stage": stage, "epoch": int(trainer.current_epoch),
+        return {"ev": DS_ITEM, "stage": stage, "epoch": int(trainer.current_epoch),
                 "w": info.id if info is not None else 0, "nw": info.num_workers if info is not None else 1}
 
     def tap(self, iterator, where: dict):
@@ -596,7 +683,7 @@ class DataShardingProbe(Probe):
                     return  # built by Lightning (sampler injection) or a library, not by the user
                 try:
                     object.__setattr__(loader, "_ltconform_site", site)
-                    recorder.emit({"ev": "ds_created", "site": site, "positional": len(args),
+                    recorder.emit({"ev": DS_CREATED, "site": site, "positional": len(args),
                                    "cls": type(loader).__name__, "hook": recorder.current_hook()})
                 except Exception:
                     pass
@@ -636,12 +723,12 @@ class DataShardingProbe(Probe):
                         except Exception:
                             got.append(repr(item)[:40])
                         if len(got) >= limit:
-                            recorder.emit({"ev": "ds_sampler", "cls": cls.__name__, "indices": got, "rng": moved})
+                            recorder.emit({"ev": DS_SAMPLER, "cls": cls.__name__, "indices": got, "rng": moved})
                             done = True
                     yield item
                 if not done:
                     moved = moved if got else before is not None and _rng_or_none() not in (None, before)
-                    recorder.emit({"ev": "ds_sampler", "cls": cls.__name__, "indices": got, "rng": moved})
+                    recorder.emit({"ev": DS_SAMPLER, "cls": cls.__name__, "indices": got, "rng": moved})
 
             return __iter__
 
@@ -664,12 +751,12 @@ class DataShardingProbe(Probe):
                     recorder.emit({**_loader_info(trainer, stage, loader),
                                    "built": loader_sites.loader_of(f"{stage}_dataloader")})
                 except Exception as exc:
-                    recorder.emit({"ev": "trace_error", "where": "data-sharding loader", "error": repr(exc)})
+                    recorder.emit({"ev": TRACE_ERROR, "where": "data-sharding loader", "error": repr(exc)})
 
             def _batch(self, trainer, stage, batch, batch_idx, dataloader_idx=0):
                 key = (stage, int(trainer.current_epoch), dataloader_idx)
                 self.seen[key] += 1
-                event = {"ev": "batch", "stage": stage, "idx": int(batch_idx), "dl": dataloader_idx}
+                event = {"ev": BATCH, "stage": stage, "idx": int(batch_idx), "dl": dataloader_idx}
                 try:
                     if self.seen[key] <= BATCHES_PER_EPOCH:
                         event.update(fingerprint(batch))
@@ -714,7 +801,7 @@ class DataShardingProbe(Probe):
                 or not isinstance(loader.dataset, IterableDataset):
             return
         self._streams.add("train")
-        recorder.emit({"ev": "ds_stream", "stage": "train", "n": count_stream(loader.dataset)})
+        recorder.emit({"ev": DS_STREAM, "stage": "train", "n": count_stream(loader.dataset)})
 
     def collect(self, loaded, trainer, recorder):
         from torch.utils.data import DataLoader, IterableDataset

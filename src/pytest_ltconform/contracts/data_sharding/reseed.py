@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from ...sites import fmt_site
 from ..base import Evidence, Run, Verdict, class_site, user_classes
-from .order import BATCH_SAMPLER, LIGHTNING_SAMPLERS, RANDOM_SAMPLERS, WRAPPED
+from .order import BATCH_SAMPLER, DS_EPOCH_CALL, LIGHTNING_SAMPLERS, RANDOM_SAMPLERS, WRAPPED
+from .probe import DS_SAMPLER
 
 # Where Lightning 2.x reseeds (lightning.fabric.utilities.data._set_sampler_epoch).
 LIGHTNING_RESEEDS = ("Lightning calls set_epoch(epoch) at every epoch start on the DataLoader's sampler and on its "
@@ -64,7 +65,7 @@ def random_because(run: Run, owner: dict) -> list[str]:
     if owner.get("cls") in LIGHTNING_SAMPLERS:
         return []  # Lightning reseeds its own samplers
     why = []
-    ranks = sorted({r for r in range(run.world_size) for e in run.events(r, "ds_sampler")
+    ranks = sorted({r for r in range(run.world_size) for e in run.events(r, DS_SAMPLER)
                     if e.get("cls") == owner.get("cls") and e.get("rng")})
     if ranks:
         why.append(f"the global random state moved while its __iter__ ran (rank{'s' if len(ranks) > 1 else ''} "
@@ -81,7 +82,7 @@ def random_because(run: Run, owner: dict) -> list[str]:
 def epoch_calls(run: Run, cls: str) -> dict[str, list[dict]]:
     """method -> the ``ds_epoch_call`` events of class ``cls`` on rank 0 (every rank calls alike)."""
     out: dict[str, list[dict]] = {}
-    for e in run.events(0, "ds_epoch_call"):
+    for e in run.events(0, DS_EPOCH_CALL):
         if e.get("cls") == cls:
             out.setdefault(e.get("method"), []).append(e)
     return out

@@ -25,14 +25,15 @@ import math
 from collections import Counter, defaultdict
 
 from ...claims import claim
+from ...events import CALL, LOG
 from ...runs import RunSpec
 from ...sites import fmt_site
 from ..base import Contract, Evidence, Findings, Run, Verdict, method_site, rank_guard, user_classes
 from ..rank_reads import describe, selecting_reads
 from . import statements
 from .content import ContentCheck
+from .probe import EVAL_STAGE, EvalDuplicationProbe
 from .probe import STAGES as STAGES_ORDER
-from .probe import EvalDuplicationProbe
 
 _STAGE_WORDS = {"validate": "validation", "test": "test", "predict": "prediction"}
 _STEP_HOOK = {"validate": ("validation_step",), "test": ("test_step",), "predict": ("predict_step",)}
@@ -493,7 +494,7 @@ def _metric_counts(recs) -> dict:
 def _log_event(run, key) -> dict | None:
     """Rank 0's last user ``self.log`` of ``key`` (recorded by the harness's trace). A call with
     on_step=True and on_epoch=True publishes ``<name>_epoch``, so that key names the call too."""
-    for e in reversed(run.events(0, "log")):
+    for e in reversed(run.events(0, LOG)):
         if not e.get("user"):
             continue
         name = e.get("name")
@@ -521,9 +522,9 @@ def _publishes_synced_metrics(run, stage, site) -> bool:
         return False
     logs, inside = [], False
     for e in run.events(0):
-        if e.get("ev") == "eval_stage" and e.get("name") == stage:
+        if EVAL_STAGE.of(e) and e.get("name") == stage:
             inside = e.get("at") == "start"
-        elif inside and e.get("ev") == "log" and e.get("user"):
+        elif inside and LOG.of(e) and e.get("user"):
             logs.append(e)
     return bool(logs) and all(e.get("sync_dist") or e.get("vtype") == "metric" for e in logs)
 
@@ -531,9 +532,9 @@ def _publishes_synced_metrics(run, stage, site) -> bool:
 def _gathered(run, stage) -> bool:
     inside = False
     for e in run.events(0):
-        if e.get("ev") == "eval_stage" and e.get("name") == stage:
+        if EVAL_STAGE.of(e) and e.get("name") == stage:
             inside = e.get("at") == "start"
-        elif inside and e.get("ev") == "call" and e.get("user") and e.get("op") in _GATHERS:
+        elif inside and CALL.of(e) and e.get("user") and e.get("op") in _GATHERS:
             return True
     return False
 

@@ -20,10 +20,21 @@ import os
 import sys
 from typing import Any
 
+from ...events import STAGE, Recorded, declare
 from ...harness import RankRun, UserObjects, batch_leaves, can_run, rank_run, tolerate_unused_parameters
 from ...runs import Probe, RunArgs
 from ...sites import user_site
 from .. import fetches, loader_sites
+
+
+class EvalStageEvent(Recorded):
+    """An evaluation stage (``name``: validate, test, predict) began or ended (``at``: 'start', 'end')."""
+
+    name: str
+    at: str
+
+
+EVAL_STAGE = declare("eval_stage", EvalStageEvent)
 
 STAGES = ("validate", "test", "predict")
 _LOADER = {"validate": "val_dataloader", "test": "test_dataloader", "predict": "predict_dataloader"}
@@ -408,7 +419,7 @@ def _run_stage(run: RankRun, stage: str, state: dict) -> dict:
     record = state["record"] = {"loaders": [], "metric_samples": {}}
     state.update(stage=stage, fetched={}, ran={})
     _ACTIVE.update(stage=stage, writes=[])
-    run.emit({"ev": "eval_stage", "name": stage, "at": "start"})
+    run.emit({"ev": EVAL_STAGE, "name": stage, "at": "start"})
     out = None
     try:
         out = getattr(trainer, stage)(objects.model, datamodule=objects.datamodule)
@@ -418,7 +429,7 @@ def _run_stage(run: RankRun, stage: str, state: dict) -> dict:
     finally:
         _ACTIVE["stage"] = None
         state["stage"] = None
-        run.emit({"ev": "eval_stage", "name": stage, "at": "end"})
+        run.emit({"ev": EVAL_STAGE, "name": stage, "at": "end"})
     if stage == "predict":
         batches = _loaders(out) if out is not None else []
         record["returned_batches"] = len(batches)
@@ -474,7 +485,7 @@ def evaluate(ctx, args: RunArgs) -> dict:
             kwargs, limits, limited = _eval_kwargs(run, objects.user_kwargs, strategy, ctx.world_size)
             trainer = run.build_trainer(kwargs)
             if "fit" in before:
-                run.emit({"ev": "stage", "name": "fit"})
+                run.emit({"ev": STAGE, "name": "fit"})
                 trainer.fit(objects.model, datamodule=objects.datamodule)
             weights = os.path.join(os.path.dirname(ctx.job_dir), "eval_weights.pt")
             if ctx.rank == 0:

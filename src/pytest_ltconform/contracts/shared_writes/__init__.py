@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import os
 
+from ...events import STAGE, STAGE_ERROR
 from ...sites import fmt_site
 from ..base import Contract, Evidence, Run, Verdict, merged, rank_guard
-from .probe import SharedWritesProbe
+from .probe import WRITE, SharedWritesProbe
 
 
 def _mode_words(modes: set[str]) -> str:
@@ -35,9 +36,9 @@ def _staged_writes(events: list[dict]) -> list[dict]:
     from the run's ``stage`` events) when the run recorded stages."""
     out, stage = [], None
     for e in events:
-        if e.get("ev") == "stage":
+        if STAGE.of(e):
             stage = e.get("name")
-        elif e.get("ev") == "write":
+        elif WRITE.of(e):
             out.append({**e, "stage": stage} if stage else e)
     return out
 
@@ -46,7 +47,7 @@ def _stage_error_notes(run: Run) -> list[str]:
     not recorded, so say so rather than pass in silence."""
     notes = []
     for r in range(run.world_size):
-        for e in run.events(r, "stage_error"):
+        for e in run.events(r, STAGE_ERROR):
             notes.append(f"the {e.get('name')} stage, which the plugin runs after fit on the same Trainer, raised "
                          f"{e.get('exc_type')} on rank {r} ({e.get('message')}), so writes after that point were "
                          f"not recorded.")
@@ -117,9 +118,9 @@ class SharedWrites(Contract):
 
     def _passed(self, run: Run, by_path) -> Verdict:
         if not by_path:
-            stages = [e.get("name") for e in run.events(0, "stage") if e.get("name")] or ["fit"]
+            stages = [e.get("name") for e in run.events(0, STAGE) if e.get("name")] or ["fit"]
             # A later stage that raised was watched only up to its exception (see the notes).
-            raised = {e.get("name") for r in range(run.world_size) for e in run.events(r, "stage_error")}
+            raised = {e.get("name") for r in range(run.world_size) for e in run.events(r, STAGE_ERROR)}
             words = [f"{s} (until it raised)" if s in raised else s for s in stages]
             return self.verdict("passed", f"user code opened no file for writing during {' and '.join(words)} "
                                           f"(outside checkpoint saving) on any rank.")

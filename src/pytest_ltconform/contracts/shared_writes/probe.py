@@ -8,7 +8,20 @@ import os
 import sys
 import threading
 
+from ...events import Recorded, declare
 from ..base import Probe
+
+
+class WriteEvent(Recorded):
+    """A file opened for writing (``path`` as shown, ``mode``) from user code at ``site`` in ``hook``."""
+
+    path: str
+    mode: str
+    site: dict | None
+    hook: str | None
+
+
+WRITE = declare("write", WriteEvent)
 
 ROOT = "<default_root_dir>"
 
@@ -148,7 +161,7 @@ class SharedWritesProbe(Probe):
             if absolute == root or absolute.startswith(root + os.sep):
                 shown = os.path.join(ROOT, os.path.relpath(absolute, root))
                 break
-        self.recorder.emit({"ev": "write", "path": shown, "mode": mode, "site": site,
+        self.recorder.emit({"ev": WRITE, "path": shown, "mode": mode, "site": site,
                             "hook": self.recorder.current_hook()})
 
     def collect(self, loaded, trainer, recorder):

@@ -36,6 +36,7 @@ import math
 from collections import defaultdict
 
 from ...claims import Claim, claim, reduced_across_ranks
+from ...events import LOG
 from ...sites import fmt_site, hook_label
 from ...world.diagnose import first_divergence
 from ..base import Blame, Contract, Evidence, Run, Verdict, merged, rank_guard
@@ -46,7 +47,7 @@ from .probe import SyncDistProbe
 
 
 def synced_log(event: dict) -> bool:
-    return event.get("ev") == "log" and bool(event.get("sync_dist")) and not event.get("rank_zero_only")
+    return LOG.of(event) and bool(event.get("sync_dist")) and not event.get("rank_zero_only")
 
 
 def _fmt(value) -> str:
@@ -80,7 +81,7 @@ class SyncDist(Contract):
         monitored key some ranks logged when a rank that never logged it raised for want of it."""
         if stop_divergence(run) is not None:
             return Blame.DECISION
-        if "log" in run.divergent_events() or missing_monitor(run) is not None:
+        if LOG in run.divergent_events() or missing_monitor(run) is not None:
             return Blame.LOG
         return super().blames(run)
 
@@ -176,7 +177,7 @@ class SyncDist(Contract):
         for m in self._monitors(run):
             by_key[m["key"]].append(m["owner"])
         for key, owners in by_key.items():
-            logs = [e for r in range(run.world_size) for e in run.events(r, "log") if e.get("name") == key]
+            logs = [e for r in range(run.world_size) for e in run.events(r, LOG) if e.get("name") == key]
             found = monitors.failure_texts(key, owners, logs, monitors.compared(run, key))
             if found is None:
                 continue
@@ -386,7 +387,7 @@ class SyncDist(Contract):
         return self.verdict("failed", summary, category="silent", fix=fix)
 
     def _passed(self, run: Run) -> Verdict:
-        synced = sorted({e.get("name") for e in run.events(0, "log") if synced_log(e)})
+        synced = sorted({e.get("name") for e in run.events(0, LOG) if synced_log(e)})
         keys = sorted({m["key"] for m in self._monitors(run)})
         parts = [f"synced log keys identical on every rank ({', '.join(synced)})" if synced
                  else "no synced log calls"]
@@ -399,12 +400,12 @@ class SyncDist(Contract):
                    "no callback read it on every rank in this run" if read else "no callback read it in this run")
             parts.append(f"monitored {key!r} not judged: {why}")
         parts.append("shared decisions agree")
-        floats = sorted({e.get("name") for e in run.events(0, "log")
+        floats = sorted({e.get("name") for e in run.events(0, LOG)
                          if e.get("vtype") == "float" and e.get("on_epoch") and not e.get("sync_dist")})
         if floats:
             notes.append(f"{', '.join(floats)} logged as Python floats without sync_dist: Lightning gives no "
                          f"warning for these; the logged value is rank 0's alone.")
-        logged = any(run.events(r, "log") for r in range(run.world_size))
+        logged = any(run.events(r, LOG) for r in range(run.world_size))
         if unjudged and not compared and not synced:
             return self.not_judged("; ".join(parts[1:-1]) + ", and no synced log call was made, so nothing was "
                                    "compared across ranks.", notes=notes)

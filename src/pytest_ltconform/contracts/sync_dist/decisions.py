@@ -7,8 +7,10 @@ import math
 import re
 
 from ...claims import Claim, claim
+from ...events import LOG
 from ...sites import fmt_site, hook_label
 from ..base import Evidence, Run
+from .probe import DECISION
 
 STOP_FIX = ("set trainer.should_stop from a value every rank shares (reduce it with "
             "trainer.strategy.reduce_boolean_decision) or use EarlyStopping on a synced metric.")
@@ -17,7 +19,7 @@ _NOT_METRICS = ("epoch", "step")
 
 
 def stop_events(run: Run, rank: int) -> list[dict]:
-    return [e for e in run.events(rank, "decision") if e.get("name") == "should_stop"]
+    return [e for e in run.events(rank, DECISION) if e.get("name") == "should_stop"]
 
 
 def _last_step(run: Run, rank: int) -> int:
@@ -134,7 +136,7 @@ def unsynced_filename_metric(run: Run, template: str | None) -> dict | None:
     """The first metric of a filename template that is logged without a cross-rank reduction
     (no sync_dist, or rank_zero_only; a TorchMetrics object syncs itself): its first log event."""
     for name in filename_metrics(template):
-        logs = [e for e in run.events(0, "log") if e.get("name") == name]
+        logs = [e for e in run.events(0, LOG) if e.get("name") == name]
         if logs and not any(e.get("vtype") == "metric" or (e.get("sync_dist") and not e.get("rank_zero_only"))
                             for e in logs):
             return logs[0]

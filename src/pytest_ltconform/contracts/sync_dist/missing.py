@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 
+from ...events import LOG
 from ...sites import first_sentence, fmt_site, hook_label
 from ..base import Evidence, Run, rank_guard
 
@@ -38,7 +39,7 @@ def missing_monitor(run: Run) -> dict | None:
             if found is None:
                 continue
             key = found["key"]
-            logs = {r: [e for e in run.events(r, "log") if _logged_as(e, key)] for r in range(run.world_size)}
+            logs = {r: [e for e in run.events(r, LOG) if _logged_as(e, key)] for r in range(run.world_size)}
             if any(logs.values()) and not logs[outcome.rank]:
                 return {"rank": outcome.rank, "callback": callback, "key": key, "exc_type": outcome.exc_type,
                         "message": outcome.message, "logs": logs}

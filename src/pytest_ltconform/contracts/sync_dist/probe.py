@@ -28,10 +28,26 @@ import sys
 import weakref
 from typing import Any
 
+from ...events import Recorded, declare
 from ...runs import Probe
 from ...sites import user_site
 from .batches import count_samples, loader_batch_size
 from .combos import find_combinations
+
+
+class DecisionEvent(Recorded):
+    """A decision the Trainer acts on everywhere (``name``: should_stop, ...) set to ``value`` at
+    ``site`` (``user``) in ``hook``, while the Trainer ran ``action``."""
+
+    name: str
+    value: object
+    site: dict | None
+    user: bool
+    hook: str | None
+    action: str | None
+
+
+DECISION = declare("decision", DecisionEvent)
 
 _FUNCTIONAL_MODULES = ("torchmetrics.functional", "torchmetrics.functional.classification",
                        "torchmetrics.functional.regression")
@@ -436,7 +452,7 @@ class SyncDistProbe(Probe):
         recorder = self.recorder
         if recorder is None or recorder.closed:
             return
-        recorder.emit({"ev": "decision", "name": name, "value": value, "site": site, "user": direct,
+        recorder.emit({"ev": DECISION, "name": name, "value": value, "site": site, "user": direct,
                        "hook": self._fx_name(), "action": recorder.current_hook()})
 
     def _unwatch(self) -> None:

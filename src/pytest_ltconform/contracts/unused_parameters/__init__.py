@@ -29,7 +29,7 @@ from collections import defaultdict
 from ...claims import claim
 from ...sites import first_sentence, fmt_site, plural
 from ..base import Blame, Contract, Evidence, Findings, Run, Verdict, definition_evidence, target_site
-from .probe import UnusedParametersProbe
+from .probe import DDP_ERROR, GRAD_CONFIG, GRAD_SETUP, GRAD_USE, STEP_NONE, UnusedParametersProbe
 
 _INDEX_RE = re.compile(r"Parameter indices which did not receive grad for rank (\d+):\s*([\d ]+)")
 
@@ -41,7 +41,7 @@ def _skipped_steps(run: Run) -> dict[int, dict]:
     """Each rank's first ``step_none`` event (its training_step returned None under DDP)."""
     out = {}
     for r, trace in enumerate(run.traces):
-        first = next((e for e in trace or [] if e.get("ev") == "step_none"), None)
+        first = next((e for e in trace or [] if STEP_NONE.of(e)), None)
         if first is not None:
             out[r] = first
     return out
@@ -76,9 +76,9 @@ class UnusedParameters(Contract):
         skipped = _skipped_steps(run)
         if skipped:
             return self._step_none(run, skipped)
-        setup = {r: next((e for e in t if e.get("ev") == "grad_setup"), None) for r, t in enumerate(run.traces)}
-        records = {r: [e for e in t if e.get("ev") == "grad_use"] for r, t in enumerate(run.traces)}
-        ddp_errors = {r: next((e["message"] for e in t if e.get("ev") == "ddp_error"), None)
+        setup = {r: next((e for e in t if GRAD_SETUP.of(e)), None) for r, t in enumerate(run.traces)}
+        records = {r: [e for e in t if GRAD_USE.of(e)] for r, t in enumerate(run.traces)}
+        ddp_errors = {r: next((e["message"] for e in t if DDP_ERROR.of(e)), None)
                       for r, t in enumerate(run.traces)}
         any_setup = next((s for s in setup.values() if s), None)
         total = sum(len(v) for v in records.values())
@@ -218,7 +218,7 @@ class _GradUse:
 
     @classmethod
     def of(cls, run: Run, setup: dict, records: dict, ddp_errors: dict) -> _GradUse:
-        config = next((e for t in run.traces for e in t if e.get("ev") == "grad_config"), None)
+        config = next((e for t in run.traces for e in t if GRAD_CONFIG.of(e)), None)
         find_unused = bool(config["user_find_unused"] if config else setup.get("find_unused"))
         names = setup.get("names", [])
         missing: dict[str, list[tuple[int, dict]]] = defaultdict(list)
@@ -324,7 +324,7 @@ def _built_evidence(run: Run, names: list[str]) -> list[Evidence]:
     registered each (``Encoder.__init__``'s ``self.fc = nn.Linear(...)``, not the parent's
     ``self.encoder = Encoder()``), one line per site; names without a recorded site fall back to the
     ``self.<attr> = ...`` of their top-level submodule."""
-    built = next((e.get("built") for t in run.traces for e in t if e.get("ev") == "grad_setup" and e.get("built")),
+    built = next((e.get("built") for t in run.traces for e in t if GRAD_SETUP.of(e) and e.get("built")),
                  None) or {}
     by_site: dict = defaultdict(list)
     for n in names:

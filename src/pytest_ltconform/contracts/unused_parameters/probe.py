@@ -17,9 +17,57 @@ from __future__ import annotations
 
 import sys
 
+from ...events import TRACE_ERROR, Recorded, declare
 from ...harness import tolerate_unused_parameters, training_step_source
 from ...sites import is_user_file, user_site
 from ..base import Probe
+
+
+class GradSetupEvent(Recorded):
+    """The parameters tracked (``names``) and the DDP wrapper's flags (``ddp``, ``find_unused``, ``static_graph``)."""
+
+    names: list
+    ddp: bool
+    find_unused: bool
+    static_graph: bool
+
+
+class GradUseEvent(Recorded):
+    """Backward ``n`` (``k`` of its batch ``batch``): the ``unused`` of the ``tracked`` parameters, at ``site``."""
+
+    n: int
+    k: int
+    batch: int | None
+    tracked: int
+    site: dict | None
+    unused: list
+
+
+class GradConfigEvent(Recorded):
+    """The user's find_unused_parameters (``user_find_unused``) and whether the run forced it on (``forced``)."""
+
+    user_find_unused: bool | None
+    forced: bool
+
+
+class DdpErrorEvent(Recorded):
+    """DDP's own error ``message`` (with the parameter indices), before Lightning rewords it."""
+
+    message: str
+
+
+class StepNoneEvent(Recorded):
+    """training_step returned None at ``batch`` of ``epoch`` (``site``: the return)."""
+
+    batch: int
+    site: dict | None
+
+
+GRAD_SETUP = declare("grad_setup", GradSetupEvent)
+GRAD_USE = declare("grad_use", GradUseEvent)
+GRAD_CONFIG = declare("grad_config", GradConfigEvent)
+DDP_ERROR = declare("ddp_error", DdpErrorEvent)
+STEP_NONE = declare("step_none", StepNoneEvent)
 
 _DDP_ERROR_PATTERNS = (
     "Expected to have finished reduction",
@@ -78,7 +126,7 @@ class _Observer:
             if own:
                 self.handles.append(mod.register_forward_hook(self._forward_hook(mod_name)))
         ddp = getattr(trainer.strategy, "model", None)
-        config = {"ev": "grad_setup", "names": self.names, "ddp": False, "built": self.built_sites()}
+        config = {"ev": GRAD_SETUP, "names": self.names, "ddp": False, "built": self.built_sites()}
         if isinstance(ddp, torch.nn.parallel.DistributedDataParallel):
             config.update(ddp=True, find_unused=bool(ddp.find_unused_parameters),
                           static_graph=bool(getattr(ddp, "static_graph", False)))
@@ -140,7 +188,7 @@ class _Observer:
             self.batch_key, self.in_batch = key, 0
         self.in_batch += 1
         unused = [n for n in self.names if n not in self.seen]
-        event = {"ev": "grad_use", "n": self.backwards, "k": self.in_batch,
+        event = {"ev": GRAD_USE, "n": self.backwards, "k": self.in_batch,
                  "batch": key[1] if key else None, "tracked": len(self.names), "site": site,
                  "unused": unused}
         if unused:
@@ -251,7 +299,7 @@ class UnusedParametersProbe(Probe):
         strategy = trainer_kwargs.get("strategy")
         user_flag = bool(strategy._ddp_kwargs.get("find_unused_parameters", False))
         forced = tolerate_unused_parameters(strategy)
-        recorder.emit({"ev": "grad_config", "user_find_unused": user_flag, "forced": forced})
+        recorder.emit({"ev": GRAD_CONFIG, "user_find_unused": user_flag, "forced": forced})
 
     def before_fit(self, loaded, trainer, recorder) -> None:
         from ...sites import user_site
@@ -269,13 +317,13 @@ class UnusedParametersProbe(Probe):
             try:
                 observer.backward_done(trainer, site)
             except Exception as exc:  # recording must never break the user's run
-                recorder.emit({"ev": "trace_error", "where": "grad_use", "error": repr(exc)})
+                recorder.emit({"ev": TRACE_ERROR, "where": "grad_use", "error": repr(exc)})
             return out
 
         def traced_on_exception(exception):
             # DDP's own words, before Lightning replaces them with a message without indices.
             if _ddp_error_text(str(exception)):
-                recorder.emit({"ev": "ddp_error", "message": str(exception)[:3000]})
+                recorder.emit({"ev": DDP_ERROR, "message": str(exception)[:3000]})
             return on_exception(exception)
 
         object.__setattr__(strategy, "backward", traced_backward)
@@ -340,11 +388,11 @@ def _none_watch(training_step, trainer, recorder):
         # Under manual optimization None is the normal return: the step ran its own backward.
         if out is None and trainer.world_size > 1 and trainer.lightning_module.automatic_optimization:
             try:
-                recorder.emit({"ev": "step_none", "epoch": int(trainer.current_epoch),
+                recorder.emit({"ev": STEP_NONE, "epoch": int(trainer.current_epoch),
                                "batch": int(trainer.fit_loop.epoch_loop.batch_idx),
                                "site": none_return_site(type(trainer.lightning_module))})
             except Exception as exc:  # recording must never break the user's run
-                recorder.emit({"ev": "trace_error", "where": "step_none", "error": repr(exc)})
+                recorder.emit({"ev": TRACE_ERROR, "where": "step_none", "error": repr(exc)})
         return out
 
     return traced
