@@ -526,3 +526,111 @@ def test_three_targets_share_one_world(pytester, no_leftover_ranks):
     assert [[(r["target"], r["contract"], r["outcome"]) for r in t["results"]] for t in doc["targets"]] == [
         [(BORING, "sync-dist", "passed")], [(linear, "sync-dist", "passed")], [("f1", "sync-dist", "failed")]]
     assert [r["target"] for r in doc["results"]] == [BORING, linear, "f1"]
+
+
+# -- Lightning namespaces and releases (docs/ci.md, Versions) ----------------------------------------
+
+MIXED = '''
+import lightning.pytorch as L
+import pytorch_lightning as pl
+from lightning.pytorch.demos.boring_classes import BoringModel, BoringDataModule
+from pytorch_lightning.demos.boring_classes import BoringModel as PlBoringModel
+
+def pl_callback():
+    return {"callbacks": [pl.callbacks.ModelCheckpoint(monitor=None)]}
+
+def lightning_strategy():
+    return {"strategy": L.strategies.DDPStrategy()}
+
+def pl_environment():
+    import lightning_fabric
+    return {"plugins": [lightning_fabric.plugins.environments.LightningEnvironment()]}
+
+def lightning_environment():
+    import lightning.fabric
+    return {"plugins": [lightning.fabric.plugins.environments.LightningEnvironment()]}
+'''
+
+
+@pytest.fixture
+def mixed_mod(tmp_path, monkeypatch):
+    (tmp_path / "mixed_mod.py").write_text(MIXED)
+    monkeypatch.syspath_prepend(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "mixed_mod", raising=False)
+
+
+@pytest.mark.parametrize("model, trainer, name, source, where", [
+    ("mixed_mod.BoringModel", "mixed_mod:pl_callback", "ModelCheckpoint", "pytorch_lightning",
+     "{}.callbacks.model_checkpoint"),
+    ("mixed_mod.PlBoringModel", "mixed_mod:lightning_strategy", "DDPStrategy", "lightning.pytorch",
+     "{}.strategies.ddp"),
+    ("mixed_mod.BoringModel", "mixed_mod:pl_environment", "LightningEnvironment", "pytorch_lightning",
+     "{}.plugins.environments.lightning"),
+    ("mixed_mod.PlBoringModel", "mixed_mod:lightning_environment", "LightningEnvironment", "lightning.pytorch",
+     "{}.plugins.environments.lightning"),
+])
+def test_a_trainer_object_of_the_other_namespace_is_refused_at_start(mixed_mod, model, trainer, name, source, where):
+    """A callback, strategy or plugin of the other Lightning package than the module's: the item's
+    Trainer would reject it at fit, on every rank; it is said once, at start, with the import to use."""
+    from pytest_ltconform import target
+
+    module_ns = "pytorch_lightning" if "PlBoring" in model else "lightning.pytorch"
+    fabric = "plugins" in where  # environments live in the fabric package of each namespace
+
+    def twin(ns):
+        return where.format({"lightning.pytorch": "lightning.fabric" if fabric else "lightning.pytorch",
+                             "pytorch_lightning": "lightning_fabric" if fabric else "pytorch_lightning"}[ns])
+
+    with pytest.raises(target.TargetError) as info:
+        target.validate(model, trainer=trainer)
+    message = str(info.value)
+    assert message.startswith(f"--ltconform-trainer {trainer!r} (the Trainer kwargs of {model!r}): "), message
+    assert f"{name} comes from {twin(source)}" in message and f"of the {source} package" in message
+    assert f"the module derives from {module_ns}" in message and f"Import {name} from {twin(module_ns)}" in message
+    # The same kwargs with the module's own package pass.
+    same = {"pytorch_lightning": "mixed_mod.PlBoringModel", "lightning.pytorch": "mixed_mod.BoringModel"}[source]
+    assert target.validate(same, trainer=trainer).namespace == source
+
+
+def test_a_datamodule_of_the_other_namespace_is_refused_at_start(mixed_mod):
+    from pytest_ltconform import target
+
+    with pytest.raises(target.TargetError, match=r"--ltconform-datamodule 'mixed_mod.BoringDataModule' derives from "
+                                                 r"lightning.pytorch but the module 'mixed_mod.PlBoringModel' from "
+                                                 r"pytorch_lightning: a Trainer of one namespace rejects"):
+        target.validate("mixed_mod.PlBoringModel", datamodule="mixed_mod.BoringDataModule")
+
+
+@pytest.mark.parametrize("module, dist", [("lightning", "lightning"), ("pytorch_lightning", "pytorch-lightning")])
+def test_a_lightning_older_than_the_floor_is_refused_at_start(mixed_mod, monkeypatch, module, dist):
+    """Below the floor the plugin is not verified (Lightning 2.2 refuses FSDP on CPU, which the
+    items would blame on the module): one start-up error naming the release and the install."""
+    from pytest_ltconform import releases, target
+
+    model = "mixed_mod.PlBoringModel" if module == "pytorch_lightning" else "mixed_mod.BoringModel"
+    target.validate(model)  # the installed release is supported
+    __import__(module)
+    monkeypatch.setattr(sys.modules[module], "__version__", "2.3.3")
+    with pytest.raises(target.TargetError) as info:
+        target.validate(model)
+    floor = releases.text(releases.FLOOR)
+    assert str(info.value) == (
+        f"--ltconform {model!r} derives from {'lightning.pytorch' if module == 'lightning' else module}: {dist} 2.3.3 "
+        f"is older than {floor}, the oldest release pytest-ltconform is verified on (docs/ci.md, Versions). "
+        f"Install {dist}>={floor} next to the plugin, e.g. pip install '{dist}>={floor}'.")
+
+
+def test_releases_read_and_compare_versions():
+    from pytest_ltconform import releases
+
+    assert releases.parse("2.5.1.post0") == (2, 5, 1) and releases.parse("2.6") == (2, 6, 0)
+    assert releases.parse(None) is None and releases.parse("dev") is None
+    assert releases.before("2.6.0", releases.WRAPPER_FORWARDS_SET_EPOCH)
+    assert not releases.before("2.6.1", releases.WRAPPER_FORWARDS_SET_EPOCH)
+    assert not releases.before(None, releases.FLOOR)  # unknown: the rules' release
+    import lightning
+
+    assert releases.of_namespace("lightning.pytorch") == lightning.__version__
+    assert releases.of_object(lightning.pytorch.Trainer) is None  # a class object: type(obj) is type
+    assert releases.of_object(lightning.pytorch.demos.boring_classes.BoringModel()) == lightning.__version__

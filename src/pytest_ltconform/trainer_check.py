@@ -41,6 +41,7 @@ def check_values(kwargs: dict, namespace: str, where: str) -> None:
     Trainer kwarg that Lightning (``namespace``: 'lightning.pytorch' or 'pytorch_lightning')
     would refuse, or one that trains on nothing. Raises :class:`TrainerKwargsError`."""
     try:
+        _check_namespace(kwargs, namespace)
         _check_types(kwargs, namespace)
         _check_strategy(kwargs.get("strategy", "auto"), namespace)
         _check_accumulation(kwargs.get("accumulate_grad_batches", 1), namespace)
@@ -52,6 +53,30 @@ def check_values(kwargs: dict, namespace: str, where: str) -> None:
 
 def _trainer_class(namespace: str) -> type:
     return importlib.import_module(namespace).Trainer
+
+
+# Each namespace's module prefixes, in the same order: pytorch_lightning's Trainer takes the
+# environments and plugins of lightning_fabric, lightning.pytorch's those of lightning.fabric.
+_PREFIXES = {"lightning.pytorch": ("lightning.pytorch.", "lightning.fabric."),
+             "pytorch_lightning": ("pytorch_lightning.", "lightning_fabric.")}
+
+
+def _check_namespace(kwargs: dict, namespace: str) -> None:
+    """Refuse a callback, strategy, logger or plugin of the other Lightning package than the
+    module's: its Trainer rejects it."""
+    other = next(ns for ns in _PREFIXES if ns != namespace)
+    for key, value in kwargs.items():
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            where = type(item).__module__ + "."
+            prefix = next((p for p in _PREFIXES[other] if where.startswith(p)), None)
+            if prefix is None:
+                continue
+            name = type(item).__name__
+            twin = _PREFIXES[namespace][_PREFIXES[other].index(prefix)] + where[len(prefix):-1]
+            raise TrainerKwargsError(
+                f"{key}={_short(value)}: {name} comes from {where[:-1]}, of the {other} package, but the module "
+                f"derives from {namespace}, whose Trainer (the one its items run) rejects objects of the other "
+                f"package. Import {name} from {twin}, the package the module uses (or build the module on {other}).")
 
 
 def _check_types(kwargs: dict, namespace: str) -> None:

@@ -17,6 +17,7 @@ import pickle
 import warnings
 from typing import Any
 
+from .. import releases
 from .loading import defines, instantiate, namespace_of, short_repr, trainer_kwargs
 from .spec import ObjectRef, ResolvedTarget, TargetError, parse
 
@@ -49,6 +50,9 @@ def validate(model: str, datamodule: str | None = None, trainer: str | dict | No
         _check_plain_dict(init, f"{options[0]} {model_spec.text!r}: init", "constructor arguments")
     module = instantiate(model_spec, "LightningModule", "LightningModule", init)
     namespace = namespace_of(type(module))
+    too_old = releases.unsupported(namespace)
+    if too_old:
+        raise TargetError(f"{model_spec.option} {model_spec.text!r} derives from {namespace}: {too_old}")
     dm = None
     if dm_spec is not None:
         dm = instantiate(dm_spec, "LightningDataModule", "LightningDataModule")
