@@ -156,6 +156,36 @@ def test_weights_only_refusal_is_a_note_on_a_passed_verdict(fake_runs):
     assert "it refuses torch.nn.modules.loss.SmoothL1Loss." in CONTRACT.judge(run).notes[0]
 
 
+@pytest.mark.parametrize("lightning", ["2.4.0", "2.5.6", "2.6.0", None])
+def test_weights_only_note_says_what_the_lightning_that_ran_loads(fake_runs, lightning):
+    """Before Lightning 2.6.0 its resume and load_from_checkpoint pass weights_only=False: they load
+    the checkpoint, only the FSDP sharded resume (its metadata read with torch's default) refuses it,
+    so the note must not say that one device refuses it. From 2.6.0 (and when the probe recorded no
+    release: the rules' 2.6.6) every Lightning load refuses it."""
+    refusals = [{"owner": "model", "key": "loss", "refused": ["torch.nn.modules.loss.SmoothL1Loss"]}]
+    resume = {"phase": "resume", "files": [".metadata"], "weights_only": True,
+              "error": "UnpicklingError: Weights only load failed: torch.load(weights_only=True) refused "
+                       "torch.nn.modules.loss.SmoothL1Loss."}
+    value = {"probes": {"all-rank-save": {"sharded": resume, "weights_only": refusals, "lightning": lightning}}}
+    run = _run(fake_runs, [[], []], values=[value, value])
+    run.strategy = "fsdp"
+    verdict = CONTRACT.judge(run)
+    assert verdict.outcome == "passed"
+    note = verdict.notes[0]
+    assert "it refuses torch.nn.modules.loss.SmoothL1Loss (hparams['loss'] holds" in note
+    assert "Fix: save_hyperparameters(ignore=['loss'])" in note
+    if lightning in ("2.4.0", "2.5.6"):
+        assert f"Lightning {lightning} passes weights_only=False to its own resume" in note, note
+        assert "an FSDP sharded resume does not" in note and "from Lightning 2.6.0 on neither do Lightning's" in note
+        assert "on one device alike" not in note and "not a distributed fault" not in note
+        assert f"which a one-device or DDP resume does not refuse on Lightning {lightning}" in verdict.summary
+        assert "as it is on one device" not in verdict.summary
+    else:
+        assert "the default in torch 2.6+ that Lightning uses for fit/validate(ckpt_path=...)" in note
+        assert "on one device alike" in note and "This is not a distributed fault." in note
+        assert "as it is on one device" in verdict.summary
+
+
 def test_weights_only_note_says_each_refused_class_once_and_names_the_modules_own_loader(fake_runs):
     """pytorch-tabular's hparams hold ten OmegaConf configs: the keys that hold the same classes are
     said together (the note was 2,000 characters). chemprop's MPNN overrides load_from_checkpoint."""

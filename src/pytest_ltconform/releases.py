@@ -9,12 +9,10 @@ sources of each release:
 
 - :data:`WRAPPER_FORWARDS_SET_EPOCH`: ``DistributedSamplerWrapper.set_epoch`` passes the epoch on to
   the user's sampler it wraps (``lightning.fabric.utilities.distributed``); before, the wrapped
-  sampler is never reseeded by Lightning.
+  sampler keeps its first epoch's draw (the wrapper still shuffles its indices every epoch, so the
+  train order changes either way: data-sharding's verdicts are the same, its page says so).
 - :data:`LOAD_USES_TORCH_DEFAULT`: ``pl_load`` (resume from ``ckpt_path``, ``load_from_checkpoint``)
   passes ``weights_only=None``, torch's default (True from torch 2.6); before, it passes False.
-- :data:`SHUFFLE_SEEN_THROUGH_BATCH_SAMPLER`: ``_is_dataloader_shuffled`` looks at the batch
-  sampler's sampler; before, a loader given ``batch_sampler=BatchSampler(RandomSampler(...))`` is
-  taken as unshuffled and its sampler replaced by ``DistributedSampler(shuffle=False)``.
 - :data:`DEEPSPEED_TIMEOUT_ARGUMENT`: ``DeepSpeedStrategy(timeout=...)`` exists.
 
 Nothing here imports torch or Lightning.
@@ -35,7 +33,6 @@ TESTED_TORCH = ("2.13.0", "2.14.1")
 
 WRAPPER_FORWARDS_SET_EPOCH: Release = (2, 6, 1)
 LOAD_USES_TORCH_DEFAULT: Release = (2, 6, 0)
-SHUFFLE_SEEN_THROUGH_BATCH_SAMPLER: Release = (2, 5, 1)
 DEEPSPEED_TIMEOUT_ARGUMENT: Release = (2, 5, 0)
 
 # The distribution that provides each namespace's top-level package.

@@ -30,6 +30,7 @@ import os
 import re
 from collections import Counter
 
+from ... import releases
 from ...events import CALL, EXIT, HOOK, LOG, RAISED, STRATEGY
 from ...sites import fmt_site, hook_label, plural
 from ...world.diagnose import first_divergence
@@ -150,6 +151,7 @@ class AllRankSave(Contract):
         failures = [(r, d) for r, d in done if r not in refused and
                     (d.get("error") or not (d.get("restored_ok") or d.get("unchecked") or d.get("nonfinite")))]
         first = done[0][1]
+        lightning = _lightning(run.probe(self.id))
         files = ", ".join(first.get("files") or []) or "nothing"
         if failures and not any(e.get("configured") for e in run.events(0, STRATEGY)):
             return _not_configured(failures, files)
@@ -161,19 +163,17 @@ class AllRankSave(Contract):
                     f"it, but the weights after fit are not finite (nan or inf), so the restored ones could not be "
                     f"compared with them.{after}")
         if refused and not failures:
-            # One device refuses the same checkpoint: a resume matter, not a sharded-checkpoint finding.
-            return (f"Under FSDP every rank saved a sharded checkpoint directory ({files}); resuming from it was "
-                    f"refused by torch's weights_only loading of the checkpoint's pickled objects, as it is on "
-                    f"one device, so the sharded resume itself was not checked (see the note).")
+            return _refused_resume(lightning, files)
         if not failures and first.get("unchecked"):
             return (f"Under FSDP every rank saved a sharded checkpoint directory ({files}). Resuming the fit from "
-                    f"it failed in Lightning 2.6.6 ({first.get('limitation')}) because the optimizer keeps no "
-                    f"state (e.g. plain SGD), and the restored weights were not compared: "
+                    f"it failed in Lightning {lightning} ({first.get('limitation')}) because the optimizer "
+                    f"keeps no state (e.g. plain SGD), and the restored weights were not compared: "
                     f"{first['unchecked']}.")
         if not failures and first.get("limitation"):
             return (f"Under FSDP every rank saved a sharded checkpoint directory ({files}), and every rank's "
                     f"parameter shard restored from it with the matching strategy (state_dict_type='sharded') "
-                    f"through validate(ckpt_path=dir). Resuming the fit from it failed in Lightning 2.6.6 "
+                    f"through validate(ckpt_path=dir). Resuming the fit from it failed in Lightning "
+                    f"{lightning} "
                     f"({first['limitation']}): the optimizer keeps no state (e.g. plain SGD), which the sharded "
                     f"format drops, so the optimizer is refused on resume; an optimizer with state (such as "
                     f"Adam) resumes.")
@@ -291,10 +291,33 @@ class AllRankSave(Contract):
         return notes
 
 
+def _refused_resume(lightning: str, files: str) -> str:
+    """The sentence for a sharded resume that torch's weights_only loading refused. From Lightning
+    2.6.0 one device refuses the same checkpoint: a resume matter, not a sharded-checkpoint finding;
+    before, only the sharded resume reads with torch's default."""
+    alike = (f"which a one-device or DDP resume does not refuse on Lightning {lightning} (it loads with "
+             f"weights_only=False before {releases.text(releases.LOAD_USES_TORCH_DEFAULT)}): the FSDP resume "
+             f"reads the checkpoint's metadata with torch's default" if _loads_unrestricted(lightning)
+             else "as it is on one device")
+    return (f"Under FSDP every rank saved a sharded checkpoint directory ({files}); resuming from it was refused "
+            f"by torch's weights_only loading of the checkpoint's pickled objects, {alike}, so the sharded resume "
+            f"itself was not checked (see the note).")
+
+
+def _lightning(data: list) -> str:
+    """The Lightning release the ranks ran (the probe's record), else the rules' release."""
+    return next((d["lightning"] for d in data if d and d.get("lightning")), None) or releases.RULES_RELEASE
+
+
+def _loads_unrestricted(lightning: str) -> bool:
+    """Whether Lightning's resume and load_from_checkpoint pass weights_only=False (before 2.6.0)."""
+    return releases.before(lightning, releases.LOAD_USES_TORCH_DEFAULT)
+
+
 def weights_only_note(run: Run, contract_id: str) -> str | None:
     """One advisory sentence when a checkpoint of this module cannot be loaded with
-    ``torch.load(weights_only=True)`` (Lightning's default on resume): the refused classes per
-    hparams key, or those a resume refused; None when nothing was refused."""
+    ``torch.load(weights_only=True)`` (Lightning's default on resume from 2.6.0): the refused
+    classes per hparams key, or those a resume refused; None when nothing was refused."""
     data = [d for d in run.probe(contract_id) if d]
     entries = next((d.get("weights_only") for d in data if d.get("weights_only")), None) or []
     refused = list(dict.fromkeys(name for entry in entries for name in entry["refused"]))
@@ -307,16 +330,25 @@ def weights_only_note(run: Run, contract_id: str) -> str | None:
     keys = [e["key"] for e in entries if e["owner"] == "model"]
     ignore = f"save_hyperparameters(ignore={keys!r})" if keys else "save_hyperparameters(ignore=[...])"
     own = next((d.get("own_loader") for d in data if d.get("own_loader")), None)
+    lightning = _lightning(data)
+    what = (f"{', '.join(refused) if refused else 'an object pickled in the checkpoint'}"
+            + (f" ({_held(entries)})" if entries else ""))
+    fix = (f"{ignore} and store a class by its name (resolve it in configure_optimizers or __init__), or pass "
+           f"weights_only=False when loading a checkpoint you trust.")
+    if _loads_unrestricted(lightning):
+        since = releases.text(releases.LOAD_USES_TORCH_DEFAULT)
+        return (f"a checkpoint of this module cannot be loaded with torch.load(weights_only=True), torch's default "
+                f"from 2.6: it refuses {what}. Lightning {lightning} passes weights_only=False to its own resume "
+                f"(fit/validate(ckpt_path=...) of a checkpoint file) and load_from_checkpoint, so these load it; "
+                f"an FSDP sharded resume does not (it reads the checkpoint's metadata with torch's default), nor "
+                f"does a torch.load of your own, and from Lightning {since} on neither do Lightning's. Fix: {fix}")
     affected = ("Lightning's resume and load_from_checkpoint are" if own is None else
                 f"Lightning's resume is; {own}.load_from_checkpoint is the module's own, so whether a load through "
                 f"it is depends on what it passes to torch.load")
     return (f"a checkpoint of this module cannot be resumed or loaded with torch.load(weights_only=True), the "
             f"default in torch 2.6+ that Lightning uses for fit/validate(ckpt_path=...) and load_from_checkpoint, "
-            f"on any strategy and on one device alike: it refuses "
-            f"{', '.join(refused) if refused else 'an object pickled in the checkpoint'}"
-            + (f" ({_held(entries)})" if entries else "") + ". This is not a distributed fault. Fix: "
-            f"{ignore} and store a class by its name (resolve it in configure_optimizers or __init__), or pass "
-            f"weights_only=False when loading a checkpoint you trust. A loader of your package's own that already "
+            f"on any strategy and on one device alike: it refuses {what}. This is not a distributed fault. Fix: "
+            f"{fix} A loader of your package's own that already "
             f"passes weights_only=False is not affected; {affected}.")
 
 

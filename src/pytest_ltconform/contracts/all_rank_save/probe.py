@@ -25,7 +25,7 @@ import os
 import re
 import sys
 
-from ... import sharded
+from ... import releases, sharded
 from ...events import RAISED, Recorded, declare
 from ...harness import build_trainer_kwargs
 from ...runs import Probe
@@ -283,6 +283,8 @@ class ShardedSaveProbe(Probe):
             try:
                 self.data["weights_only"] = hparams_refusals(objects.model, objects.datamodule)
                 self.data["own_loader"] = own_loader(type(objects.model))
+                # What Lightning's loaders pass to torch.load depends on its release (releases.py).
+                self.data["lightning"] = releases.of_object(trainer)
             except Exception:  # an observation, never a reason for the run to fail
                 self.data["weights_only"] = []
             if self.sharded_run:
