@@ -155,6 +155,77 @@ for _n in range(PARTS):  # TestCorpusPart0, TestCorpusPart1, ...
     globals()[f"TestCorpusPart{_n}"] = type(f"TestCorpusPart{_n}", (CorpusPart,), {"part": _n})
 
 
+# -- the version matrix's cell (tox.ini, docs/ci.md "Versions") -----------------------------------
+# BoringModel of both namespaces, and per contract one failing and one ok_ case, chosen where
+# Lightning's behaviour changed between releases (sampler wrapping and replacement, weights_only
+# loads, FSDP and DeepSpeed arguments, self.log of a rank-zero-only metric): judged as the corpus
+# parts are, on whatever Lightning the cell installed. Deselected by default (the parts judge the
+# same cases): `-m cell`, which tox's cells run.
+CELL = (
+    "demos/boring_model", "demos/pl_boring_model",
+    "all-rank-save/deepspeed_checkpoint_dir_torch_load", "all-rank-save/ok_hparams_hold_config_object",
+    "configure-model/configure_model_rebuilds_layers", "configure-model/ok_configure_model_fsdp_wrap",
+    "data-sharding/own_sampler_never_reseeded", "data-sharding/ok_weighted_sampler_lightning_wrapped",
+    "eval-duplication/no_sampler_replacement_full_val_set_every_rank", "eval-duplication/ok_unpadded_val_sampler",
+    "sync-dist/monitor_rank_zero_only", "sync-dist/ok_auroc_metric_object_logged",
+    "strategy-config/fsdp_wrap_policy_class_absent", "strategy-config/ok_deepspeed_offload_inside_zero_section",
+    "unused-parameters/training_step_none_on_one_rank", "unused-parameters/ok_corrupt_rows_masked_every_rank_steps",
+    "effective-batch/sum_loss_under_ddp_average", "effective-batch/ok_batchnorm_mean_loss",
+    "shared-writes/every_rank_torch_saves_model_pt", "shared-writes/ok_prediction_writer_per_rank_files",
+    "spawn-safety/lambda_loss_and_open_log_file",
+    "launch-env/nccl_timeout_env_instead_of_strategy", "launch-env/ok_torchrun_two_nodes_two_devices",
+    "memory/ok_small_transformer_zero3",
+)
+CELL_CASES = [c for c in CASES if c.name in CELL]
+EXPECTATIONS["cell"] = [_param(c, cid, case=c) for c in CELL_CASES for cid in c.expected if cid in contracts.ids()]
+
+
+@pytest.fixture(scope="session")
+def cell_rows(tmp_path_factory):
+    out = tmp_path_factory.mktemp("corpus-cell") / "corpus.json"
+    return _judge_corpus(out, "--matrix", "named", paths=[c.path for c in CELL_CASES])
+
+
+@pytest.mark.cell
+class TestMatrixCell(CorpusPart):
+    part = "cell"
+
+    @pytest.fixture
+    def corpus_part(self, cell_rows):
+        return lambda part: cell_rows
+
+    def test_the_cell_has_every_case_it_names(self):
+        assert sorted(c.name for c in CELL_CASES) == sorted(CELL)
+        named = {name.split("/")[0] for name in CELL} - {"demos"}
+        assert named == set(contracts.ids()), "one failing and one ok_ case per contract"
+
+    def test_the_cell_runs_the_releases_it_was_made_for(self):
+        """tox sets LTCONFORM_CELL to the Lightning (and torch) releases it installed: a cell that
+        resolved other ones (a pin lost, a cached wheel) fails instead of passing on the wrong release."""
+        import os
+        from importlib import metadata
+
+        wanted = dict(part.split("=", 1) for part in os.environ.get("LTCONFORM_CELL", "").split() if "=" in part)
+        if not wanted:
+            pytest.skip("not a tox cell: LTCONFORM_CELL names no releases")
+        for dist, prefix in wanted.items():
+            assert metadata.version(dist).startswith(prefix), f"{dist} {metadata.version(dist)}, not {prefix}"
+        assert metadata.version("pytorch-lightning") == metadata.version("lightning"), "both namespaces, one release"
+
+    def test_the_weights_only_note_says_what_this_lightning_loads(self, cell_rows):
+        """The version read end to end: the ranks record the release, the note follows it."""
+        import lightning
+
+        from pytest_ltconform import releases
+
+        messages = [r["message"] for r in cell_rows[("all-rank-save/ok_hparams_hold_config_object", "all-rank-save")]]
+        assert messages
+        if releases.before(lightning.__version__, releases.LOAD_USES_TORCH_DEFAULT):
+            assert all(f"Lightning {lightning.__version__} passes weights_only=False" in m for m in messages), messages
+        else:
+            assert all("on one device alike" in m for m in messages), messages
+
+
 def pytest_generate_tests(metafunc):
     if metafunc.cls is not None and issubclass(metafunc.cls, CorpusPart) and "case" in metafunc.fixturenames:
         metafunc.parametrize("case, contract", EXPECTATIONS[metafunc.cls.part])
