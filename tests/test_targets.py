@@ -573,7 +573,7 @@ def mixed_mod(tmp_path, monkeypatch):
 def test_a_trainer_object_of_the_other_namespace_is_refused_at_start(mixed_mod, model, trainer, name, source, where):
     """A callback, strategy or plugin of the other Lightning package than the module's: the item's
     Trainer would reject it at fit, on every rank; it is said once, at start, with the import to use."""
-    from pytest_ltconform import target
+    from pytest_ltconform.target import spec, validation
 
     module_ns = "pytorch_lightning" if "PlBoring" in model else "lightning.pytorch"
     fabric = "plugins" in where  # environments live in the fabric package of each namespace
@@ -582,38 +582,39 @@ def test_a_trainer_object_of_the_other_namespace_is_refused_at_start(mixed_mod, 
         return where.format({"lightning.pytorch": "lightning.fabric" if fabric else "lightning.pytorch",
                              "pytorch_lightning": "lightning_fabric" if fabric else "pytorch_lightning"}[ns])
 
-    with pytest.raises(target.TargetError) as info:
-        target.validate(model, trainer=trainer)
+    with pytest.raises(spec.TargetError) as info:
+        validation.validate(model, trainer=trainer)
     message = str(info.value)
     assert message.startswith(f"--ltconform-trainer {trainer!r} (the Trainer kwargs of {model!r}): "), message
     assert f"{name} comes from {twin(source)}" in message and f"of the {source} package" in message
     assert f"the module derives from {module_ns}" in message and f"Import {name} from {twin(module_ns)}" in message
     # The same kwargs with the module's own package pass.
     same = {"pytorch_lightning": "mixed_mod.PlBoringModel", "lightning.pytorch": "mixed_mod.BoringModel"}[source]
-    assert target.validate(same, trainer=trainer).namespace == source
+    assert validation.validate(same, trainer=trainer).namespace == source
 
 
 def test_a_datamodule_of_the_other_namespace_is_refused_at_start(mixed_mod):
-    from pytest_ltconform import target
+    from pytest_ltconform.target import spec, validation
 
-    with pytest.raises(target.TargetError, match=r"--ltconform-datamodule 'mixed_mod.BoringDataModule' derives from "
+    with pytest.raises(spec.TargetError, match=r"--ltconform-datamodule 'mixed_mod.BoringDataModule' derives from "
                                                  r"lightning.pytorch but the module 'mixed_mod.PlBoringModel' from "
                                                  r"pytorch_lightning: a Trainer of one namespace rejects"):
-        target.validate("mixed_mod.PlBoringModel", datamodule="mixed_mod.BoringDataModule")
+        validation.validate("mixed_mod.PlBoringModel", datamodule="mixed_mod.BoringDataModule")
 
 
 @pytest.mark.parametrize("module, dist", [("lightning", "lightning"), ("pytorch_lightning", "pytorch-lightning")])
 def test_a_lightning_older_than_the_floor_is_refused_at_start(mixed_mod, monkeypatch, module, dist):
     """Below the floor the plugin is not verified (Lightning 2.2 refuses FSDP on CPU, which the
     items would blame on the module): one start-up error naming the release and the install."""
-    from pytest_ltconform import releases, target
+    from pytest_ltconform import releases
+    from pytest_ltconform.target import spec, validation
 
     model = "mixed_mod.PlBoringModel" if module == "pytorch_lightning" else "mixed_mod.BoringModel"
-    target.validate(model)  # the installed release is supported
+    validation.validate(model)  # the installed release is supported
     __import__(module)
     monkeypatch.setattr(sys.modules[module], "__version__", "2.3.3")
-    with pytest.raises(target.TargetError) as info:
-        target.validate(model)
+    with pytest.raises(spec.TargetError) as info:
+        validation.validate(model)
     floor = releases.text(releases.FLOOR)
     assert str(info.value) == (
         f"--ltconform {model!r} derives from {'lightning.pytorch' if module == 'lightning' else module}: {dist} 2.3.3 "
