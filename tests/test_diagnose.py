@@ -102,3 +102,33 @@ def test_a_rank_that_raised_in_its_step_is_placed_where_it_raised(tmp_path):
     assert _rank_place(raised) == f"raised KeyError at {user}:52 (training_step), epoch 0, global step 0"
     # A rank that did not raise keeps its traced position.
     assert _rank_place(RankOutcome(rank=0, status="hung", trace=trace)).startswith("between hooks")
+
+
+def _dump(why, *entries):
+    return {"ev": "collectives", "why": why, "frames": False,
+            "entries": [{"pg": "0", "seq": seq, "is_p2p": False, "op": op, "sizes": sizes}
+                        for seq, op, sizes in entries]}
+
+
+def test_blocked_ranks_whose_collectives_differ_have_parted():
+    """Issue 38 §5: a broadcast no tap names (trainer.log_dir on rank 0 alone) met by another
+    collective on rank 1: both ranks blocked, their Flight Recorder entries differ at #36."""
+    from pytest_ltconform.world.diagnose import collectives_parted
+
+    hook = {"ev": "hook", "i": 1, "name": "[Callback]on_train_epoch_end", "h": 1}
+    rank0 = [hook, _dump("blocked", (35, "broadcast", [[1]]), (36, "broadcast", [[77]]))]
+    rank1 = [hook, _dump("blocked", (35, "broadcast", [[1]]), (36, "allreduce", [[1]]))]
+    assert collectives_parted([rank0, rank1], [0, 1]) == ("0", 36)
+
+
+def test_ranks_in_the_same_collective_or_not_blocked_have_not_parted():
+    from pytest_ltconform.world.diagnose import collectives_parted
+
+    same = [[_dump("blocked", (35, "allreduce", [[4]]))], [_dump("blocked", (35, "allreduce", [[4]]))]]
+    assert collectives_parted(same, [0, 1]) is None
+    # rank 1 recorded more since its dump (it is running, not blocked): not judged stuck yet
+    moving = [[_dump("blocked", (35, "broadcast", [[1]]))],
+              [_dump("blocked", (35, "allreduce", [[1]])), {"ev": "hook", "i": 2, "name": "x", "h": 2}]]
+    assert collectives_parted(moving, [0, 1]) is None
+    # a rank without any dump: nothing to compare
+    assert collectives_parted([[_dump("blocked", (35, "broadcast", [[1]]))], []], [0]) is None

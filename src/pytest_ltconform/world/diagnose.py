@@ -266,16 +266,49 @@ def _collectives(outcome) -> dict[tuple, dict]:
     """``{(pg, seq): entry}`` of the rank's collectives (not point-to-point), from its last
     ``collectives`` event with frames, else its last one; the entry the rank was blocked in when it
     was stuck gets the frames of its faulthandler dump."""
-    dumps = FLIGHT_RECORD.find(outcome.trace)
-    if not dumps:
-        return {}
-    dump = next((d for d in reversed(dumps) if d.get("frames")), dumps[-1])
-    entries = {(e.get("pg"), e.get("seq")): dict(e) for e in dump.get("entries") or [] if not e.get("is_p2p")}
+    entries = trace_collectives(outcome.trace)
     stack = stack_frames(outcome.stack)
-    if entries and not dump.get("frames") and stack:
+    if entries and not any(e.get("frames") for e in entries.values()) and stack:
         last = max(entries, key=lambda k: k[1] or 0)
         entries[last]["frames"] = [[f["file"], f["line"], f["func"]] for f in stack]
     return entries
+
+
+def trace_collectives(trace: list[dict] | None) -> dict[tuple, dict]:
+    """``{(pg, seq): entry}`` of one rank's collectives (not point-to-point) from its trace: its
+    last ``collectives`` event with frames, else its last one; {} without one."""
+    dumps = FLIGHT_RECORD.find(trace)
+    if not dumps:
+        return {}
+    dump = next((d for d in reversed(dumps) if d.get("frames")), dumps[-1])
+    return {(e.get("pg"), e.get("seq")): dict(e) for e in dump.get("entries") or [] if not e.get("is_p2p")}
+
+
+def first_break(per_rank: dict[int, dict[tuple, dict]]) -> tuple | None:
+    """The first ``(pg, seq)`` at which two ranks' collectives differ in operation or tensor sizes
+    (collectives pair up by sequence number within a process group, so the world broke there);
+    None when they agree as far as each rank got."""
+    keys = sorted({k for entries in per_rank.values() for k in entries}, key=lambda k: (str(k[0]), k[1] or 0))
+    for key in keys:
+        present = {r: e[key] for r, e in per_rank.items() if key in e}
+        if len(present) > 1 and len({(e.get("op"), json_key(e.get("sizes"))) for e in present.values()}) > 1:
+            return key
+    return None
+
+
+def collectives_parted(traces: list[list[dict]], waiting: list[int]) -> tuple | None:
+    """While ranks ``waiting`` still run: the ``(pg, seq)`` at which the collectives the ranks
+    recorded so far no longer pair up, when every waiting rank is blocked in a collective (its
+    watch thread wrote its Flight Recorder entries once it had been blocked for a second, and it
+    recorded nothing since); None otherwise. A collective whose operation or sizes differ across
+    ranks never completes on gloo: its ranks would wait out the process group's timeout."""
+    if any(not traces[r] or not FLIGHT_RECORD.of(traces[r][-1]) or traces[r][-1].get("why") != "blocked"
+           for r in waiting):
+        return None
+    per_rank = {r: trace_collectives(t) for r, t in enumerate(traces)}
+    if len(per_rank) < 2 or not all(per_rank.values()):
+        return None
+    return first_break(per_rank)
 
 
 def call_of(frames: list) -> dict:
@@ -318,12 +351,7 @@ def collective_mismatch(ranks: list) -> dict | None:
     if len(per_rank) < 2 or not all(per_rank.values()):
         return None
     keys = sorted({k for entries in per_rank.values() for k in entries}, key=lambda k: (str(k[0]), k[1] or 0))
-    broke = None
-    for key in keys:
-        present = {r: e[key] for r, e in per_rank.items() if key in e}
-        if len(present) > 1 and len({(e.get("op"), json_key(e.get("sizes"))) for e in present.values()}) > 1:
-            broke = key
-            break
+    broke = first_break(per_rank)
     if broke is None:
         return None
     first = broke

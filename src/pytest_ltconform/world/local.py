@@ -481,9 +481,17 @@ class _JobWatch:
             if size != self.sizes[r][0]:
                 self.sizes[r] = (size, now)
         idle = min(now - self.sizes[r][1] for r in waiting)
-        if idle >= self.world.EARLY_IDLE_S and diagnose.first_divergence(
-                [read_trace(self.trace_paths[r]) for r in range(self.world.world_size)]) is not None:
+        if idle < self.world.EARLY_IDLE_S:
+            return None
+        traces = [read_trace(self.trace_paths[r]) for r in range(self.world.world_size)]
+        if diagnose.first_divergence(traces) is not None:
             return f"stuck for {idle:.0f} s after their collective calls diverged"
+        parted = diagnose.collectives_parted(traces, waiting)
+        if parted is not None:
+            # Calls no tap names (a Lightning property's broadcast, a metric's sync) that torch's
+            # Flight Recorder shows paired with a different collective: gloo waits out its timeout.
+            return (f"stuck for {idle:.0f} s after their collectives stopped pairing up (collective #{parted[1]} "
+                    f"differs across ranks in torch's Flight Recorder)")
         return None
 
     def _past_deadline(self, now: float) -> bool:
