@@ -352,3 +352,73 @@ def test_all_gather_under_a_rank_guard_in_the_test_stage_fails(pytester, no_left
     result.assert_outcomes(failed=1)
     assert "LightningModule.all_gather called on rank 0 only" in out and "Model.on_test_epoch_end" in out
     assert "all_gather_rank_zero_guard_test_epoch_end.py:40" in out
+
+
+# -- issue 38 §3 ------------------------------------------------------------------------------------
+
+_STEP = '''
+class Model:
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        if bad(y):
+            return None
+        loss = f(x, y)
+        self.manual_backward(loss)
+'''
+
+
+def test_the_rank_that_left_the_step_without_its_backward_is_the_cause(fake_runs, tmp_path):
+    """Manual optimization: rank 1 returned before manual_backward, rank 0 waited in the gradient
+    all-reduce. The rank whose collective sequence is short is blamed, with its return line."""
+    from pytest_ltconform.contracts.base import Run
+
+    path = tmp_path / "manual.py"
+    path.write_text(_STEP)
+
+    def hooks(*names):
+        return [{"ev": "hook", "i": i + 1, "name": n, "h": i + 1, "epoch": 0, "step": 3}
+                for i, n in enumerate(names)]
+
+    start = ["[LightningModule]Model.on_train_batch_start", "[Strategy]DDPStrategy.training_step"]
+    rank0 = hooks(*start, "[LightningModule]Model.on_before_backward")
+    rank1 = hooks(*start, "[Callback]on_train_batch_end")
+    div = first_divergence([rank0, rank1])
+    assert div["kind"] == "hooks"
+    run = fake_runs.of([fake_runs.rank(0, rank0, status="hung"), fake_runs.rank(1, rank1, status="hung")],
+                       status="hung", divergence=div)
+    run.targets = type("T", (), {"model_classes": (("Model", str(path)),)})()
+    assert isinstance(run, Run) and CONTRACT.blames(run) == Blame.CALL
+    verdict = CONTRACT.judge(run)
+    assert verdict.outcome == "failed" and verdict.category == "deadlock", verdict.render()
+    assert verdict.summary.startswith("rank 1 left training_step without the backward that rank 0 ran in the same "
+                                      "step (epoch 0, training step 0)")
+    assert f"rank 1 returned at {path}:6 (Model.training_step)" in verdict.summary
+    text = verdict.render()
+    assert "rank 1 at" in text and "training_step returns under `if bad(y):` before the backward at line 8" in text
+
+
+def test_a_pass_names_the_collectives_library_calls_made_for_user_code(fake_runs):
+    """The log_dir twin: every rank read trainer.log_dir (a property that broadcasts) at the same
+    line; the pass says so, not "user code makes no collective-bearing call"."""
+    site = _site("/x/cb.py", 12, "SamplePlots.on_train_epoch_end")
+    via = {"file": "/site/lightning/pytorch/trainer/trainer.py", "line": 1331, "func": "Trainer.log_dir",
+           "property": True}
+    call = {"ev": "call", "kind": "strategy", "op": "broadcast", "label": "strategy.broadcast", "site": site,
+            "user": False, "parent": None, "via": via, "seq": 2, "h": 1}
+    run = fake_runs.run([[dict(call)], [dict(call)]])
+    verdict = CONTRACT.judge(run)
+    assert verdict.outcome == "passed"
+    assert verdict.summary.startswith("every rank made the same collective-bearing calls from user code, in the same "
+                                      "order (Trainer.log_dir (its strategy.broadcast) at /x/cb.py:12")
+    other = dict(call, site=_site("/x/cb.py", 13, "SamplePlots.on_train_epoch_end"))
+    assert CONTRACT.judge(fake_runs.run([[dict(call)], [other]])).summary.startswith("user code makes no")
+
+
+def test_the_fix_for_a_property_reads_it_instead_of_calling_it(tmp_path):
+    from pytest_ltconform.contracts.all_rank_save import call_words
+
+    user = tmp_path / "cb.py"
+    user.write_text("def hook(trainer):\n    out = os.path.join(trainer.log_dir, 'x')\n")
+    via = {"file": "/nowhere/trainer.py", "line": 1, "func": "log_dir", "property": True}
+    assert call_words(via, site={"file": str(user), "line": 2}) == "read trainer.log_dir"
+    assert call_words({"func": "save_checkpoint", "property": False}) == "call save_checkpoint()"

@@ -104,6 +104,44 @@ def user_site(depth: int = 2, wrappers: tuple[str, ...] = ()) -> tuple[dict | No
     return None, False
 
 
+_PLUGIN_ROOT = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# Frames between a user's call and the library function it called that name nothing of either.
+_PASS_THROUGH = ("contextlib.py", "functools.py")
+
+
+def library_call(depth: int = 2) -> dict | None:
+    """The library function that the first user frame above the caller's caller called (what the
+    user sees as the call, e.g. ``Trainer.log_dir`` for a broadcast made inside that property):
+    ``{"file", "line", "func", "property"}``, ``property`` saying whether the function is a
+    property's getter; None when the caller's caller is itself user code or no frame is."""
+    frame = sys._getframe(depth)
+    called = None
+    while frame is not None:
+        code = frame.f_code
+        if is_user_file(code.co_filename):
+            break
+        if not code.co_filename.endswith(_PASS_THROUGH) and not code.co_filename.startswith(_PLUGIN_ROOT):
+            called = frame
+        frame = frame.f_back
+    if frame is None or called is None:
+        return None
+    code = called.f_code
+    return {"file": code.co_filename, "line": called.f_lineno, "func": _qualname(code),
+            "property": _is_getter(called)}
+
+
+def _is_getter(frame) -> bool:
+    """Whether ``frame`` runs a property's getter (``obj.name`` read, no call in the user's code)."""
+    import inspect
+
+    owner = frame.f_locals.get("self")
+    if owner is None:
+        return False
+    attr = inspect.getattr_static(type(owner), frame.f_code.co_name, None)
+    fget = getattr(attr, "fget", None) or getattr(attr, "func", None)  # property, functools.cached_property
+    return getattr(fget, "__code__", None) is frame.f_code
+
+
 # Set in a local world's ranks to the supervisor's working directory: a rank, whose own is its
 # job folder, writes the user's paths relative to where pytest runs.
 USER_CWD_ENV = "LTCONFORM_USER_CWD"

@@ -41,7 +41,7 @@ import time
 from typing import Any
 
 from .events import CALL, EXIT, FLIGHT_RECORD, HOOK, HOOK_EXIT, LOG, LOG_DICT, TRACE_ERROR
-from .sites import user_site
+from .sites import library_call, user_site
 
 COLLECTIVES = (
     "all_reduce", "broadcast", "barrier", "all_gather", "gather", "reduce", "scatter",
@@ -209,6 +209,8 @@ class Recorder:
             def wrapper(*args, **kwargs):
                 site, direct = user_site()
                 extra = {}
+                if site is not None and not direct and not recorder._calls:
+                    extra["via"] = library_call()  # the library call of the user's that made this one
                 if kind == "save":  # patched on the Trainer class: args[0] is the trainer
                     path = args[1] if len(args) > 1 else kwargs.get("filepath")
                     extra["path"] = os.fspath(path) if path is not None else None

@@ -404,6 +404,24 @@ def rank_guard(site: dict | None) -> str | None:
     return None
 
 
+def defined_as_property(site: dict | None) -> bool:
+    """Whether the function at ``site`` (``{"file", "line"}``, a line inside it) is a property's
+    getter in its source (decorated ``@property`` or ``@functools.cached_property``), so that user
+    code reads it as an attribute instead of calling it."""
+    tree = _parse(site["file"]) if site and site.get("file") else None
+    line = (site or {}).get("line") or 0
+    inner = None
+    for node in ast.walk(tree) if tree is not None else ():
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+                node.lineno <= line <= (node.end_lineno or node.lineno):
+            if inner is None or node.lineno > inner.lineno:
+                inner = node
+    if inner is None:
+        return False
+    names = {ast.unparse(d).rsplit(".", 1)[-1] for d in inner.decorator_list}
+    return bool(names & {"property", "cached_property"})
+
+
 def _mentions_rank(test: ast.AST) -> bool:
     text = ast.unparse(test)
     return any(word in text for word in _RANK_WORDS)

@@ -34,7 +34,7 @@ from ... import releases
 from ...events import CALL, EXIT, HOOK, LOG, RAISED, STRATEGY
 from ...sites import fmt_site, hook_label, plural
 from ...world.diagnose import first_divergence
-from ..base import Blame, Contract, Evidence, Run, Verdict, rank_guard
+from ..base import Blame, Contract, Evidence, Run, Verdict, defined_as_property, rank_guard
 from .probe import LOAD, ShardedSaveProbe
 
 _REFUSED_CLASS = re.compile(r"refused ([\w.]+?)\.?$")
@@ -67,9 +67,14 @@ class AllRankSave(Contract):
             return Blame.CALL
         if mismatch_cause(run) is not None and not run.raised_in_user_code():
             return Blame.CALL
+        if skipped_backward(run) is not None and not run.raised_in_user_code():
+            return Blame.CALL
         return super().blames(run)
 
     def judge(self, run: Run) -> Verdict:
+        skipped = skipped_backward(run) if not run.raised_in_user_code() else None
+        if skipped is not None:
+            return self._skipped_backward(run, skipped)
         div = first_divergence(run.traces, select=user_call)
         if div is not None and div["kind"] == "calls" and not stopped_first(run, div):
             return self._diverged(run, div)
@@ -82,17 +87,55 @@ class AllRankSave(Contract):
         round_trip = self._round_trip(run)
         if isinstance(round_trip, Verdict):
             return round_trip
-        calls = Counter(e.get("label") for e in run.events(0, CALL) if user_call(e))
-        if calls:
-            listing = ", ".join(f"{label} x{n}" for label, n in sorted(calls.items()))
-            summary = ("every rank made the same collective-bearing calls from user code, in the same order "
-                       f"({listing}).")
-        else:
-            summary = "user code makes no collective-bearing call (saves, barriers, collectives) of its own."
+        summary = self._same_calls(run)
         if round_trip:
             summary = f"{summary} {round_trip}"
         note = weights_only_note(run, self.id)
         return self.verdict("passed", summary, notes=[note] if note else [])
+
+    def _skipped_backward(self, run: Run, skipped: dict) -> Verdict:
+        """Some ranks left a training step without the backward the others ran in it: under a
+        data-parallel strategy the backward is a collective (DDP all-reduces the gradients, FSDP
+        reduce-scatters them), so the ranks whose collective sequence is short are the cause."""
+        short, ran, pos = skipped["short"], skipped["ran"], skipped["position"]
+        where = f"epoch {pos.get('epoch')}, training step {skipped['batch']}"
+        returns = early_returns(run)
+        at = f" at {', '.join(fmt_site(r['site']) for r in returns)}" if returns else ""
+        summary = (f"{_ranks(short)} left training_step without the backward that {_ranks(ran)} ran in the same step "
+                   f"({where}): the backward is a collective (the strategy reduces the gradients across ranks), so "
+                   f"{_ranks(ran)} waited in a gradient reduction {_ranks(short)} never made: {_ranks(short)} "
+                   f"returned{at} and the world hangs.")
+        evidence = [Evidence(f"{where}: went from training_step to {skipped['hooks'][r]} (no backward)", rank=r)
+                    for r in short]
+        evidence += [Evidence(f"{where}: ran {skipped['hooks'][r]} and waited in the gradient reduction", rank=r)
+                     for r in ran]
+        for r in returns:  # one return: the one the short ranks took; several: one of them
+            guard = f" under `{r['guard']}`" if r.get("guard") else ""
+            evidence.append(Evidence(f"training_step returns{guard} before {r['before']}",
+                                     rank=short[0] if len(returns) == len(short) == 1 else None,
+                                     site=fmt_site(r["site"])))
+        fix = ("run the backward on every rank in every step: instead of returning early, make the skipped batch "
+               "contribute nothing (a loss of 0 * loss, or masking its bad samples), or decide to skip on every rank "
+               "together (trainer.strategy.reduce_boolean_decision(skip) with all=False, then every rank skips the "
+               "same step).")
+        return self.verdict("failed", summary, evidence=evidence, fix=fix, category="deadlock",
+                            notes=["the world did not finish: the item's report says where each rank was."])
+
+    @staticmethod
+    def _same_calls(run: Run) -> str:
+        """What a pass compared: the collective-bearing calls user code made itself, and the library
+        calls of its own that made collectives inside (a property such as ``trainer.log_dir``, a
+        synced ``self.log``), the same on every rank in the same order; or that there were none."""
+        own = Counter(e.get("label") for e in run.events(0, CALL) if user_call(e))
+        made = [_made_for(run, r) for r in range(run.world_size)]
+        inside = Counter(made[0]) if made[0] and all(m == made[0] for m in made) else Counter()
+        if not own and not inside:
+            return "user code makes no collective-bearing call (saves, barriers, collectives) of its own."
+        listing = [f"{label} x{n}" for label, n in sorted(own.items())]
+        listing += [f"{words} at {site} x{n}" for (words, site), n in sorted(inside.items())[:4]]
+        more = len(inside) - 4
+        return ("every rank made the same collective-bearing calls from user code, in the same order ("
+                + ", ".join(listing) + (f", and {more} more" if more > 0 else "") + ").")
 
     # -- sharded checkpoints ----------------------------------------------------------------------
     def _sharded_load(self, run: Run, loads: list) -> Verdict:
@@ -260,9 +303,12 @@ class AllRankSave(Contract):
         notes = ["every collective was recorded by torch's Flight Recorder on each rank; the first one the ranks "
                  "issued from different places in your code is named (a library call such as "
                  "trainer.callback_metrics or summon_full_params makes collectives inside it)."]
-        via = (call.get("via") or {}).get("func") or call.get("op")
-        fix = (f"call {via}() on every rank, in the same order (it makes a collective every rank must enter); keep "
-               f"only the rank-local side work (printing, writing a file) under the rank guard.")
+        via = call.get("via") or {"func": call.get("op"), "property": False}
+        getter = via.get("property") if via.get("property") is not None else defined_as_property(via)
+        what = "its getter makes" if getter else "it makes"
+        fix = (f"{call_words(via, site=call.get('site'))} on every rank, in the same order ({what} a collective "
+               f"every rank must enter); keep only the rank-local side work (printing, writing a file) under the "
+               f"rank guard.")
         return self.verdict("failed", summary, evidence=evidence, fix=fix, category="deadlock", notes=notes)
 
     def _notes(self, run: Run, div: dict, call: dict, makers: list[int], at: int) -> list[str]:
@@ -377,6 +423,36 @@ _AFTER_RAISE = ("on_exception", "teardown")
 _COLLECTIVE_ERRORS = ("gloo", "Connection closed by peer", "Connection reset by peer", "Timed out", "NCCL")
 
 
+def _made_for(run: Run, rank: int) -> list[tuple[str, str]]:
+    """(what the user's code called, its site) of every outermost traced collective that a library
+    call of user code made inside it (``via``, see ``sites.library_call``), in order."""
+    out = []
+    for e in run.events(rank, CALL):
+        via = e.get("via")
+        if e.get("parent") is None and not e.get("user") and via and e.get("site"):
+            words = call_words(via, with_verb=False, site=e["site"])
+            out.append((f"{words} (its {e.get('label')})", fmt_site(e["site"])))
+    return out
+
+
+def call_words(via: dict, with_verb: bool = True, site: dict | None = None) -> str:
+    """How the user makes the library call ``via`` (``{"file", "line", "func"[, "property"]}``): "read
+    trainer.log_dir" for a property (reading it runs the getter; there is nothing to call), "call
+    Trainer.save_checkpoint()" otherwise; without the verb, "trainer.log_dir" / "Trainer.save_checkpoint()".
+    ``site``: the user's line that made the call, whose spelling of the attribute is used when it has one."""
+    func = str(via.get("func") or "the call")
+    getter = via.get("property")
+    if getter is None:
+        getter = defined_as_property(via)
+    if getter:
+        name = func.rsplit(".", 1)[-1]
+        line = linecache.getline(site["file"], site.get("line") or 0) if site and site.get("file") else ""
+        written = re.search(rf"([A-Za-z_][\w.]*)\.{re.escape(name)}\b(?!\s*\()", line)
+        func = f"{written.group(1)}.{name}" if written else func
+        return f"read {func}" if with_verb else func
+    return f"call {func}()" if with_verb else f"{func}()"
+
+
 def _collective_name(call: dict) -> str:
     """``all_reduce inside callback_metrics (trainer.py:1714)``, or ``torch.distributed.all_reduce``
     when user code called the collective itself."""
@@ -406,6 +482,66 @@ def mismatch_cause(run: Run) -> tuple[int, dict] | None:
     guarded = [r for r, c in sorted(calls.items()) if call_guard(c["site"])[0]]
     rank = guarded[0] if guarded else min(calls)
     return rank, calls[rank]
+
+
+# Hooks of a training step's backward, and the hook that ends a training step (Lightning 2.x).
+_BACKWARD_HOOKS = ("on_before_backward", "on_after_backward", "backward")
+_STEP_END = ("on_train_batch_end",)
+
+
+def skipped_backward(run: Run) -> dict | None:
+    """The ranks that ended a training step where the others went on into its backward, at the
+    first point where the ranks' hooks differ: ``{"short": [ranks], "ran": [ranks], "hooks": {rank:
+    hook}, "position": {...}, "batch": k}`` (``batch``: the step's index in its epoch on the first
+    short rank), or None. Only an unfinished run is claimed: that backward never paired up."""
+    div = run.job.divergence
+    if run.finished or not div or div.get("kind") != "hooks":
+        return None
+    hooks = {r: str(name or "").rsplit(".", 1)[-1] for r, name in div["hook"].items()}
+    short = sorted(r for r, h in hooks.items() if h in _STEP_END)
+    ran = sorted(r for r, h in hooks.items() if h in _BACKWARD_HOOKS)
+    epochs = {(div["position"].get(r) or {}).get("epoch") for r in short + ran}
+    if not short or not ran or len(epochs) != 1:
+        return None
+    epoch = next(iter(epochs))
+    # The module's own hook (Lightning calls it once per batch; each callback's has its own name).
+    starts = [e for e in run.events(short[0], HOOK) if e.get("i", 0) < div["h"] and e.get("epoch") == epoch
+              and str(e.get("name", "")).startswith("[LightningModule]")
+              and str(e.get("name", "")).endswith(".on_train_batch_start")]
+    return {"short": short, "ran": ran, "hooks": hooks, "position": div["position"].get(short[0]) or {},
+            "batch": max(0, len(starts) - 1)}
+
+
+def early_returns(run: Run) -> list[dict]:
+    """The ``return`` statements of the user's ``training_step`` that come before its first
+    backward call (``manual_backward``/``backward``; with none, the returns of no value): where a
+    rank can leave the step without the backward. Each ``{"site", "before", "guard"}``."""
+    from ..base import method_site, user_classes
+
+    site = method_site(user_classes(run), "training_step")
+    tree = _parse_file(site["file"]) if site else None
+    fn = next((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+               and n.name == "training_step"
+               and min([n.lineno] + [d.lineno for d in n.decorator_list]) == site["line"]), None) if tree else None
+    if fn is None:
+        return []
+    backward = min((n.lineno for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                    and n.func.attr in ("manual_backward", "backward")), default=None)
+    out = []
+    for node in ast.walk(fn):
+        if not isinstance(node, ast.Return):
+            continue
+        if backward is not None and node.lineno >= backward:
+            continue
+        if backward is None and node.value is not None and not (isinstance(node.value, ast.Constant)
+                                                                 and node.value.value is None):
+            continue
+        ifs = [i for i in ast.walk(fn) if isinstance(i, ast.If) and any(node in ast.walk(b) for b in i.body)]
+        guard = f"if {ast.unparse(max(ifs, key=lambda i: i.lineno).test)}:" if ifs else None
+        before = f"the backward at line {backward}" if backward else "any backward"
+        out.append({"site": {"file": site["file"], "line": node.lineno, "func": site["func"]},
+                    "before": before, "guard": guard})
+    return sorted(out, key=lambda r: r["site"]["line"])
 
 
 def stopped_first(run: Run, div: dict | None) -> bool:
