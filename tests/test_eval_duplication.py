@@ -103,6 +103,41 @@ def test_rank_zero_file_after_a_gather_passes(fake_runs):
     assert v.outcome == "passed", v.render()
 
 
+def test_a_file_written_before_the_stages_first_batch_is_no_output(fake_runs):
+    """Issue 38 §4: a per-rank file written in setup() (its name holds the pid, so each rank writes
+    its own, and rank 0's holds no outputs) is not a file rank 0 publishes from its shard."""
+    ranks = _predict_ranks()
+    ranks[0]["predict"]["writes"][0].update(path="worker-11840.json", outputs=False)
+    v = judge(fake_runs.run(values=_values(ranks, ("predict",)), kind="eval"))
+    assert v.outcome == "passed", v.render()
+    ranks[0]["predict"]["writes"][0]["outputs"] = True
+    assert judge(fake_runs.run(values=_values(ranks, ("predict",)), kind="eval")).outcome == "failed"
+
+
+def test_writes_are_outputs_once_the_stages_first_batch_started(tmp_path, monkeypatch):
+    """The rank side tells a write before the first batch (setup) from one during or after it."""
+    import time
+
+    from pytest_ltconform.contracts.eval_duplication import probe
+
+    early, late, reopened = (tmp_path / n for n in ("setup.json", "preds.csv", "log.txt"))
+    for f in (early, late, reopened):
+        f.write_text("x\n")
+    old = time.time() - 60
+    import os
+
+    os.utime(early, (old, old))
+    os.utime(reopened, (old, old))
+    first = time.time() - 30
+    monkeypatch.setattr(probe, "_ACTIVE", {"first_batch_at": first, "writes": [
+        {"path": "setup.json", "abs": str(early), "after_batch": False},
+        {"path": "preds.csv", "abs": str(late), "after_batch": True},
+        {"path": "log.txt", "abs": str(reopened), "after_batch": False},
+        {"path": "log.txt", "abs": str(reopened), "after_batch": True}]})
+    writes = {w["path"]: w["outputs"] for w in probe._stage_writes()}
+    assert writes == {"setup.json": False, "preds.csv": True, "log.txt": True}
+
+
 def test_even_shards_with_equal_values_pass(fake_runs):
     ranks = [{"validate": _stage([_loader([0, 2, 4, 6], 7, sampler="StridedNoPad")], {"val_acc": 0.75})},
              {"validate": _stage([_loader([1, 3, 5], 7, sampler="StridedNoPad")], {"val_acc": 0.75})}]

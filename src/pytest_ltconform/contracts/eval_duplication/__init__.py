@@ -453,6 +453,8 @@ class _StageCheck:
         for path, w in by_rank[0].items():
             if path in others or gathered or _publishes_synced_metrics(self.run, stage, w.get("site")):
                 continue
+            if w.get("outputs") is False:
+                continue  # written before the stage's first batch (in setup) and not after: no outputs in it
             site = w.get("site")
             guard = rank_guard(site)
             lines = f"; the file has {w['lines']} line(s)" if w.get("lines") is not None else ""

@@ -66,7 +66,8 @@ def _audit(event: str, args) -> None:
         root = _ACTIVE["root"]
         full = os.path.abspath(path)
         rel = os.path.relpath(full, root) if full.startswith(root + os.sep) else full
-        _ACTIVE["writes"].append({"path": rel, "abs": full, "stage": _ACTIVE["stage"], "site": site})
+        _ACTIVE["writes"].append({"path": rel, "abs": full, "stage": _ACTIVE["stage"], "site": site,
+                                  "after_batch": _ACTIVE.get("first_batch_at") is not None})
     except Exception:
         pass
 
@@ -263,6 +264,10 @@ class EvalDuplicationProbe(Probe):
             counter["n"] = 0
 
     def batch_ran(self, dataloader_idx: int) -> None:
+        if _ACTIVE.get("stage") and _ACTIVE.get("first_batch_at") is None:
+            import time
+
+            _ACTIVE["first_batch_at"] = time.time()  # what is written from here on may hold outputs
         if self.state.get("stage"):
             self.state["ran"][dataloader_idx] = self.state["ran"].get(dataloader_idx, 0) + 1
 
@@ -396,17 +401,27 @@ def _floats(metrics) -> dict:
 
 
 def _stage_writes() -> list[dict]:
-    """The files user code wrote in the stage that just ended, once each, with their line counts."""
-    writes = []
+    """The files user code wrote in the stage that just ended, once each, with their line counts.
+    ``outputs``: whether the file was opened or last changed once the stage's first batch had
+    started (a file that setup() wrote and nothing touched after holds none of the stage's outputs)."""
+    writes: list[dict] = []
+    first = _ACTIVE.get("first_batch_at")
     for w in _ACTIVE["writes"]:
-        if any(x["path"] == w["path"] for x in writes):
+        known = next((x for x in writes if x["path"] == w["path"]), None)
+        if known is not None:
+            known["after_batch"] = known["after_batch"] or w["after_batch"]
             continue
         try:
             with open(w["abs"], "rb") as fh:
                 w["lines"] = sum(1 for _ in fh) if os.path.getsize(w["abs"]) < 50_000_000 else None
+            changed = os.path.getmtime(w["abs"])
         except OSError:
-            w["lines"] = None
+            w["lines"], changed = None, None
+        w["changed_after_batch"] = first is not None and changed is not None and changed > first
         writes.append(w)
+    for w in writes:
+        w["outputs"] = bool(w.pop("after_batch") or w.pop("changed_after_batch"))
+        w.pop("changed_after_batch", None)
     return writes
 
 
@@ -418,7 +433,7 @@ def _run_stage(run: RankRun, stage: str, state: dict) -> dict:
     trainer, objects = run.trainer, run.objects
     record = state["record"] = {"loaders": [], "metric_samples": {}}
     state.update(stage=stage, fetched={}, ran={})
-    _ACTIVE.update(stage=stage, writes=[])
+    _ACTIVE.update(stage=stage, writes=[], first_batch_at=None)
     run.emit({"ev": EVAL_STAGE, "name": stage, "at": "start"})
     out = None
     try:
