@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import types
 
+import pytest
+
 from pytest_ltconform.contracts import get_contract
 
 
@@ -104,3 +106,29 @@ def test_lightning_rejecting_the_deepspeed_config_is_a_config_failure():
     assert deepspeed_config_raise(tb)
     checkpoint = tb.replace("_format_batch_size_and_grad_accum_config", "load_checkpoint")
     assert not deepspeed_config_raise(checkpoint)  # not a config check: the user's checkpoint
+
+
+def test_deepspeed_auto_values_say_what_deepspeed_makes_of_each(fake_runs):
+    """Issue 38 §4: "auto" at gradient_clipping and fp16.enabled was explained with the micro-batch size
+    and bucket defaults. DeepSpeed's own config reader says what happens to each key."""
+    pytest.importorskip("deepspeed")
+    from pytest_ltconform.contracts.strategy_config import probe as sc
+
+    strategy = types.SimpleNamespace(config={"zero_optimization": {"stage": 2, "reduce_bucket_size": "auto"},
+                                             "train_micro_batch_size_per_gpu": 4, "gradient_clipping": "auto",
+                                             "fp16": {"enabled": "auto"}})
+    loaded = types.SimpleNamespace(datamodule=None, model=types.SimpleNamespace(train_dataloader=lambda: None))
+    facts = sc._deepspeed_facts(strategy, types.SimpleNamespace(), {"precision": "32-true"}, None)
+    assert not any(f["kind"] == "ds_precision" for f in facts)  # "auto" enables nothing
+    sc._auto_effects(facts, strategy, loaded, {}, 2)
+    auto = next(f for f in facts if f["kind"] == "ds_auto")
+    assert auto["effects"]["gradient_clipping"]["effect"] == "kept"
+    assert auto["effects"]["fp16.enabled"] == {"effect": "default", "value": "False"}
+    assert auto["effects"]["zero_optimization.reduce_bucket_size"] == {"effect": "default", "value": "500000000"}
+    seen = {"strategy": "DeepSpeedStrategy", "precision": "32-true", "accumulate": 1, "findings": facts}
+    verdict = get_contract("strategy-config").judge(fake_runs.run(values=[{"probes": {"strategy-config": seen}}]))
+    assert verdict.outcome == "failed"
+    assert 'gradient_clipping: DeepSpeed keeps the string "auto", and its engine compares it with 0.0 before every ' \
+           "optimizer step (`gradient_clipping() > 0.0`): a TypeError at the first step" in verdict.summary
+    assert "fp16.enabled: DeepSpeed replaces it by its default, False" in verdict.summary
+    assert "micro-batch" not in verdict.summary

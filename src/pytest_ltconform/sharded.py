@@ -506,6 +506,87 @@ def deepspeed_config_error(config: dict, world_size: int) -> dict | None:
         ds_comm.cdb = saved
 
 
+# Where DeepSpeed's config class keeps what it read from a section of the config dict.
+_DS_SECTIONS = {"zero_optimization": "zero_config", "fp16": "float16_config", "bf16": "bfloat16_config",
+                "optimizer": "optimizer_params", "scheduler": "scheduler_params"}
+_UNREAD = object()
+
+
+def deepspeed_auto_effects(config: dict, paths: list[str], world_size: int, fill: dict | None = None) -> dict:
+    """What DeepSpeed's own config class makes of each "auto" value at ``paths`` (dotted paths into
+    ``config``), one at a time with every other "auto" key left out and the top-level keys ``fill``
+    set where absent (what Lightning sets when the config has none: the micro-batch size, the
+    accumulation); needs deepspeed. Per path: ``{"effect": "refused", "error": "TypeError: ..."}`` (the config
+    is rejected), ``"kept"`` (the string "auto" is what DeepSpeed holds), ``"default"`` (replaced by
+    what DeepSpeed holds without the key: ``value``), ``"value"`` (another ``value``) or ``"unread"``
+    (no field of DeepSpeed's config holds it)."""
+    import copy
+
+    def without(cfg: dict, path: str) -> dict:
+        out = copy.deepcopy(cfg)
+        *head, last = path.split(".")
+        node = out
+        for key in head:
+            node = node.get(key) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(last, None)
+        for key, value in (fill or {}).items():
+            out.setdefault(key, value)
+        return out
+
+    effects = {}
+    for path in paths:
+        only = without(config, "")
+        for other in paths:
+            if other != path:
+                only = without(only, other)
+        parsed, error = _parsed(only, world_size)
+        if parsed is None:
+            effects[path] = {"effect": "refused", "error": error}
+            continue
+        value = _parsed_value(parsed, path)
+        default = _parsed_value(_parsed(without(only, path), world_size)[0], path)
+        if value is _UNREAD:
+            effects[path] = {"effect": "unread"}
+        elif isinstance(value, str) and value.strip().lower() == "auto":
+            effects[path] = {"effect": "kept"}
+        else:
+            effects[path] = {"effect": "default" if value == default else "value", "value": repr(value)}
+    return effects
+
+
+def _parsed(config: dict, world_size: int):
+    """(DeepSpeed's config object for ``config``, None) or (None, "Type: message") when it refuses it."""
+    ds_config = importlib.import_module("deepspeed.runtime.config")
+    ds_comm = importlib.import_module("deepspeed.comm.comm")
+    saved = ds_comm.cdb
+    ds_comm.cdb = _WorldOnly(world_size)
+    try:
+        return ds_config.DeepSpeedConfig(dict(config)), None
+    except Exception as exc:
+        return None, f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+    finally:
+        ds_comm.cdb = saved
+
+
+def _parsed_value(parsed, path: str):
+    """The value DeepSpeed's config object ``parsed`` holds for the dict path ``path``."""
+    if parsed is None:
+        return _UNREAD
+    head, _, rest = path.partition(".")
+    if not rest:
+        return getattr(parsed, head, _UNREAD)
+    section = getattr(parsed, _DS_SECTIONS.get(head, head), None)
+    if isinstance(section, dict):  # optimizer/scheduler params: {"params": {...}} in the dict
+        return section.get(rest.removeprefix("params."), _UNREAD)
+    fields = getattr(type(section), "model_fields", {})
+    key = rest.split(".")[0]
+    for name, field in fields.items():
+        if key in (name, getattr(field, "alias", None)):
+            return getattr(section, name, _UNREAD)
+    return _UNREAD
+
+
 def _pydantic_errors(exc: Exception) -> tuple[list[str], list[str]]:
     """The fields a pydantic validation error names and one ``field: what (got value)`` per error;
     empty for any other exception."""

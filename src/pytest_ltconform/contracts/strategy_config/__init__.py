@@ -97,15 +97,34 @@ def _render_mixed_precision(f: dict, site: str | None):
            "FSDPStrategy(mixed_precision=MixedPrecision(param_dtype=..., reduce_dtype=..., buffer_dtype=...)).")
     return summary, (f"mixed_precision is a {f['type']}", site), "FSDP", fix
 
+def _auto_effect(path: str, effect: dict) -> str:
+    """What DeepSpeed does with the "auto" at ``path``, as measured by its own config reader."""
+    kind = effect.get("effect")
+    if kind == "refused":
+        return f"{path}: DeepSpeed refuses the config ({effect.get('error')})"
+    if kind == "default":
+        return f"{path}: DeepSpeed replaces it by its default, {effect.get('value')}, without a word"
+    if kind == "value":
+        return f"{path}: DeepSpeed reads it as {effect.get('value')}"
+    if kind == "kept":
+        use = effect.get("use") or "where DeepSpeed expects a number or a flag"
+        return f'{path}: DeepSpeed keeps the string "auto", and {use}'
+    return f"{path}: no field of DeepSpeed's config reads it"
+
+
 def _render_ds_auto(f: dict, site: str | None):
     paths = f["paths"]
     listed = ", ".join(paths[:-1]) + f" and {paths[-1]}" if len(paths) > 1 else paths[0]
+    effects = f.get("effects") or {}
+    said = "; ".join(_auto_effect(p, effects[p]) for p in paths if p in effects)
+    what = f" What DeepSpeed's own config reader makes of each: {said}." if said else \
+        " (deepspeed is not importable here, so what it makes of each value was not measured)."
     summary = (f'DeepSpeed config has "auto" at {listed}; Lightning passes them on unresolved ("auto" is '
-               f"Hugging Face's placeholder, filled by its own integration): DeepSpeed then fails on the "
-               f"micro-batch size (TypeError comparing with an int) and silently replaces the bucket sizes by "
-               f"its 5e8 defaults.")
-    fix = ("put real numbers in the DeepSpeed dict (or leave train_micro_batch_size_per_gpu out so Lightning "
-           "derives it from the DataLoader), or use DeepSpeedStrategy's typed arguments.")
+               f"Hugging Face's placeholder, filled by its own integration).{what}")
+    fix = ('replace each "auto" by the value you mean, or delete the key where Lightning fills it when absent '
+           "(train_micro_batch_size_per_gpu from the DataLoader, gradient_accumulation_steps from "
+           "accumulate_grad_batches, gradient_clipping from Trainer(gradient_clip_val=...), the fp16/bf16 section from "
+           "Trainer(precision=...)), or use DeepSpeedStrategy's typed arguments.")
     return summary, (f'"auto" at {listed}', site), "DeepSpeed", fix
 
 def _render_ds_non_numeric(f: dict, site: str | None):

@@ -194,6 +194,49 @@ def _ds_auto(config: dict, file: str | None) -> list[dict]:
         return []
     return [{"kind": "ds_auto", "paths": autos, "site": _config_line(file, ['"auto"', "'auto'"])}]
 
+# What DeepSpeed does with a value its config reader keeps as the string "auto", where its source
+# shows it: (module, function, the source text that uses it, what that does).
+_AUTO_USES = {"gradient_clipping": ("deepspeed.runtime.engine", "DeepSpeedEngine._take_model_step",
+                                    "self.gradient_clipping() > 0.0",
+                                    "its engine compares it with 0.0 before every optimizer step "
+                                    "(`gradient_clipping() > 0.0`): a TypeError at the first step")}
+
+
+def _auto_effects(findings: list[dict], strategy, loaded, user: dict, world_size: int) -> None:
+    """Add to the "auto" finding what DeepSpeed's own config reader makes of each "auto" value
+    (sharded.deepspeed_auto_effects), and for one it keeps as a string, what its source does with
+    it; nothing where deepspeed is not importable."""
+    import importlib
+    import importlib.util
+    import inspect
+
+    from ... import sharded
+
+    auto = next((f for f in findings if f["kind"] == "ds_auto"), None)
+    if auto is None or importlib.util.find_spec("deepspeed") is None:
+        return
+    fill = {"gradient_accumulation_steps": int(user.get("accumulate_grad_batches", 1) or 1),
+            "train_micro_batch_size_per_gpu": _loader_batch_size(loaded)}
+    try:
+        effects = sharded.deepspeed_auto_effects(strategy.config, auto["paths"], world_size, fill)
+    except Exception as exc:  # a DeepSpeed build that cannot read configs here: say nothing measured
+        auto["effects_error"] = f"{type(exc).__name__}: {exc}"[:200]
+        return
+    for path, effect in effects.items():
+        use = _AUTO_USES.get(path)
+        if effect["effect"] == "kept" and use is not None:
+            module, qualname, text, words = use
+            try:
+                owner = importlib.import_module(module)
+                for part in qualname.split("."):
+                    owner = getattr(owner, part)
+                if text in inspect.getsource(owner):
+                    effect["use"] = words
+            except Exception:
+                pass  # another DeepSpeed version: its use is not stated
+    auto["effects"] = effects
+
+
 def _ds_non_numeric(config: dict, zero: dict, file: str | None) -> list[dict]:
     """Bucket and batch sizes given as strings ("auto" is reported on its own)."""
     bad = []
@@ -231,8 +274,9 @@ def _ds_precision(config: dict, user: dict, file: str | None) -> list[dict]:
     precision = _precision(user)
     for key, want in (("fp16", ("16-mixed", "16-true")), ("bf16", ("bf16-mixed", "bf16-true"))):
         section = config.get(key)
+        # "enabled": "auto" is no decision of the user's (the "auto" finding says what DeepSpeed reads)
         enabled = isinstance(section, dict) and section.get("enabled") not in (False, "false", None) \
-            and section.get("enabled", True) not in (False,)
+            and section.get("enabled", True) not in (False,) and not _is_auto(section.get("enabled"))
         if enabled and precision not in want:
             findings.append({"kind": "ds_precision", "key": key, "precision": precision,
                              "site": _config_line(file, [f'"{key}"', f"'{key}'"])})
@@ -378,6 +422,7 @@ class StrategyConfigProbe(Probe):
             findings += _fsdp_facts(strategy, loaded.model, user, file)
         if "DeepSpeedStrategy" in names:
             findings += _deepspeed_facts(strategy, loaded.model, user, file)
+            _auto_effects(findings, strategy, loaded, user, run.ctx.world_size)
             if deepspeed_item:
                 # After the findings on what the user wrote: where one explains the rejection (an
                 # "auto" value), it is the cause and DeepSpeed's message the symptom.
