@@ -344,9 +344,21 @@ def test_norms_within_tolerance_but_gradients_apart_are_not_judged_not_passed(fa
     """field26 item 5: ts3l's 1st phase passed at ratio 0.957 with the gradients pointing elsewhere."""
     verdict = _judge(fake_runs, [_info(), _info()], {**_REF, "world_norm": 1.914, "cosine": 0.65, "rel_diff": 0.8})
     assert verdict.outcome == "not_judged"
-    assert verdict.not_judged.reason.startswith("the world's and the 1-rank gradients differ beyond rounding "
+    assert verdict.not_judged.reason.startswith("the world's and the 1-rank gradients differ beyond float32 rounding "
                                       "(relative difference 0.8 > 0.001) but not by a factor")
     assert _judge(fake_runs, [_info(), _info()], {**_REF, "rel_diff": 2e-6}).outcome == "passed"
+
+
+def test_a_gap_that_half_precision_explains_is_no_coupling(fake_runs):
+    """Issue 38 §4: a plain MLP with a mean loss under 16-mixed differed by 0.002 (relative) and was
+    told "a loss or layer that couples the samples of a batch": the precision explains the gap."""
+    half = {**_REF, "cosine": 1.0, "rel_diff": 0.002}
+    verdict = _judge(fake_runs, [_info(precision="16-mixed"), _info(precision="16-mixed")], half)
+    assert verdict.outcome == "passed", verdict.render()
+    assert any("within what 16-mixed rounding" in n for n in verdict.notes)
+    assert _judge(fake_runs, [_info(), _info()], half).outcome == "not_judged"  # float32: still beyond rounding
+    far = _judge(fake_runs, [_info(precision="bf16-mixed")] * 2, {**half, "rel_diff": 0.2})
+    assert far.outcome == "not_judged" and "beyond bf16-mixed rounding" in far.not_judged.reason
 
 
 def test_no_dropout_also_switches_off_attention_dropout():

@@ -40,6 +40,10 @@ AGREE = 1e-3
 SAME_GRAD = 1e-4  # relative gap between ranks' gradient norms that says DDP did not average them
 REPEAT = 1e-5     # relative gap between two reference steps (two RNG seeds) that says the step draws
 SCALE = 1e-6      # relative tolerance on a manual loss's constant factor (1 or 1/N)
+# Unit roundoff of the half precisions a run may compute in (Lightning's names start with these):
+# the same gradient computed over a differently split batch differs by several of these.
+ROUNDOFF = {"bf16": 2.0 ** -8, "16": 2.0 ** -11}
+HALF_UNITS = 10   # roundoffs of a half precision within which two gradients agree
 
 
 _FIX = ("use a mean-reduced loss (reduction='mean'), or normalise by the global count (all-reduce the "
@@ -178,13 +182,18 @@ class EffectiveBatch(Contract):
                          f"samples of a batch (a contrastive loss, batch statistics) or per-rank weighting make the "
                          f"step depend on how samples are split.")
         if abs(ratio - 1.0) <= TOLERANCE:
-            gap = _disagreement(ref, cos)
+            precision = info.get("precision")
+            gap = _disagreement(ref, cos, precision)
             if gap:
                 return self.not_judged(f"the world's and the 1-rank gradients differ beyond "
-                                    f"rounding ({gap}) but not by a factor ({measured}): a loss or layer that couples "
-                                    f"the samples of a batch (a contrastive loss over in-batch negatives) or a per-rank"
-                                    f" normalisation by nearly equal counts would both do this, and one step cannot "
-                                    f"tell them apart. {report}", notes=notes)
+                                    f"{_rounding_words(precision)} ({gap}) but not by a factor ({measured}): a loss or "
+                                    f"layer that couples the samples of a batch (a contrastive loss over in-batch "
+                                    f"negatives) or a per-rank normalisation by nearly equal counts would both do "
+                                    f"this, and one step cannot tell them apart. {report}", notes=notes)
+            rounded = _disagreement(ref, cos)
+            if rounded:  # beyond float32 rounding, within the half precision's own
+                notes.append(f"the world's and the 1-rank gradients differ by {rounded.split(' > ')[0]}, within what "
+                             f"{_rounding_words(precision)} gives: the run computed in {precision}.")
             manual = self._manual_window(info, world, samples, report, notes)
             return manual or self.verdict("passed", f"{report} The {measured}: world-size invariant.", notes=notes)
         lines = info.get("loss_lines") or []
@@ -332,12 +341,28 @@ def _samples(infos: list) -> str | None:
     return f"{total} samples"
 
 
-def _disagreement(ref: dict, cos: float | None) -> str | None:
-    """How the two gradients differ beyond float rounding, or None when they agree."""
+def _agree_limit(precision: str | None) -> float:
+    """The relative gap within which two gradients agree: float32 rounding (AGREE), or HALF_UNITS
+    roundoffs of the half precision the run computed in (``precision``: Lightning's name)."""
+    half = next((k for k in ROUNDOFF if str(precision or "").startswith(k)), None)
+    return max(AGREE, HALF_UNITS * ROUNDOFF[half]) if half else AGREE
+
+
+def _rounding_words(precision: str | None) -> str:
+    limit = _agree_limit(precision)
+    if limit == AGREE:
+        return "float32 rounding"
+    return f"{precision} rounding ({HALF_UNITS} x its unit roundoff, {limit:.2g})"
+
+
+def _disagreement(ref: dict, cos: float | None, precision: str | None = None) -> str | None:
+    """How the two gradients differ beyond the rounding of ``precision`` (float32 when None), or
+    None when they agree."""
+    limit = _agree_limit(precision)
     rel = ref.get("rel_diff")
     if rel is not None:
-        return f"relative difference {rel:.2g} > {AGREE:g}" if rel > AGREE else None
-    return f"cosine {cos:.4f}" if cos is not None and cos < 1 - AGREE else None
+        return f"relative difference {rel:.2g} > {limit:.2g}" if rel > limit else None
+    return f"cosine {cos:.4f}" if cos is not None and cos < 1 - limit else None
 
 
 def _plugin_run_notes(info: dict, ref: dict) -> list[str]:

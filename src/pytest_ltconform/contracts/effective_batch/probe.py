@@ -378,8 +378,9 @@ def _one_step_kwargs(run: RankRun, user: dict, strategy, world_size: int, micro_
     return kwargs
 
 
-def _world_value(state: dict, accumulate: int, manual: bool, model, rank: int) -> dict:
-    return {"sizes": state["sizes"], "items": state.get("items"), "item_keys": state.get("item_keys"),
+def _world_value(state: dict, accumulate: int, manual: bool, model, rank: int, precision=None) -> dict:
+    return {"sizes": state["sizes"], "precision": precision, "items": state.get("items"),
+            "item_keys": state.get("item_keys"),
             "accumulate": accumulate, "norm": state.get("norm"),
             "stepped": bool(state.get("stepped")), "loader": state.get("loader"),
             "dropout_off": state.get("dropout_off", 0), "manual": manual,
@@ -414,7 +415,8 @@ def one_step(ctx, args: RunArgs) -> dict:
         trainer.fit(objects.model, datamodule=objects.datamodule)
         state = probe.state
         torch.save(state["batches"], os.path.join(folder, f"ebatch_batches_rank{ctx.rank}.pt"))
-        out = {"ebatch": _world_value(state, accumulate, manual, objects.model, ctx.rank)}
+        out = {"ebatch": _world_value(state, accumulate, manual, objects.model, ctx.rank,
+                                      precision=str(getattr(trainer, "precision", "") or "") or None)}
     if ctx.rank == 0 and state.get("stepped"):
         out["reference_args"] = [folder, ctx.world_size, len(state["sizes"])]
     return out
