@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import case
+from conftest import FakeRuns, case
 
 from pytest_ltconform.contracts import get_contract
 
@@ -353,7 +353,7 @@ def test_identical_batches_split_by_rank_inside_the_step_pass_with_a_note(fake_r
     same = fake_runs.batches([["a", "b"], ["c", "d"]])
     verdict = contract.judge(fake_runs.run([same + [_read("select")], same + [_read("select")]]))
     assert verdict.outcome == "passed", verdict.render()
-    assert "train batches are the same on every rank (rank 0: 2, rank 1: 2 batches) and training_step selects" \
+    assert "train batches are the same on every rank (every rank ran 2 batches) and training_step selects" \
         in verdict.summary
     note = " ".join(verdict.notes)
     assert "training_step reads self.global_rank at /x/tsmixer.py:30 (Model._shard) as a subscript" in note
@@ -718,7 +718,8 @@ def test_a_loader_iterated_inside_a_hook_on_every_rank_is_not_the_train_stream(p
     out = result.stdout.str()
     result.assert_outcomes(passed=1)
     assert "identical" not in out
-    assert "train batches differ across ranks" in out and "dataset Points, sampler DistributedSampler" in out
+    assert "train batches hold different samples on each rank" in out
+    assert "dataset Points, sampler DistributedSampler" in out
 
 
 def test_only_the_stage_loaders_fetches_count_and_an_unreadable_wrapper_keeps_all():
@@ -738,3 +739,67 @@ def test_only_the_stage_loaders_fetches_count_and_an_unreadable_wrapper_keeps_al
     assert _is_stage_stream(wrapped, "train", index_sampler=iter(own)._index_sampler)
     assert _is_stage_stream(SimpleNamespace(), "train", index_sampler=iter(own)._index_sampler)
 
+
+# -- issue 38 §1: a split drawn per rank -----------------------------------------------------------
+
+def _split_trace(indices, val, seed, draw_line=12, whole=64):
+    base = {"base": "TensorDataset", "base_digest": "d1", "whole": whole}
+    split = {**base, "n": len(indices), "indices": indices, "indices_hash": str(hash(tuple(indices)))}
+    vsplit = {**base, "n": len(val), "indices": val, "indices_hash": str(hash(tuple(val)))}
+    return [{"ev": "seeding", "at": "start", "mode": "both", "seed": seed},
+            {"ev": "ds_global_draw", "fn": "torch.randperm", "hook": "setup",
+             "site": {"file": __file__, "line": draw_line, "func": "DataModule.setup"}},
+            {"ev": "ds_loader", "stage": "train", "epoch": 0, "type": "DataLoader", "split": split},
+            {"ev": "ds_loader", "stage": "val", "epoch": 0, "type": "DataLoader", "split": vsplit},
+            *FakeRuns.batches([[f"r{seed}a"], [f"r{seed}b"]])]
+
+
+def test_a_split_drawn_per_rank_fails_with_the_overlap_and_the_drawing_line(fake_runs):
+    """Issue 38 §1: random_split without a generator in setup(), ranks seeded per rank: their
+    training splits differ and overlap, rank 0's validation samples are in rank 1's training split."""
+    rank0 = _split_trace(list(range(0, 48)), list(range(48, 64)), seed=0)
+    rank1 = _split_trace(list(range(16, 64)), list(range(0, 16)), seed=1)
+    verdict = get_contract("data-sharding").judge(fake_runs.run([rank0, rank1]))
+    assert verdict.outcome == "failed" and verdict.category == "silent", verdict.render()
+    text = verdict.render()
+    assert "the training data differs by rank" in verdict.summary
+    assert "share 32 of 48 samples" in verdict.summary
+    assert "16 of rank 0's 16 validation samples are in rank 1's training split" in verdict.summary
+    assert "rank 0: 0, rank 1: 1" in verdict.summary
+    assert f"{__file__}:12" in text or "test_data_sharding.py:12" in text
+    assert "generator=torch.Generator().manual_seed(42)" in verdict.fix and "seed_everything" in verdict.fix
+
+
+def test_the_same_split_on_every_rank_passes_and_says_so_under_per_rank_seeds(fake_runs):
+    same = list(range(0, 48))
+    traces = [_split_trace(same, list(range(48, 64)), seed=s) for s in (0, 1)]
+    verdict = get_contract("data-sharding").judge(fake_runs.run(traces))
+    assert verdict.outcome == "passed", verdict.render()
+    assert any("is the same on every rank although each rank's generators were seeded" in n for n in verdict.notes)
+
+
+def test_random_data_drawn_per_rank_that_never_overlaps_is_no_split(fake_runs):
+    """BoringModel's RandomDataset draws its rows from the global generator: different data on each
+    rank under per-rank seeds, but no sample is shared, so nothing is split wrongly."""
+    def trace(seed):
+        return [{"ev": "ds_loader", "stage": "train", "epoch": 0, "type": "DataLoader",
+                 "split": {"base": "RandomDataset", "base_digest": f"d{seed}"}},
+                *FakeRuns.batches([[f"r{seed}a", f"r{seed}b"], [f"r{seed}c"]])]
+    verdict = get_contract("data-sharding").judge(fake_runs.run([trace(0), trace(1)]))
+    assert verdict.outcome == "passed", verdict.render()
+
+
+def test_the_split_is_read_through_subsets_of_subsets():
+    import torch
+    from torch.utils.data import Subset, TensorDataset
+
+    from pytest_ltconform.contracts.data_sharding.probe import _through_subsets, dataset_digest, split_info
+
+    base = TensorDataset(torch.arange(10.0))
+    inner = Subset(base, [9, 8, 7, 6, 5])
+    outer = Subset(inner, [4, 0])
+    info = split_info(outer)
+    assert info["indices"] == [5, 9] and info["n"] == 2 and info["whole"] == 10 and info["base"] == "TensorDataset"
+    assert _through_subsets(outer, [1, 0]) == [9, 5]
+    assert dataset_digest(TensorDataset(torch.arange(10.0))) == dataset_digest(base)
+    assert dataset_digest(TensorDataset(torch.arange(1, 11.0))) != dataset_digest(base)

@@ -221,3 +221,43 @@ def test_a_hang_killed_before_the_time_limit_costs_one_run(pytester, no_leftover
     assert re.search(r"^SKIPPED \[1\] ltconform::sleepy\.Model::eval-duplication\[ddp\]: not judged: not started: "
                      r"the fit\[ddp\] run of this target hung .*--ltconform-timeout=80\)\), and this run would reach "
                      r"the same code \(see all-rank-save\[ddp\]\)\.$", out, re.M), out[-4000:]
+
+
+def _raised(fn):
+    try:
+        fn()
+    except Exception as exc:
+        return exc
+    raise AssertionError("did not raise")
+
+
+def test_a_library_error_raised_while_handling_another_is_not_the_lead():
+    """Issue 38 §2: Lightning's teardown raises "Please call `iter(combined_loader)` first" while
+    the DataLoader workers' pickling error is being handled: the report leads with the root."""
+    import json
+
+    from pytest_ltconform.world.rank import _leading_error
+
+    def library_during_handling():
+        try:
+            raise AttributeError("Can't pickle local object 'Model.train_dataloader.<locals>.init_worker'")
+        except AttributeError:
+            json.loads("{")  # raises from the standard library (not user code) while handling it
+
+    lead = _leading_error(_raised(library_during_handling))
+    assert isinstance(lead, AttributeError) and "Can't pickle" in str(lead)
+
+    def user_reraises():
+        try:
+            {}["k"]
+        except KeyError:
+            raise ValueError("missing key k")  # noqa: B904 - the user's own raise while handling
+
+    def chained_on_purpose():
+        try:
+            json.loads("{")
+        except ValueError as exc:
+            raise RuntimeError("bad config") from exc
+
+    assert isinstance(_leading_error(_raised(user_reraises)), ValueError)
+    assert isinstance(_leading_error(_raised(chained_on_purpose)), RuntimeError)

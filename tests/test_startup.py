@@ -104,6 +104,10 @@ def test_ini_values_apply_and_command_line_wins(pytester):
          "ERROR: 4 inputs need fixing before anything runs: (1) --ltconform-world-size: a one-rank world cannot show "
          "* (2) --ltconform-timeout: 3 s is shorter than a contract run can take;* (3) --ltconform-strategies: 'ddp' "
          "named more than once in 'ddp,ddp';* (4) ini option 'ltconform_launcher' in *: unknown launcher 'vfork';*"),
+        ("ltconform_seeding = random", [], "ERROR: ini option 'ltconform_seeding' in *: unknown seeding 'random'; "
+         "choose from both, same, per-rank (both, the default, judges draws that must agree*"),
+        ("", ["--ltconform-seeding", "each"], "ERROR: --ltconform-seeding: unknown seeding 'each'; choose from both, "
+         "same, per-rank*"),
     ],
 )
 def test_bad_settings_name_where_they_came_from(pytester, ini, args, message):

@@ -212,6 +212,28 @@ class NonfiniteEvent(Recorded):
     site: dict | None
 
 
+class SeedingEvent(Recorded):
+    """How this rank's generators were seeded: ``at`` 'start' (the job's start: ``mode``, the
+    session's --ltconform-seeding, and ``seed``, this rank's) or 'train_start' (seeding "both":
+    every rank reseeded with ``seed``, or ``kept`` the module's own seed, set at ``by``)."""
+
+    at: str
+    mode: str
+    seed: int
+    kept: bool
+    by: dict | None
+    fn: str
+
+
+class UserSeedEvent(Recorded):
+    """User code (directly, or through a library such as seed_everything) seeded a global
+    generator: ``fn`` (``torch.manual_seed``), ``site`` and ``hook``."""
+
+    fn: str
+    site: dict | None
+    hook: str | None
+
+
 class RaisedEvent(Recorded):
     """A recorded user call raised for a reason a contract owns (``owner``, its id): that
     contract claims the stop; ``exc`` says what ("Type: message"). Its ``in`` key (which call
@@ -236,5 +258,7 @@ STAGE_ERROR = declare("stage_error", StageErrorEvent)
 STRATEGY = declare("strategy", StrategyEvent)
 NOTE = declare("note", NoteEvent)
 NONFINITE = declare("nonfinite", NonfiniteEvent)
+SEEDING = declare("seeding", SeedingEvent)
+USER_SEED = declare("user_seed", UserSeedEvent)
 # Written by a probe that names itself the owner of an exception (contracts.base.Run.raised_owner).
 RAISED = declare("raised", RaisedEvent)

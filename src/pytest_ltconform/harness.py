@@ -25,7 +25,7 @@ import sys
 from typing import Any
 
 from . import trainer_overrides
-from .events import NONFINITE, NOTE, STAGE, STAGE_ERROR, STRATEGY
+from .events import NONFINITE, NOTE, SEEDING, STAGE, STAGE_ERROR, STRATEGY, USER_SEED
 from .runs import WITHOUT_VALIDATION, Probe, RunArgs
 from .target import loading as target_loading
 from .target import spec as target_spec
@@ -235,6 +235,7 @@ class RankRun:
         self.trainer = None
         self._exits = exits
         self._optimizers_swapped = False
+        self.user_seeds: list[dict] = []  # the user code's calls that seeded a global generator
 
     @functools.cached_property
     def objects(self) -> UserObjects:
@@ -304,6 +305,56 @@ class RankRun:
         return {cid: probe.collect(self.objects, self.trainer, self.recorder) for cid, probe in self.probes.items()}
 
 
+# The functions that seed the global generators (Lightning's seed_everything calls them): a module
+# that calls one seeds itself, and the plugin's seeding of its ranks then leaves it alone.
+_SEEDERS = (("random", "seed"), ("numpy.random", "seed"), ("torch", "manual_seed"))
+
+
+def watch_seeding(recorder: Recorder) -> list[dict]:
+    """Record every call user code makes (directly or through a library, such as seed_everything)
+    to a function that seeds a global generator: one ``user_seed`` event with its site and hook,
+    also kept in the list returned."""
+    from .sites import user_site
+
+    seen: list[dict] = []
+
+    def factory(original, label):
+        def seed(*args, **kwargs):
+            site, _ = user_site()
+            if site is not None:
+                event = USER_SEED.new(fn=label, site=site, hook=recorder.current_hook())
+                seen.append(dict(event))
+                recorder.emit(event)
+            return original(*args, **kwargs)
+
+        return seed
+
+    for module, name in _SEEDERS:
+        owner = sys.modules.get(module)
+        if owner is not None and hasattr(owner, name):
+            recorder.patch(owner, name, lambda original, label=f"{module}.{name}": factory(original, label))
+    return seen
+
+
+def _reseed_at_train_start(ns: Any, run: RankRun) -> Any:
+    """Under seeding "both": a callback that, when training starts, seeds random, numpy and torch on
+    every rank with the job's seed, so that draws made while training (noise that is the sample) are
+    judged as under a script that seeds every rank alike, while what was drawn before (a split, a
+    subset) was drawn under each rank's own seed. A module that seeded a generator itself keeps it."""
+    from .world.rank import seed_generators
+
+    class ReseedAtTrainStart(ns.Callback):
+        def on_train_start(self, trainer, pl_module):
+            seeded = run.user_seeds
+            if seeded:
+                run.emit(SEEDING.new(at="train_start", kept=True, by=seeded[0].get("site"), fn=seeded[0].get("fn")))
+                return
+            seed_generators(run.ctx.base_seed)
+            run.emit(SEEDING.new(at="train_start", seed=run.ctx.base_seed))
+
+    return ReseedAtTrainStart()
+
+
 def _finite_loss_watch(ns: Any, recorder: Recorder) -> Any:
     """A callback that emits one ``nonfinite`` event at the first training loss that is nan or
     inf on this rank (its value, step, epoch, batch and the user's ``training_step``): values
@@ -363,12 +414,14 @@ def rank_run(ctx, args: RunArgs, *, traced: bool = True, probes=None):
     Probe)]``. A traced run installs the recorder first (so that names the user's module imports
     are the recording ones), then each probe's ``install``; the recorder is removed on exit."""
     recorder = None
+    seeds: list[dict] = []
     if traced:
         recorder = Recorder(ctx.trace_path, ctx.rank)
         recorder.watch_collectives(stack_path())
         namespace = args.target.namespace
         namespaces = [namespace] + [ns for ns in target_spec.NAMESPACES if ns != namespace and ns in sys.modules]
         recorder.install(tuple(namespaces))
+        seeds = watch_seeding(recorder)
     try:
         loaded = {cid: resolve(p)() if isinstance(p, str) else p
                   for cid, p in (args.probes if probes is None else probes)}
@@ -376,7 +429,9 @@ def rank_run(ctx, args: RunArgs, *, traced: bool = True, probes=None):
             for probe in loaded.values():
                 probe.install(recorder)
         with contextlib.ExitStack() as exits:
-            yield RankRun(ctx, args, loaded, recorder, exits)
+            run = RankRun(ctx, args, loaded, recorder, exits)
+            run.user_seeds = seeds
+            yield run
     finally:
         if recorder is not None:
             recorder.uninstall()
@@ -401,7 +456,9 @@ def traced_fit(ctx, args: RunArgs, overrides: dict | None = None) -> dict:
         if note:
             run.emit(NOTE.new(text=note))
         run.emit(STRATEGY.new(configured=configured_for(strategy_name, user_strategy)))
-        trainer = run.build_trainer(kwargs)
+        run.emit(SEEDING.new(at="start", mode=ctx.seeding, seed=ctx.seed))
+        reseed = (_reseed_at_train_start(objects.ns, run),) if ctx.seeding == "both" else ()
+        trainer = run.build_trainer(kwargs, callbacks=reseed)
         run.emit(STAGE.new(name="fit"))
         trainer.fit(objects.model, datamodule=objects.datamodule)
         # Later stages run traced before the probes' own (untraced) Trainer calls, except on the

@@ -22,7 +22,28 @@ def header_lines(config: pytest.Config) -> list[str] | None:
         reasons = dict(controller.hidden(config).values())  # {tier: reason}: one line per tier, in item order
         lines += [tiers.not_run_line(tier, reason) for tier, reason in reasons.items()]
         lines += overridden_line(config)
+        lines.append(seeding_line(config.stash[controller.SETTINGS_KEY]))
     return lines or None
+
+
+def seeding_line(settings) -> str:
+    """How the ranks are seeded, with the seeds, so that a run can be repeated (--ltconform-seeding)."""
+    return f"ltconform: seeding: {seeding_words(settings.seeding, settings.seed, settings.world_size)}"
+
+
+def seeding_words(seeding: str, seed: int, world_size: int) -> str:
+    """``both (each rank its own seed until ...)``: the seeding and the seeds each rank gets."""
+    per_rank = ", ".join(f"rank {r}: {seed + r}" for r in range(min(world_size, 4))) + \
+        (", ..." if world_size > 4 else "")
+    if seeding == "same":
+        return (f"same (random, numpy and torch seeded with {seed} on every rank, as after seed_everything({seed}); "
+                f"--ltconform-seeding both|per-rank changes it)")
+    if seeding == "per-rank":
+        return (f"per-rank (random, numpy and torch seeded with {seed} + rank: {per_rank}; one-rank reference runs "
+                f"with {seed}; --ltconform-seeding both|same changes it)")
+    return (f"both (random, numpy and torch seeded with {seed} + rank ({per_rank}) until the fit's training starts, "
+            f"then with {seed} on every rank unless your module seeds them itself; other runs seed every rank with "
+            f"{seed}; --ltconform-seeding same|per-rank changes it)")
 
 
 def overridden_line(config: pytest.Config) -> list[str]:

@@ -11,7 +11,8 @@ The JSON keys are a stable interface for CI jobs and dashboards::
                   "results": [...]}],                       # the same records, per target, in order
      "cold_starts": int | null,  # worlds this process started (null: none of its own, e.g. xdist)
      "not_run": [{"tier", "reason", "items"}],  # tiers not run here and not asked for: a count each
-     "interrupted": bool, "exitstatus": int}    # Ctrl-C, SIGTERM, -x or pytest.exit; pytest's exit code
+     "interrupted": bool, "exitstatus": int,    # Ctrl-C, SIGTERM, -x or pytest.exit; pytest's exit code
+     "seeding": {"mode", "seed", "ranks"}}      # --ltconform-seeding, its base seed, each rank's first seed
 
 A record's ``evidence`` is ``[{"rank", "site", "detail", "frame"?}]``: ``site`` is the
 ``path:line (function)`` the line names, ``frame`` (where recorded) the ``{"file", "line",
@@ -111,7 +112,7 @@ def target_entries(targets: list, results: list[dict]) -> list[dict]:
 
 def write_json(path: str, target: str | None, world_size: int, results: list[dict], targets: list | None = None,
                cold_starts: int | None = None, not_run: list[dict] | None = None, interrupted: bool = False,
-               exitstatus: int = 0) -> None:
+               exitstatus: int = 0, seeding: dict | None = None) -> None:
     """Write the report to ``path`` (creating its folder) through a temporary file beside it, so
     that a failed write leaves the previous report, not half of a new one (a path that is not a
     regular file, such as a device or a pipe, is written in place). ``targets`` are the
@@ -121,6 +122,8 @@ def write_json(path: str, target: str | None, world_size: int, results: list[dic
     doc = {"target": target, "world_size": world_size, "versions": versions(), "results": results,
            "targets": target_entries(targets or [], results), "cold_starts": cold_starts,
            "not_run": not_run or [], "interrupted": interrupted, "exitstatus": exitstatus}
+    if seeding is not None:
+        doc["seeding"] = seeding
     if os.path.exists(path) and not os.path.isfile(path):
         # A device or a pipe (/dev/stdout, a FIFO a CI step reads): written in place, since replacing
         # it would put a file where the device was; its errors (ENOSPC on /dev/full) raise as any write's.
@@ -141,6 +144,13 @@ def write_json(path: str, target: str | None, world_size: int, results: list[dic
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def seeding_entry(seeding: str, seed: int, world_size: int) -> dict:
+    """The report's ``seeding``: the mode, the base seed, and the seed each rank starts a fit with
+    (under "both" every rank is reseeded with ``seed`` when training starts)."""
+    ranks = [seed if seeding == "same" else seed + r for r in range(world_size)]
+    return {"mode": seeding, "seed": seed, "ranks": ranks}
 
 
 def contract_pages() -> list[str]:

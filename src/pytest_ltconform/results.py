@@ -148,7 +148,9 @@ class ResultsCollector:
                                   cold_starts=pool.cold_starts if pool is not None else None,
                                   not_run=not_run(self.config),
                                   interrupted=status == pytest.ExitCode.INTERRUPTED or bool(session.shouldstop),
-                                  exitstatus=status)
+                                  exitstatus=status,
+                                  seeding=report_mod.seeding_entry(settings.seeding, settings.seed,
+                                                                   settings.world_size))
         except OSError as exc:
             # Checked at start-up, yet the disk can fill or the folder go: the summary still prints,
             # and the session fails (a CI job that keeps the report must not pass without it).

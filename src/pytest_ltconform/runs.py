@@ -77,6 +77,17 @@ FIT_WITHOUT_VALIDATION = RunSpec("fit-without-validation", "pytest_ltconform.har
 WITHOUT_VALIDATION = {"limit_val_batches": 0, "num_sanity_val_steps": 0}
 
 
+def seeding_for(spec: RunSpec, seeding: str) -> str:
+    """How a run of ``spec`` seeds its ranks under the session's ``seeding`` (vocabulary.SEEDINGS):
+    the traced fits as the setting says ("both": each rank its own seed until training starts, one
+    seed from then on, see harness.traced_fit); every other run (an evaluation, a one-step run, an
+    inspection, a one-rank reference) under "both" seeds every rank alike, as today's references
+    expect (the fit judges what depends on per-rank seeds), and as the setting says otherwise."""
+    if spec in (FIT, FIT_WITHOUT_VALIDATION):
+        return seeding
+    return "same" if seeding == "both" else seeding
+
+
 def inspection(name: str) -> RunSpec:
     """A run that loads the user's objects without training; each probe's :meth:`Probe.inspect`
     says what it observed. One per contract (``name``), so a failing probe stays its own."""

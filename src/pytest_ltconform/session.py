@@ -14,7 +14,7 @@ import time
 from . import contracts, tiers
 from .contracts.base import Run, Verdict
 from .events import HOOK, HOOK_EXIT, NONFINITE, NOTE, STAGE, STAGE_ERROR, STRATEGY
-from .runs import FIT, FIT_WITHOUT_VALIDATION, WITHOUT_VALIDATION, RunArgs, RunKey, RunSpec
+from .runs import FIT, FIT_WITHOUT_VALIDATION, WITHOUT_VALIDATION, RunArgs, RunKey, RunSpec, seeding_for
 from .settings import Settings
 from .sites import fmt_site
 from .vocabulary import SHARDED_STRATEGIES, STRATEGY_NAMES
@@ -106,7 +106,8 @@ class LtconformSession:
         world = tier_of.world(self.pool, self.attached, args.layout, settings.pg_timeout_s)
         job = world.run(JobRequest(spec.fn, (args,), timeout_s=settings.timeout_s,
                                    progress=self._progress(spec.name, tier_of.run_label(strategy)),
-                                   tenant=self._tenant(strategy)))
+                                   tenant=self._tenant(strategy), seed=settings.seed,
+                                   seeding=seeding_for(spec, settings.seeding)))
         run = Run(job, strategy, spec.name, self.target)
         run.settings = settings  # what a verdict may weigh against (e.g. a stated device memory)
         if spec.reference:
@@ -123,7 +124,8 @@ class LtconformSession:
             return None
         request = JobRequest(spec.reference, (args.for_reference(), *saved), timeout_s=self.settings.timeout_s,
                              progress=self._progress(f"{spec.name}-reference", args.strategy),
-                             tenant=self._tenant(args.strategy))
+                             tenant=self._tenant(args.strategy), seed=self.settings.seed,
+                             seeding=seeding_for(spec, self.settings.seeding))
         try:
             ref = world.run(request)
         except WorldStartError:

@@ -13,7 +13,7 @@ import tempfile
 
 import pytest
 
-from .vocabulary import LAUNCHERS, STRATEGIES, TIERS
+from .vocabulary import BASE_SEED, LAUNCHERS, SEEDINGS, STRATEGIES, TIERS
 
 # Option names are constants so tests and other plugins can refer to them.
 OPT_TARGET = "ltconform"
@@ -28,11 +28,12 @@ OPT_OVERSUBSCRIBE = "ltconform_oversubscribe"
 OPT_EXPLAIN = "ltconform_explain"
 OPT_DEVICE_MEMORY = "ltconform_device_memory"
 OPT_LAUNCHER = "ltconform_launcher"
+OPT_SEEDING = "ltconform_seeding"
 
 INI_TARGET = "ltconform_target"
 # Every ini key of the plugin (the others share their option's dest).
 INI_NAMES = (INI_TARGET, OPT_DATAMODULE, OPT_TRAINER, OPT_WORLD_SIZE, OPT_TIMEOUT, OPT_REPORT, OPT_REQUIRE,
-             OPT_STRATEGIES, OPT_OVERSUBSCRIBE, OPT_DEVICE_MEMORY, OPT_LAUNCHER)
+             OPT_STRATEGIES, OPT_OVERSUBSCRIBE, OPT_DEVICE_MEMORY, OPT_LAUNCHER, OPT_SEEDING)
 
 
 DEFAULT_WORLD_SIZE = 2
@@ -76,6 +77,9 @@ class Settings:
     device_memory_from: str | None = None
     # How local worlds start their ranks: 'fork' (from a parent that imported Lightning once) or 'spawn'.
     launcher: str = LAUNCHERS[0]
+    # How the ranks' generators are seeded (vocabulary.SEEDINGS), and the seed they start from.
+    seeding: str = SEEDINGS[0]
+    seed: int = BASE_SEED
 
     @property
     def enabled(self) -> bool:
@@ -95,6 +99,7 @@ def pg_timeout_for(timeout_s: float) -> float:
 def add_options(parser: pytest.Parser) -> None:
     _add_target_options(parser)
     _add_launcher_option(parser, parser.getgroup("ltconform"))
+    _add_seeding_option(parser, parser.getgroup("ltconform"))
 
 
 def _add_target_options(parser: pytest.Parser) -> None:
@@ -176,6 +181,27 @@ def _add_launcher_option(parser: pytest.Parser, group) -> None:
     parser.addini(OPT_LAUNCHER, "how local worlds start their ranks (as --ltconform-launcher)", default=None)
 
 
+def _add_seeding_option(parser: pytest.Parser, group) -> None:
+    group.addoption(
+        "--ltconform-seeding", dest=OPT_SEEDING, metavar="HOW", default=None,
+        help="how the ranks' random generators are seeded, as your launch script would: both (default: each rank "
+             "its own seed until training starts, so that a split or subset drawn per rank shows, then one seed on "
+             "every rank, so that noise drawn alike shows), same (every rank one seed, as after seed_everything) or "
+             "per-rank (each rank its own, as processes a launcher starts unseeded); ini: ltconform_seeding.",
+    )
+    parser.addini(OPT_SEEDING, "how the ranks' random generators are seeded (as --ltconform-seeding)", default=None)
+
+
+def _validate_seeding(raw: str, where: str) -> str:
+    value = raw.strip().lower()
+    if value not in SEEDINGS:
+        raise pytest.UsageError(f"{where}: unknown seeding {raw!r}; choose from {', '.join(SEEDINGS)} ({SEEDINGS[0]}, "
+                                f"the default, judges draws that must agree across ranks under per-rank seeds and "
+                                f"noise that must differ under one seed; same models a script that calls "
+                                f"seed_everything, per-rank one that seeds nothing).")
+    return value
+
+
 def _lookup(config: pytest.Config, dest: str, ini: str | None = None) -> tuple[str | None, str]:
     """Return (raw value, where it came from); the command line wins over the ini file. An empty
     value on the command line is refused: it would otherwise fall back to the ini file or the
@@ -213,6 +239,7 @@ _EMPTY_FIX = {
     OPT_TRAINER: "Name a dict of Trainer kwargs or a zero-argument callable returning one (pkg.mod:kwargs)",
     OPT_DEVICE_MEMORY: "Give the memory of one device with its unit, e.g. 80GiB",
     OPT_LAUNCHER: f"Name one of {', '.join(LAUNCHERS)}",
+    OPT_SEEDING: f"Name one of {', '.join(SEEDINGS)}",
 }
 
 
@@ -503,6 +530,7 @@ _VALIDATED = (
     (OPT_STRATEGIES, lambda raw, where: _validate_choices(raw, where, STRATEGIES), ("strategies", "strategies_named")),
     (OPT_DEVICE_MEMORY, _validate_bytes, ("device_memory", "device_memory_from")),
     (OPT_LAUNCHER, _validate_launcher, ("launcher",)),
+    (OPT_SEEDING, _validate_seeding, ("seeding",)),
 )
 
 

@@ -29,6 +29,12 @@ DEFAULT_CONTRACT_TIERS = ("cpu", "gpu", "multinode")
 # How local worlds start their ranks (--ltconform-launcher): forked from a parent that imported
 # torch and Lightning once, or each a fresh interpreter (the baseline).
 LAUNCHERS = ("fork", "spawn")
+# How the ranks' random generators are seeded (--ltconform-seeding; the first is the default): "both"
+# gives each rank its own seed until training starts (draws that must agree across ranks: a split, a
+# subset) and one seed for every rank from then on (draws that must differ: noise that is the sample);
+# "same" seeds every rank alike (a script that calls seed_everything); "per-rank" gives each its own.
+SEEDINGS = ("both", "same", "per-rank")
+BASE_SEED = 0
 
 
 def preload_modules(strategies) -> tuple[str, ...]:

@@ -142,6 +142,7 @@ class AttachedWorld:
         os.makedirs(job_dir, exist_ok=True)
         timeout_s = request.timeout_s
         job = Job(fn=request.fn, dir=job_dir, n=n, args=request.args, kwargs=request.kwargs, seed=request.seed,
+                  seeding=request.seeding,
                   backend=self.backend, pg_timeout_s=self.pg_timeout_s, accelerator=self.accelerator,
                   num_nodes=self.num_nodes or 1, world_kind="attached")
         started = time.monotonic()

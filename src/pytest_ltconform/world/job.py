@@ -42,6 +42,9 @@ class JobRequest:
     progress: Callable[[float, dict], None] | None = None
     seed: int = 0
     tenant: str | None = None
+    # "same": every rank seeded with ``seed``; "per-rank": rank r with ``seed + r``; "both": ``seed + r``
+    # (the job's code reseeds every rank alike where it says so: the traced fit, when training starts).
+    seeding: str = "same"
 
 
 @dataclasses.dataclass
@@ -60,6 +63,7 @@ class Job:
     args: tuple = ()
     kwargs: dict = dataclasses.field(default_factory=dict)
     seed: int = 0
+    seeding: str = "same"
     backend: str = "gloo"
     pg_timeout_s: float = 30.0
     accelerator: str | None = None

@@ -301,7 +301,7 @@ class LocalWorld:
                 if self._procs:
                     self.kill()
                 self.start()
-            job = self._submit(request.fn, request.args, request.kwargs, request.seed)
+            job = self._submit(request.fn, request.args, request.kwargs, request.seed, request.seeding)
             watch = _JobWatch(self, job, timeout_s, request.progress)
             hung, early = watch.wait()
             failure = watch.formation_failure()
@@ -321,15 +321,15 @@ class LocalWorld:
             self.kill()
         return result
 
-    def _submit(self, fn_ref: str, args: tuple, kwargs: dict, seed: int) -> Job:
+    def _submit(self, fn_ref: str, args: tuple, kwargs: dict, seed: int, seeding: str = "same") -> Job:
         """Post the next job of this generation to the store, in a new job folder."""
         n = self._next_job
         self._next_job += 1
         self._jobs_total += 1
         job_dir = os.path.join(self.root, f"job{self._jobs_total:04d}")
         os.makedirs(job_dir, exist_ok=True)
-        job = Job(fn=fn_ref, dir=job_dir, n=n, args=args, kwargs=kwargs, seed=seed, backend=self.backend,
-                  pg_timeout_s=self.pg_timeout_s, num_nodes=self.layout.nodes)
+        job = Job(fn=fn_ref, dir=job_dir, n=n, args=args, kwargs=kwargs, seed=seed, seeding=seeding,
+                  backend=self.backend, pg_timeout_s=self.pg_timeout_s, num_nodes=self.layout.nodes)
         self._store.set(protocol.job_key(self.generation, n), job.wire())
         return job
 

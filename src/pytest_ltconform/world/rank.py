@@ -108,6 +108,9 @@ class RankContext:
     num_nodes: int = 1
     world_kind: str = "local"
     run_dir: str = ""
+    seed: int = 0  # what this rank's generators were seeded with at the job's start
+    seeding: str = "same"  # the job's seeding (world.job.JobRequest.seeding)
+    base_seed: int = 0  # the job's seed, which "both" gives every rank once training starts
 
 
 _CURRENT: RankContext | None = None
@@ -165,14 +168,47 @@ def _isolated(job_dir: str):
                 user_modules.forget(name)  # a later job's target loading gets it back
 
 
-def _seed(seed: int = 0) -> None:
+def rank_seed(seed: int, seeding: str, rank: int) -> int:
+    """The seed rank ``rank`` starts a job with: ``seed`` under "same", ``seed + rank`` otherwise."""
+    return seed if seeding == "same" else seed + rank
+
+
+def seed_generators(seed: int) -> None:
+    """Seed random, numpy and torch with ``seed`` (what seed_everything does, without its side effects)."""
     import numpy as np
     import torch
 
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+def _seed(seed: int = 0) -> None:
+    import torch
+
+    seed_generators(seed)
     torch.set_grad_enabled(True)
+
+
+def _leading_error(exc: BaseException) -> BaseException:
+    """The exception a report leads with: the root of an implicit chain ("During handling of the
+    above exception, another exception occurred") whose later exceptions a library raised while
+    cleaning up (Lightning's teardown after a DataLoader's workers failed to start raises "Please
+    call `iter(combined_loader)` first"); an exception raised from user code, or chained on purpose
+    (``raise ... from``), is kept."""
+    from ..sites import is_user_file
+
+    seen = set()
+    while exc.__cause__ is None and exc.__context__ is not None and not exc.__suppress_context__ \
+            and id(exc) not in seen:
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        if tb is None or is_user_file(tb.tb_frame.f_code.co_filename):
+            break
+        seen.add(id(exc))
+        exc = exc.__context__
+    return exc
 
 
 def _context(job: Job, rank: int, world_size: int, local_rank: int, store) -> RankContext:
@@ -181,7 +217,8 @@ def _context(job: Job, rank: int, world_size: int, local_rank: int, store) -> Ra
     return RankContext(rank, world_size, local_rank, protocol.rank_dir(job.dir, rank),
                        protocol.trace_file(job.dir, rank), store,
                        accelerator=job.accelerator or ("gpu" if job.backend == "nccl" else "cpu"),
-                       num_nodes=int(job.num_nodes), world_kind=job.world_kind, run_dir=job.dir)
+                       num_nodes=int(job.num_nodes), world_kind=job.world_kind, run_dir=job.dir,
+                       seed=rank_seed(job.seed, job.seeding, rank), seeding=job.seeding, base_seed=job.seed)
 
 
 class FormationError(RuntimeError):
@@ -230,7 +267,7 @@ def run_job(job: Job, rank: int, world_size: int, local_rank: int, store, gen: i
     result: protocol.RankResult = {"rank": rank, "status": "ok"}
     started = time.monotonic()
     with _isolated(ctx.run_dir):
-        _seed(job.seed)
+        _seed(ctx.seed)
         if job.backend == "nccl":
             torch.cuda.set_device(local_rank)
         default_dtype = torch.get_default_dtype()
@@ -245,8 +282,9 @@ def run_job(job: Job, rank: int, world_size: int, local_rank: int, store, gen: i
             result["value"] = resolve(job.fn)(ctx, *job.args, **job.kwargs)
         except BaseException as exc:  # report everything, including SystemExit from user code
             skip = type(exc).__name__ in ("Skipped", "SkipTest")
-            result.update(status="skip" if skip else "error", exc_type=type(exc).__name__,
-                          message=str(exc)[:2000], traceback=traceback.format_exc()[-12000:])
+            lead = _leading_error(exc)
+            result.update(status="skip" if skip else "error", exc_type=type(lead).__name__,
+                          message=str(lead)[:2000], traceback=traceback.format_exc()[-12000:])
             if stage == FORMATION:
                 result["stage"] = FORMATION
         finally:

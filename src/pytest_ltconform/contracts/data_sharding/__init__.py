@@ -24,7 +24,7 @@ import re
 from collections import defaultdict
 
 from ...claims import claim
-from ...events import HOOK
+from ...events import HOOK, SEEDING
 from ...sites import first_sentence, fmt_site
 from ..base import Blame, Contract, Evidence, Run, Verdict, merged
 from ..loader_sites import LOADER_BUILT
@@ -42,6 +42,7 @@ from .probe import (
     ROWS_PER_BATCH,
     DataShardingProbe,
 )
+from .splits import split_difference, split_texts
 
 
 def _user_frames(tb_text: str) -> list[dict]:
@@ -311,6 +312,7 @@ class DataSharding(Contract):
         loaders = self._loaders(run)
         findings: list[Verdict] = []
         split: dict[str, dict] = {}
+        findings += self._split_by_rank(run)
         findings += self._identical_across_ranks(run, batches, loaders, split)
         findings += self._replayed_within_rank(run, batches, loaders)
         findings += self._uneven_counts(run, batches, loaders)
@@ -432,6 +434,17 @@ class DataSharding(Contract):
 
     def _creation_events(self, run: Run) -> list[dict]:
         return [e for r in range(run.world_size) for e in run.events(r, DS_CREATED)][:4]
+
+    # -- 2. a split drawn per rank ---------------------------------------------------------------
+    def _split_by_rank(self, run: Run) -> list[Verdict]:
+        """The train or validation data differs by rank (a split drawn from the global generator
+        under per-rank seeds) while the ranks' data overlaps: see :mod:`.splits`."""
+        found = split_difference(run)
+        if found is None:
+            return []
+        summary, evidence, fix = split_texts(run, found)
+        return [self.verdict("failed", summary, fix=fix, category="silent",
+                             evidence=[Evidence(d, rank=r, site=fmt_site(s) if s else None) for d, r, s in evidence])]
 
     # -- 2. identical data on every rank ---------------------------------------------------------
     def _identical_across_ranks(self, run, batches, loaders, split: dict) -> list[Verdict]:
@@ -676,19 +689,48 @@ class DataSharding(Contract):
             per_rank = batches.get(stage, {})
             if not per_rank:
                 continue
-            counts = ", ".join(f"rank {r}: {sum(len(v) for v in per_rank[r].values())}" for r in sorted(per_rank))
+            totals = {r: sum(len(v) for v in per_rank[r].values()) for r in sorted(per_rank)}
+            counts = f"every rank ran {next(iter(totals.values()))}" if len(set(totals.values())) == 1 else \
+                ", ".join(f"rank {r}: {n}" for r, n in totals.items())
             if stage in split:
                 parts.append(f"{stage} batches are the same on every rank ({counts} batches) and "
                              f"{split[stage].get('hook')} selects each rank's rows by rank")
                 continue
-            parts.append(f"{stage} batches differ across ranks ({counts} batches)")
+            same, compared, _ = _compare_fingerprints(per_rank, run.world_size) if len(per_rank) == run.world_size \
+                else (0, 0, set())
+            srcs = {e.get("src") for r in per_rank.values() for ep in r.values() for e in ep}
+            how = {"index": "by the dataset indices they fetched", "item": "by the items the dataset yielded"}.get(
+                srcs.pop() if len(srcs) == 1 else None, "by their content")
+            differ = f"in {compared - same} of {compared} steps compared {how}" if compared else "(none compared)"
+            parts.append(f"{stage} batches hold different samples on each rank {differ}; {counts} {stage} batches")
         loader = loaders.get("train")
         what = f" ({self._what(loader)}, sampler {loader.get('sampler')})" if loader else ""
         summary = ("; ".join(parts) or "no batches were recorded") + \
             f"{what}; the same number of train batches per epoch on every rank."
         fixed = reseed.fixed_order_note(run, batches.get("train", {}), loader or {})
         return self.verdict("passed", summary, notes=[_split_note(stage, read) for stage, read in split.items()]
-                            + _combined_noise_notes(run) + ([fixed] if fixed else []), empty=not parts)
+                            + _combined_noise_notes(run) + ([fixed] if fixed else []) + _same_split_notes(run),
+                            empty=not parts)
+
+
+def _same_split_notes(run: Run) -> list[str]:
+    """Under per-rank seeds, what showed that every rank's loaders select the same samples (a Subset
+    with the same indices on every rank), so that a pass says what it compared."""
+    from .splits import _splits
+
+    seeds = {next((e.get("seed") for e in run.events(r, SEEDING) if e.get("at") == "start"), None)
+             for r in range(run.world_size)}
+    if len(seeds) < 2:
+        return []
+    notes = []
+    for stage, word in (("train", "training"), ("val", "validation")):
+        splits = _splits(run, stage)
+        first = next(iter(splits.values()), {}) if splits else {}
+        if first.get("indices_hash") and len({s.get("indices_hash") for s in splits.values()}) == 1:
+            notes.append(f"the {word} loader's {first.get('base')} subset ({first.get('n')} samples) is the same on "
+                         f"every rank although each rank's generators were seeded with its own seed until training "
+                         f"started: the split does not depend on how the launch script seeds the ranks.")
+    return notes
 
 
 def _combined_noise_notes(run: Run) -> list[str]:

@@ -85,6 +85,15 @@ class BatchEvent(Recorded):
     dl: int
 
 
+class GlobalDrawEvent(Recorded):
+    """User code drew from a global generator outside the steps (``fn``, ``site``, ``hook``):
+    what may have drawn a split or subset per rank."""
+
+    fn: str
+    site: dict | None
+    hook: str
+
+
 class StreamEvent(Recorded):
     """How many items a train IterableDataset streams (``n``)."""
 
@@ -101,6 +110,7 @@ DS_CREATED = declare("ds_created", CreatedEvent)
 DS_SAMPLER = declare("ds_sampler", SamplerEvent)
 BATCH = declare("batch", BatchEvent)
 DS_STREAM = declare("ds_stream", StreamEvent)
+DS_GLOBAL_DRAW = declare("ds_global_draw", GlobalDrawEvent)
 
 ROWS_PER_BATCH = 64        # sample rows hashed per batch
 BATCHES_PER_EPOCH = 8      # batches fingerprinted per epoch and stage (all are counted)
@@ -324,6 +334,11 @@ def _creation_site() -> dict | None:
 # rank's own batch (seen in neuralforecast's window sampling), so they prove nothing.
 RANDOM_FACTORIES = ("randn", "rand", "randn_like", "rand_like", "normal")
 RANDOM_METHODS = ("normal_", "uniform_")
+# Index draws (a permutation, a subset): recorded only outside the steps, where they decide which
+# samples each rank reads (torch.utils.data.random_split draws with torch.randperm).
+INDEX_DRAWS = ("randperm", "randint", "multinomial", "bernoulli")
+GLOBAL_DRAWS = {"random": ("random", "shuffle", "sample", "choice", "choices", "randint", "randrange", "uniform"),
+                "numpy.random": ("permutation", "shuffle", "choice", "rand", "randn", "randint", "random")}
 
 
 # Ops whose output carries a draw on without deciding its use: shape and dtype changes,
@@ -389,6 +404,7 @@ class _Draws:
         self.ids = 0
         self.tracked: dict = {}   # id(tensor) -> (weakref to it, draw id)
         self.mode = None
+        self.outside: set = set()  # (file, line, hook) of draws recorded outside the steps
 
     def follow(self, func, args, kwargs, out) -> None:
         tensors = _tensors(kwargs, _tensors(args, []))
@@ -429,14 +445,28 @@ class _Draws:
             mode.__exit__(None, None, None)
 
     def install(self) -> None:
+        """Patch the random functions before the user's module is imported (it may import them by
+        name): torch's factories and in-place samplers (followed inside training_step), and the
+        index draws of torch, random and numpy (recorded where user code makes them outside a step,
+        with the global generator: a split or subset drawn per rank)."""
+        import importlib
+
         import torch
 
-        for name in RANDOM_FACTORIES:
+        for name in RANDOM_FACTORIES + INDEX_DRAWS:
             if hasattr(torch, name):
                 self.recorder.patch(torch, name, lambda original, n=name: self._wrap(original, f"torch.{n}"))
         for name in RANDOM_METHODS:  # defined on torch._C.TensorBase: shadowed on torch.Tensor
             self.recorder.patch(torch.Tensor, name, lambda original, n=name: self._wrap(original, f"Tensor.{n}"),
                                 inherited=True)
+        for module, names in GLOBAL_DRAWS.items():
+            try:
+                owner = importlib.import_module(module)
+            except ImportError:
+                continue
+            for name in names:
+                if hasattr(owner, name):
+                    self.recorder.patch(owner, name, lambda original, n=f"{module}.{name}": self._wrap(original, n))
 
     def _wrap(self, original, label: str):
         draws = self
@@ -445,9 +475,43 @@ class _Draws:
             out = original(*args, **kwargs)
             if draws.key is not None and not draws.busy:
                 draws.record(label, out)
+            elif draws.key is None and not draws.busy:
+                draws.outside_step(label, kwargs)
             return out
 
         return wrapper
+
+    def outside_step(self, label: str, kwargs: dict) -> None:
+        """One ``ds_global_draw`` event per user line and hook that draws from a global generator
+        outside the steps (the module's construction, setup, a loader hook): a draw that decides
+        which samples a rank reads is judged under per-rank seeds (seeding "both")."""
+        import torch
+
+        from ...sites import user_site
+
+        if label.startswith(("torch.", "Tensor.")) and label.split(".", 1)[1] not in INDEX_DRAWS:
+            return  # a tensor of random values (a layer's initial weights), not a choice of samples
+        generator = kwargs.get("generator")
+        if generator is not None and generator is not torch.default_generator:
+            return  # a generator of the user's own: seeded as they chose
+        self.busy = True
+        try:
+            trainer = self.recorder.trainer
+            stage = getattr(getattr(trainer, "state", None), "stage", None)
+            if trainer is not None and getattr(stage, "value", None) == "train" and trainer.training:
+                return  # inside the training loop (a step's draws are followed by record())
+            site, _ = user_site(3)
+            if site is None:
+                return
+            hook = self.recorder.current_hook() or "construction"
+            key = (site.get("file"), site.get("line"), hook)
+            if key not in self.outside:
+                self.outside.add(key)
+                self.recorder.emit(DS_GLOBAL_DRAW.new(fn=label, site=site, hook=hook))
+        except Exception:
+            pass  # a draw that cannot be placed is not recorded
+        finally:
+            self.busy = False
 
     def step(self, module, epoch: int, batch_idx: int) -> None:
         self.module, self.count = module, 0
@@ -461,7 +525,8 @@ class _Draws:
 
         from ...sites import user_site
 
-        if (not isinstance(out, torch.Tensor) or self.count >= DRAWS_PER_STEP
+        if (not isinstance(out, torch.Tensor) or self.count >= DRAWS_PER_STEP or not label.startswith("torch.")
+                or label.split(".", 1)[1] in INDEX_DRAWS
                 or getattr(self.module, "_current_fx_name", None) != "training_step"):
             return
         self.busy = True
@@ -478,6 +543,103 @@ class _Draws:
             pass  # a fingerprint that cannot be taken is not recorded
         finally:
             self.busy = False
+
+
+def _subset_chain(dataset) -> tuple[list, object]:
+    """(the Subsets from ``dataset`` down, the dataset they select from): what random_split returns
+    is a Subset of the whole dataset; [] and ``dataset`` itself when it is no Subset."""
+    from torch.utils.data import Subset
+
+    chain = []
+    while isinstance(dataset, Subset) and len(chain) < 8:
+        chain.append(dataset)
+        dataset = dataset.dataset
+    return chain, dataset
+
+
+def _through_subsets(dataset, keys: list) -> list | None:
+    """``keys`` of ``dataset`` as keys of the dataset its Subsets select from; None for no Subset."""
+    chain, _ = _subset_chain(dataset)
+    if not chain:
+        return None
+    try:
+        for subset in chain:
+            keys = [int(subset.indices[k]) for k in keys]
+        return keys
+    except Exception:
+        return None
+
+
+SPLIT_INDICES = 20_000     # a split's indices recorded in full up to this many (its hash beyond)
+
+
+def split_info(dataset) -> dict | None:
+    """What a loader's dataset selects from its whole: for a Subset (random_split's result, or a
+    chain of them) the indices into the dataset underneath, resolved, with their hash and a digest
+    of that dataset; for any other dataset its digest alone. Ranks that hold the same data have equal
+    entries; an index list drawn with each rank's own seed differs."""
+    import hashlib
+
+    chain, base = _subset_chain(dataset)
+    out = {"base": type(base).__qualname__, "base_digest": dataset_digest(base)}
+    if chain:
+        try:
+            indices = None
+            for subset in reversed(chain):  # the Subset nearest the whole dataset first
+                indices = [int(i) for i in subset.indices] if indices is None else \
+                    [indices[i] for i in subset.indices]
+        except Exception:
+            return out
+        out.update(n=len(indices), indices_hash=hashlib.blake2b(repr(indices).encode(), digest_size=8).hexdigest())
+        try:
+            out["whole"] = len(base)
+        except TypeError:
+            pass
+        if len(indices) <= SPLIT_INDICES:
+            out["indices"] = indices
+    return out
+
+
+def dataset_digest(dataset) -> str | None:
+    """A 64-bit digest of a dataset's own data (its tensors, arrays, lists and plain values, two
+    levels down, large arrays by shape and a strided sample): equal on ranks that built the same
+    data; None when nothing of it can be read."""
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=8)
+    seen = [0]
+
+    def feed(value, depth: int) -> None:
+        import torch
+
+        if seen[0] > 200_000:
+            return
+        seen[0] += 1
+        if isinstance(value, torch.Tensor):
+            flat = value.detach().reshape(-1)
+            flat = flat if flat.numel() <= 1_000_000 else flat[:: max(1, flat.numel() // 100_000)]
+            h.update(repr(tuple(value.shape)).encode() + _row_bytes(flat))
+        elif type(value).__module__ == "numpy" and hasattr(value, "tobytes") and hasattr(value, "shape"):
+            flat = value.reshape(-1)
+            h.update(repr(value.shape).encode() + flat[:: max(1, flat.size // 100_000)].tobytes())
+        elif isinstance(value, (str, bytes, int, float, bool)) or value is None:
+            h.update(repr(value).encode()[:1000])
+        elif depth < 3 and isinstance(value, (list, tuple)):
+            h.update(f"[{len(value)}".encode())
+            for item in value[:100_000]:
+                feed(item, depth + 1)
+        elif depth < 3 and isinstance(value, dict):
+            for key in sorted(value, key=str)[:1000]:
+                h.update(str(key).encode())
+                feed(value[key], depth + 1)
+        elif depth < 2 and isinstance(getattr(value, "__dict__", None), dict):
+            feed({k: v for k, v in vars(value).items() if not callable(v)}, depth + 1)
+
+    try:
+        feed(dataset, 0)
+    except Exception:
+        return None
+    return h.hexdigest() if seen[0] > 1 else None
 
 
 INDEX_GROUPS = 64          # index groups (one per batch the loader fetches) recorded per stage and epoch
@@ -562,8 +724,12 @@ class _Indices:
         key = (stage, int(trainer.current_epoch))
         self.counts[key] += 1
         if self.counts[key] <= INDEX_GROUPS:
-            self.recorder.emit({"ev": DS_INDEX, "stage": stage, "keys": keys, "ds": id(it._dataset),
-                                "dataset": type(it._dataset).__qualname__})
+            event = {"ev": DS_INDEX, "stage": stage, "keys": keys, "ds": id(it._dataset),
+                     "dataset": type(it._dataset).__qualname__}
+            base = _through_subsets(it._dataset, keys)
+            if base is not None:
+                event["base"] = base  # the keys of the dataset the Subsets select from
+            self.recorder.emit(event)
 
 
 ITEMS_PER_ITERATOR = 256   # items hashed per iterator of an IterableDataset (per worker, stage and epoch)
@@ -658,17 +824,20 @@ class DataShardingProbe(Probe):
         self._recorder = None
         self._draws = None
         self._streams: set = set()
+        self._splits: set = set()
 
     def install(self, recorder) -> None:
         loader_sites.install(recorder)
+        # Before the user's module is imported and built: draws at construction count, and names it
+        # imports from torch, random or numpy are the recording ones.
+        self._draws = _Draws(recorder)
+        self._draws.install()
 
     def before_trainer(self, loaded, trainer_kwargs, recorder) -> None:
         import torch.utils.data as tud
 
         from ..rank_reads import RankReads, step_hook
 
-        self._draws = _Draws(recorder)
-        self._draws.install()
         _Indices(recorder).install()
         _Items(recorder).install()
         RankReads(recorder.emit, lambda: step_hook(recorder.trainer)).install(loaded.ns, recorder)
@@ -748,8 +917,11 @@ class DataShardingProbe(Probe):
                     if sampler is not None:
                         probe.watch_sampler(sampler)
                 try:
-                    recorder.emit({**_loader_info(trainer, stage, loader),
-                                   "built": loader_sites.loader_of(f"{stage}_dataloader")})
+                    info = _loader_info(trainer, stage, loader)
+                    if stage not in probe._splits and hasattr(loader, "dataset"):
+                        probe._splits.add(stage)  # once per stage: what the loader's dataset selects
+                        info["split"] = split_info(loader.dataset)
+                    recorder.emit({**info, "built": loader_sites.loader_of(f"{stage}_dataloader")})
                 except Exception as exc:
                     recorder.emit({"ev": TRACE_ERROR, "where": "data-sharding loader", "error": repr(exc)})
 
