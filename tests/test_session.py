@@ -52,6 +52,22 @@ def test_one_item_shows_the_cause_and_the_others_name_it_in_one_line(fake_runs):
         assert "\n" not in verdict.render()
 
 
+def test_ranks_that_each_raised_the_same_error_are_no_consequence_of_one_another(fake_runs):
+    """Issue 38 §4: both ranks raised the same TypeError at the same line, each on its own (a
+    DeepSpeed config read the same way everywhere): no "Consequences, not causes" for rank 1."""
+    ranks = [fake_runs.rank(r, status="error", exc_type="ValueError", message="bad sample 7", traceback=TRACEBACK)
+             for r in (0, 1)]
+    cause = first_cause(fake_runs.of(ranks, status="error").job)
+    assert cause.alike == [1] and not cause.consequences
+    assert cause.headline().startswith("ranks 0 and 1 each raised ValueError at ")
+    line = cause.consequence_line()
+    assert "rank 1 raised the same ValueError at the same line on its own" in line and "Consequences" not in line
+    other = TRACEBACK.replace("line 42", "line 50").replace("bad sample 7", "other")
+    ranks[1] = fake_runs.rank(1, status="error", exc_type="ValueError", message="other", traceback=other)
+    cause = first_cause(fake_runs.of(ranks, status="error").job)
+    assert not cause.alike and "Also on its own: rank 1 raised ValueError: other" in cause.consequence_line()
+
+
 def test_a_rank_that_died_leads_over_its_peers_transport_errors(fake_runs):
     ranks = [fake_runs.rank(0, status="error", exc_type="RuntimeError", message="Timed out waiting 10000ms for recv"),
              fake_runs.rank(1, status="died", exit_code=137)]

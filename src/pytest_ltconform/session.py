@@ -393,8 +393,9 @@ def _not_a_sharded_module(contract, run: Run, ddp: Run | None = None) -> Verdict
         return None
     same = _same_stop_under_ddp(cause, ddp)
     if same is not None:
-        return not_judged(contract, f"the fit run stops in your code under every strategy ({cause.exc_type} at "
-                                    f"{fmt_site(cause.site)}: {cause.message}) (see {same}).", same)
+        where = f"in your code under every strategy ({cause.exc_type} at {fmt_site(cause.site)}" if cause.site \
+            else f"the same way under ddp, so not because of the strategy ({cause.exc_type}"
+        return not_judged(contract, f"the fit run stops {where}: {cause.message}) (see {same}).", same)
     where = f" at {_short_site(cause.site)}" if cause.site else ""
     what = f"{cause.exc_type or cause.kind}{where}: {cause.message}" if cause.message else \
         f"{cause.exc_type or cause.kind}{where}"
@@ -431,14 +432,19 @@ def _after_own_failure(contract, run: Run) -> Verdict:
 def _same_stop_under_ddp(cause, ddp: Run | None) -> str | None:
     """The item that reports ``ddp``'s stop when it raised ``cause``'s exception type at the same
     user line (so no strategy is to blame); None otherwise."""
-    if ddp is None or ddp.finished or cause.kind != "raised" or not cause.site:
+    if ddp is None or ddp.finished or cause.kind != "raised":
         return None
     theirs = first_cause(ddp.job)
-    if theirs is None or theirs.kind != "raised" or not theirs.site or theirs.exc_type != cause.exc_type:
+    if theirs is None or theirs.kind != "raised" or theirs.exc_type != cause.exc_type:
         return None
-    if (theirs.site.get("file"), theirs.site.get("line")) != (cause.site.get("file"), cause.site.get("line")):
+    if cause.site or theirs.site:
+        if not (cause.site and theirs.site) or (theirs.site.get("file"), theirs.site.get("line")) != \
+                (cause.site.get("file"), cause.site.get("line")):
+            return None
+    elif theirs.message != cause.message:  # no user frame raised: the same exception, word for word
         return None
-    return ddp.cause_item or f"fit[{ddp.strategy}]"
+    owner = contracts.blamed(ddp)
+    return f"{owner}[{ddp.strategy}]" if owner else ddp.cause_item or f"fit[{ddp.strategy}]"
 
 
 def _short_site(site: dict) -> str:

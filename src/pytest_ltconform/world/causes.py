@@ -123,12 +123,20 @@ class Cause:
     site: dict | None
     traceback: str | None
     consequences: list[str]
+    # Ranks that raised the same exception at the same place on their own (each reached the code
+    # that raised: none of them is a consequence of another), and others' own, different errors.
+    alike: list[int] = dataclasses.field(default_factory=list)
+    own: list[str] = dataclasses.field(default_factory=list)
 
     def headline(self) -> str:
-        """``rank 1 raised ValueError at case.py:42 (Model.training_step): bad value``."""
+        """``rank 1 raised ValueError at case.py:42 (Model.training_step): bad value``; ``ranks 0 and 1
+        each raised ...`` when every one of them raised it on its own."""
         if self.kind == "raised":
             where = f" at {fmt_site(self.site)}" if self.site else ""
-            text = f"rank {self.rank} raised {self.exc_type}{where}"
+            ranks = sorted([self.rank, *self.alike])
+            who = f"rank {self.rank}" if len(ranks) == 1 else \
+                "ranks " + ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]} each"
+            text = f"{who} raised {self.exc_type}{where}"
             return f"{text}: {self.message}" if self.message else text
         if self.kind == "died":
             return f"rank {self.rank} died: {self.message}"
@@ -136,9 +144,19 @@ class Cause:
         return f"rank {self.rank} hung{where}: {self.message}"
 
     def consequence_line(self) -> str | None:
-        if not self.consequences:
-            return None
-        return "Consequences, not causes: " + "; ".join(self.consequences) + "."
+        """What the other failed ranks did: the same failure on their own, another of their own, or
+        a consequence of this one (a collective whose peer had gone)."""
+        parts = []
+        if self.alike:
+            who = "rank " + str(self.alike[0]) if len(self.alike) == 1 else \
+                "ranks " + ", ".join(map(str, self.alike))
+            parts.append(f"{who} raised the same {self.exc_type} at the same line on its own (every rank reached "
+                         f"that code; no rank's failure caused another's).")
+        if self.own:
+            parts.append("Also on its own: " + "; ".join(self.own) + ".")
+        if self.consequences:
+            parts.append("Consequences, not causes: " + "; ".join(self.consequences) + ".")
+        return " ".join(parts) or None
 
 
 def _describe_other(outcome) -> str:
@@ -167,17 +185,33 @@ def first_cause(result) -> Cause | None:
     # they were waiting for.
     hung = [r for r in failed if r.status == "hung"]
     first = (own or died or hung or failed)[0]
-    others = [_describe_other(r) for r in failed if r is not first]
+    alike = [r for r in own if r is not first and _same_raise(r, first)]
+    different = [r for r in own if r is not first and r not in alike]
+    others = [_describe_other(r) for r in failed if r is not first and r not in own]
     if first.status == "died":
         return Cause(first.rank, "died", None, f"it exited without a result ({exit_words(first.exit_code)})",
                      None, first.log_tail, others)
     if first.status == "hung":
         limit, early = getattr(result, "timed_out_by", None), getattr(result, "killed_early", None)
-        when = f"at the timeout ({limit})" if limit else f"{early}," if early else "at the timeout"
+        stuck = getattr(result, "early_stop", None)  # stopped once the ranks' collectives diverged
+        when = f"at the timeout ({limit})" if limit else f"{early}," if early else \
+            f"when it was {stuck}" if stuck else "at the timeout"
         site, _ = stack_user_site(first.stack)
         return Cause(first.rank, "hung", None, f"it was still running {when} and was killed", site, None, others)
     return Cause(first.rank, "raised", first.exc_type, first_sentence(first.message),
-                 user_raise_site(first.traceback), first.traceback, others)
+                 user_raise_site(first.traceback), first.traceback, others,
+                 alike=[r.rank for r in alike], own=[_describe_other(r) for r in different])
+
+
+def _same_raise(a, b) -> bool:
+    """Whether two ranks raised the same exception type with the same first sentence from the
+    same innermost frame: the same failure reached on each rank, not one caused by another."""
+    def last_frame(outcome):
+        frames = [(m.group("file"), m.group("line")) for m in _FRAME.finditer(outcome.traceback or "")]
+        return frames[-1] if frames else None
+
+    return (a.exc_type == b.exc_type and first_sentence(a.message) == first_sentence(b.message)
+            and last_frame(a) is not None and last_frame(a) == last_frame(b))
 
 
 def cause_text(cause: Cause) -> str:

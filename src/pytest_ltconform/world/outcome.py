@@ -101,7 +101,7 @@ class JobResult:
         None): the peers' collective failures it names as consequences are not repeated."""
         if not self.diagnosis:
             return ""
-        if cause is None or not cause.consequences:
+        if cause is None or not (cause.consequences or cause.alike or cause.own):
             return self.diagnosis
         return diagnose.describe(self, consequences_named=True)
 
