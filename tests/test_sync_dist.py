@@ -552,3 +552,44 @@ def test_a_diverging_key_is_located_at_its_own_log_call_not_the_log_dict_above_i
     wrong = claims.claim("site", f"{path}:3", frame=at(3), call="log")
     assert "makes no log(...) call" in claims.check({"contract": "sync-dist", "message": f"{path}:3",
                                                     "claims": [wrong.as_dict()]})[0]
+# -- issue 38 §3: a metric object chosen by the batch's content --------------------------------------
+
+_CHOOSES = '''
+class Model:
+    def validation_step(self, batch, batch_idx):
+        x, y, source = batch
+        name = "clean" if int(source[0]) == 0 else "noisy"
+        metric = self.metrics[name]
+        metric.update(x, y)
+        self.log(f"val_acc_{name}", metric, on_epoch=True)
+'''
+
+
+def test_metric_objects_logged_under_keys_that_differ_by_rank_fail(fake_runs, tmp_path):
+    """Each rank logs the metric object its batches chose: at the epoch's end the ranks compute (and
+    all-gather) different metrics. sync-dist names the keys per rank, the choosing lines and the
+    collective that broke; it claims the stopped world."""
+    path = tmp_path / "m.py"
+    path.write_text(_CHOOSES)
+    site = {"file": str(path), "line": 8, "func": "Model.validation_step"}
+
+    def logs(name):
+        return [{"ev": "log", "name": name, "hook": "validation_step", "site": site, "user": True, "vtype": "metric",
+                 "sync_dist": False, "rank_zero_only": False, "on_step": False, "on_epoch": True, "sanity": True,
+                 "epoch": 0} for _ in range(2)]
+
+    ranks = [fake_runs.rank(0, logs("val_acc_clean"), status="error", exc_type="RuntimeError", message="stack"),
+             fake_runs.rank(1, logs("val_acc_noisy"), status="error", exc_type="RuntimeError", message="stack")]
+    run = fake_runs.of(ranks, status="error")
+    run.job.mismatch = {"pg": "0", "seq": 9, "broke_at": 9,
+                        "calls": {0: {"op": "allgather", "sizes": [[3]]}, 1: {"op": "allgather", "sizes": [[]]}}}
+    contract = get_contract("sync-dist")
+    assert contract.blames(run) == Blame.LOG
+    verdict = contract.judge(run)
+    assert verdict.outcome == "failed" and verdict.category == "deadlock", verdict.render()
+    assert "rank 0 {val_acc_clean}, rank 1 {val_acc_noisy}" in verdict.summary
+    assert f"the object logged is chosen at {path}:6" in verdict.summary
+    assert "#9 (rank 0: allgather of sizes [[3]]; rank 1: allgather of sizes [[]])" in verdict.summary
+    assert "name = " in verdict.render()  # the line that decided the key
+    same = fake_runs.run([logs("val_acc_clean"), logs("val_acc_clean")])
+    assert not contract._metric_key_failures(same)

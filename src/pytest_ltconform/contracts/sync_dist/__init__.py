@@ -42,6 +42,7 @@ from ...world.diagnose import first_divergence
 from ..base import Blame, Contract, Evidence, Run, Verdict, merged, rank_guard
 from . import monitors, nonlinear
 from .decisions import STOP_FIX, lr_divergence, lr_texts, stop_divergence, stop_texts, unsynced_filename_metric
+from .metric_keys import metric_key_divergence, metric_key_texts
 from .missing import missing_monitor, missing_texts
 from .probe import SyncDistProbe
 
@@ -83,6 +84,8 @@ class SyncDist(Contract):
             return Blame.DECISION
         if LOG in run.divergent_events() or missing_monitor(run) is not None:
             return Blame.LOG
+        if not run.finished and metric_key_divergence(run) is not None:
+            return Blame.LOG
         return super().blames(run)
 
     def judge(self, run: Run) -> Verdict:
@@ -94,6 +97,7 @@ class SyncDist(Contract):
         if div is not None and div["kind"] == "calls":
             failures.append(self._sequence_failure(run, div))
         failures += self._missing_failures(run)
+        failures += self._metric_key_failures(run)
         failures += self._monitor_failures(run)
         failures += self._decision_failures(run, stop_seen=stop is not None)
         failures += self._nonlinear_failures(run)
@@ -150,6 +154,16 @@ class SyncDist(Contract):
         summary, evidence, fix = missing_texts(found)
         return [self.verdict("failed", summary, evidence=evidence, fix=fix,
                              notes=["the world did not finish; the item's report says where each rank was."])]
+
+    def _metric_key_failures(self, run: Run) -> list[Verdict]:
+        """TorchMetrics objects logged under keys that differ by rank (see :mod:`.metric_keys`)."""
+        found = metric_key_divergence(run)
+        if found is None:
+            return []
+        summary, evidence, fix, category = metric_key_texts(run, found)
+        notes = [] if run.finished else ["the world did not finish; the item's report says where each rank was."]
+        return [self.verdict("failed", summary, fix=fix, category=category, notes=notes,
+                             evidence=[Evidence(d, rank=r, site=fmt_site(s) if s else None) for d, r, s in evidence])]
 
     def _monitors(self, run: Run) -> list[dict]:
         seen, monitors = set(), []
