@@ -40,6 +40,69 @@ def test_spawn_safety_pickling_is_advisory_without_spawn(spawn_config, outcome, 
     assert verdict.outcome == outcome and "Model.loss_fn does not pickle" in verdict.summary
 
 
+def _spawn_facts():
+    return {"pickling": [], "fresh": {"tripped": None, "trainers": [], "error": None, "seconds": 1.0},
+            "spawn_config": False, "tripped_here": [], "module": "m"}
+
+
+def _workers(start, explicit, unpicklable):
+    return {"ev": "spawn_workers", "hook": "train_dataloader", "start": start, "explicit": explicit, "workers": 1,
+            "unpicklable": unpicklable, "built": {"file": "/x/m.py", "line": 40, "func": "Model.train_dataloader"}}
+
+
+_LOCAL = {"path": "train_dataloader().worker_init_fn", "what": "a function defined inside Model.train_dataloader",
+          "error": "AttributeError: Can't pickle local object 'Model.train_dataloader.<locals>.seed_worker'",
+          "site": {"file": "/x/m.py", "line": 36, "func": "Model.train_dataloader.<locals>.seed_worker"}}
+
+
+@pytest.mark.parametrize("start, explicit, outcome", [("spawn", True, "failed"), ("forkserver", True, "failed"),
+                                                       ("fork", False, "advisory")])
+def test_what_dataloader_workers_receive_is_judged_from_the_fit(fake_runs, start, explicit, outcome):
+    """Issue 38 §2: a worker_init_fn defined inside train_dataloader, workers started by spawn: the
+    fit stops when they start (spawn-safety fails, naming the attribute path and its line); started
+    by fork (Linux's default) it would stop only on macOS and Windows: an advisory."""
+    run = fake_runs.run(values=[{"probes": {"spawn-safety": _spawn_facts()}}, {"probes": {"spawn-safety": None}}],
+                        kind="spawn")
+    run.observed["fit"] = fake_runs.run([[_workers(start, explicit, [_LOCAL])], []])
+    verdict = get_contract("spawn-safety").judge(run)
+    assert verdict.outcome == outcome, verdict.render()
+    text = verdict.render()
+    assert verdict.summary.startswith("train_dataloader().worker_init_fn does not pickle: it is a function defined "
+                                      "inside Model.train_dataloader")
+    assert "/x/m.py:36" in text and "the train_dataloader DataLoader is built here" in text
+    assert ("macOS and Windows" in verdict.summary) == (start == "fork")
+    assert "module level" in verdict.fix
+
+
+def test_workers_that_receive_picklable_things_pass_and_say_what_was_checked(fake_runs):
+    run = fake_runs.run(values=[{"probes": {"spawn-safety": _spawn_facts()}}, {"probes": {"spawn-safety": None}}],
+                        kind="spawn")
+    run.observed["fit"] = fake_runs.run([[_workers("spawn", True, [])], []])
+    verdict = get_contract("spawn-safety").judge(run)
+    assert verdict.outcome == "passed"
+    assert "what the DataLoader workers of the fit receive (dataset, collate_fn, worker_init_fn) pickles: " \
+           "train_dataloader (1 started by spawn)" in verdict.summary
+
+
+def test_spawn_safety_claims_only_the_fit_of_its_own_strategy(fake_runs):
+    raised = [{"ev": "raised", "owner": "spawn-safety", "in": "DataLoader workers"}]
+    ranks = [fake_runs.rank(r, raised, status="error", exc_type="AttributeError", message="Can't pickle")
+             for r in (0, 1)]
+    contract = get_contract("spawn-safety")
+    ddp = fake_runs.of(ranks, status="error")
+    assert contract.blames(ddp) is not None
+    ddp.strategy = "fsdp"
+    assert contract.blames(ddp) is None  # no spawn-safety[fsdp] item to name
+
+
+def test_pickling_a_huge_object_gives_up_without_keeping_it(monkeypatch):
+    from pytest_ltconform.contracts.spawn_safety import probe
+
+    monkeypatch.setattr(probe, "PICKLE_LIMIT", 1000)
+    assert probe._pickle_error(b"x" * 10_000) is None
+    assert probe._pickle_error([lambda: 0]) is not None
+
+
 def test_tripwire_keeps_the_partial_module(tmp_path, monkeypatch):
     from pytest_ltconform import tripwire
 

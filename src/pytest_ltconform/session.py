@@ -156,6 +156,11 @@ class LtconformSession:
             return contract.verdict("error", f"could not start a world: {exc}"), time.monotonic() - started
         if run.first_item is None:
             run.first_item = f"{contract_id}[{strategy}]"  # what a later item names when this run hung
+        for spec in contract.observes:
+            try:
+                run.observed[spec.name] = self.run_for(spec, strategy, tier)
+            except WorldStartError:
+                pass  # the contract judges its own run without it
         verdict = judge(contract, run, self._ddp_run(run, tier) if strategy in SHARDED_STRATEGIES else None)
         if contract.run_spec == FIT:
             verdict = self._judged_without_validation(contract, run, verdict, tier) or verdict

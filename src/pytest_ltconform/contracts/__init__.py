@@ -111,12 +111,12 @@ def forget_added() -> None:
 
 def probes_for(spec) -> list[tuple[str, str]]:
     """``[(contract_id, "module:Class")]`` of every contract that declares the run ``spec`` (a
-    :class:`~..runs.RunSpec`) and has a probe, in registry order: what the harness loads on the
-    ranks of that run."""
+    :class:`~..runs.RunSpec`), or observes it, and has a probe, in registry order: what the harness
+    loads on the ranks of that run."""
     found = []
     for cid in ids():
         contract = get_contract(cid)
-        ref = contract.probe_ref() if contract.run_spec == spec else None
+        ref = contract.probe_ref() if contract.run_spec == spec or spec in contract.observes else None
         if ref is not None:
             found.append((cid, ref))
     return found

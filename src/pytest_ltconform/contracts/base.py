@@ -240,6 +240,7 @@ class Run:
         self.first_item: str | None = None  # the first item judged on it: a later hang names it
         self.cause_item: str | None = None  # the item that shows why it did not finish
         self.settings: Any = None  # the session's Settings (a stated device memory), set by the session
+        self.observed: dict[str, Run] = {}  # the runs of Contract.observes, by name, set by the session
 
     @property
     def world_size(self) -> int:
@@ -314,6 +315,9 @@ class Contract:
     rule_section: str = ""
     run_spec: RunSpec = FIT
     probe_class: type[Probe] | None = None
+    # Runs besides ``run_spec`` whose ranks load this contract's probe too; the verdict reads them as
+    # ``run.observed[spec.name]`` (spawn-safety reads what the traced fit's DataLoader workers receive).
+    observes: tuple[RunSpec, ...] = ()
     strategies: tuple[str, ...] = ("ddp",)  # a contract that also holds under CPU FSDP adds "fsdp"
     # Strategies whose items exist only for targets whose Trainer config names them (there is
     # nothing of theirs to judge otherwise).

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ...runs import inspection
+from ...runs import FIT, inspection
 from ...sites import fmt_site
-from ..base import Contract, Evidence, Run, Verdict
-from .probe import SpawnSafetyProbe
+from ..base import Blame, Contract, Evidence, Run, Verdict
+from .probe import WORKER_RECEIVES, SpawnSafetyProbe
 
 
 class SpawnSafety(Contract):
@@ -33,8 +33,15 @@ class SpawnSafety(Contract):
     rule_section = "Choose using measured memory"
     run_spec = inspection("spawn")
     probe_class = SpawnSafetyProbe
+    observes = (FIT,)  # what the fit's DataLoader workers receive
     strategies = ("ddp",)
     tiers = ("cpu",)  # pickling and importing do not depend on the hardware
+
+    def blames(self, run: Run) -> int | None:
+        """A fit whose DataLoader workers could not start because what they receive does not
+        pickle (this contract's probe named itself the owner); only where this contract has an
+        item (its strategies), so the item named as the cause exists."""
+        return Blame.RAISED if run.strategy in self.strategies and run.raised_owner() == self.id else None
 
     def judge(self, run: Run) -> Verdict:
         facts = run.probe(self.id)[0]
@@ -46,17 +53,31 @@ class SpawnSafety(Contract):
         module = facts["module"]
         failures = _import_failures(facts, fresh, module)
         import_problem = bool(failures)
+        workers = _worker_records(run.observed.get(FIT.name))
+        spawned = [w for w in workers if w["unpicklable"] and w["start"] in ("spawn", "forkserver")]
+        failures += [_worker_failure(w) for w in spawned]
         failures += [_pickling_failure(item) for item in facts.get("pickling", [])]
+        failures += [_worker_failure(w) for w in workers if w["unpicklable"] and w not in spawned]
         notes = []
         if facts.get("spawn_config"):
             notes.append("the Trainer config asks for ddp_spawn; inside our worlds it runs as ddp (Lightning keeps "
                          "its spawn launcher even in externally started ranks), so spawning is judged here.")
         if not failures:
-            return self._passed(fresh, module, notes)
-        return self._failed(failures, notes, spawn_matters=import_problem or bool(facts.get("spawn_config")))
+            return self._passed(fresh, module, notes, workers, run.observed.get(FIT.name))
+        return self._failed(failures, notes, spawn_matters=import_problem or bool(facts.get("spawn_config"))
+                            or bool(spawned))
 
-    def _passed(self, fresh: dict, module: str, notes: list[str]) -> Verdict:
+    def _passed(self, fresh: dict, module: str, notes: list[str], workers: list[dict], fit: Run | None) -> Verdict:
         parts = ["the module, datamodule and Trainer kwargs pickle"]
+        if workers:
+            started = ", ".join(f"{w['hook']} ({w['workers']} started by {w['start']})" for w in workers)
+            parts.append(f"what the DataLoader workers of the fit receive ({', '.join(WORKER_RECEIVES)}) pickles: "
+                         f"{started}")
+        elif fit is not None and fit.finished:
+            parts.append("no DataLoader of the fit starts worker processes (num_workers=0)")
+        elif fit is not None:
+            notes.append("what DataLoader workers receive was not checked: the fit stopped before any loader "
+                         "started its workers.")
         if fresh.get("seconds") is not None:
             parts.append(f"importing {module} in {_fresh(fresh)} started no training "
                          f"({fresh['seconds']:.1f} s)")
@@ -75,8 +96,9 @@ class SpawnSafety(Contract):
         if not spawn_matters:
             # Pickling matters once something spawns; torchrun and plain ddp build objects per rank.
             outcome = "advisory"
-            notes.append("the Trainer config does not ask for ddp_spawn, so today's launch is not affected; "
-                         "any spawn-started run (ddp_spawn, notebooks, spawn DataLoader workers) would fail here.")
+            notes.append("nothing in this launch starts processes by spawn (no ddp_spawn, no DataLoader with a "
+                         "spawn or forkserver multiprocessing_context), so it is not affected here; any "
+                         "spawn-started run (ddp_spawn, notebooks, DataLoader workers on macOS or Windows) would fail.")
         return self.verdict(outcome, summary, evidence=evidence, fix=" Also: ".join(fixes), notes=notes)
 
 class _Failure(NamedTuple):
@@ -120,6 +142,45 @@ def _trip_failure(trip: dict, fresh: dict, module: str) -> _Failure:
         evidence.append(Evidence("Trainer(...) constructed at import time", site=fmt_site(built)))
     return _Failure(summary, evidence, "put the script part (Trainer construction and fit) under "
                                        "`if __name__ == \"__main__\":`, or in a main() called from there.")
+
+def _worker_records(fit: Run | None) -> list[dict]:
+    """The fit's ``spawn_workers`` events (rank 0's, else any rank's), once per hook and start method."""
+    if fit is None:
+        return []
+    out: dict = {}
+    for r in range(fit.world_size):
+        for e in fit.events(r, "spawn_workers"):
+            key = (e.get("hook"), e.get("start"))
+            if key not in out or (e.get("unpicklable") and not out[key].get("unpicklable")):
+                out[key] = e
+    return list(out.values())
+
+
+def _worker_failure(w: dict) -> _Failure:
+    """What a loader's workers receive does not pickle: where the workers start by spawn or
+    forkserver the fit stops when they start; by fork (Linux's default) only macOS and Windows
+    (spawn by default) would stop."""
+    item = w["unpicklable"][0]
+    where = fmt_site(item["site"]) if item.get("site") else None
+    if w["start"] in ("spawn", "forkserver"):
+        how = f"multiprocessing_context={w['start']!r}" if w.get("explicit") else "this platform's default"
+        when = (f"the {w['hook']} DataLoader's {w['workers']} worker(s) start by {w['start']} ({how}) and each "
+                f"receives a pickled copy of its {', '.join(WORKER_RECEIVES)}, so the fit stops as soon as they "
+                f"start")
+    else:
+        when = (f"the {w['hook']} DataLoader's {w['workers']} worker(s) start by {w['start']} here (this "
+                f"platform's default), which pickles nothing, but by spawn on macOS and Windows, where each "
+                f"receives a pickled copy of its {', '.join(WORKER_RECEIVES)} and the fit stops when they start")
+    summary = f"{item['path']} does not pickle: it is {item['what']} ({item['error']}); {when}."
+    evidence = [Evidence(f"{item['path']}: {item['what']}", site=where)]
+    if w.get("built"):
+        evidence.append(Evidence(f"the {w['hook']} DataLoader is built here", site=fmt_site(w["built"])))
+    fix = ("give DataLoader workers only picklable things: define worker_init_fn and collate_fn at module level "
+           "(or as instances of a module-level class; functools.partial of a module-level function for "
+           "arguments), and keep lambdas, open files and locks out of the dataset (open files in the worker, in "
+           "worker_init_fn or on first use).")
+    return _Failure(summary, evidence, fix)
+
 
 def _pickling_failure(item: dict) -> _Failure:
     where = fmt_site(item["site"]) if item.get("site") else None

@@ -12,11 +12,35 @@ MAX_DEPTH = 12
 
 FRESH_IMPORT_TIMEOUT_S = 90.0
 
+PICKLE_LIMIT = 64 * 2**20  # bytes of pickle written before a check gives up (a large in-memory dataset)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class _Sink:
+    """A file that counts what pickle writes and keeps none of it (past ``limit``: _TooLarge)."""
+
+    def __init__(self, limit: int):
+        self.left = limit
+
+    def write(self, data) -> int:
+        self.left -= len(data)
+        if self.left < 0:
+            raise _TooLarge
+        return len(data)
+
+
 def _pickle_error(obj) -> str | None:
+    """How pickling ``obj`` fails (``"Type: message"``), or None when it pickles (or when its pickle
+    outgrows PICKLE_LIMIT before failing: a big array pickles, and it is not kept)."""
     import pickle
 
     try:
-        pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        pickle.Pickler(_Sink(PICKLE_LIMIT), protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+        return None
+    except _TooLarge:
         return None
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"[:300]
@@ -129,7 +153,91 @@ def _fresh_import(targets, folder: str) -> dict | None:
             return {**json.loads(line.split(" ", 1)[1]), "how": "interpreter"}
     return {"crashed": proc.returncode, "tail": (proc.stdout + proc.stderr)[-1500:], "how": "interpreter"}
 
+# What a DataLoader hands each worker process it starts (torch's _MultiProcessingDataLoaderIter:
+# the worker loop's arguments); the sampler stays in the main process.
+WORKER_RECEIVES = ("dataset", "collate_fn", "worker_init_fn")
+_STAGE_HOOKS = {"train": "train_dataloader", "validate": "val_dataloader", "sanity_check": "val_dataloader",
+                "test": "test_dataloader", "predict": "predict_dataloader"}
+
+
+def start_method(loader) -> tuple[str, bool]:
+    """(how ``loader``'s workers start: 'fork', 'spawn' or 'forkserver'; whether the loader says so
+    itself through ``multiprocessing_context``, else it is this platform's default)."""
+    import multiprocessing
+
+    ctx = getattr(loader, "multiprocessing_context", None)
+    if ctx is not None:
+        return (ctx if isinstance(ctx, str) else ctx.get_start_method()), True
+    return multiprocessing.get_context().get_start_method(), False
+
+
+class _WorkerTap:
+    """Pickles what each DataLoader of the traced fit hands its worker processes, once per loader
+    contents, when the workers start (``spawn_workers`` events: the hook, the start method, the
+    attribute paths that do not pickle). Where workers start by spawn or forkserver and one does
+    not pickle, their start raises: a ``raised`` event names spawn-safety as the owner."""
+
+    def __init__(self, recorder):
+        self.recorder = recorder
+        self.seen: set = set()
+
+    def install(self) -> None:
+        from torch.utils.data import dataloader
+
+        self.recorder.patch(dataloader._MultiProcessingDataLoaderIter, "__init__", self._wrap)
+
+    def _wrap(self, original):
+        tap = self
+
+        def __init__(it, loader, *args, **kwargs):
+            found = None
+            try:
+                found = tap.check(loader)
+            except Exception:
+                pass  # a check that cannot be made is no finding; the workers start as they would
+            try:
+                return original(it, loader, *args, **kwargs)
+            except Exception as exc:
+                if found:
+                    tap.recorder.emit({"ev": "raised", "owner": "spawn-safety", "in": "DataLoader workers",
+                                       "exc": f"{type(exc).__name__}: {exc}"[:300]})
+                raise
+
+        return __init__
+
+    def check(self, loader) -> list | None:
+        """The unpicklable things ``loader``'s workers receive, where they start by pickling."""
+        from .. import loader_sites
+
+        start, explicit = start_method(loader)
+        received = [(name, getattr(loader, name, None)) for name in WORKER_RECEIVES]
+        key = (start, *(id(obj) for _, obj in received))
+        if key in self.seen:
+            return None
+        self.seen.add(key)
+        stage = getattr(getattr(self.recorder.trainer, "state", None), "stage", None)
+        hook = _STAGE_HOOKS.get(getattr(stage, "value", None), "the DataLoader")
+        found = [f for f in (find_unpicklable(obj, f"{hook}().{name}") for name, obj in received
+                             if obj is not None) if f]
+        built = loader_sites.loader_of(hook) if hook.endswith("_dataloader") else None
+        self.recorder.emit({"ev": "spawn_workers", "hook": hook, "start": start, "explicit": explicit,
+                            "workers": int(getattr(loader, "num_workers", 0) or 0), "unpicklable": found,
+                            "built": (built or {}).get("site")})
+        return found if start in ("spawn", "forkserver") else None
+
+
 class SpawnSafetyProbe(Probe):
+    def install(self, recorder) -> None:
+        """In the traced fit (spawn-safety observes it): where each loader is built."""
+        from .. import loader_sites
+
+        loader_sites.install(recorder)
+
+    def before_trainer(self, objects, trainer_kwargs, recorder) -> None:
+        """In the traced fit: pickle what DataLoader workers receive when they start."""
+        if recorder is not None:
+            _WorkerTap(recorder).install()
+
     def inspect(self, run) -> dict | None:
         """Pickling, a fresh-interpreter import and the spawn config (rank 0 does the work; the
         other ranks wait for it and return None)."""
