@@ -150,3 +150,97 @@ def test_a_verdict_carries_its_claims_and_frames_into_the_report_record():
 def test_an_unknown_kind_is_refused_where_the_claim_is_made():
     with pytest.raises(KeyError, match="no claim kind 'nope'"):
         claims.claim("nope", "x")
+
+
+# -- issue 38 §4: each sentence kind, today's false sentence first ---------------------------------
+
+def test_a_fix_never_calls_a_property():
+    today = ("[all-rank-save] FAILED (deadlocks the world): log_dir (trainer.py:1331; its broadcast was this "
+             "collective) called on rank 0 ...\nFix: call log_dir() on every rank, in the same order (it makes a "
+             "collective every rank must enter).")
+    assert any(p.startswith("call-form: 'call log_dir() on every rank' is said with no call-form claim")
+               for p in claims.check(_record(today, contract="all-rank-save")))
+    false = claims.claim("call-form", "call log_dir() on every rank", func="log_dir", property=True)
+    assert "log_dir is a property" in claims.check(_record(today, false, contract="all-rank-save"))[0]
+    now = today.replace("call log_dir()", "read trainer.log_dir")
+    true = claims.claim("call-form", "read trainer.log_dir on every rank", func="log_dir", property=True)
+    assert claims.check(_record(now, true, contract="all-rank-save")) == []
+
+
+def test_deepspeed_auto_values_are_explained_key_by_key():
+    today = ('[strategy-config] FAILED: DeepSpeed config has "auto" at gradient_clipping and fp16.enabled; '
+             "Lightning passes them on unresolved: DeepSpeed then fails on the micro-batch size (TypeError comparing "
+             "with an int) and silently replaces the bucket sizes by its 5e8 defaults.")
+    assert any("auto-effect" in p for p in claims.check(_record(today, contract="strategy-config")))
+    paths = ["gradient_clipping", "fp16.enabled"]
+    effects = {"gradient_clipping": {"effect": "kept"}, "fp16.enabled": {"effect": "default", "value": "False"}}
+    sentence = today.split("[strategy-config] FAILED: ")[1]
+    assert "micro-batch size" in claims.check(_record(today, claims.claim("auto-effect", sentence, paths=paths,
+                                                                            effects=effects),
+                                                      contract="strategy-config"))[0]
+    now = ('DeepSpeed config has "auto" at gradient_clipping and fp16.enabled. What DeepSpeed\'s own config reader '
+           'makes of each: gradient_clipping: DeepSpeed keeps the string "auto"; fp16.enabled: DeepSpeed replaces it '
+           "by its default, False.")
+    assert claims.check(_record(now, claims.claim("auto-effect", now, paths=paths, effects=effects),
+                                contract="strategy-config")) == []
+
+
+def test_coupling_is_not_said_where_the_precision_explains_the_gap():
+    text = "a loss or layer that couples the samples of a batch"
+    today = f"[effective-batch] not judged: the gradients differ beyond rounding (0.002 > 0.001): {text} ..."
+    assert any("coupling" in p for p in claims.check(_record(today, contract="effective-batch")))
+    half = claims.claim("coupling", text, rel_diff=0.002, limit=0.0049, precision="16-mixed")
+    assert "the precision explains it" in claims.check(_record(today, half, contract="effective-batch"))[0]
+    beyond = claims.claim("coupling", text, rel_diff=0.2, limit=0.0049, precision="16-mixed")
+    assert claims.check(_record(today, beyond, contract="effective-batch")) == []
+
+
+def test_a_rank_that_raised_on_its_own_is_no_consequence():
+    today = ("[fit[deepspeed]] the run did not finish: rank 0 raised TypeError: '>' not supported ...\n"
+             "Consequences, not causes: rank 1 raised TypeError: '>' not supported between instances of 'str' and "
+             "'float'.")
+    assert any(p.startswith("consequence:") for p in claims.check(_record(today, contract="fit")))
+    now = today.replace("Consequences, not causes: rank 1 raised TypeError",
+                        "rank 1 raised the same TypeError at the same line on its own")
+    peers = "Consequences, not causes: rank 0 then failed in a collective (RuntimeError: Connection closed)."
+    assert not [p for p in claims.check(_record(now + "\n" + peers, contract="fit")) if p.startswith("consequence")]
+
+
+def test_not_running_on_cpu_is_said_only_when_ddp_did_not_stop_the_same_way():
+    today = ("[all-rank-save] skipped: the module does not run under FSDP on CPU (RuntimeError: Please call "
+             "`iter(combined_loader)` first); the Trainer config does not name a sharded strategy, ...")
+    assert any(p.startswith("cpu-only:") for p in claims.check(_record(today, contract="all-rank-save")))
+    said = "does not run under FSDP on CPU"
+    same = claims.claim("cpu-only", said, ddp="same")
+    assert "runs under no strategy" in claims.check(_record(today, same, contract="all-rank-save"))[0]
+    assert claims.check(_record(today, claims.claim("cpu-only", said, ddp="finished"),
+                                contract="all-rank-save")) == []
+
+
+def test_an_evaluation_pass_says_why_it_compared_nothing_with_the_one_device_run():
+    today = ("[eval-duplication] passed: validation: every index 0..63 evaluated exactly once across ranks (rank 0: "
+             "32, rank 1: 32).")
+    assert any(p.startswith("one-device:") for p in claims.check(_record(today, contract="eval-duplication")))
+    text = today.split("passed: ")[1].rstrip(".")
+    silent = claims.claim("one-device", text, compared={}, why=None)
+    assert "no reason is recorded" in claims.check(_record(today, silent, contract="eval-duplication"))[0]
+    why = "the validation stage published no metric"
+    now = f"[eval-duplication] passed: {text}; no value was compared with the one-device run: {why}."
+    said = claims.claim("one-device", f"{text}; no value was compared with the one-device run: {why}", compared={},
+                        why=why)
+    assert claims.check(_record(now, said, contract="eval-duplication")) == []
+
+
+def test_batches_said_to_differ_say_what_differs_and_what_is_equal():
+    today = ("[data-sharding] passed: train batches differ across ranks (rank 0: 8, rank 1: 8 batches) (dataset "
+             "TensorDataset, sampler DistributedSampler); the same number of train batches per epoch on every rank.")
+    assert any(p.startswith("batches-differ:") for p in claims.check(_record(today, contract="data-sharding")))
+    text = ("train batches hold different samples on each rank in 8 of 8 steps compared by the dataset indices they "
+            "fetched; every rank ran 8 train batches")
+    now = f"[data-sharding] passed: {text} (dataset TensorDataset, sampler DistributedSampler)."
+    good = claims.claim("batches-differ", text, differed=8, compared=8, counts={"rank 0": 8, "rank 1": 8})
+    assert claims.check(_record(now, good, contract="data-sharding")) == []
+    uneven = claims.claim("batches-differ", text, differed=8, compared=8, counts={"rank 0": 8, "rank 1": 7})
+    assert "misstates" in claims.check(_record(now, uneven, contract="data-sharding"))[0]
+    none = claims.claim("batches-differ", text, differed=0, compared=8, counts={"rank 0": 8, "rank 1": 8})
+    assert "no step with different batches" in claims.check(_record(now, none, contract="data-sharding"))[0]

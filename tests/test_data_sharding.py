@@ -776,6 +776,10 @@ def test_the_same_split_on_every_rank_passes_and_says_so_under_per_rank_seeds(fa
     verdict = get_contract("data-sharding").judge(fake_runs.run(traces))
     assert verdict.outcome == "passed", verdict.render()
     assert any("is the same on every rank although each rank's generators were seeded" in n for n in verdict.notes)
+    from pytest_ltconform import claims
+
+    assert claims.check({"contract": verdict.contract, **verdict.as_dict()}) == []
+    assert "every rank ran 2 train batches" in verdict.summary
 
 
 def test_random_data_drawn_per_rank_that_never_overlaps_is_no_split(fake_runs):

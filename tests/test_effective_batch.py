@@ -359,6 +359,10 @@ def test_a_gap_that_half_precision_explains_is_no_coupling(fake_runs):
     assert _judge(fake_runs, [_info(), _info()], half).outcome == "not_judged"  # float32: still beyond rounding
     far = _judge(fake_runs, [_info(precision="bf16-mixed")] * 2, {**half, "rel_diff": 0.2})
     assert far.outcome == "not_judged" and "beyond bf16-mixed rounding" in far.not_judged.reason
+    from pytest_ltconform import claims
+
+    for v in (verdict, far):
+        assert claims.check({"contract": v.contract, **v.as_dict()}) == []
 
 
 def test_no_dropout_also_switches_off_attention_dropout():

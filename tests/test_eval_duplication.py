@@ -138,6 +138,17 @@ def test_writes_are_outputs_once_the_stages_first_batch_started(tmp_path, monkey
     assert writes == {"setup.json": False, "preds.csv": True, "log.txt": True}
 
 
+def test_a_pass_that_compared_nothing_with_the_one_device_run_says_why(fake_runs):
+    """Issue 38 §4: an exactly-once pass left out its comparison with the one-device run silently."""
+    from pytest_ltconform import claims
+
+    ranks = [{"validate": _stage([_loader([0, 2], 4)])}, {"validate": _stage([_loader([1, 3], 4)])}]
+    v = judge(fake_runs.run(values=_values(ranks), kind="eval"))
+    assert v.outcome == "passed", v.render()
+    assert "no value was compared with the one-device run: the one-device run gave no values" in v.summary
+    assert claims.check({"contract": v.contract, **v.as_dict()}) == []
+
+
 def test_even_shards_with_equal_values_pass(fake_runs):
     ranks = [{"validate": _stage([_loader([0, 2, 4, 6], 7, sampler="StridedNoPad")], {"val_acc": 0.75})},
              {"validate": _stage([_loader([1, 3, 5], 7, sampler="StridedNoPad")], {"val_acc": 0.75})}]

@@ -147,8 +147,10 @@ def test_a_users_exception_is_reported_once_on_the_item_named_for_the_run(pytest
                                  "ltconform::raises.Model::all-rank-save[[]ddp[]] SKIPPED*",
                                  "ltconform::raises.Model::sync-dist[[]ddp[]] SKIPPED*"])
     # The run's item leads with the rank's exception at the user's line; the contracts point at it.
-    result.stdout.fnmatch_lines(["*[[]fit[[]ddp[]][]] the run did not finish: rank * raised ZeroDivisionError at "
-                                 "*raises.py:7 (training_step)*"])
+    # Every rank raised it on its own, at the same line: none is named a consequence of another.
+    result.stdout.fnmatch_lines(["*[[]fit[[]ddp[]][]] the run did not finish: ranks 0 and 1 each raised "
+                                 "ZeroDivisionError at *raises.py:7 (training_step)*"])
+    assert "Consequences, not causes" not in out
     assert out.count("raise ZeroDivisionError(\"the user's own bug\")") == 1, out
     for contract in ("all-rank-save", "sync-dist"):
         result.stdout.fnmatch_lines([f"SKIPPED*ltconform::raises.Model::{contract}[[]ddp[]]*not judged*"

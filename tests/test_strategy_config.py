@@ -132,3 +132,6 @@ def test_deepspeed_auto_values_say_what_deepspeed_makes_of_each(fake_runs):
            "optimizer step (`gradient_clipping() > 0.0`): a TypeError at the first step" in verdict.summary
     assert "fp16.enabled: DeepSpeed replaces it by its default, False" in verdict.summary
     assert "micro-batch" not in verdict.summary
+    from pytest_ltconform import claims
+
+    assert claims.check({"contract": verdict.contract, **verdict.as_dict()}) == []

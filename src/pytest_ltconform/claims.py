@@ -61,17 +61,19 @@ class ClaimKind:
     prose: tuple[re.Pattern, ...] = ()
     scope: tuple[str, ...] = ()
     doc: str = ""
+    advice: bool = False  # its prose is looked for in the Fix line too (a fix can state a falsehood)
 
 
 KINDS: dict[str, ClaimKind] = {}
 
 
-def kind(name: str, prose: tuple[str, ...] = (), scope: tuple[str, ...] = ()):
-    """Register ``fn(claim, record) -> str | None`` as the check of claim kind ``name``."""
+def kind(name: str, prose: tuple[str, ...] = (), scope: tuple[str, ...] = (), advice: bool = False):
+    """Register ``fn(claim, record) -> str | None`` as the check of claim kind ``name``; ``advice``:
+    its prose is looked for in the Fix line as well as in what the run showed."""
 
     def register(fn):
         KINDS[name] = ClaimKind(name, fn, tuple(re.compile(p) for p in prose), tuple(scope),
-                                (fn.__doc__ or "").strip())
+                                (fn.__doc__ or "").strip(), advice)
         return fn
 
     return register
@@ -96,6 +98,7 @@ def check(record: dict) -> list[str]:
         if found:
             problems.append(f"{c['kind']}: {found} (in {_short(c.get('text'))!r})")
     problems += _uncovered_prose(record, _stated(message), claims)
+    problems += _uncovered_prose(record, message, claims, advice=True)
     for e in record.get("evidence") or []:
         frame = e.get("frame") if isinstance(e, dict) else None
         if frame:
@@ -105,11 +108,13 @@ def check(record: dict) -> list[str]:
     return problems
 
 
-def _uncovered_prose(record: dict, message: str, claims: list[dict]) -> list[str]:
+def _uncovered_prose(record: dict, message: str, claims: list[dict], advice: bool = False) -> list[str]:
+    """Prose of a kind no claim of that kind covers; ``advice``: only the kinds whose prose may sit
+    in a Fix line, over the whole message (the others were looked for in what the run showed)."""
     contract = record.get("contract")
     problems = []
     for registered in KINDS.values():
-        if registered.scope and contract not in registered.scope:
+        if registered.scope and contract not in registered.scope or registered.advice != advice:
             continue
         texts = [c.get("text") or "" for c in claims if c.get("kind") == registered.name]
         for pattern in registered.prose:
@@ -373,6 +378,98 @@ def _site(c: dict, record: dict) -> str | None:
     if named not in c["text"]:
         return f"the text does not name {named}"
     return frame_problem(frame, c["facts"].get("call"))
+
+
+# -- calls, configs, precision, causes (issue 38 §4) ---------------------------------------------
+
+@kind("call-form", prose=(r"\bcall [\w.]+\(\) on every rank",), scope=("all-rank-save",), advice=True)
+def _call_form(c: dict, record: dict) -> str | None:
+    """A fix that tells the user to call something calls a function, never a property: a property
+    (``facts["property"]``, recorded from the library's own source) is read (``trainer.log_dir``)."""
+    func = str(c["facts"].get("func") or "").rsplit(".", 1)[-1]
+    if c["facts"].get("property") and re.search(rf"\b{re.escape(func)}\(\)", c["text"]):
+        return f"{func} is a property, and the text calls it as a function"
+    return None
+
+
+@kind("auto-effect", prose=(r'DeepSpeed config has "auto" at ',), scope=("strategy-config",))
+def _auto_effect(c: dict, record: dict) -> str | None:
+    """A DeepSpeed config's "auto" values are explained one by one, by what DeepSpeed's own config
+    reader made of each (``facts["paths"]``, ``facts["effects"]``: path -> effect), or the text says
+    it was not measured; a key is explained only when it is one of the "auto" paths."""
+    facts, text = c["facts"], c["text"]
+    paths, effects = facts.get("paths") or [], facts.get("effects") or {}
+    if not effects:
+        return None if "not measured" in text else "no effect was recorded, and the text does not say so"
+    for path in paths:
+        if path not in effects:
+            return f"no effect recorded for {path}"
+        if f"{path}: " not in text:
+            return f"the text does not say what DeepSpeed does with {path}"
+    if "micro-batch" in text and not any("batch_size" in p for p in paths):
+        return "the text speaks of the micro-batch size, which is not \"auto\" here"
+    return None
+
+
+@kind("coupling", prose=(r"couples the samples of a batch",), scope=("effective-batch",))
+def _coupling(c: dict, record: dict) -> str | None:
+    """Two gradients are said to differ because samples are coupled only when the gap lies beyond
+    the rounding of the precision the run computed in (``facts``: ``rel_diff``, ``limit``, the
+    limit that precision's rounding gives, and ``precision``)."""
+    rel, limit = c["facts"].get("rel_diff"), c["facts"].get("limit")
+    if isinstance(rel, (int, float)) and isinstance(limit, (int, float)) and rel <= limit:
+        return (f"the gradients differ by {rel:.2g}, within {c['facts'].get('precision')} rounding ({limit:.2g}): "
+                f"the precision explains it")
+    return None
+
+
+@kind("consequence", prose=(r"Consequences, not causes: [^.\n]*?\brank \d+ raised\b",))
+def _consequence(c: dict, record: dict) -> str | None:
+    """A rank is a consequence of another only when it failed in a collective its peer left (a
+    transport error), was left waiting or exited after it: a rank that raised on its own is not.
+    No claim of this kind is made; its prose is always a false sentence."""
+    return "a rank that raised on its own is listed as a consequence"
+
+
+@kind("cpu-only", prose=(r"does not run under (?:FSDP|DeepSpeed) on CPU",))
+def _cpu_only(c: dict, record: dict) -> str | None:
+    """"does not run under FSDP/DeepSpeed on CPU" is said only when the ddp run did not stop the same
+    way (``facts["ddp"]``: 'finished', 'stopped differently', 'not run'; 'same' makes it false)."""
+    ddp = c["facts"].get("ddp")
+    if ddp == "same":
+        return "the ddp run stopped the same way: the module runs under no strategy, CPU is not why"
+    return None if ddp in ("finished", "stopped differently", "not run") else f"the ddp run is not recorded ({ddp!r})"
+
+
+@kind("batches-differ", prose=(r"batches differ across ranks", r"batches hold different samples on each rank"),
+      scope=("data-sharding",))
+def _batches_differ(c: dict, record: dict) -> str | None:
+    """The ranks' batches are said to differ by what differs (the samples, in ``facts["differed"]`` of
+    ``facts["compared"]`` steps) and what is equal (``facts["counts"]``, batches per rank, said as
+    "every rank ran N" only when they are equal)."""
+    facts, text = c["facts"], c["text"]
+    differed, compared, counts = facts.get("differed"), facts.get("compared"), facts.get("counts") or {}
+    if not isinstance(differed, int) or not differed:
+        return f"no step with different batches was recorded ({differed} of {compared})"
+    if f"{differed} of {compared} steps" not in text:
+        return "the text does not say how many of the steps compared differ"
+    equal = len(set(counts.values())) == 1
+    if equal != ("every rank ran" in text):
+        return f"the batch counts per rank are {counts}, which the text misstates"
+    return None
+
+
+@kind("one-device", prose=(r"evaluated exactly once across ranks",), scope=("eval-duplication",))
+def _one_device(c: dict, record: dict) -> str | None:
+    """An evaluation pass either gives the values it compared with the one-device run
+    (``facts["compared"]``: key -> [world value, one-device value]) or says why none was compared
+    (``facts["why"]``, in the text)."""
+    compared, why = c["facts"].get("compared") or {}, c["facts"].get("why")
+    if compared:
+        return None
+    if not why:
+        return "no value was compared with the one-device run, and no reason is recorded"
+    return None if why in c["text"] else "the text does not say why no value was compared with the one-device run"
 
 
 # -- headline labels ----------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 
 from . import contracts, tiers
+from .claims import claim
 from .contracts.base import Run, Verdict
 from .events import HOOK, HOOK_EXIT, NONFINITE, NOTE, STAGE, STAGE_ERROR, STRATEGY
 from .runs import FIT, FIT_WITHOUT_VALIDATION, WITHOUT_VALIDATION, RunArgs, RunKey, RunSpec, seeding_for
@@ -404,15 +405,18 @@ def _not_a_sharded_module(contract, run: Run, ddp: Run | None = None) -> Verdict
     where = f" at {_short_site(cause.site)}" if cause.site else ""
     what = f"{cause.exc_type or cause.kind}{where}: {cause.message}" if cause.message else \
         f"{cause.exc_type or cause.kind}{where}"
+    name = "FSDP" if run.strategy == "fsdp" else STRATEGY_NAMES.get(run.strategy, run.strategy)
+    said = claim("cpu-only", f"does not run under {name} on CPU",
+                 ddp="not run" if ddp is None else "finished" if ddp.finished else "stopped differently")
     if run.strategy == "fsdp":
         return contract.verdict(
             "skipped", f"the module does not run under FSDP on CPU ({what}); the Trainer config does not name a "
-                       f"sharded strategy, so the sharded tier does not apply (--ltconform-strategies ddp hides it).")
-    name = STRATEGY_NAMES.get(run.strategy, run.strategy)
+                       f"sharded strategy, so the sharded tier does not apply (--ltconform-strategies ddp hides it).",
+            claims=[said])
     return contract.verdict(
         "skipped", f"the module does not run under {name} on CPU ({what}); the Trainer config does not name "
                    f"{name}, so the {run.strategy} tier does not apply (--ltconform-strategies without "
-                   f"{run.strategy} hides it).")
+                   f"{run.strategy} hides it).", claims=[said])
 
 
 def _after_own_failure(contract, run: Run) -> Verdict:

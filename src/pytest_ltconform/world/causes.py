@@ -128,12 +128,12 @@ class Cause:
     alike: list[int] = dataclasses.field(default_factory=list)
     own: list[str] = dataclasses.field(default_factory=list)
 
-    def headline(self) -> str:
+    def headline(self, alone: bool = False) -> str:
         """``rank 1 raised ValueError at case.py:42 (Model.training_step): bad value``; ``ranks 0 and 1
-        each raised ...`` when every one of them raised it on its own."""
+        each raised ...`` when every one of them raised it on its own (``alone``: this rank only)."""
         if self.kind == "raised":
             where = f" at {fmt_site(self.site)}" if self.site else ""
-            ranks = sorted([self.rank, *self.alike])
+            ranks = sorted([self.rank] + ([] if alone else list(self.alike)))
             who = f"rank {self.rank}" if len(ranks) == 1 else \
                 "ranks " + ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]} each"
             text = f"{who} raised {self.exc_type}{where}"
@@ -218,7 +218,7 @@ def cause_text(cause: Cause) -> str:
     """The cause's own traceback (rank-tagged) and the consequence line: what one item shows."""
     lines = []
     if cause.traceback:
-        lines.append(f"--- rank {cause.rank}: {cause.headline()}")
+        lines.append(f"--- rank {cause.rank}: {cause.headline(alone=True)}")
         lines.extend(f"[rank{cause.rank}] {line}" for line in bounded_lines(cause.traceback))
     consequences = cause.consequence_line()
     if consequences:

@@ -31,6 +31,7 @@ import re
 from collections import Counter
 
 from ... import releases
+from ...claims import claim
 from ...events import CALL, EXIT, HOOK, LOG, RAISED, STRATEGY
 from ...sites import fmt_site, hook_label, plural
 from ...world.diagnose import first_divergence
@@ -268,7 +269,11 @@ class AllRankSave(Contract):
         elif guard:
             evidence.append(Evidence(f"the call is guarded by `{guard}`, a condition on rank-local state: it held "
                                      f"on {_ranks(makers)} and not on {_ranks(missing)}", site=site))
-        return self.verdict("failed", summary, evidence=evidence, fix=fix_for(call),
+        fix = fix_for(call)
+        told = re.search(r"\bcall ([\w.]+)\(\) on every rank", fix)
+        # The traced call is a function the recorder wrapped (never a property): it is called.
+        claims = [claim("call-form", told.group(0), func=told.group(1), property=False)] if told else []
+        return self.verdict("failed", summary, evidence=evidence, fix=fix, claims=claims,
                             category="deadlock", notes=self._notes(run, div, call, makers, at))
 
     def _mismatched(self, run: Run) -> Verdict:
@@ -306,10 +311,12 @@ class AllRankSave(Contract):
         via = call.get("via") or {"func": call.get("op"), "property": False}
         getter = via.get("property") if via.get("property") is not None else defined_as_property(via)
         what = "its getter makes" if getter else "it makes"
-        fix = (f"{call_words(via, site=call.get('site'))} on every rank, in the same order ({what} a collective "
-               f"every rank must enter); keep only the rank-local side work (printing, writing a file) under the "
-               f"rank guard.")
-        return self.verdict("failed", summary, evidence=evidence, fix=fix, category="deadlock", notes=notes)
+        told = f"{call_words(via, site=call.get('site'))} on every rank"
+        fix = (f"{told}, in the same order ({what} a collective every rank must enter); keep only the rank-local "
+               f"side work (printing, writing a file) under the rank guard.")
+        said = claim("call-form", told, func=via.get("func"), property=bool(getter))
+        return self.verdict("failed", summary, evidence=evidence, fix=fix, category="deadlock", notes=notes,
+                            claims=[said])
 
     def _notes(self, run: Run, div: dict, call: dict, makers: list[int], at: int) -> list[str]:
         label = call.get("label")

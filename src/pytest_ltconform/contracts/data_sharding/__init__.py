@@ -684,7 +684,7 @@ class DataSharding(Contract):
 
     # -- passed ----------------------------------------------------------------------------------
     def _passed(self, run: Run, batches, loaders, split: dict) -> Verdict:
-        parts = []
+        parts, claims = [], []
         for stage in ("train", "val"):
             per_rank = batches.get(stage, {})
             if not per_rank:
@@ -703,6 +703,8 @@ class DataSharding(Contract):
                 srcs.pop() if len(srcs) == 1 else None, "by their content")
             differ = f"in {compared - same} of {compared} steps compared {how}" if compared else "(none compared)"
             parts.append(f"{stage} batches hold different samples on each rank {differ}; {counts} {stage} batches")
+            claims.append(claim("batches-differ", parts[-1], differed=compared - same, compared=compared,
+                                counts={f"rank {r}": n for r, n in totals.items()}))
         loader = loaders.get("train")
         what = f" ({self._what(loader)}, sampler {loader.get('sampler')})" if loader else ""
         summary = ("; ".join(parts) or "no batches were recorded") + \
@@ -710,7 +712,7 @@ class DataSharding(Contract):
         fixed = reseed.fixed_order_note(run, batches.get("train", {}), loader or {})
         return self.verdict("passed", summary, notes=[_split_note(stage, read) for stage, read in split.items()]
                             + _combined_noise_notes(run) + ([fixed] if fixed else []) + _same_split_notes(run),
-                            empty=not parts)
+                            empty=not parts, claims=claims)
 
 
 def _same_split_notes(run: Run) -> list[str]:

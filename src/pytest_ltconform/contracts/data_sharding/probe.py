@@ -456,6 +456,10 @@ class _Draws:
         for name in RANDOM_FACTORIES + INDEX_DRAWS:
             if hasattr(torch, name):
                 self.recorder.patch(torch, name, lambda original, n=name: self._wrap(original, f"torch.{n}"))
+        # random_split draws with the randperm torch.utils.data.dataset imported by name
+        dataset_module = importlib.import_module("torch.utils.data.dataset")
+        if hasattr(dataset_module, "randperm"):
+            self.recorder.patch(dataset_module, "randperm", lambda original: self._wrap(original, "torch.randperm"))
         for name in RANDOM_METHODS:  # defined on torch._C.TensorBase: shadowed on torch.Tensor
             self.recorder.patch(torch.Tensor, name, lambda original, n=name: self._wrap(original, f"Tensor.{n}"),
                                 inherited=True)

@@ -116,6 +116,12 @@ def _never_trained(run) -> str | None:
     return f"{len(never)} of the {whole} samples are in no rank's training or validation split"
 
 
+def _built_site(run, stage: str) -> dict | None:
+    """Where the user's code built ``stage``'s DataLoader (rank 0's first loader event)."""
+    event = next((e for e in run.events(0, "ds_loader") if e.get("stage") == stage), {})
+    return (event.get("built") or {}).get("site") or event.get("created_at")
+
+
 def drawing_line(run) -> dict | None:
     """Where the split was drawn: the first draw user code made from a global generator outside the
     steps (``ds_global_draw``), preferring one in setup or a loader hook; ``{"site", "fn", "call"}``."""
@@ -162,6 +168,9 @@ def split_texts(run, found: dict) -> tuple[str, list, str]:
         evidence.append((detail, r, None))
     if drawn:
         evidence.append((f"{drawn['fn']} drew from the global generator here, before training", None, drawn["site"]))
+    built = _built_site(run, found["stage"])
+    if built:
+        evidence.append((f"the {word} DataLoader over the split is built here", None, built))
     fix = ("draw the split with a generator of its own, seeded the same on every rank: random_split(dataset, "
            "lengths, generator=torch.Generator().manual_seed(42)) (a permutation: torch.randperm(n, "
            "generator=...)); or call lightning.seed_everything(seed) in the launch script on every rank before "

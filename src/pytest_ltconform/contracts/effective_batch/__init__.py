@@ -189,7 +189,8 @@ class EffectiveBatch(Contract):
                                     f"{_rounding_words(precision)} ({gap}) but not by a factor ({measured}): a loss or "
                                     f"layer that couples the samples of a batch (a contrastive loss over in-batch "
                                     f"negatives) or a per-rank normalisation by nearly equal counts would both do "
-                                    f"this, and one step cannot tell them apart. {report}", notes=notes)
+                                    f"this, and one step cannot tell them apart. {report}", notes=notes,
+                                       claims=[_coupling_claim(ref, precision)])
             rounded = _disagreement(ref, cos)
             if rounded:  # beyond float32 rounding, within the half precision's own
                 notes.append(f"the world's and the 1-rank gradients differ by {rounded.split(' > ')[0]}, within what "
@@ -227,7 +228,7 @@ class EffectiveBatch(Contract):
                             f"its direction differs ({measured}), but no loss line divides by a count of its own "
                             f"batch: a loss or layer that couples the samples of a batch (a contrastive loss over "
                             f"in-batch negatives) would do the same, and one step cannot tell them apart. {report}",
-                            notes=notes)
+                            notes=notes, claims=[_coupling_claim({"rel_diff": abs(ratio - 1.0)}, None)])
 
     def _manual_window(self, info: dict, world: int, samples: str | None, report: str, notes: list) -> Verdict | None:
         """Manual optimization over N >= 2 micro-batches: the applied step against the gradient of
@@ -339,6 +340,15 @@ def _samples(infos: list) -> str | None:
     if distinct and distinct < total:
         return f"{total} samples ({distinct} distinct: ranks drew the same samples)"
     return f"{total} samples"
+
+
+def _coupling_claim(ref: dict, precision: str | None):
+    """The claim behind "a loss or layer that couples the samples of a batch": the gap measured and
+    the rounding limit of the precision the run computed in (claims kind "coupling")."""
+    from ...claims import claim
+
+    return claim("coupling", "a loss or layer that couples the samples of a batch", rel_diff=ref.get("rel_diff"),
+                 limit=_agree_limit(precision), precision=precision or "32-true")
 
 
 def _agree_limit(precision: str | None) -> float:

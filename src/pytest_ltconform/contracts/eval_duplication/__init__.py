@@ -371,11 +371,25 @@ class _StageCheck:
         shard_text = ", ".join(f"rank {r}: {len(x)}" for r, x in enumerate(per_rank))
         text = f"{tag}: {span} evaluated exactly once across ranks ({shard_text})"
         same = self._same(i)
+        why = None if same else self._not_compared(i)
         if same:
             values, made = statements.equal_list(same, self.world)
             text += "; " + values
             self.found.claims += made
+        else:
+            text += f"; no value was compared with the one-device run: {why}"
         self.found.good.append(text + ".")
+        self.found.claims.append(claim("one-device", text, compared={k: [v, s] for k, v, s in same}, why=why))
+
+    def _not_compared(self, i) -> str:
+        """Why no published value of loader ``i`` was compared with the one-device run."""
+        if self.ref_rec is None:
+            return "the one-device run gave no values for this stage (see the notes)"
+        if self.stage == "predict":
+            return "a prediction stage publishes no metric (its outputs are judged by the files written)"
+        if not self._values(i, self.recs[0]):
+            return f"the {self.word} stage published no metric"
+        return "no metric the stage published has a one-device value"
 
     def _values(self, i, rec) -> dict:
         if self.stage == "predict":

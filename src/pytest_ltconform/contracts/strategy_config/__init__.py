@@ -16,6 +16,7 @@ config that sets each value.
 
 from __future__ import annotations
 
+from ...claims import claim
 from ...runs import inspection
 from ..base import Blame, Contract, Evidence, Run, Verdict
 from .probe import StrategyConfigProbe
@@ -55,8 +56,11 @@ class StrategyConfig(Contract):
             return self.verdict("skipped", f"the Trainer config's strategy is {facts['not_deepspeed']}, not "
                                            f"DeepSpeed: the [deepspeed] item judges a DeepSpeed config (the [ddp] "
                                            f"item judges this one).")
-        rendered = [self._render(f, facts) for f in facts["findings"]]
-        rendered = [r for r in rendered if r is not None]
+        pairs = [(f, self._render(f, facts)) for f in facts["findings"]]
+        pairs = [(f, r) for f, r in pairs if r is not None]
+        rendered = [r for _, r in pairs]
+        claims = [claim("auto-effect", r[0], paths=f["paths"], effects=f.get("effects") or {})
+                  for f, r in pairs if f["kind"] == "ds_auto"]
         if not rendered:
             extra = " (DeepSpeedStrategy read without deepspeed installed)" if facts.get("stand_in") else ""
             return self.verdict("passed", f"the Trainer config's strategy {facts['strategy']}{extra} with precision "
@@ -66,7 +70,8 @@ class StrategyConfig(Contract):
         evidence = [Evidence(text, site=site) for _, (text, site), _, _ in rendered]
         notes = [r[0] for r in rendered[1:]]
         fixes = [fix] + [r[3] for r in rendered[1:] if r[3] != fix]
-        verdict = self.verdict("failed", summary, evidence=evidence, fix=" Also: ".join(fixes), notes=notes)
+        verdict = self.verdict("failed", summary, evidence=evidence, fix=" Also: ".join(fixes), notes=notes,
+                               claims=claims)
         verdict.rule_section = section
         return verdict
 
