@@ -807,3 +807,22 @@ def test_the_split_is_read_through_subsets_of_subsets():
     assert _through_subsets(outer, [1, 0]) == [9, 5]
     assert dataset_digest(TensorDataset(torch.arange(10.0))) == dataset_digest(base)
     assert dataset_digest(TensorDataset(torch.arange(1, 11.0))) != dataset_digest(base)
+
+
+def test_ranks_that_read_some_of_the_same_samples_in_an_epoch_fail(fake_runs):
+    """Issue 38 §1: under per-rank seeds an unsharded shuffling sampler gives each rank its own order
+    over the whole dataset: the batches differ, but the ranks read some of the same samples."""
+    def rank(keys_per_batch):
+        trace = FakeRuns.batches([[str(k) for k in keys] for keys in keys_per_batch])
+        for e, keys in zip(trace, keys_per_batch):
+            e.update(src="index", ids=keys, rows=[str(k) for k in keys])
+        return trace + [{"ev": "ds_loader", "stage": "train", "epoch": 0, "sampler": "RandomSampler",
+                         "dataset": "Molecules", "use_distributed_sampler": False}]
+
+    overlapping = fake_runs.run([rank([[3, 9], [12, 40]]), rank([[40, 1], [9, 22]])])
+    verdict = get_contract("data-sharding").judge(overlapping)
+    assert verdict.outcome == "failed", verdict.render()
+    assert verdict.summary.startswith("rank 0 and rank 1 read 2 of the same train samples in epoch 0")
+    assert "use_distributed_sampler=False" in verdict.fix
+    padded = fake_runs.run([rank([[3, 9], [12, 40]]), rank([[40, 1], [7, 22]])])  # one repeat: a pad
+    assert get_contract("data-sharding").judge(padded).outcome == "passed"

@@ -172,3 +172,17 @@ def test_a_run_item_passes_when_its_run_finished_and_follows_k(pytester, no_left
     one = pytester.runpytest_subprocess("--ltconform", BORING, "--ltconform-strategies", "ddp", "-k", "sync-dist",
                                         "--collect-only", "-q", "-p", "no:cacheprovider")
     assert [ln for ln in one.stdout.lines if ln.startswith("ltconform::")] == [f"ltconform::{BORING}::sync-dist[ddp]"]
+
+
+def test_the_seeds_are_said_in_the_header_and_the_report():
+    """Issue 38 §1: the header says how the ranks were seeded, with the seeds, so a run can be repeated."""
+    from pytest_ltconform.header import seeding_words
+    from pytest_ltconform.report import seeding_entry
+
+    assert seeding_words("both", 0, 2).startswith("both (random, numpy and torch seeded with 0 + rank (rank 0: 0, "
+                                                  "rank 1: 1) until the fit's training starts, then with 0 on every "
+                                                  "rank")
+    assert "as after seed_everything(0)" in seeding_words("same", 0, 2)
+    assert "rank 0: 0, rank 1: 1, rank 2: 2" in seeding_words("per-rank", 0, 3)
+    assert seeding_entry("both", 0, 2) == {"mode": "both", "seed": 0, "ranks": [0, 1]}
+    assert seeding_entry("same", 0, 2)["ranks"] == [0, 0]

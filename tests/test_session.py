@@ -196,3 +196,19 @@ def test_the_run_item_of_a_finished_run_says_what_ran(fake_runs):
     run = fake_runs.of([fake_runs.rank(0, trace=trace), fake_runs.rank(1, trace=trace)])
     assert _what_ran(run) == ("the run finished on 2 ranks: fit (4 training step(s) over 2 epoch(s) on rank 0), "
                               "then test, predict (it raised KeyError)")
+
+
+def test_each_run_seeds_its_ranks_as_the_setting_says():
+    """Issue 38 §1: the traced fits follow --ltconform-seeding; a run compared with a one-rank
+    reference seeds every rank alike (the reference, seeded as rank 0, reproduces each rank)."""
+    from pytest_ltconform.runs import FIT, FIT_WITHOUT_VALIDATION, RunSpec, inspection, seeding_for
+    from pytest_ltconform.world.rank import rank_seed
+
+    evaluation = RunSpec("eval", "m:f", reference="m:ref")
+    for mode in ("both", "same", "per-rank"):
+        assert seeding_for(FIT, mode) == seeding_for(FIT_WITHOUT_VALIDATION, mode) == mode
+        assert seeding_for(evaluation, mode) == "same"
+    assert seeding_for(inspection("spawn"), "both") == "same"
+    assert seeding_for(inspection("spawn"), "per-rank") == "per-rank"
+    assert [rank_seed(0, "both", r) for r in range(3)] == [0, 1, 2]
+    assert [rank_seed(5, "same", r) for r in range(3)] == [5, 5, 5]

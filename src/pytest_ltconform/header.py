@@ -39,8 +39,8 @@ def seeding_words(seeding: str, seed: int, world_size: int) -> str:
         return (f"same (random, numpy and torch seeded with {seed} on every rank, as after seed_everything({seed}); "
                 f"--ltconform-seeding both|per-rank changes it)")
     if seeding == "per-rank":
-        return (f"per-rank (random, numpy and torch seeded with {seed} + rank: {per_rank}; one-rank reference runs "
-                f"with {seed}; --ltconform-seeding both|same changes it)")
+        return (f"per-rank (random, numpy and torch seeded with {seed} + rank: {per_rank}; runs compared with a "
+                f"one-rank reference, and the reference, with {seed}; --ltconform-seeding both|same changes it)")
     return (f"both (random, numpy and torch seeded with {seed} + rank ({per_rank}) until the fit's training starts, "
             f"then with {seed} on every rank unless your module seeds them itself; other runs seed every rank with "
             f"{seed}; --ltconform-seeding same|per-rank changes it)")

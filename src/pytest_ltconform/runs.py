@@ -80,12 +80,13 @@ WITHOUT_VALIDATION = {"limit_val_batches": 0, "num_sanity_val_steps": 0}
 def seeding_for(spec: RunSpec, seeding: str) -> str:
     """How a run of ``spec`` seeds its ranks under the session's ``seeding`` (vocabulary.SEEDINGS):
     the traced fits as the setting says ("both": each rank its own seed until training starts, one
-    seed from then on, see harness.traced_fit); every other run (an evaluation, a one-step run, an
-    inspection, a one-rank reference) under "both" seeds every rank alike, as today's references
-    expect (the fit judges what depends on per-rank seeds), and as the setting says otherwise."""
+    seed from then on, see harness.traced_fit). A run judged against a one-rank reference that
+    draws its data anew (``spec.reference``: the evaluation) seeds every rank alike, so that the
+    reference, seeded as rank 0, reproduces every rank's own draws; the other runs (a one-step run,
+    an inspection) seed alike under "both" and as the setting says otherwise."""
     if spec in (FIT, FIT_WITHOUT_VALIDATION):
         return seeding
-    return "same" if seeding == "both" else seeding
+    return "same" if seeding == "both" or spec.reference else seeding
 
 
 def inspection(name: str) -> RunSpec:

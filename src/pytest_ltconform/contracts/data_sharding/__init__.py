@@ -314,6 +314,8 @@ class DataSharding(Contract):
         split: dict[str, dict] = {}
         findings += self._split_by_rank(run)
         findings += self._identical_across_ranks(run, batches, loaders, split)
+        if not findings:
+            findings += self._overlapping_across_ranks(run, batches, loaders, split)
         findings += self._replayed_within_rank(run, batches, loaders)
         findings += self._uneven_counts(run, batches, loaders)
         findings += self._same_order_every_epoch(run, batches, loaders)
@@ -530,6 +532,48 @@ class DataSharding(Contract):
             if data and data.get("stream_len", {}).get(stage):
                 return data["stream_len"][stage]
         return None
+
+    def _overlapping_across_ranks(self, run, batches, loaders, split: dict) -> list[Verdict]:
+        """Ranks that read some of the same train samples in one epoch, beyond what a padding
+        DistributedSampler repeats (world size - 1): the loader does not split the dataset between
+        the ranks. Under per-rank seeds an unsharded shuffling sampler gives each rank its own order
+        over the whole dataset, so the batches differ yet overlap. Samples are the dataset keys the
+        fetches received (never tensor rows, nor items compared by content: equal rows are not one sample)."""
+        loader = loaders.get("train") or {}
+        per_rank = batches.get("train", {})
+        if "train" in split or loader.get("replacement") or len(per_rank) < run.world_size:
+            return []
+        done = _completed_epochs(run)
+        for epoch in sorted(set.intersection(*(set(per_rank[r]) for r in range(run.world_size)))):
+            if not all(epoch in done[r] for r in range(run.world_size)):
+                continue
+            events = [per_rank[r][epoch] for r in range(run.world_size)]
+            if any({e.get("src") for e in evs} != {"index"} for evs in events):
+                continue
+            seen = [{k for e in evs for k in e.get("rows") or []} for evs in events]
+            shared = set.intersection(*seen) if run.world_size == 2 else \
+                {k for k in set().union(*seen) if sum(k in s for s in seen) > 1}
+            if len(shared) > run.world_size - 1:
+                return [self._overlap(run, epoch, events, seen, shared, loader)]
+        return []
+
+    def _overlap(self, run, epoch: int, events: list, seen: list, shared: set, loader: dict) -> Verdict:
+        unit, _ = _counted_as(events[0], loader)
+        how = "by the dataset indices they fetched"
+        ranks = " and ".join(f"rank {r}" for r in range(run.world_size))
+        summary = (f"{ranks} read {len(shared)} of the same train {unit} in epoch {epoch} ({how}; "
+                   + ", ".join(f"rank {r}: {len(s)}" for r, s in enumerate(seen)) + " distinct): "
+                   f"{self._what(loader)} is not split between the ranks, so the world trains on some samples "
+                   f"several times per epoch and on others not at all (a DistributedSampler gives each rank a "
+                   f"disjoint share).")
+        evidence = []
+        for r, evs in enumerate(events):
+            ids = sorted({i for e in evs for i in e.get("ids") or []})
+            named = f"sample ids {_ranges(ids[:32])}" if ids else f"{len(seen[r])} {unit}"
+            evidence.append(Evidence(f"train epoch {epoch}: {_n_batches(len(evs))}, {named}; {len(shared & seen[r])} "
+                                     f"of them also read by another rank", rank=r))
+        evidence += self._loader_evidence(run, "train", loader, len(events[0]))
+        return self.verdict("failed", summary, evidence=evidence, fix=self._fix_for(loader), category="silent")
 
     # -- 3. the same samples several times on one rank -------------------------------------------
     def _replayed_within_rank(self, run, batches, loaders) -> list[Verdict]:
