@@ -490,8 +490,8 @@ class _JobWatch:
         if parted is not None:
             # Calls no tap names (a Lightning property's broadcast, a metric's sync) that torch's
             # Flight Recorder shows paired with a different collective: gloo waits out its timeout.
-            return (f"stuck for {idle:.0f} s after their collectives stopped pairing up (collective #{parted[1]} "
-                    f"differs across ranks in torch's Flight Recorder)")
+            return (f"stuck for {idle:.0f} s after their collectives stopped pairing up (collective #{parted[1]} is "
+                    f"not the same operation and size on every rank in torch's Flight Recorder)")
         return None
 
     def _past_deadline(self, now: float) -> bool:

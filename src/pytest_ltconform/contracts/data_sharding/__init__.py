@@ -745,8 +745,16 @@ class DataSharding(Contract):
             srcs = {e.get("src") for r in per_rank.values() for ep in r.values() for e in ep}
             how = {"index": "by the dataset indices they fetched", "item": "by the items the dataset yielded"}.get(
                 srcs.pop() if len(srcs) == 1 else None, "by their content")
-            differ = f"in {compared - same} of {compared} steps compared {how}" if compared else "(none compared)"
-            parts.append(f"{stage} batches hold different samples on each rank {differ}; {counts} {stage} batches")
+            if compared and same == compared:  # validation only: identical train batches fail above
+                parts.append(f"{stage} batches are the same on every rank in all {compared} steps compared {how} "
+                             f"(eval-duplication judges what that does to the published values); {counts} {stage} "
+                             f"batches")
+                continue
+            if not compared:
+                parts.append(f"{stage} batches were not compared across ranks; {counts} {stage} batches")
+                continue
+            parts.append(f"{stage} batches hold different samples on each rank in {compared - same} of {compared} "
+                         f"steps compared {how}; {counts} {stage} batches")
             claims.append(claim("batches-differ", parts[-1], differed=compared - same, compared=compared,
                                 counts={f"rank {r}": n for r, n in totals.items()}))
         loader = loaders.get("train")

@@ -140,7 +140,11 @@ class EffectiveBatch(Contract):
         if info.get("dropout_off"):
             notes.append(f"{info['dropout_off']} dropout module(s) were switched off in both runs for the comparison.")
         notes.extend(_plugin_run_notes(info, ref))
-        return self._world_size(info, infos, ref, world, local, report, notes)
+        verdict = self._world_size(info, infos, ref, world, local, report, notes)
+        if any("couples the samples of a batch" in n for n in verdict.notes) and \
+                not any(c.kind == "coupling" for c in verdict.claims):
+            verdict.claims.append(_coupling_claim(ref, info.get("precision")))  # the note on the direction
+        return verdict
 
     @staticmethod
     def _premise(infos: list, ref: dict | None) -> str | None:
