@@ -44,7 +44,8 @@ def session(target: str, seeding: str, keyword: str) -> dict:
              "--ltconform-report", report], cwd=tmp, capture_output=True, text=True)
         wall, cpu = time.monotonic() - start, _cpu() - cpu
         if not os.path.exists(report):
-            sys.exit(f"the session wrote no report (exit {proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+            sys.exit(f"the session wrote no report (exit {proc.returncode}):\n"
+                     f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
         with open(report) as fh:
             doc = json.load(fh)
     runs = [r for r in doc["results"] if r.get("run")]
