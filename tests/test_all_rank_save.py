@@ -386,7 +386,7 @@ def test_the_rank_that_left_the_step_without_its_backward_is_the_cause(fake_runs
     assert div["kind"] == "hooks"
     run = fake_runs.of([fake_runs.rank(0, rank0, status="hung"), fake_runs.rank(1, rank1, status="hung")],
                        status="hung", divergence=div)
-    run.targets = type("T", (), {"model_classes": (("Model", str(path)),)})()
+    run.target = type("T", (), {"model_classes": (("Model", str(path)),)})()
     assert isinstance(run, Run) and CONTRACT.blames(run) == Blame.CALL
     verdict = CONTRACT.judge(run)
     assert verdict.outcome == "failed" and verdict.category == "deadlock", verdict.render()
