@@ -118,7 +118,7 @@ def _never_trained(run) -> str | None:
 
 def _built_site(run, stage: str) -> dict | None:
     """Where the user's code built ``stage``'s DataLoader (rank 0's first loader event)."""
-    event = next((e for e in run.events(0, "ds_loader") if e.get("stage") == stage), {})
+    event = next((e for e in run.events(0, DS_LOADER) if e.get("stage") == stage), {})
     return (event.get("built") or {}).get("site") or event.get("created_at")
 
 

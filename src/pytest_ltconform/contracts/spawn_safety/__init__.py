@@ -24,7 +24,7 @@ from typing import NamedTuple
 from ...runs import FIT, inspection
 from ...sites import fmt_site
 from ..base import Blame, Contract, Evidence, Run, Verdict
-from .probe import WORKER_RECEIVES, SpawnSafetyProbe
+from .probe import SPAWN_WORKERS, WORKER_RECEIVES, SpawnSafetyProbe
 
 
 class SpawnSafety(Contract):
@@ -149,7 +149,7 @@ def _worker_records(fit: Run | None) -> list[dict]:
         return []
     out: dict = {}
     for r in range(fit.world_size):
-        for e in fit.events(r, "spawn_workers"):
+        for e in fit.events(r, SPAWN_WORKERS):
             key = (e.get("hook"), e.get("start"))
             if key not in out or (e.get("unpicklable") and not out[key].get("unpicklable")):
                 out[key] = e

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 
+from ...events import RAISED, Recorded, declare
 from ...runs import Probe
 
 MAX_DEPTH = 12
@@ -153,6 +154,22 @@ def _fresh_import(targets, folder: str) -> dict | None:
             return {**json.loads(line.split(" ", 1)[1]), "how": "interpreter"}
     return {"crashed": proc.returncode, "tail": (proc.stdout + proc.stderr)[-1500:], "how": "interpreter"}
 
+class SpawnWorkersEvent(Recorded):
+    """A DataLoader of the traced fit started its worker processes: its ``hook``, how they start
+    (``start``; ``explicit``: its own multiprocessing_context), how many (``workers``), the
+    attribute paths of what they receive that do not pickle (``unpicklable``), and where the
+    loader was built (``built``)."""
+
+    hook: str
+    start: str
+    explicit: bool
+    workers: int
+    unpicklable: list
+    built: dict | None
+
+
+SPAWN_WORKERS = declare("spawn_workers", SpawnWorkersEvent)
+
 # What a DataLoader hands each worker process it starts (torch's _MultiProcessingDataLoaderIter:
 # the worker loop's arguments); the sampler stays in the main process.
 WORKER_RECEIVES = ("dataset", "collate_fn", "worker_init_fn")
@@ -199,7 +216,7 @@ class _WorkerTap:
                 return original(it, loader, *args, **kwargs)
             except Exception as exc:
                 if found:
-                    tap.recorder.emit({"ev": "raised", "owner": "spawn-safety", "in": "DataLoader workers",
+                    tap.recorder.emit({"ev": RAISED, "owner": "spawn-safety", "in": "DataLoader workers",
                                        "exc": f"{type(exc).__name__}: {exc}"[:300]})
                 raise
 
@@ -220,9 +237,9 @@ class _WorkerTap:
         found = [f for f in (find_unpicklable(obj, f"{hook}().{name}") for name, obj in received
                              if obj is not None) if f]
         built = loader_sites.loader_of(hook) if hook.endswith("_dataloader") else None
-        self.recorder.emit({"ev": "spawn_workers", "hook": hook, "start": start, "explicit": explicit,
-                            "workers": int(getattr(loader, "num_workers", 0) or 0), "unpicklable": found,
-                            "built": (built or {}).get("site")})
+        self.recorder.emit(SPAWN_WORKERS.new(hook=hook, start=start, explicit=explicit,
+                                             workers=int(getattr(loader, "num_workers", 0) or 0), unpicklable=found,
+                                             built=(built or {}).get("site")))
         return found if start in ("spawn", "forkserver") else None
 
 

@@ -15,6 +15,7 @@ import ast
 import linecache
 from collections import defaultdict
 
+from ...events import HOOK, HOOK_EXIT, LOG
 from ...sites import fmt_site, hook_label
 
 
@@ -27,7 +28,7 @@ def metric_key_divergence(run) -> dict | None:
     for trace in run.traces:
         mine: dict[tuple, dict[str, dict]] = defaultdict(dict)
         for e in trace:
-            if e.get("ev") != "log" or e.get("vtype") != "metric" or not e.get("on_epoch") or e.get("rank_zero_only"):
+            if not LOG.of(e) or e.get("vtype") != "metric" or not e.get("on_epoch") or e.get("rank_zero_only"):
                 continue
             group = (e.get("hook"), bool(e.get("sanity")), e.get("epoch"))
             mine[group].setdefault(str(e.get("name")), e.get("site"))
@@ -49,10 +50,10 @@ def _ran(run, rank: int, group: tuple) -> bool:
     """Whether ``rank`` ran ``group``'s hook to its end at least once (a rank that raised inside it
     logged nothing by accident, not by choice)."""
     hook, sanity, epoch = group
-    entered = {e.get("i") for e in run.traces[rank] if e.get("ev") == "hook" and
+    entered = {e.get("i") for e in run.traces[rank] if HOOK.of(e) and
                str(e.get("name", "")).endswith(f".{hook}") and bool(e.get("sanity")) == sanity and
                e.get("epoch") == epoch}
-    return any(e.get("ev") == "hook_exit" and e.get("i") in entered for e in run.traces[rank])
+    return any(HOOK_EXIT.of(e) and e.get("i") in entered for e in run.traces[rank])
 
 
 def choosing_lines(site: dict | None) -> list[dict]:
