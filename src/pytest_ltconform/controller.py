@@ -102,6 +102,29 @@ def deselected_line(config: pytest.Config) -> str | None:
     return config.stash.get(DESELECTED_KEY, None)
 
 
+def target_on_demand(config: pytest.Config):
+    """The first target (a ``ResolvedTarget``), validated now for a test that asks for it (the
+    ``ltconform_target`` fixture) where ``-m`` deselected every contract item, so :func:`start`
+    validated nothing; None without a target. Fails that test, naming the target and the fix, for
+    a bad one. The end line then says the target was imported, for that test only."""
+    settings = config.stash.get(SETTINGS_KEY, None)
+    if settings is None or not settings.targets:
+        return None
+    from . import validation
+    from .target import spec as target_spec
+
+    try:
+        resolved = validation.validate_here(settings_mod.validate_args(settings, settings.targets[0]))
+    except target_spec.TargetError as exc:
+        pytest.fail(f"ltconform_target: {exc}", pytrace=False)
+    config.stash[TARGETS_KEY] = resolved
+    line = config.stash.get(DESELECTED_KEY, None)
+    if line is not None:
+        config.stash[DESELECTED_KEY] = line.replace(
+            "(nothing of it was imported)", "(only imported for a test's ltconform_target fixture)")
+    return resolved
+
+
 def _add_project_contracts(config: pytest.Config) -> None:
     """Register the contracts of every ``pytest_ltconform_contracts`` implementation; raises
     ``pytest.UsageError`` naming a contract that cannot be judged and the fix."""

@@ -204,7 +204,7 @@ _STYLE = {"passed": "green", "failed": "red", "advisory": "yellow", "error": "ma
 
 def summary_text(results: list[dict], width: int, color: bool, blocks: bool = False, details: bool = False) -> str:
     """Per target, a heading line with its id and its contract x strategy table; then one line per
-    advisory (``details``, for ``-vv``: its evidence block; ``-rA`` prints the block under PASSES and
+    advisory (``details``, for ``-vv``: its evidence block; ``-rA`` prints it under ADVISORIES and
     the JSON report has it), one line per failed item (its block is in pytest's FAILURES;
     ``blocks``: here too, for ``--tb=no``, without the hang diagnosis), then one line per item not
     judged. Blocks and lines name the target (``<id>::<contract>[<strategy>]``) when there are

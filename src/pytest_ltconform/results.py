@@ -48,6 +48,27 @@ def teststatus(report):
     return None
 
 
+def advisory_sections(tr) -> None:
+    """``-rA`` / ``-rP``: each advisory item's sections (its evidence block, the notes on what ran
+    in place of the user's config), after PASSES and as pytest prints a passed item's there: its
+    PASSES lists only the "passed" category, and an advisory reports as its own (:func:`teststatus`)."""
+    if tr.config.option.tbstyle == "no" or not tr.hasopt("P"):
+        return
+    reports = [rep for rep in tr.getreports("advisory") if rep.sections]
+    if not reports:
+        return
+    show = tr.config.option.showcapture
+    tr.write_sep("=", "ADVISORIES")
+    for rep in reports:
+        tr.write_sep("_", rep.head_line or rep.nodeid, yellow=True, bold=True)
+        if rep.longreprtext:
+            tr.write_line(rep.longreprtext)
+        for name, content in rep.sections if show != "no" else ():
+            if show == "all" or show in name:
+                tr.write_sep("-", name)
+                tr.write_line(content.rstrip("\n"))
+
+
 class PassedReasons:
     """Under ``-v``: below each passed (or advisory) contract item's line, what it checked (the
     verdict's summary)."""
@@ -99,6 +120,7 @@ class ResultsCollector:
         progress.end_live_line(self.config)  # Ctrl-C or SIGTERM during a run: pytest's banner starts a line
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
+        advisory_sections(terminalreporter)
         deselected = controller.deselected_line(self.config)
         if deselected:  # the header said it too; the counts at the end are where a reader looks
             terminalreporter.write_line(deselected, yellow=True, bold=True)
