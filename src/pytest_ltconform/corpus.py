@@ -63,6 +63,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import enum
 import glob
 import json
 import os
@@ -90,7 +91,7 @@ class Case:
         """A case named ``ok_*``, or whose EXPECTED says only "pass" or "advisory" (a demo), conforms:
         no item of any contract may fail on it."""
         return os.path.basename(self.path).startswith("ok_") or \
-            all(v in ("pass", "advisory") for v in self.expected.values())
+            all(v in (Got.PASS, Got.ADVISORY) for v in self.expected.values())
 
 
 def discover(paths: list[str]) -> list[str]:
@@ -222,7 +223,7 @@ def case_items(case: Case, targets, only: str | None, strategies: tuple[str, ...
 
 
 def _target_error_row(case: Case, cid: str, message: str) -> dict:
-    row = _row(case, cid, case.strategy or "ddp", "error", message, 0.0)
+    row = _row(case, cid, case.strategy or "ddp", Got.ERROR, message, 0.0)
     row["matched"] = False
     return row
 
@@ -251,18 +252,46 @@ def _configured_strategy(targets) -> str:
     return "ddp"
 
 
+class Got(enum.StrEnum):
+    """What an item's verdict counts as in the corpus (see :func:`got_of_fields`); an EXPECTED
+    value ('fail', 'pass', 'advisory', 'nofail') is met by some of these (:data:`ACCEPTED`)."""
+
+    FAIL = "fail"
+    PASS = "pass"
+    ADVISORY = "advisory"
+    CONSEQUENCE = "consequence"
+    NOT_JUDGED = "notjudged"
+    SKIPPED = "skipped"
+    UNAVAILABLE = "unavailable"
+    STOPPED = "stopped"
+    ERROR = "error"
+
+
+class Status(enum.StrEnum):
+    """How a row stands against its case's EXPECTED value (see :func:`status_of`)."""
+
+    RIGHT = "right"
+    WRONG = "wrong"
+    ERROR = "error"
+    SKIPPED = "skipped"
+    UNCHECKED = "unchecked"
+    KNOWN = "known"
+
+
 # What an item's verdict counts as against the case's EXPECTED value (shared/cases/README.md),
 # judged on every item a default run creates for the case (see the module doc for the rule).
-ACCEPTED = {"fail": ("fail", "unavailable"),
-            "pass": ("pass", "skipped", "consequence", "unavailable"),
-            "advisory": ("advisory", "pass", "skipped", "consequence", "unavailable"),
-            "nofail": ("pass", "advisory", "notjudged", "consequence", "skipped", "stopped", "unavailable")}
+ACCEPTED = {"fail": (Got.FAIL, Got.UNAVAILABLE),
+            "pass": (Got.PASS, Got.SKIPPED, Got.CONSEQUENCE, Got.UNAVAILABLE),
+            "advisory": (Got.ADVISORY, Got.PASS, Got.SKIPPED, Got.CONSEQUENCE, Got.UNAVAILABLE),
+            "nofail": (Got.PASS, Got.ADVISORY, Got.NOT_JUDGED, Got.CONSEQUENCE, Got.SKIPPED, Got.STOPPED,
+                       Got.UNAVAILABLE)}
 # An item of a faulty case's contract under a strategy other than the one that shows the fault.
-OTHER_STRATEGY = ("fail", "pass", "advisory", "notjudged", "consequence", "skipped", "stopped", "unavailable")
+OTHER_STRATEGY = (Got.FAIL, Got.PASS, Got.ADVISORY, Got.NOT_JUDGED, Got.CONSEQUENCE, Got.SKIPPED, Got.STOPPED,
+                  Got.UNAVAILABLE)
 # An item of a conforming (ok_) case's contract that EXPECTED does not name.
-UNNAMED_ON_OK = ("pass", "advisory", "notjudged", "consequence", "skipped", "unavailable")
+UNNAMED_ON_OK = (Got.PASS, Got.ADVISORY, Got.NOT_JUDGED, Got.CONSEQUENCE, Got.SKIPPED, Got.UNAVAILABLE)
 # Values that judged nothing: a contract whose items all have one of these passed nothing.
-NOTHING_JUDGED = ("skipped", "notjudged", "consequence", "stopped", "unavailable")
+NOTHING_JUDGED = (Got.SKIPPED, Got.NOT_JUDGED, Got.CONSEQUENCE, Got.STOPPED, Got.UNAVAILABLE)
 
 
 def got_of(verdict) -> str:
@@ -279,28 +308,28 @@ def got_of_fields(outcome: str, summary: str, category: str | None) -> str:
     plugin could not judge)."""
     outcome = Outcome.read(outcome, summary)
     if outcome is Outcome.FAILED:
-        return "fail"
+        return Got.FAIL
     if outcome in (Outcome.ADVISORY, Outcome.PASSED):
-        return {Outcome.ADVISORY: "advisory", Outcome.PASSED: "pass"}[outcome]
+        return {Outcome.ADVISORY: Got.ADVISORY, Outcome.PASSED: Got.PASS}[outcome]
     if outcome.skips:
-        if category in ("consequence", "unavailable"):
-            return category
-        return "notjudged" if outcome is Outcome.NOT_JUDGED else "skipped"
-    return "stopped" if category == "crash" else "error"
+        if category in ("consequence", "unavailable"):  # the categories of those two kinds of skip
+            return Got(category)
+        return Got.NOT_JUDGED if outcome is Outcome.NOT_JUDGED else Got.SKIPPED
+    return Got.STOPPED if category == "crash" else Got.ERROR
 
 
 def accepted(expected: str | None, key: bool, conforming: bool) -> tuple[str, ...]:
     """The corpus values that meet ``expected`` on one item; ``key`` marks the item that must show
     a case's fault (see ``key_strategy``); a conforming case's own code never stops a run."""
     if expected is None:
-        return UNNAMED_ON_OK if conforming else OTHER_STRATEGY + ("error",)
+        return UNNAMED_ON_OK if conforming else OTHER_STRATEGY + (Got.ERROR,)
     if expected == "fail" and not key:
         return OTHER_STRATEGY
     allowed = ACCEPTED.get(expected, (expected,))
     if not conforming:
         return allowed
     # Nothing may stop a conforming case's run, nor leave its "pass" unjudged.
-    return tuple(g for g in allowed if g != "stopped" and (expected == "nofail" or g != "consequence"))
+    return tuple(g for g in allowed if g != Got.STOPPED and (expected == "nofail" or g != Got.CONSEQUENCE))
 
 
 def key_strategy(expected: str, configured: str, strategies: list[str]) -> str | None:
@@ -316,9 +345,9 @@ def mark_group(rows: list[dict]) -> None:
     "advisory" expectation also needs one item that judged something (all skipped is no pass)."""
     for r in rows:
         r["matched"] = r["got"] in accepted(r["expected"], r.get("key", False), r.get("conforming", False))
-    if all(r["got"] == "unavailable" for r in rows):
+    if all(r["got"] == Got.UNAVAILABLE for r in rows):
         return  # no item of it can run on this machine: said, with the reason, as skipped
-    if rows and rows[0]["expected"] in ("pass", "advisory") and all(r["got"] in NOTHING_JUDGED for r in rows):
+    if rows and rows[0]["expected"] in (Got.PASS, Got.ADVISORY) and all(r["got"] in NOTHING_JUDGED for r in rows):
         for r in rows:
             r["matched"] = False
             r["why"] = "no item judged anything: a pass that compared nothing"
@@ -329,14 +358,14 @@ def status_of(row: dict) -> str:
     of a faulty case's contract that EXPECTED does not name) or known (wrong or an error, and
     listed in the corpus's known_failing.txt)."""
     if row["expected"] is None and not row.get("conforming"):
-        return "unchecked"
+        return Status.UNCHECKED
     if row.get("known") and not row["matched"]:
-        return "known"
-    if row["got"] == "error":
-        return "error"
+        return Status.KNOWN
+    if row["got"] == Got.ERROR:
+        return Status.ERROR
     if not row["matched"]:
-        return "wrong"
-    return "skipped" if row["got"] in NOTHING_JUDGED else "right"
+        return Status.WRONG
+    return Status.SKIPPED if row["got"] in NOTHING_JUDGED else Status.RIGHT
 
 
 def _row(case: Case, cid: str, strategy: str, got: str, message: str, duration: float,
@@ -355,16 +384,16 @@ def rates(rows: list[dict]) -> dict:
     """True positives (the key item of a "fail" expectation failed) and true negatives (every other
     checked item met its rule), the misses and false positives, the items not judged because of
     another item's failure, and the count per status (``status_of``)."""
-    judged = [r for r in rows if r["got"] != "unavailable"]  # items this machine cannot run count in neither
+    judged = [r for r in rows if r["got"] != Got.UNAVAILABLE]  # items this machine cannot run count in neither
     pos = [r for r in judged if r["expected"] == "fail" and r.get("key")]
     neg = [r for r in judged if r["expected"] not in ("fail", None) or (r["expected"] is None and r.get("conforming"))]
     statuses = collections.Counter(status_of(r) for r in rows)
-    return {"true_positives": sum(r["got"] == "fail" for r in pos), "positives": len(pos),
+    return {"true_positives": sum(r["got"] == Got.FAIL for r in pos), "positives": len(pos),
             "true_negatives": sum(bool(r["matched"]) for r in neg), "negatives": len(neg),
-            "false_positives": sum(r["got"] == "fail" for r in neg),
-            "misses": sum(r["got"] in ("pass", "advisory") for r in pos),
+            "false_positives": sum(r["got"] == Got.FAIL for r in neg),
+            "misses": sum(r["got"] in (Got.PASS, Got.ADVISORY) for r in pos),
             "not_judged_because_of_another_item": sum(bool(r.get("consequence")) for r in rows),
-            "errors": statuses["error"], "statuses": dict(statuses)}
+            "errors": statuses[Status.ERROR], "statuses": {str(k): n for k, n in statuses.items()}}
 
 
 def _pct(a: int, b: int) -> str:
@@ -378,10 +407,11 @@ def print_table(rows: list[dict], verbose: bool = False) -> None:
     print(f"{'case':<{width}}  {'contract':<18} {'strategy':<9} {'expected':<8} {'got':<9} status")
     for r in rows:
         status = status_of(r)
-        mark = {"wrong": "   <-- MISMATCH", "error": "   <-- MISMATCH", "known": "   <-- known failing"}.get(status, "")
+        mark = {Status.WRONG: "   <-- MISMATCH", Status.ERROR: "   <-- MISMATCH",
+                Status.KNOWN: "   <-- known failing"}.get(status, "")
         print(f"{r['case']:<{width}}  {r['contract']:<18} {r['strategy']:<9} {str(r['expected'] or '-'):<8} "
               f"{r['got']:<9} {status}{mark}")
-        if verbose or status in ("wrong", "error", "known"):
+        if verbose or status in (Status.WRONG, Status.ERROR, Status.KNOWN):
             why = [r[k] for k in ("known", "why") if r.get(k)]
             for line in why + r["message"].splitlines():
                 print(f"    {line}")
@@ -399,7 +429,7 @@ def print_table(rows: list[dict], verbose: bool = False) -> None:
             print(f"{r['got']}: {r['case']} {r['contract']}[{r['strategy']}]: {_first_line(r['message'])}")
 
 
-STATUSES = ("right", "wrong", "error", "skipped", "unchecked", "known")
+STATUSES = tuple(Status)
 
 
 def sentence_problems(rows: list[dict]) -> list[str]:
@@ -497,7 +527,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump({"rows": rows, "rates": rates(rows), "sentence_problems": sentence_problems(rows),
                        "elapsed_s": elapsed, "world_starts": cold}, fh, indent=2)
-    return 0 if all(status_of(r) not in ("wrong", "error") for r in rows) else 1
+    return 0 if all(status_of(r) not in (Status.WRONG, Status.ERROR) for r in rows) else 1
 
 
 def _strategies(text: str | None) -> tuple[str, ...] | None:

@@ -47,7 +47,7 @@ class LtconformItem(pytest.Item):
                 self.required_missing = (f"--ltconform-require {tier}: the {tier} tier cannot run here: {reason}. "
                                          f"The item fails instead of skipping so that a runner without that "
                                          f"hardware cannot pass silently.")
-                self._record({**unavailable(self.required_missing), "outcome": "failed"}, 0.0)
+                self._record({**unavailable(self.required_missing), "outcome": Outcome.FAILED}, 0.0)
                 return False
         first = avail.first_missing(self.variant)
         if first:
@@ -130,21 +130,21 @@ class LtconformRunItem(pytest.Item):
         try:
             outcome, text = session.run_failure(self.contract_id, self.variant.strategy, self.variant.tier, self.name)
         except WorldStartError as exc:
-            outcome, text, no_world = "error", f"[{self.name}] could not start a world: {exc}", True
+            outcome, text, no_world = Outcome.ERROR, f"[{self.name}] could not start a world: {exc}", True
         summary = text.splitlines()[0].removeprefix(f"[{self.name}] ")
         # The report says what pytest says: a run the user's code stopped FAILED; a world that never
         # started is recorded as an error (not judged: the machine's, not the user's).
-        recorded = "failed" if outcome == "error" and not no_world else outcome
+        recorded = Outcome.FAILED if outcome == Outcome.ERROR and not no_world else outcome
         # Its record carries the run's time (the contract items after it only judge).
         rec = report.record(self.kind, self.variant.label, self.config.stash[controller.SETTINGS_KEY].world_size,
                             {"outcome": recorded, "message": text, "summary": summary,
-                             "category": "crash" if outcome == "error" else None},
+                             "category": "crash" if outcome == Outcome.ERROR else None},
                             time.monotonic() - started, target=self.target_id)
         self.user_properties.append((report.PROPERTY, json.dumps({**rec, "run": True})))
         self.summary = summary  # what -rA prints after "PASSED <id> - "
-        if outcome == "skipped":
+        if outcome == Outcome.SKIPPED:
             pytest.skip(text)
-        if outcome == "error":
+        if outcome == Outcome.ERROR:
             raise RunFailed(text)
 
     def repr_failure(self, excinfo, style=None):
@@ -183,7 +183,7 @@ class RunItems:
             return
         items[:] = [x for n, item in enumerate(items) for x in ((added[n], item) if n in added else (item,))]
         # Counted as collected, so pytest's "collected N items / M selected" adds up.
-        config.hook.pytest_collectreport(report=pytest.CollectReport("ltconform-runs", "passed", None,
+        config.hook.pytest_collectreport(report=pytest.CollectReport("ltconform-runs", Outcome.PASSED.value, None,
                                                                      list(added.values())))
 
 
@@ -212,7 +212,7 @@ def add_items(session: pytest.Session, config: pytest.Config, items: list) -> No
                 items.append(_item(session, target_id, cid, variant))
     # Report the generated items like collected ones, so "collected N items" counts them.
     config.hook.pytest_collectreport(
-        report=pytest.CollectReport("ltconform", "passed", None, items[first_new:]))
+        report=pytest.CollectReport("ltconform", Outcome.PASSED.value, None, items[first_new:]))
 
 
 def _item(parent, target_id: str, cid: str, variant) -> LtconformItem:
@@ -264,4 +264,4 @@ def _one_line(text: str) -> str:
 
 def unavailable(reason: str) -> dict:
     """The verdict fields of an item whose tier cannot run here."""
-    return {"outcome": "skipped", "message": reason, "summary": reason, "category": "unavailable"}
+    return {"outcome": Outcome.SKIPPED, "message": reason, "summary": reason, "category": "unavailable"}

@@ -36,6 +36,13 @@ class Outcome(enum.StrEnum):
         return self in (Outcome.SKIPPED, Outcome.NOT_JUDGED)
 
     @property
+    def head(self) -> str:
+        """The word a verdict's first line gives it (``[contract] FAILED: ...``): FAILED, ADVISORY,
+        NOT JUDGED (an error: the run could not be judged), passed, skipped (a not-judged line
+        gives its reason instead)."""
+        return _HEADS[self]
+
+    @property
     def reported(self) -> str:
         """The word the JSON report and pytest use: a not-judged item is reported as skipped."""
         return Outcome.SKIPPED.value if self is Outcome.NOT_JUDGED else self.value
@@ -48,6 +55,10 @@ class Outcome(enum.StrEnum):
         if value is cls.SKIPPED and summary.startswith(NOT_JUDGED_PREFIX):
             return cls.NOT_JUDGED
         return value
+
+
+_HEADS = {Outcome.FAILED: "FAILED", Outcome.ADVISORY: "ADVISORY", Outcome.ERROR: "NOT JUDGED",
+          Outcome.PASSED: "passed", Outcome.SKIPPED: "skipped", Outcome.NOT_JUDGED: "skipped"}
 
 
 @dataclasses.dataclass(frozen=True)

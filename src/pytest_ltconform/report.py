@@ -43,6 +43,8 @@ import re
 import tempfile
 from importlib import metadata, resources
 
+from .outcomes import Outcome
+
 PROPERTY = "ltconform"
 
 # "<pkg.Callback object at 0x7f..>": the address differs in every process.
@@ -243,17 +245,17 @@ def summary_text(results: list[dict], width: int, color: bool, blocks: bool = Fa
             said.add(r["message"])
         more = same[r["message"]] - 1 if unavailable else 0
         title = name(r) + (f" and {more} more item(s) of that tier" if more else "")
-        if r["outcome"] == "failed" and not blocks:
+        if r["outcome"] == Outcome.FAILED and not blocks:
             failed.append(f"{title}: {_first_line(r)}")
-        elif r["outcome"] == "advisory" and not details:
+        elif r["outcome"] == Outcome.ADVISORY and not details:
             advisory.append(f"{title}: {_first_line(r)}")  # a green run reads at a glance
-        elif r["outcome"] in ("failed", "advisory"):
+        elif r["outcome"] in (Outcome.FAILED, Outcome.ADVISORY):
             console.rule(escape(title), style="" if not color else _STYLE[r["outcome"]])
             # soft_wrap: long paths stay on one line, so they can be copied.
             console.print(r.get("block") or r["message"], markup=False, highlight=False, soft_wrap=True)
     _lines(console, "advisory (the evidence: -rA, -vv or the JSON report)", advisory)
     _lines(console, "failed (each block is in FAILURES above)", failed)
-    _lines(console, "not judged", [f"{name(r)}: {_first_line(r)}" for r in results if r["outcome"] == "error"])
+    _lines(console, "not judged", [f"{name(r)}: {_first_line(r)}" for r in results if r["outcome"] == Outcome.ERROR])
     return buf.getvalue().rstrip("\n")
 
 

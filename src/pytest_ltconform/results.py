@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from . import controller, progress
+from .outcomes import Outcome
 
 
 def not_run(config: pytest.Config) -> list[dict]:
@@ -43,8 +44,8 @@ def teststatus(report):
         from . import report as report_mod
 
         rec = report_mod.from_report(report)
-        if rec and rec["outcome"] == "advisory":
-            return "advisory", "A", ("ADVISORY", {"yellow": True})
+        if rec and rec["outcome"] == Outcome.ADVISORY:
+            return Outcome.ADVISORY.value, "A", ("ADVISORY", {"yellow": True})
     return None
 
 
@@ -54,7 +55,7 @@ def advisory_sections(tr) -> None:
     PASSES lists only the "passed" category, and an advisory reports as its own (:func:`teststatus`)."""
     if tr.config.option.tbstyle == "no" or not tr.hasopt("P"):
         return
-    reports = [rep for rep in tr.getreports("advisory") if rep.sections]
+    reports = [rep for rep in tr.getreports(Outcome.ADVISORY.value) if rep.sections]
     if not reports:
         return
     show = tr.config.option.showcapture
@@ -85,7 +86,7 @@ class PassedReasons:
         from . import report as report_mod
 
         rec = report_mod.from_report(report)
-        if rec is None or rec["outcome"] not in ("passed", "advisory") or not report.longrepr:
+        if rec is None or rec["outcome"] not in (Outcome.PASSED, Outcome.ADVISORY) or not report.longrepr:
             return
         line = f"    {report.longrepr}"
         width = self.tr.config.get_terminal_writer().fullwidth - 1
@@ -129,7 +130,7 @@ class ResultsCollector:
 
             width = min(terminalreporter.config.get_terminal_writer().fullwidth, 100)
             terminalreporter.write_sep("=", "ltconform summary", bold=True)
-            if all(r.get("category") == "unavailable" and r["outcome"] == "skipped" for r in self.results):
+            if all(r.get("category") == "unavailable" and r["outcome"] == Outcome.SKIPPED for r in self.results):
                 # A run of skips only must not read as a pass: say that nothing was judged, and why.
                 reasons = "; ".join(dict.fromkeys(r["summary"] for r in self.results))
                 terminalreporter.write_line(f"ltconform: nothing was judged: every selected item needs a tier that "
@@ -155,7 +156,7 @@ class ResultsCollector:
         attached = controller.attached_world(self.config)
         if attached is not None and attached.rank != 0:
             return  # rank 0 writes the report for every rank
-        if all(r["outcome"] == "skipped" for r in self.results) and os.path.isfile(settings.report):
+        if all(r["outcome"] == Outcome.SKIPPED for r in self.results) and os.path.isfile(settings.report):
             # `pytest -m "not ltconform"` with the report in the ini file must not wipe the last verdicts.
             self.report_line = (f"ltconform: nothing was judged, so the JSON report {settings.report} was left "
                                 f"as an earlier session wrote it")

@@ -15,6 +15,7 @@ from . import contracts, tiers
 from .claims import claim
 from .contracts.base import Run, Verdict
 from .events import HOOK, HOOK_EXIT, NONFINITE, NOTE, STAGE, STAGE_ERROR, STRATEGY
+from .outcomes import Outcome
 from .runs import FIT, FIT_WITHOUT_VALIDATION, WITHOUT_VALIDATION, RunArgs, RunKey, RunSpec, seeding_for
 from .settings import Settings
 from .sites import fmt_site
@@ -64,28 +65,28 @@ class LtconformSession:
         contract = contracts.get_contract(contract_id)
         hung = self._hung_before(contract.run_spec, strategy, tier)
         if hung is not None:
-            return "skipped", hung_verdict(contract, hung).summary
+            return Outcome.SKIPPED, hung_verdict(contract, hung).summary
         run = self.run_for(contract.run_spec, strategy, tier)
         if run.job.status == "skip":
-            return "skipped", next((r.message for r in run.job.ranks if r.message), "skipped inside the ranks")
+            return Outcome.SKIPPED, next((r.message for r in run.job.ranks if r.message), "skipped inside the ranks")
         if run.finished:
-            return "passed", f"{_what_ran(run)}. This item records the run; the contract items judge it."
+            return Outcome.PASSED, f"{_what_ran(run)}. This item records the run; the contract items judge it."
         owner = contracts.blamed(run)
         if owner is not None:
             # The stop is a contract's finding: its item fails, once; this record does not fail again.
-            return "passed", (f"the run stopped because of the {owner}[{strategy}] failure (see that item); this item "
-                              f"only records the run.")
+            return Outcome.PASSED, (f"the run stopped because of the {owner}[{strategy}] failure (see that item); "
+                                    f"this item only records the run.")
         configured = any(e.get("configured") for e in run.events(0, STRATEGY))
         skipped = _not_a_sharded_module(contract, run, self._ddp_run(run, tier)) \
             if strategy in SHARDED_STRATEGIES and not configured else None
         if skipped is not None:  # the same words as the contract items judged on this run
-            return "skipped", skipped.summary
+            return Outcome.SKIPPED, skipped.summary
         cause = first_cause(run.job)
         headline = cause.headline() if cause is not None else "the run did not finish"
         run.cause_item = item
         run.first_item = run.first_item or item
         parts = [cause_text(cause), run.job.diagnosis_after(cause)] if cause is not None else [run.job.failure_text()]
-        return "error", "\n".join([f"[{item}] the run did not finish: {headline}."] + [p for p in parts if p])
+        return Outcome.ERROR, "\n".join([f"[{item}] the run did not finish: {headline}."] + [p for p in parts if p])
 
     def _key(self, kind: str, strategy: str, tier: str) -> RunKey:
         target = (self.target.id or self.target.model_name) if self.target is not None else "-"
@@ -154,7 +155,7 @@ class LtconformSession:
         try:
             run = self.run_for(contract.run_spec, strategy, tier)
         except WorldStartError as exc:
-            return contract.verdict("error", f"could not start a world: {exc}"), time.monotonic() - started
+            return contract.verdict(Outcome.ERROR, f"could not start a world: {exc}"), time.monotonic() - started
         if run.first_item is None:
             run.first_item = f"{contract_id}[{strategy}]"  # what a later item names when this run hung
         for spec in contract.observes:
@@ -165,7 +166,7 @@ class LtconformSession:
         verdict = judge(contract, run, self._ddp_run(run, tier) if strategy in SHARDED_STRATEGIES else None)
         if contract.run_spec == FIT:
             verdict = self._judged_without_validation(contract, run, verdict, tier) or verdict
-        if verdict.outcome == "error" and contract.run_spec != FIT:
+        if verdict.outcome is Outcome.ERROR and contract.run_spec != FIT:
             verdict = self._explained_by_fit(contract, strategy, tier) or verdict
         verdict = self._on_nonfinite_loss(contract, run, strategy, tier) or verdict
         # The first item that needs a run pays for it; later items only for their judgement.
@@ -194,7 +195,7 @@ class LtconformSession:
         if not isinstance(run, Run):
             return None
         second = judge(contract, run)
-        if not (second.finding or (run.finished and second.outcome == "passed" and not second.empty)):
+        if not (second.finding or (run.finished and second.outcome is Outcome.PASSED and not second.empty)):
             return None
         switched = ", ".join(f"{k}={v}" for k, v in WITHOUT_VALIDATION.items())
         second.notes.append(f"judged on a second fit with validation switched off ({switched}): the shared fit "
@@ -314,13 +315,13 @@ def judge(contract, run: Run, ddp: Run | None = None) -> Verdict:
     job = run.job
     if job.status == "skip":
         reason = next((r.message for r in job.ranks if r.message), "skipped inside the ranks")
-        return contract.verdict("skipped", reason)
+        return contract.verdict(Outcome.SKIPPED, reason)
     try:
         verdict = contract.judge(run)
     except Exception as exc:  # a bug of ours must not look like a verdict on the user's code
         import traceback
 
-        return contract.verdict("error", f"the {contract.id} verdict itself failed: {type(exc).__name__}: {exc}",
+        return contract.verdict(Outcome.ERROR, f"the {contract.id} verdict itself failed: {type(exc).__name__}: {exc}",
                                 diagnosis=traceback.format_exc())
     # What ran in place of the user's strategy (e.g. their FSDP/DeepSpeed config as CPU FSDP).
     # Every distinct note, in order: the tier's, then each optimizer substituted on CPU.
@@ -349,14 +350,14 @@ def _after_owned_failure(contract, run: Run, verdict: Verdict, owner: str) -> Ve
     rank recorded passes on that part; one that needs the run's end, or that recorded nothing of
     what it judges (``Verdict.empty``), is not judged."""
     item = f"{owner}[{run.strategy}]"
-    if verdict.outcome == "passed" and not _reached_a_step(run):
+    if verdict.outcome is Outcome.PASSED and not _reached_a_step(run):
         # Nothing to judge: a pass on a run that stopped in its setup would be vacuous.
         return not_judged(contract, f"the shared {run.kind} run stopped before its first step because of the "
                                     f"{item} failure (see that item).", item)
-    if verdict.outcome == "passed" and verdict.empty:
+    if verdict.outcome is Outcome.PASSED and verdict.empty:
         return not_judged(contract, f"the shared {run.kind} run stopped because of the {item} failure before "
                                     f"anything this contract judges was recorded (see that item).", item)
-    if verdict.outcome == "passed":
+    if verdict.outcome is Outcome.PASSED:
         verdict.partial = True
         verdict.notes.append(
             f"the world stopped early because of the {item} failure, so this contract was "
@@ -410,11 +411,11 @@ def _not_a_sharded_module(contract, run: Run, ddp: Run | None = None) -> Verdict
                  ddp="not run" if ddp is None else "finished" if ddp.finished else "stopped differently")
     if run.strategy == "fsdp":
         return contract.verdict(
-            "skipped", f"the module does not run under FSDP on CPU ({what}); the Trainer config does not name a "
+            Outcome.SKIPPED, f"the module does not run under FSDP on CPU ({what}); the Trainer config does not name a "
                        f"sharded strategy, so the sharded tier does not apply (--ltconform-strategies ddp hides it).",
             claims=[said])
     return contract.verdict(
-        "skipped", f"the module does not run under {name} on CPU ({what}); the Trainer config does not name "
+        Outcome.SKIPPED, f"the module does not run under {name} on CPU ({what}); the Trainer config does not name "
                    f"{name}, so the {run.strategy} tier does not apply (--ltconform-strategies without "
                    f"{run.strategy} hides it).", claims=[said])
 
@@ -432,7 +433,7 @@ def _after_own_failure(contract, run: Run) -> Verdict:
         # failure_text() already ends with the diagnosis; a cause's text needs it, less what it named.
         parts = [cause_text(cause), run.job.diagnosis_after(cause)] if cause is not None \
             else [run.job.failure_text()]
-        return contract.verdict("error", f"the run did not finish: {headline}.", category="crash",
+        return contract.verdict(Outcome.ERROR, f"the run did not finish: {headline}.", category="crash",
                                 diagnosis="\n".join(p for p in parts if p))
     return not_judged(contract, f"the shared {run.kind} run did not finish because {headline} "
                                 f"(see {run.cause_item}).", run.cause_item)

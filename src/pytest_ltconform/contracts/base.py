@@ -123,12 +123,11 @@ class Verdict:
     def render(self, with_diagnosis: bool = True) -> str:
         """The evidence block shown in the pytest report (with the hang diagnosis) and in the
         terminal summary (without it)."""
-        head = {"failed": "FAILED", "advisory": "ADVISORY", "error": "NOT JUDGED",
-                "passed": "passed", "skipped": "skipped", "not_judged": "skipped"}[self.outcome]
-        if self.partial and self.outcome == "passed":
+        head = self.outcome.head
+        if self.partial and self.outcome is Outcome.PASSED:
             head += " (on the part of the run before the world stopped)"
         kind = LABELS.get(self.category or "", "")
-        if self.outcome == "error" and self.category == "crash":
+        if self.outcome is Outcome.ERROR and self.category == "crash":
             head = "NOT JUDGED (the run stopped in your code)"
         lines = [f"[{self.contract}] {head}{kind}: {self.summary}"]
         if self.outcome is Outcome.NOT_JUDGED:
@@ -155,7 +154,7 @@ class Verdict:
         """The verdict's claims, with its headline label's when the headline carries one."""
         label = label_claim(self.category)
         shown = label is not None and self.outcome is not Outcome.NOT_JUDGED and \
-            not (self.outcome == "error" and self.category == "crash")
+            not (self.outcome is Outcome.ERROR and self.category == "crash")
         return list(self.claims) + ([label] if shown else [])
 
     def as_dict(self) -> dict:

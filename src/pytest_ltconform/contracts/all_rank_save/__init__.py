@@ -33,6 +33,7 @@ from collections import Counter
 from ... import releases
 from ...claims import claim
 from ...events import CALL, EXIT, HOOK, LOG, RAISED, STRATEGY
+from ...outcomes import Outcome
 from ...sites import fmt_site, hook_label, plural
 from ...world.diagnose import first_divergence
 from ..base import Blame, Contract, Evidence, Run, Verdict, defined_as_property, rank_guard
@@ -92,7 +93,7 @@ class AllRankSave(Contract):
         if round_trip:
             summary = f"{summary} {round_trip}"
         note = weights_only_note(run, self.id)
-        return self.verdict("passed", summary, notes=[note] if note else [])
+        return self.verdict(Outcome.PASSED, summary, notes=[note] if note else [])
 
     def _skipped_backward(self, run: Run, skipped: dict) -> Verdict:
         """Some ranks left a training step without the backward the others ran in it: under a
@@ -119,7 +120,7 @@ class AllRankSave(Contract):
                "contribute nothing (a loss of 0 * loss, or masking its bad samples), or decide to skip on every rank "
                "together (trainer.strategy.reduce_boolean_decision(skip) with all=False, then every rank skips the "
                "same step).")
-        return self.verdict("failed", summary, evidence=evidence, fix=fix, category="deadlock",
+        return self.verdict(Outcome.FAILED, summary, evidence=evidence, fix=fix, category="deadlock",
                             notes=["the world did not finish: the item's report says where each rank was."])
 
     @staticmethod
@@ -181,7 +182,7 @@ class AllRankSave(Contract):
                    ".fit/validate/test(model, ckpt_path=dir) on every rank; for a single weights file, consolidate "
                    "the directory first (FSDP: `python -m lightning.pytorch.utilities.consolidate_checkpoint DIR`; "
                    "DeepSpeed: zero_to_fp32.py in the directory), or save with state_dict_type='full'.")
-        return Verdict(contract=self.id, outcome="failed", summary=summary, evidence=evidence, fix=fix,
+        return Verdict(contract=self.id, outcome=Outcome.FAILED, summary=summary, evidence=evidence, fix=fix,
                        rule_section="DeepSpeed" if first["layout"] == "deepspeed" else "FSDP")
 
     def _round_trip(self, run: Run):
@@ -237,7 +238,7 @@ class AllRankSave(Contract):
                    f"matching strategy (Trainer(ckpt_path=dir), FSDP state_dict_type='sharded').")
         fix = ("keep the sharded directory's files together and resume with the strategy that wrote it; make "
                "sure every rank builds the same modules (same names and shapes) before the checkpoint loads.")
-        return Verdict(contract=self.id, outcome="failed", summary=summary, evidence=evidence, fix=fix,
+        return Verdict(contract=self.id, outcome=Outcome.FAILED, summary=summary, evidence=evidence, fix=fix,
                        rule_section="FSDP")
 
     def _diverged(self, run: Run, div: dict) -> Verdict:
@@ -273,7 +274,7 @@ class AllRankSave(Contract):
         told = re.search(r"\bcall ([\w.]+)\(\) on every rank", fix)
         # The traced call is a function the recorder wrapped (never a property): it is called.
         claims = [claim("call-form", told.group(0), func=told.group(1), property=False)] if told else []
-        return self.verdict("failed", summary, evidence=evidence, fix=fix, claims=claims,
+        return self.verdict(Outcome.FAILED, summary, evidence=evidence, fix=fix, claims=claims,
                             category="deadlock", notes=self._notes(run, div, call, makers, at))
 
     def _mismatched(self, run: Run) -> Verdict:
@@ -315,7 +316,7 @@ class AllRankSave(Contract):
         fix = (f"{told}, in the same order ({what} a collective every rank must enter); keep only the rank-local "
                f"side work (printing, writing a file) under the rank guard.")
         said = claim("call-form", told, func=via.get("func"), property=bool(getter))
-        return self.verdict("failed", summary, evidence=evidence, fix=fix, category="deadlock", notes=notes,
+        return self.verdict(Outcome.FAILED, summary, evidence=evidence, fix=fix, category="deadlock", notes=notes,
                             claims=[said])
 
     def _notes(self, run: Run, div: dict, call: dict, makers: list[int], at: int) -> list[str]:

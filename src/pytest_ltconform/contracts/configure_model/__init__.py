@@ -22,6 +22,7 @@ when Lightning calls ``configure_model`` a second time:
 
 from __future__ import annotations
 
+from ...outcomes import Outcome
 from ..base import Contract, Evidence, Run, Verdict
 from .probe import ConfigureModelProbe
 
@@ -56,7 +57,7 @@ class ConfigureModel(Contract):
         data = run.probe(self.id)
         ranks = [(r, d) for r, d in enumerate(data) if d]
         if not ranks:
-            return self.verdict("error", "no rank returned configure_model observations.")
+            return self.verdict(Outcome.ERROR, "no rank returned configure_model observations.")
         first = ranks[0][1]
         cls = first.get("class_name", "Model")
         if first.get("sharded_override_site"):
@@ -78,7 +79,7 @@ class ConfigureModel(Contract):
                                      site=first.get("configure_model_site")))
         fix = ("rename the hook to configure_model (same body), make it idempotent (return early when the layers "
                "exist), and let the strategy wrap the model (FSDP: auto_wrap_policy).")
-        return self.verdict("failed", summary, evidence=evidence, fix=fix)
+        return self.verdict(Outcome.FAILED, summary, evidence=evidence, fix=fix)
 
     # -- idempotence and trained weights ---------------------------------------------------------
     def _idempotence(self, run: Run, ranks: list, cls: str) -> Verdict | None:
@@ -124,7 +125,7 @@ class ConfigureModel(Contract):
             evidence.append(Evidence(metric_text))
         fix = ("make configure_model idempotent: return early when the layers already exist (e.g. "
                "`if self.body is not None: return`), and never re-initialise existing parameters in it.")
-        return self.verdict("failed", summary, evidence=evidence, fix=fix, category="silent")
+        return self.verdict(Outcome.FAILED, summary, evidence=evidence, fix=fix, category="silent")
 
     @staticmethod
     def _metric_text(eval_info: dict) -> str | None:
@@ -160,11 +161,11 @@ class ConfigureModel(Contract):
         elif eval_info.get("stage"):
             repeat = f"; {eval_info['stage']} after fit used the trained weights"
         if sharded is None:
-            return self.verdict("passed", f"no sharded strategy in use; {measured}{repeat}.")
+            return self.verdict(Outcome.PASSED, f"no sharded strategy in use; {measured}{repeat}.")
         if not first.get("user_sharded"):
             # Only the conformance tier shards: building in __init__ is what DDP does anyway.
             tier = "CPU FSDP tier" if run_kind == "fsdp" else "CPU DeepSpeed tier"
-            return self.verdict("passed", f"measured under the {tier}: {measured}{repeat}. Your Trainer "
+            return self.verdict(Outcome.PASSED, f"measured under the {tier}: {measured}{repeat}. Your Trainer "
                                 f"config names no sharded strategy, so layers built in __init__ are fine; with "
                                 f"FSDP or DeepSpeed, build the large ones in an idempotent configure_model.")
         where = first.get("user_strategy")
@@ -185,8 +186,8 @@ class ConfigureModel(Contract):
             big = max(groups, key=groups.get) if groups else "layers"
             fix = (f"create the large layers ({big}) in configure_model, guarded so a second call returns early "
                    f"(`if self.{big} is not None: return`), and keep only small, cheap state in __init__.")
-            return self.verdict("failed", summary, evidence=evidence, fix=fix)
-        return self.verdict("passed", f"under {where}: {measured} (under the {_fmt_bytes(GIANT_BYTES)} "
+            return self.verdict(Outcome.FAILED, summary, evidence=evidence, fix=fix)
+        return self.verdict(Outcome.PASSED, f"under {where}: {measured} (under the {_fmt_bytes(GIANT_BYTES)} "
                             f"large-model threshold or built in configure_model){repeat}.")
 
 CONTRACT = ConfigureModel()

@@ -25,6 +25,7 @@ from collections import defaultdict
 
 from ...claims import claim
 from ...events import HOOK, SEEDING
+from ...outcomes import Outcome
 from ...sites import first_sentence, fmt_site
 from ..base import Blame, Contract, Evidence, Run, Verdict, merged
 from ..loader_sites import LOADER_BUILT
@@ -432,7 +433,7 @@ class DataSharding(Contract):
             evidence.append(Evidence(f"the {stage} DataLoader is built here", site=built_at))
         ranks = "every rank" if len(failed) == run.world_size else f"rank(s) {[r.rank for r in failed]}"
         summary = f"{cause}. Fit fails on {ranks} at {where or 'the DataLoader construction'}."
-        return self.verdict("failed", summary, evidence=evidence, fix=fix)
+        return self.verdict(Outcome.FAILED, summary, evidence=evidence, fix=fix)
 
     def _creation_events(self, run: Run) -> list[dict]:
         return [e for r in range(run.world_size) for e in run.events(r, DS_CREATED)][:4]
@@ -445,7 +446,7 @@ class DataSharding(Contract):
         if found is None:
             return []
         summary, evidence, fix = split_texts(run, found)
-        return [self.verdict("failed", summary, fix=fix, category="silent",
+        return [self.verdict(Outcome.FAILED, summary, fix=fix, category="silent",
                              evidence=[Evidence(d, rank=r, site=fmt_site(s) if s else None) for d, r, s in evidence])]
 
     # -- 2. identical data on every rank ---------------------------------------------------------
@@ -499,7 +500,7 @@ class DataSharding(Contract):
                              + (f", sample ids {[e.get('ids') for e in firsts[r]]}" if ids else ""), rank=r)
                     for r in range(run.world_size)]
         evidence += self._loader_evidence(run, stage, loader, steps[0][first_ep])
-        return self.verdict("failed", summary, evidence=evidence, fix=self._fix_for(loader), category="silent")
+        return self.verdict(Outcome.FAILED, summary, evidence=evidence, fix=self._fix_for(loader), category="silent")
 
     def _loader_evidence(self, run, stage, loader, have: int) -> list[Evidence]:
         """For a stream: the items every rank yields against the steps a sharded stream would give."""
@@ -573,7 +574,7 @@ class DataSharding(Contract):
             evidence.append(Evidence(f"train epoch {epoch}: {_n_batches(len(evs))}, {named}; {len(shared & seen[r])} "
                                      f"of them also read by another rank", rank=r))
         evidence += self._loader_evidence(run, "train", loader, len(events[0]))
-        return self.verdict("failed", summary, evidence=evidence, fix=self._fix_for(loader), category="silent")
+        return self.verdict(Outcome.FAILED, summary, evidence=evidence, fix=self._fix_for(loader), category="silent")
 
     # -- 3. the same samples several times on one rank -------------------------------------------
     def _replayed_within_rank(self, run, batches, loaders) -> list[Verdict]:
@@ -609,7 +610,7 @@ class DataSharding(Contract):
         summary = f"{what}{why}; {self._what(loader)} does not split the work between workers/ranks."
         evidence = [Evidence(f"epoch {epoch}: {found[r][1]} {unit}, {found[r][2]} distinct", rank=r,
                              site=self._dataset_site(loader)) for r in ranks]
-        return [self.verdict("failed", summary, category="silent", fix=self._fix_for(loader), evidence=evidence,
+        return [self.verdict(Outcome.FAILED, summary, category="silent", fix=self._fix_for(loader), evidence=evidence,
                              claims=[who])]
 
     # -- 4. different numbers of batches ---------------------------------------------------------
@@ -675,7 +676,7 @@ class DataSharding(Contract):
         fix = ("give every rank the same number of batches: drop or pad the remainder "
                "(DistributedSampler(drop_last=True), or stop an IterableDataset on every rank after the "
                "smallest rank's item count), or let Lightning inject its sampler.")
-        return self.verdict("failed", summary, evidence=evidence, fix=fix, category="deadlock")
+        return self.verdict(Outcome.FAILED, summary, evidence=evidence, fix=fix, category="deadlock")
 
     # -- 5. an order drawn at random that repeats every epoch (see .reseed) ------------------------
     def _same_order_every_epoch(self, run, batches, loaders) -> list[Verdict]:
@@ -724,7 +725,7 @@ class DataSharding(Contract):
                "randn_like/rand_like: torch.randn(x.shape, generator=self.noise, device=x.device, dtype=x.dtype)); "
                "or reseed once with a rank offset, torch.manual_seed(seed + self.global_rank), in setup() after "
                "the model is built (DDP broadcasts the initial weights, so they stay identical).")
-        return self.verdict("failed", summary, evidence=evidence, fix=fix, category="silent")
+        return self.verdict(Outcome.FAILED, summary, evidence=evidence, fix=fix, category="silent")
 
     # -- passed ----------------------------------------------------------------------------------
     def _passed(self, run: Run, batches, loaders, split: dict) -> Verdict:
@@ -762,7 +763,7 @@ class DataSharding(Contract):
         summary = ("; ".join(parts) or "no batches were recorded") + \
             f"{what}; the same number of train batches per epoch on every rank."
         fixed = reseed.fixed_order_note(run, batches.get("train", {}), loader or {})
-        return self.verdict("passed", summary, notes=[_split_note(stage, read) for stage, read in split.items()]
+        return self.verdict(Outcome.PASSED, summary, notes=[_split_note(stage, read) for stage, read in split.items()]
                             + _combined_noise_notes(run) + ([fixed] if fixed else []) + _same_split_notes(run),
                             empty=not parts, claims=claims)
 

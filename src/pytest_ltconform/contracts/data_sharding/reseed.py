@@ -12,6 +12,7 @@ choice: the pass says so in a note.
 
 from __future__ import annotations
 
+from ...outcomes import Outcome
 from ...sites import fmt_site
 from ..base import Evidence, Run, Verdict, class_site, user_classes
 from .order import BATCH_SAMPLER, DS_EPOCH_CALL, LIGHTNING_SAMPLERS, RANDOM_SAMPLERS, WRAPPED
@@ -162,7 +163,7 @@ def _owner_verdict(contract, run: Run, owner: dict, why: list[str], epochs: list
         epochs_given = ", ".join(str(e.get("epoch")) for e in calls)
         evidence.append(Evidence(f"{name}.{method} called with epoch(s) {epochs_given}", rank=0,
                                  site=fmt_site(calls[0]["caller"]) if calls[0].get("caller") else None))
-    return contract.verdict("failed", summary, evidence=evidence, fix=_fix(owner), category="silent")
+    return contract.verdict(Outcome.FAILED, summary, evidence=evidence, fix=_fix(owner), category="silent")
 
 
 def _defined(run: Run, name: str) -> dict | None:
@@ -203,4 +204,4 @@ def _dataset(contract, loader: dict, epochs: list, seqs: dict, keys: bool) -> Ve
     site = loader.get("dataset_site")
     if site:
         evidence.append(Evidence(f"{name} is defined here: its __iter__ shuffles", site=fmt_site(site)))
-    return contract.verdict("failed", summary, evidence=evidence, fix=fix, category="silent")
+    return contract.verdict(Outcome.FAILED, summary, evidence=evidence, fix=fix, category="silent")

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 
+from ...outcomes import Outcome
 from ...runs import RunSpec
 from ...sites import fmt_site
 from ..base import Contract, Evidence, Run, Verdict
@@ -114,7 +115,7 @@ class EffectiveBatch(Contract):
         infos = [(v or {}).get("ebatch") for v in run.values()]
         info = infos[0]
         if not info:
-            return self.verdict("error", "the one-step run returned nothing", diagnosis=run.job.failure_text())
+            return self.verdict(Outcome.ERROR, "the one-step run returned nothing", diagnosis=run.job.failure_text())
         world = run.world_size
         local = _local(info)
         window = len(info["sizes"]) if info.get("manual") else info["accumulate"]
@@ -200,7 +201,8 @@ class EffectiveBatch(Contract):
                 notes.append(f"the world's and the 1-rank gradients differ by {rounded.split(' > ')[0]}, within what "
                              f"{_rounding_words(precision)} gives: the run computed in {precision}.")
             manual = self._manual_window(info, world, samples, report, notes)
-            return manual or self.verdict("passed", f"{report} The {measured}: world-size invariant.", notes=notes)
+            return manual or self.verdict(Outcome.PASSED, f"{report} The {measured}: world-size invariant.",
+                                          notes=notes)
         lines = info.get("loss_lines") or []
         coupled = self._coupled_not_counted(ratio, world, cos, lines, measured, report, notes)
         if coupled is not None:
@@ -216,7 +218,7 @@ class EffectiveBatch(Contract):
             evidence.append(Evidence(f"{ln['what']}: {ln['text']}", site=fmt_site(ln)))
         for name, r in (ref.get("per_param") or [])[:3]:
             evidence.append(Evidence(f"parameter {name}: gradient ratio {r:.3g}"))
-        return self.verdict("failed", summary, evidence=evidence, fix=_FIX, category="silent", notes=notes)
+        return self.verdict(Outcome.FAILED, summary, evidence=evidence, fix=_FIX, category="silent", notes=notes)
 
     def _coupled_not_counted(self, ratio: float, world: int, cos, lines: list, measured: str, report: str,
                              notes: list) -> Verdict | None:
@@ -278,7 +280,7 @@ class EffectiveBatch(Contract):
                              f"micro-batch gradients)"),
                     Evidence(f"manual_backward(loss) on each of the {n} micro-batches, loss not divided by {n}",
                              site=fmt_site(site) if site else None)]
-        return self.verdict("failed", summary, evidence=evidence, fix=_MANUAL_FIX, category="silent", notes=notes)
+        return self.verdict(Outcome.FAILED, summary, evidence=evidence, fix=_MANUAL_FIX, category="silent", notes=notes)
 
     @staticmethod
     def _report(values: list, local, world: int, acc: int) -> tuple[str, list[str]]:

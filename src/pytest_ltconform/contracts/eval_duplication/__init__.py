@@ -26,6 +26,7 @@ from collections import Counter, defaultdict
 
 from ...claims import claim
 from ...events import CALL, LOG
+from ...outcomes import Outcome
 from ...runs import RunSpec
 from ...sites import fmt_site
 from ..base import Contract, Evidence, Findings, Run, Verdict, method_site, rank_guard, user_classes
@@ -100,7 +101,7 @@ class EvalDuplication(Contract):
     def judge(self, run: Run) -> Verdict:
         data = [(v or {}).get("eval") for v in run.values()]
         if any(d is None for d in data):
-            return self.verdict("passed", "no evaluation was recorded on every rank.", empty=True)
+            return self.verdict(Outcome.PASSED, "no evaluation was recorded on every rank.", empty=True)
         limited = data[0].get("limited")
         stages = [s for s in data[0].get("driver", []) if s in data[0]["stages"]]
         if not stages:
@@ -131,13 +132,13 @@ class EvalDuplication(Contract):
             # The label follows from what was measured: wrong values if any finding measured or implies them.
             category = "silent" if any(f.category == "silent" for f in found.items) else found.lead.category
             summary = found.summary(every=True)
-            return self.verdict("failed", summary, evidence=found.evidence, fix=found.fixes(), category=category,
+            return self.verdict(Outcome.FAILED, summary, evidence=found.evidence, fix=found.fixes(), category=category,
                                 notes=found.notes, claims=_said(found, summary))
         if found.unread and not found.good:  # nothing compared: never a pass
             return self.not_judged("cannot tell samples apart in " + "; ".join(found.unread)
                                 + " (no dataset indices to read).", notes=found.notes)
         summary = " ".join(found.good)
-        return self.verdict("passed", summary, evidence=found.evidence, notes=found.notes,
+        return self.verdict(Outcome.PASSED, summary, evidence=found.evidence, notes=found.notes,
                             claims=_said(found, summary))
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from ...outcomes import Outcome
 from ...runs import inspection
 from ...sites import fmt_site
 from ..base import Contract, Evidence, Findings, Run, Verdict
@@ -324,7 +325,7 @@ class LaunchEnv(Contract):
     def judge(self, run: Run) -> Verdict:
         observed = [o for o in run.probe(self.id) if o]
         if not observed:
-            return self.verdict("error", "no rank reported its launch environment.")
+            return self.verdict(Outcome.ERROR, "no rank reported its launch environment.")
         trainer = observed[0]["trainer"]
         launch_site = None
         if all(o["kind"] == "attached" for o in observed):
@@ -334,9 +335,9 @@ class LaunchEnv(Contract):
             launch_site = fmt_site(observed[0].get("simulated_site")) if observed[0].get("simulated_site") else None
         else:
             return self.verdict(
-                "skipped", "not inside a multi-node world: these ranks were started by pytest-ltconform "
-                           "itself, so there is no torchrun or SLURM launch to check (run pytest under "
-                           "torchrun or srun and select -m ltconform_multinode).")
+                Outcome.SKIPPED, "not inside a multi-node world: these ranks were started by pytest-ltconform "
+                                 "itself, so there is no torchrun or SLURM launch to check (run pytest under "
+                                 "torchrun or srun and select -m ltconform_multinode).")
         views = [view(env, i) for i, env in enumerate(envs)]
         found, layout = _checked(views, trainer)
         where = f"{layout['launcher']} launch of {layout['nodes']} node(s) x {layout['per_node']} process(es)"
@@ -344,7 +345,7 @@ class LaunchEnv(Contract):
             summary = (f"the {where} matches the Trainer: {layout['var']}={layout['world']} = num_nodes "
                        f"{layout['num_nodes']} x devices {layout['devices']}, and every rank agrees on the node "
                        f"ranks and on MASTER {layout['master']} ({source}).")
-            return self.verdict("passed", summary, notes=found.notes)
+            return self.verdict(Outcome.PASSED, summary, notes=found.notes)
         evidence = [Evidence(f.detail, rank=f.rank, site=launch_site) for f in found.items]
         trainer_site = observed[0].get("trainer_site")
         if trainer_site and (trainer.get("num_nodes") or trainer.get("devices")):
@@ -358,7 +359,7 @@ class LaunchEnv(Contract):
                       "rendezvous" if any(w in detail for w in rendezvous) else "size")
         fix = "; ".join(_FIX[k] for k in ("size", "rendezvous", "timeout") if k in kinds) + "."
         summary = f"the {where} disagrees with the Trainer or across ranks ({source}): {found.summary()}."
-        return self.verdict("failed", summary, evidence=evidence, fix=fix, category=found.lead.category,
+        return self.verdict(Outcome.FAILED, summary, evidence=evidence, fix=fix, category=found.lead.category,
                             notes=found.notes)
 
 CONTRACT = LaunchEnv()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ...outcomes import Outcome
 from ..base import Contract, Evidence, Run, Verdict
 from .plan import CANDIDATES, SHARDING, fits, per_device, row_text, size
 from .probe import MemoryProbe
@@ -80,7 +81,7 @@ class Memory(Contract):
                      for label, row in rows.items()]
         setting = _production_setting(prediction)
         if capacity is None:
-            return self.verdict("advisory", _advisory(mine, measured, rows, configured, world, setting),
+            return self.verdict(Outcome.ADVISORY, _advisory(mine, measured, rows, configured, world, setting),
                                 evidence=evidence, notes=notes)
         need = rows[configured]["total"]
         judged_here = _kind(configured) == run.strategy
@@ -100,11 +101,11 @@ class Memory(Contract):
             summary = (f"{configured} on {world} devices needs {size(need)} per device for {setting}, more than "
                        f"the {size(capacity)} stated ({source}). {would}")
         if not judged_here:  # only the configured strategy's item gives a verdict, either way
-            return self.verdict("advisory", f"(the [{_kind(configured)}] item judges the configured "
-                                            f"strategy) {summary}", evidence=evidence, notes=notes)
+            return self.verdict(Outcome.ADVISORY, f"(the [{_kind(configured)}] item judges the configured "
+                                                  f"strategy) {summary}", evidence=evidence, notes=notes)
         if need <= capacity:
-            return self.verdict("passed", summary, evidence=evidence, notes=notes)
-        return self.verdict("failed", summary, evidence=evidence, notes=notes, fix=_fix(others, configured))
+            return self.verdict(Outcome.PASSED, summary, evidence=evidence, notes=notes)
+        return self.verdict(Outcome.FAILED, summary, evidence=evidence, notes=notes, fix=_fix(others, configured))
 
     def _measured_only(self, mine, measured, prediction, capacity, source, evidence, notes) -> Verdict:
         peak = max(row["total"] for row in measured["ranks"].values())
@@ -114,23 +115,23 @@ class Memory(Contract):
         configured = measured.get("configured") or "DDP"
         if capacity is not None and _kind(configured) != _kind(mine):
             # only the configured strategy's item is judged against the device
-            return self.verdict("advisory", f"{mine} on this run: up to {size(peak)} per rank (measured; {why}); "
-                                            f"the [{_kind(configured)}] item judges the configured {configured} "
-                                            f"against the {size(capacity)} stated ({source}).",
+            return self.verdict(Outcome.ADVISORY, f"{mine} on this run: up to {size(peak)} per rank (measured; {why}); "
+                                                  f"the [{_kind(configured)}] item judges the configured {configured} "
+                                                  f"against the {size(capacity)} stated ({source}).",
                                 evidence=evidence, notes=notes)
         if capacity is not None and measured.get("offload"):
             return self.not_judged(f"{measured['offload']}, which this count of device memory "
                                            f"does not model.", evidence=evidence, notes=notes)
         if capacity is None:
-            return self.verdict("advisory", f"{mine} on this run: up to {size(peak)} per rank (measured; {why}); "
-                                            f"no device size is stated (--ltconform-device-memory).",
+            return self.verdict(Outcome.ADVISORY, f"{mine} on this run: up to {size(peak)} per rank (measured; {why}); "
+                                                  f"no device size is stated (--ltconform-device-memory).",
                                 evidence=evidence, notes=notes)
         if peak <= capacity:
-            return self.verdict("passed", f"{mine} fits {size(capacity)} ({source}) on this small run: {size(peak)} "
-                                          f"per rank, measured, not predicted at production size.",
+            return self.verdict(Outcome.PASSED, f"{mine} fits {size(capacity)} ({source}) on this small run: "
+                                                f"{size(peak)} per rank, measured, not predicted at production size.",
                                 evidence=evidence, notes=notes)
-        return self.verdict("failed", f"{mine} needs {size(peak)} per rank on this small run, more than the "
-                                      f"{size(capacity)} stated ({source}) (measured, not predicted).",
+        return self.verdict(Outcome.FAILED, f"{mine} needs {size(peak)} per rank on this small run, more than the "
+                                            f"{size(capacity)} stated ({source}) (measured, not predicted).",
                             evidence=evidence, notes=notes, fix=_fix([], mine))
 
 

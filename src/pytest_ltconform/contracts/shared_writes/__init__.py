@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 
 from ...events import STAGE, STAGE_ERROR
+from ...outcomes import Outcome
 from ...sites import fmt_site
 from ..base import Contract, Evidence, Run, Verdict, merged, rank_guard
 from .probe import WRITE, SharedWritesProbe
@@ -114,7 +115,7 @@ class SharedWrites(Contract):
         if "torch.save" in modes:
             fix = ("save the file from one rank: `if self.trainer.is_global_zero: torch.save(...)`, or use "
                    "trainer.save_checkpoint on every rank (Lightning writes it once); " + fix.split("; ", 1)[1])
-        return self.verdict("failed", summary, evidence=evidence, fix=fix, category="silent", notes=notes)
+        return self.verdict(Outcome.FAILED, summary, evidence=evidence, fix=fix, category="silent", notes=notes)
 
     def _passed(self, run: Run, by_path) -> Verdict:
         if not by_path:
@@ -122,8 +123,8 @@ class SharedWrites(Contract):
             # A later stage that raised was watched only up to its exception (see the notes).
             raised = {e.get("name") for r in range(run.world_size) for e in run.events(r, STAGE_ERROR)}
             words = [f"{s} (until it raised)" if s in raised else s for s in stages]
-            return self.verdict("passed", f"user code opened no file for writing during {' and '.join(words)} "
-                                          f"(outside checkpoint saving) on any rank.")
+            return self.verdict(Outcome.PASSED, f"user code opened no file for writing during {' and '.join(words)} "
+                                                f"(outside checkpoint saving) on any rank.")
         parts = []
         for path, ranks in sorted(by_path.items())[:5]:
             (r, evs), = ranks.items()
@@ -131,6 +132,7 @@ class SharedWrites(Contract):
             parts.append(f"{os.path.basename(path)} by rank {r} only"
                          + (f" (under `{guard}`)" if guard else ""))
         more = f" and {len(by_path) - 5} more" if len(by_path) > 5 else ""
-        return self.verdict("passed", f"every file user code writes is written by one rank: {', '.join(parts)}{more}.")
+        return self.verdict(Outcome.PASSED,
+                            f"every file user code writes is written by one rank: {', '.join(parts)}{more}.")
 
 CONTRACT = SharedWrites()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from ...outcomes import Outcome
 from ...runs import FIT, inspection
 from ...sites import fmt_site
 from ..base import Blame, Contract, Evidence, Run, Verdict
@@ -47,7 +48,7 @@ class SpawnSafety(Contract):
         facts = run.probe(self.id)[0]
         if facts is None:
             r = run.job.ranks[0]
-            return self.verdict("error", f"the spawn checks could not run: {r.exc_type}: {r.message}",
+            return self.verdict(Outcome.ERROR, f"the spawn checks could not run: {r.exc_type}: {r.message}",
                                 diagnosis=run.job.failure_text())
         fresh = facts.get("fresh") or {}
         module = facts["module"]
@@ -83,7 +84,7 @@ class SpawnSafety(Contract):
                          f"({fresh['seconds']:.1f} s)")
         elif fresh.get("crashed") is not None:
             notes.append(f"the import check in {_fresh(fresh)} itself did not report (exit {fresh['crashed']}).")
-        return self.verdict("passed", "; ".join(parts) + ".", notes=notes)
+        return self.verdict(Outcome.PASSED, "; ".join(parts) + ".", notes=notes)
 
     def _failed(self, failures: list[_Failure], notes: list[str], spawn_matters: bool) -> Verdict:
         """The first failure leads; the others add their evidence, a note and their fix."""
@@ -92,10 +93,10 @@ class SpawnSafety(Contract):
             evidence += extra.evidence
             notes.insert(0, extra.summary)
         fixes = [fix] + [f.fix for f in failures[1:] if f.fix != fix]
-        outcome = "failed"
+        outcome = Outcome.FAILED
         if not spawn_matters:
             # Pickling matters once something spawns; torchrun and plain ddp build objects per rank.
-            outcome = "advisory"
+            outcome = Outcome.ADVISORY
             notes.append("nothing in this launch starts processes by spawn (no ddp_spawn, no DataLoader with a "
                          "spawn or forkserver multiprocessing_context), so it is not affected here; any "
                          "spawn-started run (ddp_spawn, notebooks, DataLoader workers on macOS or Windows) would fail.")

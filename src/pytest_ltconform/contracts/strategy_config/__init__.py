@@ -17,6 +17,7 @@ config that sets each value.
 from __future__ import annotations
 
 from ...claims import claim
+from ...outcomes import Outcome
 from ...runs import inspection
 from ..base import Blame, Contract, Evidence, Run, Verdict
 from .probe import StrategyConfigProbe
@@ -50,12 +51,12 @@ class StrategyConfig(Contract):
         facts = run.probe(self.id)[0]
         if facts is None:
             r = run.job.ranks[0]
-            return self.verdict("error", f"the strategy config could not be read: {r.exc_type}: {r.message}",
+            return self.verdict(Outcome.ERROR, f"the strategy config could not be read: {r.exc_type}: {r.message}",
                                 diagnosis=run.job.failure_text())
         if "not_deepspeed" in facts:
-            return self.verdict("skipped", f"the Trainer config's strategy is {facts['not_deepspeed']}, not "
-                                           f"DeepSpeed: the [deepspeed] item judges a DeepSpeed config (the [ddp] "
-                                           f"item judges this one).")
+            return self.verdict(Outcome.SKIPPED,
+                                f"the Trainer config's strategy is {facts['not_deepspeed']}, not DeepSpeed: the "
+                                f"[deepspeed] item judges a DeepSpeed config (the [ddp] item judges this one).")
         pairs = [(f, self._render(f, facts)) for f in facts["findings"]]
         pairs = [(f, r) for f, r in pairs if r is not None]
         rendered = [r for _, r in pairs]
@@ -63,14 +64,15 @@ class StrategyConfig(Contract):
                   for f, r in pairs if f["kind"] == "ds_auto"]
         if not rendered:
             extra = " (DeepSpeedStrategy read without deepspeed installed)" if facts.get("stand_in") else ""
-            return self.verdict("passed", f"the Trainer config's strategy {facts['strategy']}{extra} with precision "
-                                          f"{facts['precision']} and accumulate_grad_batches={facts['accumulate']}: "
-                                          f"its policies, precision, DeepSpeed values and timeout are consistent.")
+            return self.verdict(Outcome.PASSED,
+                                f"the Trainer config's strategy {facts['strategy']}{extra} with precision "
+                                f"{facts['precision']} and accumulate_grad_batches={facts['accumulate']}: "
+                                f"its policies, precision, DeepSpeed values and timeout are consistent.")
         summary, section, fix = rendered[0][0], rendered[0][2], rendered[0][3]
         evidence = [Evidence(text, site=site) for _, (text, site), _, _ in rendered]
         notes = [r[0] for r in rendered[1:]]
         fixes = [fix] + [r[3] for r in rendered[1:] if r[3] != fix]
-        verdict = self.verdict("failed", summary, evidence=evidence, fix=" Also: ".join(fixes), notes=notes,
+        verdict = self.verdict(Outcome.FAILED, summary, evidence=evidence, fix=" Also: ".join(fixes), notes=notes,
                                claims=claims)
         verdict.rule_section = section
         return verdict

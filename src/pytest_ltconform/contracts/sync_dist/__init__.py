@@ -37,6 +37,7 @@ from collections import defaultdict
 
 from ...claims import Claim, claim, reduced_across_ranks
 from ...events import LOG
+from ...outcomes import Outcome
 from ...sites import fmt_site, hook_label
 from ...world.diagnose import first_divergence
 from ..base import Blame, Contract, Evidence, Run, Verdict, merged, rank_guard
@@ -142,7 +143,7 @@ class SyncDist(Contract):
                        f"{site}. Each key is an all-reduce, so the ranks' collectives no longer pair up.")
         fix = _sequence_fix(bool(empty), name_text, where)
         notes = [] if run.finished else ["the world did not finish; the item's report says where each rank was."]
-        return self.verdict("failed", summary, evidence=evidence, fix=fix, category="deadlock", notes=notes,
+        return self.verdict(Outcome.FAILED, summary, evidence=evidence, fix=fix, category="deadlock", notes=notes,
                             claims=made)
 
     # -- 2. monitored metrics -------------------------------------------------------------------
@@ -152,7 +153,7 @@ class SyncDist(Contract):
         if found is None:
             return []
         summary, evidence, fix = missing_texts(found)
-        return [self.verdict("failed", summary, evidence=evidence, fix=fix,
+        return [self.verdict(Outcome.FAILED, summary, evidence=evidence, fix=fix,
                              notes=["the world did not finish; the item's report says where each rank was."])]
 
     def _metric_key_failures(self, run: Run) -> list[Verdict]:
@@ -162,7 +163,7 @@ class SyncDist(Contract):
             return []
         summary, evidence, fix, category = metric_key_texts(run, found)
         notes = [] if run.finished else ["the world did not finish; the item's report says where each rank was."]
-        return [self.verdict("failed", summary, fix=fix, category=category, notes=notes,
+        return [self.verdict(Outcome.FAILED, summary, fix=fix, category=category, notes=notes,
                              evidence=[Evidence(d, rank=r, site=fmt_site(s) if s else None) for d, r, s in evidence])]
 
     def _monitors(self, run: Run) -> list[dict]:
@@ -198,7 +199,7 @@ class SyncDist(Contract):
             summary, lines, made = found
             fix = (f"log {key!r} on every rank with sync_dist=True (and batch_size=...) or log a "
                    f"TorchMetrics object; never rank_zero_only for a metric a callback monitors.")
-            failures.append(self.verdict("failed", summary, evidence=[Evidence(x) for x in lines], fix=fix,
+            failures.append(self.verdict(Outcome.FAILED, summary, evidence=[Evidence(x) for x in lines], fix=fix,
                                          category="silent", claims=made))
         return failures
 
@@ -206,7 +207,7 @@ class SyncDist(Contract):
     def _stop_failure(self, run: Run, div: dict) -> Verdict:
         summary, evidence, made = stop_texts(run, div)
         notes = [] if run.finished else ["the world did not finish; the item's report says where each rank was."]
-        return self.verdict("failed", summary, evidence=evidence, category="deadlock", notes=notes, claims=made,
+        return self.verdict(Outcome.FAILED, summary, evidence=evidence, category="deadlock", notes=notes, claims=made,
                             fix=f"at {fmt_site(div['event'].get('site'))}: {STOP_FIX}")
 
     def _decision_failures(self, run: Run, stop_seen: bool = False) -> list[Verdict]:
@@ -221,7 +222,7 @@ class SyncDist(Contract):
             differ = claim("differ", "trainer.should_stop / the final epoch differ across ranks",
                            values=_per_rank([[s, e] for s, e in zip(stops, epochs)]))
             failures.append(self.verdict(
-                "failed", f"{differ.text}: one rank decided to stop and the others did not.", claims=[differ],
+                Outcome.FAILED, f"{differ.text}: one rank decided to stop and the others did not.", claims=[differ],
                 evidence=[Evidence(f"should_stop={s}, current_epoch={e}", rank=r)
                           for r, (s, e) in enumerate(zip(stops, epochs))],
                 category="deadlock", fix=STOP_FIX))
@@ -231,14 +232,14 @@ class SyncDist(Contract):
                 differ = claim("differ", f"EarlyStopping(monitor={es['monitor']!r}) stopped at different epochs "
                                          f"per rank", values=_per_rank(stopped))
                 failures.append(self.verdict(
-                    "failed", f"{differ.text}.", claims=[differ],
+                    Outcome.FAILED, f"{differ.text}.", claims=[differ],
                     evidence=[Evidence(f"stopped_epoch={s}", rank=r) for r, s in enumerate(stopped)],
                     category="silent", fix="monitor a metric logged with sync_dist=True."))
         found = lr_divergence([v.get("lr_changes") or [] for v in values])
         if found is not None:
             summary, evidence, made = lr_texts(*found)
             failures.append(self.verdict(
-                "failed", summary, evidence=evidence, category="silent", claims=made,
+                Outcome.FAILED, summary, evidence=evidence, category="silent", claims=made,
                 fix="step every scheduler on every rank from a value all ranks share: monitor a metric logged "
                     "with sync_dist=True (or a TorchMetrics object), and never step a scheduler under a rank "
                     "condition."))
@@ -271,7 +272,7 @@ class SyncDist(Contract):
                    f"the other ranks' best_model_path names a file that does not exist.")
         fix = (f"log {name!r} with sync_dist=True at {site} (or log a TorchMetrics object), or keep it out of "
                f"the ModelCheckpoint filename: every rank must build the same checkpoint path.")
-        return self.verdict("failed", summary, evidence=evidence, category="silent", fix=fix, claims=[differ])
+        return self.verdict(Outcome.FAILED, summary, evidence=evidence, category="silent", fix=fix, claims=[differ])
 
     def _scores_differ(self, finals: list[dict], ckpt: dict, paths: list, scores: list,
                        evidence: list[Evidence]) -> Verdict:
@@ -291,7 +292,7 @@ class SyncDist(Contract):
         summary = (f"ModelCheckpoint(monitor={monitor!r}) ends with {what}: the monitored value is not the same on "
                    f"every rank, so each rank ranks its top-k checkpoints (which to keep, which is best) on different "
                    f"numbers{also}.")
-        return self.verdict("failed", summary, evidence=evidence, category="silent", claims=made,
+        return self.verdict(Outcome.FAILED, summary, evidence=evidence, category="silent", claims=made,
                             fix="make the monitored value identical on every rank (sync_dist=True or a TorchMetrics "
                                 "object); decisions must be taken from reduced values.")
 
@@ -322,7 +323,7 @@ class SyncDist(Contract):
         fix = ("give ModelCheckpoint the same filename on every rank: nothing made per process in it (a run "
                "counter, a process id, a time, a random id). Make such a name once and share it (set it in the "
                "config, or broadcast rank 0's before building the Trainer).")
-        return self.verdict("failed", summary, evidence=evidence, category="silent", fix=fix, claims=[paths])
+        return self.verdict(Outcome.FAILED, summary, evidence=evidence, category="silent", fix=fix, claims=[paths])
 
     # -- 4. nonlinear per-batch metrics ---------------------------------------------------------
     def _nonlinear_failures(self, run: Run) -> list[Verdict]:
@@ -352,7 +353,7 @@ class SyncDist(Contract):
                                       f"{scope.samples_text} {p['truth']:.4f}"
                                       + ("" if p["nonlinear"] else " (linear: the same either way)"))
                              for p in scope.found["parts"]]
-            failures.append(self.verdict("failed", summary, category="silent", fix=fix, evidence=evidence,
+            failures.append(self.verdict(Outcome.FAILED, summary, category="silent", fix=fix, evidence=evidence,
                                          claims=made))
         return failures
 
@@ -398,7 +399,7 @@ class SyncDist(Contract):
         count = "batch.num_graphs" if example["sample_path"] == "batch.num_graphs" else f"len({example['sample_path']})"
         fix = (f"pass the number of samples to the log call at {site}: self.log({key!r}, ..., batch_size={count}); "
                f"Lightning cannot tell samples from rows of the first tensor it finds.")
-        return self.verdict("failed", summary, category="silent", fix=fix)
+        return self.verdict(Outcome.FAILED, summary, category="silent", fix=fix)
 
     def _passed(self, run: Run) -> Verdict:
         synced = sorted({e.get("name") for e in run.events(0, LOG) if synced_log(e)})
@@ -423,7 +424,7 @@ class SyncDist(Contract):
         if unjudged and not compared and not synced:
             return self.not_judged("; ".join(parts[1:-1]) + ", and no synced log call was made, so nothing was "
                                    "compared across ranks.", notes=notes)
-        return self.verdict("passed", "; ".join(parts) + ".", notes=notes, claims=made,
+        return self.verdict(Outcome.PASSED, "; ".join(parts) + ".", notes=notes, claims=made,
                             empty=not logged and not keys)
 
 

@@ -27,6 +27,7 @@ import re
 from collections import defaultdict
 
 from ...claims import claim
+from ...outcomes import Outcome
 from ...sites import first_sentence, fmt_site, plural
 from ..base import Blame, Contract, Evidence, Findings, Run, Verdict, definition_evidence, target_site
 from .probe import DDP_ERROR, GRAD_CONFIG, GRAD_SETUP, GRAD_USE, STEP_NONE, UnusedParametersProbe
@@ -83,11 +84,11 @@ class UnusedParameters(Contract):
         any_setup = next((s for s in setup.values() if s), None)
         total = sum(len(v) for v in records.values())
         if any_setup is None or (total == 0 and not any(ddp_errors.values())):
-            return self.verdict("passed", "no backward pass was recorded, so no parameter could miss a gradient.",
+            return self.verdict(Outcome.PASSED, "no backward pass was recorded, so no parameter could miss a gradient.",
                                 empty=True)
         if not any_setup.get("ddp"):
-            return self.verdict("skipped", "the model was not wrapped in DistributedDataParallel, so "
-                                           "find_unused_parameters does not apply.")
+            return self.verdict(Outcome.SKIPPED, "the model was not wrapped in DistributedDataParallel, so "
+                                                 "find_unused_parameters does not apply.")
         use = _GradUse.of(run, any_setup, records, ddp_errors)
         if not use.missing:
             return self._all_used(run, use.records, use.find_unused, use.names)
@@ -124,13 +125,13 @@ class UnusedParameters(Contract):
             evidence.append(Evidence(f"this rank did not skip {at}: its backward takes part in DDP's gradient "
                                      f"all-reduce for that batch, with no partner on {_rank_words(none_ranks)}{after}",
                                      rank=r))
-        return self.verdict("failed", what + ".", evidence=evidence, fix=_FIX_STEP_NONE)
+        return self.verdict(Outcome.FAILED, what + ".", evidence=evidence, fix=_FIX_STEP_NONE)
 
     def _all_used(self, run, records, find_unused, names) -> Verdict:
         counts = ", ".join(f"rank {r}: {plural(len(v), 'backward')}" for r, v in records.items())
         if find_unused:
             return self.verdict(
-                "advisory",
+                Outcome.ADVISORY,
                 f"find_unused_parameters=True, but every one of the {len(names)} trainable parameters got a "
                 f"gradient in every backward pass on every rank ({counts}). DDP still walks the autograd "
                 f"graph after each forward looking for unused parameters that do not exist: wasted time that "
@@ -143,8 +144,8 @@ class UnusedParameters(Contract):
                     "strategy='ddp'); keep it only if some steps really skip parameters.",
                 category="waste")
         return self.verdict(
-            "passed", f"every one of the {len(names)} trainable parameters got a gradient in every backward "
-                      f"pass ({counts}); find_unused_parameters=False is right.")
+            Outcome.PASSED, f"every one of the {len(names)} trainable parameters got a gradient in every backward "
+                            f"pass ({counts}); find_unused_parameters=False is right.")
 
     def _unused(self, run: Run, use: _GradUse) -> Verdict:
         always, sometimes = use.always_and_sometimes()
@@ -155,7 +156,7 @@ class UnusedParameters(Contract):
         if use.static and not use.find_unused and always and not sometimes:
             # A static graph records the unused set once and reuses it: correct, but they still cost memory.
             return self.verdict(
-                "advisory",
+                Outcome.ADVISORY,
                 f"static_graph=True lets DDP skip the same unused parameters every step, so training is correct, but "
                 f"{plural(len(always), 'parameter')} ({_group(always)}) never got a gradient: they only cost "
                 f"memory. Not a correctness bug.",
@@ -171,7 +172,7 @@ class UnusedParameters(Contract):
         """find_unused_parameters=True: right for usage that changes, waste for parameters that never train."""
         if always:
             return self.verdict(
-                "advisory",
+                Outcome.ADVISORY,
                 f"find_unused_parameters=True keeps the run going, but {plural(len(always), 'parameter')} "
                 f"({_group(always)}) never got a gradient in any backward pass: DDP searches the graph for them "
                 f"after every forward, and they only cost memory. Not a correctness bug.",
@@ -180,7 +181,7 @@ class UnusedParameters(Contract):
                     "find_unused_parameters=True if nothing else needs it.",
                 category="waste")
         return self.verdict(
-            "passed",
+            Outcome.PASSED,
             f"{plural(len(sometimes), 'parameter')} ({_group(sometimes)}) skip some backward passes, and "
             f"find_unused_parameters=True is set, which is what dynamic usage needs.")
 
@@ -202,7 +203,7 @@ class UnusedParameters(Contract):
             notes.append("the conformance run kept DDP going with find_unused_parameters=True so every backward "
                          "could be observed; the verdict is about your setting, find_unused_parameters=False.")
         fix = _fix(always, sometimes, "toggled" in found.causes)
-        return self.verdict("failed", summary, evidence=evidence, fix=fix, notes=notes, claims=found.claims)
+        return self.verdict(Outcome.FAILED, summary, evidence=evidence, fix=fix, notes=notes, claims=found.claims)
 
 @dataclasses.dataclass
 class _GradUse:
