@@ -181,7 +181,10 @@ def _validate(case: Case, pool, settings: Settings):
         resolved = validation.validate_forked(world, kwargs, {})
     except WorldStartError:
         resolved = None  # the parent cannot start: validate here; the first run says why
-    return resolved if resolved is not None else target_validation.validate(**kwargs)
+    if resolved is not None:
+        return resolved
+    with validation.cuda_named_on_cpu():
+        return target_validation.validate(**kwargs)
 
 
 def item_strategies() -> tuple[str, ...]:
@@ -658,11 +661,13 @@ def rows_from_records(case: Case, records: list[dict], problem: str = "", only: 
 def _configured_strategy_of(case: Case) -> str:
     from .target import spec as target_spec
     from .target import validation as target_validation
+    from .validation import cuda_named_on_cpu
 
     try:
-        targets = target_validation.validate(
-            f"{case.path}:Model", f"{case.path}:DataModule" if case.has_datamodule else None,
-            f"{case.path}:trainer_kwargs" if case.has_trainer else None)
+        with cuda_named_on_cpu():
+            targets = target_validation.validate(
+                f"{case.path}:Model", f"{case.path}:DataModule" if case.has_datamodule else None,
+                f"{case.path}:trainer_kwargs" if case.has_trainer else None)
     except target_spec.TargetError:
         return "ddp"
     return _configured_strategy(targets)

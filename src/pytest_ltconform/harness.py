@@ -24,7 +24,7 @@ import importlib
 import sys
 from typing import Any
 
-from . import trainer_overrides
+from . import cuda_on_cpu, trainer_overrides
 from .events import NONFINITE, NOTE, SEEDING, STAGE, STAGE_ERROR, STRATEGY, USER_SEED
 from .runs import WITHOUT_VALIDATION, Probe, RunArgs
 from .target import loading as target_loading
@@ -240,6 +240,9 @@ class RankRun:
     @functools.cached_property
     def objects(self) -> UserObjects:
         objects = UserObjects(self.target)
+        interception = cuda_on_cpu.active()
+        if interception is not None:  # user code asking for the GPU count gets the GPU runner's answer
+            interception.gpu_config = trainer_overrides.on_gpus(objects.user_kwargs.get("accelerator")) is not None
         self._cpu_optimizers()
         return objects
 
@@ -411,30 +414,43 @@ def _step_site(cls: type) -> dict | None:
 def rank_run(ctx, args: RunArgs, *, traced: bool = True, probes=None):
     """The :class:`RankRun` of one job on this rank, for ``args`` (a :class:`~.runs.RunArgs`).
     ``probes`` replaces ``args.probes``: ``[(contract_id, "module:Class")]`` or ``[(contract_id,
-    Probe)]``. A traced run installs the recorder first (so that names the user's module imports
-    are the recording ones), then each probe's ``install``; the recorder is removed on exit."""
-    recorder = None
+    Probe)]``. The job runs inside the CUDA interception (:func:`_interception`), entered first and
+    left last (the recorder's and the probes' patches wrap its torch.load). A traced run installs the
+    recorder first (so that names the user's module imports are the recording ones), then each
+    probe's ``install``; the recorder is removed on exit."""
+    recorder = Recorder(ctx.trace_path, ctx.rank) if traced else None
     seeds: list[dict] = []
-    if traced:
-        recorder = Recorder(ctx.trace_path, ctx.rank)
-        recorder.watch_collectives(stack_path())
-        namespace = args.target.namespace
-        namespaces = [namespace] + [ns for ns in target_spec.NAMESPACES if ns != namespace and ns in sys.modules]
-        recorder.install(tuple(namespaces))
-        seeds = watch_seeding(recorder)
-    try:
-        loaded = {cid: resolve(p)() if isinstance(p, str) else p
-                  for cid, p in (args.probes if probes is None else probes)}
+    with _interception(ctx, recorder) as interception:
         if recorder is not None:
-            for probe in loaded.values():
-                probe.install(recorder)
-        with contextlib.ExitStack() as exits:
-            run = RankRun(ctx, args, loaded, recorder, exits)
-            run.user_seeds = seeds
-            yield run
-    finally:
-        if recorder is not None:
-            recorder.uninstall()
+            recorder.watch_collectives(stack_path())
+            namespace = args.target.namespace
+            namespaces = [namespace] + [ns for ns in target_spec.NAMESPACES if ns != namespace and ns in sys.modules]
+            recorder.install(tuple(namespaces))
+            seeds = watch_seeding(recorder)
+        try:
+            loaded = {cid: resolve(p)() if isinstance(p, str) else p
+                      for cid, p in (args.probes if probes is None else probes)}
+            if recorder is not None:
+                for probe in loaded.values():
+                    probe.install(recorder)
+            with contextlib.ExitStack() as exits:
+                run = RankRun(ctx, args, loaded, recorder, exits)
+                run.user_seeds = seeds
+                yield run
+        finally:
+            if recorder is not None:
+                for event in interception.worker_events():
+                    recorder.emit(event)
+                recorder.uninstall()
+
+
+def _interception(ctx, recorder: Recorder | None):
+    """The job's :func:`~.cuda_on_cpu.intercept`: CUDA calls run on the rank's CPU in a CPU world
+    (recorded in a traced run); in a GPU world only recorded."""
+    per_node = max(1, ctx.world_size // max(1, ctx.num_nodes))
+    return cuda_on_cpu.intercept(ctx.rank, ctx.local_rank, per_node, recorder.emit if recorder is not None else None,
+                                 mapping=ctx.accelerator == "cpu", side_path=ctx.trace_path + ".workers",
+                                 hook=recorder.current_hook if recorder is not None else None)
 
 
 def traced_fit(ctx, args: RunArgs, overrides: dict | None = None) -> dict:

@@ -25,6 +25,17 @@ def launches_own_ranks(user_strategy: Any) -> bool:
     return getattr(user_strategy, "_start_method", "popen") != "popen"
 
 
+def on_gpus(accelerator: Any) -> str | None:
+    """What a Trainer config's ``accelerator`` says of the ranks it is written for: 'gpu' (``"gpu"``,
+    ``"cuda"``, a CUDA accelerator object), 'auto' (the default: Lightning picks CUDA on a machine
+    with GPUs, as a GPU runner is), or None (``"cpu"``, ``"mps"``, ``"tpu"`` and the others)."""
+    if accelerator is None or (isinstance(accelerator, str) and accelerator.lower() == "auto"):
+        return "auto"
+    if isinstance(accelerator, str):
+        return "gpu" if accelerator.lower() in ("gpu", "cuda") else None
+    return "gpu" if "cuda" in type(accelerator).__name__.lower() else None
+
+
 def _strategy_replaced(user_strategy: Any) -> str | None:
     """What a [ddp] item runs instead of ``user_strategy`` (as the harness's ``_ddp_strategy`` decides), or
     None when it runs the user's own DDP. Sharded strategies are said in their items' notes."""

@@ -173,8 +173,11 @@ def fresh_import_check(module: str, namespace: str, paths: list[str]) -> dict:
         trainer_cls.__init__ = __init__
     spec = importlib.util.find_spec(module)
     path, source = _source_of(spec) if spec is not None else (None, None)
+    from .cuda_on_cpu import where_no_cuda
+
     try:
-        with armed(path, (source or "") + f"\nimport {namespace}"):
+        # A module that names CUDA at import imports on a CPU-only torch as it does in the ranks.
+        with armed(path, (source or "") + f"\nimport {namespace}"), where_no_cuda():
             if spec is None:
                 importlib.import_module(module)
             else:

@@ -31,8 +31,17 @@ def validate_here(kwargs: dict):
     from .tiers import quiet_deepspeed_detection
 
     # A user module that imports deepspeed would otherwise print its accelerator warning.
-    with target_loading.own_imports(), quiet_deepspeed_detection():
+    with target_loading.own_imports(), quiet_deepspeed_detection(), cuda_named_on_cpu():
         return target_validation.validate(**kwargs)
+
+
+def cuda_named_on_cpu():
+    """Validation imports the target, builds the module and calls its Trainer-kwargs target: where
+    torch has no CUDA, code written for GPUs (``.cuda()`` in ``__init__``, ``torch.cuda.set_device``)
+    runs on the CPU, as it does in the ranks (``cuda_on_cpu.where_no_cuda``; nothing is recorded)."""
+    from .cuda_on_cpu import where_no_cuda
+
+    return where_no_cuda()
 
 
 def validate_forked(world, kwargs: dict, facts: dict) -> object | None:
@@ -84,7 +93,7 @@ def validate_in_child(payload: str) -> dict:
         from .tiers import quiet_deepspeed_detection
         from .world.devices import cuda_device_count
 
-        with quiet_deepspeed_detection():
+        with quiet_deepspeed_detection(), cuda_named_on_cpu():
             resolved = target_validation.validate(**kwargs)
         facts = {"cuda": cuda_device_count()}
     except target_spec.TargetError as exc:
