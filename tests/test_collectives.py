@@ -13,7 +13,7 @@ import pytest
 from conftest import CONFORMANCE
 
 from pytest_ltconform import contracts
-from pytest_ltconform.session import judge
+from pytest_ltconform.policies import judge
 from pytest_ltconform.world import JobResult, RankOutcome
 from pytest_ltconform.world.causes import raised_in_user_code
 from pytest_ltconform.world.diagnose import call_of

@@ -1,5 +1,5 @@
 """A rank that stops making progress is diagnosed once: later runs of the same target that would reach
-the same code are not started (session.py, ``_hung_before``), and a failed rank's output is bounded.
+the same code are not started (session.py, ``hung_before``), and a failed rank's output is bounded.
 """
 
 from __future__ import annotations
@@ -166,8 +166,8 @@ def test_runs_after_a_hang_in_user_code_are_not_started_under_any_strategy(fake_
                                     "--ltconform-timeout=10), and this run would reach the same code "
                                     "(see all-rank-save[ddp]).")
     # A run that trains nothing cannot reach the hung step: it is started.
-    assert session._hung_before(inspection("config"), "ddp", "cpu") is None
-    assert session._hung_before(FIT, "ddp", "gpu") is None  # another tier: its own world
+    assert session.hung_before(inspection("config"), "ddp", "cpu") is None
+    assert session.hung_before(FIT, "ddp", "gpu") is None  # another tier: its own world
 
 
 def test_a_rank_stuck_in_a_library_call_blocks_only_its_own_strategy(fake_runs, tmp_path):
@@ -176,8 +176,8 @@ def test_a_rank_stuck_in_a_library_call_blocks_only_its_own_strategy(fake_runs, 
     user = str(tmp_path / "model.py")
     session = _session_with(fake_runs, _dump([(pytest.__file__, 3, "all_reduce"), (user, 20, "on_validation_end")]))
     evaluation = contracts.get_contract("eval-duplication").run_spec
-    assert session._hung_before(evaluation, "ddp", "cpu") is not None
-    assert session._hung_before(evaluation, "fsdp", "cpu") is None  # may be DDP's doing: FSDP still runs
+    assert session.hung_before(evaluation, "ddp", "cpu") is not None
+    assert session.hung_before(evaluation, "fsdp", "cpu") is None  # may be DDP's doing: FSDP still runs
 
 
 def test_a_run_killed_before_its_time_limit_for_a_hung_rank_is_not_run_into_again(fake_runs, tmp_path):

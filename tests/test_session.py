@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from pytest_ltconform import contracts
-from pytest_ltconform.session import judge
+from pytest_ltconform.outcomes import Outcome
+from pytest_ltconform.policies import judge
 from pytest_ltconform.world.causes import first_cause, is_transport_failure
 
 USER_FILE = __file__
@@ -85,6 +86,15 @@ def test_uneven_hooks_of_a_stopped_rank_are_not_claimed_by_data_sharding(fake_ru
     assert contracts.blamed(run) is None
 
 
+def _explained_by_fit(session, tier: str):
+    """The policy that points an errored eval-duplication item under ddp at the fit's item, asked of ``session``."""
+    from pytest_ltconform import policies
+
+    contract = contracts.get_contract("eval-duplication")
+    case = policies.Case(contract, "ddp", tier, session=session)
+    return policies._explained_by_fit(case, contract.verdict(Outcome.ERROR, "the run did not finish"))
+
+
 def test_a_run_that_stops_like_the_fit_names_the_fit_item_instead_of_a_second_traceback(fake_runs):
     from pytest_ltconform.session import LtconformSession
     from pytest_ltconform.settings import Settings
@@ -96,14 +106,14 @@ def test_a_run_that_stops_like_the_fit_names_the_fit_item_instead_of_a_second_tr
     session = LtconformSession(Settings(target="m.Model", world_size=2), target=None, pool=object())
     session._runs.update({session._key("fit", "ddp", "cpu"): fit,
                           session._key(evaluation.kind, "ddp", "cpu"): evaluation})
-    verdict = session._explained_by_fit(contracts.get_contract("eval-duplication"), "ddp", "cpu")
+    verdict = _explained_by_fit(session, "cpu")
     assert verdict.outcome == "not_judged" and verdict.diagnosis is None
     assert verdict.not_judged.reason.startswith("its own run stopped the same way as the fit: rank 1 raised "
                                       "ValueError at ")
     assert verdict.summary.endswith("test_session.py:42 (training_step): bad sample 7 (see all-rank-save[ddp]).")
     # A different failure in its own run is its own to show.
     evaluation.job.ranks[1].traceback = TRACEBACK.replace("line 42", "line 50")
-    assert session._explained_by_fit(contracts.get_contract("eval-duplication"), "ddp", "cpu") is None
+    assert _explained_by_fit(session, "cpu") is None
 
 
 def test_a_gpu_item_is_not_explained_by_the_cpu_fit(fake_runs):
@@ -122,8 +132,8 @@ def test_a_gpu_item_is_not_explained_by_the_cpu_fit(fake_runs):
     session = LtconformSession(Settings(target="m.Model", world_size=2), target=None, pool=object())
     session._runs.update({RunKey("-", "fit", "ddp", "cpu", two): fit,
                           RunKey("-", evaluation.kind, "ddp", "cpu", two): evaluation})
-    assert session._explained_by_fit(contracts.get_contract("eval-duplication"), "ddp", "cpu") is not None
-    assert session._explained_by_fit(contracts.get_contract("eval-duplication"), "ddp", "gpu") is None
+    assert _explained_by_fit(session, "cpu") is not None
+    assert _explained_by_fit(session, "gpu") is None
     assert session._key("fit", "ddp", "gpu") == RunKey("-", "fit", "ddp", "gpu", two) != \
         session._key("fit", "ddp", "cpu")
 
@@ -167,7 +177,7 @@ def test_a_finished_run_with_nothing_to_judge_keeps_its_pass(fake_runs, cid):
 
 
 def test_a_stop_inside_validation_or_its_sanity_check_is_told_from_one_in_training(fake_runs):
-    from pytest_ltconform.session import _stopped_in_validation
+    from pytest_ltconform.policies import stopped_in_validation as _stopped_in_validation
 
     def stopped(*events):
         return _stopped_in_validation(fake_runs.run(traces=[list(events), [STEP]], values=[{}, {}]))
@@ -186,7 +196,7 @@ def test_a_stop_inside_validation_or_its_sanity_check_is_told_from_one_in_traini
 
 def test_the_run_item_of_a_finished_run_says_what_ran(fake_runs):
     # A pass that records a run says what the run did, not only that it finished.
-    from pytest_ltconform.session import _what_ran
+    from pytest_ltconform.policies import what_ran as _what_ran
 
     def step(epoch):
         return {"ev": "hook", "name": "[LightningModule]M.training_step", "epoch": epoch, "step": 0}

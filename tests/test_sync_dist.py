@@ -497,7 +497,7 @@ def _missing_key_run(fake_runs, tmp_path, callback="ModelCheckpoint", logged="va
 @pytest.mark.parametrize("callback", list(NOT_FOUND))
 def test_a_monitored_key_one_rank_never_logged_is_claimed_with_the_guarded_log_call(fake_runs, tmp_path, callback):
     from pytest_ltconform.contracts import blamed
-    from pytest_ltconform.session import judge
+    from pytest_ltconform.policies import judge
 
     run = _missing_key_run(fake_runs, tmp_path, callback)
     contract = get_contract("sync-dist")
@@ -520,7 +520,7 @@ def test_a_monitored_key_one_rank_never_logged_is_claimed_with_the_guarded_log_c
 
 def test_a_monitored_key_no_rank_logged_is_the_users_typo_not_claimed(fake_runs, tmp_path):
     from pytest_ltconform.contracts import blamed
-    from pytest_ltconform.session import judge
+    from pytest_ltconform.policies import judge
 
     run = _missing_key_run(fake_runs, tmp_path, logged="val_loss")  # monitor='val_acc', logged 'val_loss'
     assert get_contract("sync-dist").blames(run) is None and blamed(run) is None
