@@ -162,7 +162,7 @@ def main() -> int:
     print(f"\n{'':48}{'fork':>16}{'spawn':>16}")
     for name in rows["fork"]:
         print(f"{name:48}{rows['fork'][name]:>16}{rows['spawn'][name]:>16}")
-    print("issue #21 targets: session CPU / import CPU <= 2.0; replace < 1 s")
+    print("targets: session CPU / import CPU <= 2.0; replace < 1 s")
     print(f"(a plain import of what the deepspeed tier's parent imports costs {with_deepspeed / one_import:.2f} "
           "imports; the parent imports it with the collector off)")
     return 0

@@ -354,7 +354,7 @@ def test_all_gather_under_a_rank_guard_in_the_test_stage_fails(pytester, no_left
     assert "all_gather_rank_zero_guard_test_epoch_end.py:40" in out
 
 
-# -- issue 38 §3 ------------------------------------------------------------------------------------
+# -- a collective a rank leaves its peers waiting in -------------------------------------------------
 
 _STEP = '''
 class Model:

@@ -54,7 +54,7 @@ def test_reduced_needs_a_recorded_sync_and_local_its_absence():
     local = "'acc' averaged over rank 0's own batches"
     assert claims.check(_record(local, claims.claim("local", local, log=plain))) == []
     assert "was synced" in claims.check(_record(local, claims.claim("local", local, log=synced)))[0]
-    # Said with no claim at all (the sentence before issue 32):
+    # Said with no claim at all (as sentences were written before claims):
     assert "no reduced claim" in claims.check(_record(text))[0]
 
 
@@ -152,7 +152,7 @@ def test_an_unknown_kind_is_refused_where_the_claim_is_made():
         claims.claim("nope", "x")
 
 
-# -- issue 38 §4: each sentence kind, today's false sentence first ---------------------------------
+# -- each sentence kind, today's false sentence first ----------------------------------------------
 
 def test_a_fix_never_calls_a_property():
     today = ("[all-rank-save] FAILED (deadlocks the world): log_dir (trainer.py:1331; its broadcast was this "

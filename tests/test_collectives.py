@@ -1,6 +1,6 @@
-"""Every collective, not a list of known ones (issue 19, section 1), and the raising rank leads
-(issue 20): torch's Flight Recorder entries of each rank, matched across ranks, name the first
-collective the ranks issued from different places; a rank that raised in user code is the cause.
+"""Every collective, not a list of known ones, and the raising rank leads: torch's Flight Recorder
+entries of each rank, matched across ranks, name the first collective the ranks issued from
+different places; a rank that raised in user code is the cause.
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def test_all_rank_save_fails_on_the_guarded_collective_with_both_ranks(tmp_path,
     assert other.outcome in ("passed", "not_judged") and "all-rank-save[ddp]" in other.render()
 
 
-# -- issue 20: a rank that raised in user code leads ----------------------------------------------
+# -- a rank that raised in user code leads ---------------------------------------------------------
 
 def _validation_raised(tmp_path, fake_runs):
     user = tmp_path / "model.py"

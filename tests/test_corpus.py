@@ -101,7 +101,7 @@ def test_full_matrix(tmp_path):
     bad = [f"{r['case']} {r['contract']}[{r['strategy']}]: expected {r['expected']}, got {r['got']}: "
            f"{r['message'][:300]}" for (name, cid), group in rows.items() for r in group
            if not r["matched"] and (name, cid) not in KNOWN and (name, "*") not in KNOWN]
-    bad += sentence_problems([r for group in rows.values() for r in group])  # issue 32: every sentence true
+    bad += sentence_problems([r for group in rows.values() for r in group])  # every sentence true
     assert not bad, "\n".join(bad)
 
 

@@ -66,7 +66,7 @@ def test_fingerprint_rows_and_ids():
     assert fingerprint((torch.arange(6.0).reshape(3, 2), torch.tensor([5, 6, 7])))["fp"] == fp["fp"]
 
 
-# -- issue 11: uneven counts only from the data -----------------------------------------------------
+# -- uneven counts only from the data ------------------------------------------------------------
 
 def _loader(epoch: int, length, **info) -> dict:
     return {"ev": "ds_loader", "stage": "train", "epoch": epoch, "length": length, "batch_size": 4,
@@ -247,7 +247,7 @@ def _reseed_run(fake_runs, owner: dict, extra=(), rng: bool = False, epochs=None
 
 def test_a_batch_sampler_whose_set_epoch_nothing_calls_fails_from_the_indices_each_epoch_received(fake_runs):
     """Lightning calls set_epoch on the loader's sampler and the batch sampler's .sampler, never on a
-    batch sampler: one that draws its order at random repeats it every epoch (issue 32, section 3)."""
+    batch sampler: one that draws its order at random repeats it every epoch."""
     contract = get_contract("data-sharding")
     verdict = contract.judge(_reseed_run(fake_runs, _owner("Buckets"), rng=True))
     assert verdict.outcome == "failed" and verdict.category == "silent"
@@ -578,7 +578,7 @@ def test_iterable_items_fill_the_batches_they_were_collated_into(fake_runs):
 
     replayed = contract.judge(fake_runs.run([rank([["a", "b", "c", "d"]] * 2), rank([["e", "f", "g", "h"]] * 2)]))
     assert replayed.outcome == "failed", replayed.render()
-    # Every rank that shows it is named (issue 32: the evidence gave rank 0 only).
+    # Every rank that shows it is named (the evidence once gave rank 0 only).
     assert ("every rank (0 and 1) saw its own train dataset items more than once in epoch 0 (rank 0: 4 of 8, "
             "rank 1: 4 of 8)") in replayed.summary
     assert [e.rank for e in replayed.evidence] == [0, 1]
@@ -740,7 +740,7 @@ def test_only_the_stage_loaders_fetches_count_and_an_unreadable_wrapper_keeps_al
     assert _is_stage_stream(SimpleNamespace(), "train", index_sampler=iter(own)._index_sampler)
 
 
-# -- issue 38 §1: a split drawn per rank -----------------------------------------------------------
+# -- a split drawn per rank ------------------------------------------------------------------------
 
 def _split_trace(indices, val, seed, draw_line=12, whole=64):
     base = {"base": "TensorDataset", "base_digest": "d1", "whole": whole}

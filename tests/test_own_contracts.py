@@ -28,7 +28,7 @@ class Model(pl.LightningModule):
         return DataLoader(TensorDataset(torch.randn(16, 4), torch.randn(16, 1)), batch_size=4)
 '''
 
-# The class follows the template of docs/design.md "A contract", attribute by attribute; the probe
+# The class follows the template of docs/internals.md "A contract", attribute by attribute; the probe
 # sits in a module of the project (the ranks import it by name), the hook in conftest.py.
 CONTRACTS = '''
 from pytest_ltconform import FIT, Contract, Evidence, Outcome, Probe
@@ -137,8 +137,8 @@ def pytest_ltconform_contracts(config):
         assert "INTERNALERROR" not in result.stderr.str() + result.stdout.str()
 
 
-def test_the_design_page_names_every_attribute_a_contract_has():
-    """docs/design.md's contract template, to the letter: each name it sets is one Contract reads,
+def test_the_internals_page_names_every_attribute_a_contract_has():
+    """docs/internals.md's contract template, to the letter: each name it sets is one Contract reads,
     and each attribute a contract declares is in it (a contract written from an older page set
     `seed =`, which nothing read, and lost its Rule line)."""
     import pathlib
@@ -146,7 +146,7 @@ def test_the_design_page_names_every_attribute_a_contract_has():
 
     from pytest_ltconform.contracts.base import Contract
 
-    page = (pathlib.Path(__file__).parents[1] / "docs" / "design.md").read_text()
+    page = (pathlib.Path(__file__).parents[1] / "docs" / "internals.md").read_text()
     template = page.split("class MyContract(Contract):", 1)[1].split("```", 1)[0]
     written = set(re.findall(r"^    (\w+) = ", template, re.M)) | set(re.findall(r"^    def (\w+)", template, re.M))
     declared = {name for name, value in vars(Contract).items()

@@ -1,5 +1,5 @@
-"""Seams between the layers (issue 18): what the pytest side may import of the rank side, and
-the greps the issue's done-when names."""
+"""Seams between the layers: what the pytest side may import of the rank side, and what the
+session may read of a run (docs/design.md, "Layers")."""
 
 from __future__ import annotations
 

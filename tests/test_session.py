@@ -1,5 +1,5 @@
 """The session's judgement of a run that stopped: the first cause leads, consequences say so once
-(issue 11, sections 1 and 3; DESIGN "Blame")."""
+(docs/internals.md, "When a world does not finish")."""
 
 from __future__ import annotations
 

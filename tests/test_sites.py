@@ -1,4 +1,4 @@
-"""User frames: what counts as the user's code, wherever it is installed (rule: DESIGN 'User code')."""
+"""User frames: what counts as the user's code, wherever it is installed (docs/internals.md, "Layers": Sites)."""
 
 from __future__ import annotations
 

@@ -552,7 +552,7 @@ def test_a_diverging_key_is_located_at_its_own_log_call_not_the_log_dict_above_i
     wrong = claims.claim("site", f"{path}:3", frame=at(3), call="log")
     assert "makes no log(...) call" in claims.check({"contract": "sync-dist", "message": f"{path}:3",
                                                     "claims": [wrong.as_dict()]})[0]
-# -- issue 38 §3: a metric object chosen by the batch's content --------------------------------------
+# -- a metric object chosen by the batch's content -------------------------------------------------
 
 _CHOOSES = '''
 class Model:

@@ -178,7 +178,7 @@ def test_manual_optimization_returning_none_is_not_a_skipped_step(pytester, no_l
     assert "training_step returned None" not in result.stdout.str()
 
 
-# -- issue 32: a module ran when its parameters were used; where requires_grad was switched off ------
+# -- a module ran when its parameters were used; where requires_grad was switched off ---------------
 
 def _switch_event(batch, usage, off_at):
     return _backward(batch, ["aux.weight", "aux.bias"], off=["aux.weight", "aux.bias"], not_run=[], no_grad=[],

@@ -1,4 +1,4 @@
-"""Claims: each sentence of a verdict next to the recorded facts it was made from (issue 32).
+"""Claims: each sentence of a verdict next to the recorded facts it was made from.
 
 A verdict's sentences are built from what the run recorded. A :class:`Claim` keeps one of them
 (``text``, exactly as the message carries it) with the facts it rests on (``facts``: plain JSON,
@@ -380,7 +380,7 @@ def _site(c: dict, record: dict) -> str | None:
     return frame_problem(frame, c["facts"].get("call"))
 
 
-# -- calls, configs, precision, causes (issue 38 §4) ---------------------------------------------
+# -- calls, configs, precision, causes -------------------------------------------------------------
 
 @kind("call-form", prose=(r"\bcall [\w.]+\(\) on every rank",), scope=("all-rank-save",), advice=True)
 def _call_form(c: dict, record: dict) -> str | None:

@@ -513,7 +513,7 @@ def later_stages(objects: UserObjects) -> list[str]:
 
 def run_later_stages(run: RankRun) -> None:
     """trainer.test / trainer.predict after fit, traced like fit, so that writes, saves and
-    collectives of every stage are judged (seed section "Sampling, metrics and writes": rank zero
+    collectives of every stage are judged (the rules' section "Sampling, metrics and writes": rank zero
     alone sees only its shard). A stage that raises is recorded as a ``stage_error`` event and
     ends the later stages on every rank (the ranks agree first, so none waits inside the next)."""
     for stage in later_stages(run.objects):

@@ -106,7 +106,8 @@ class RunFailed(Exception):
 class LtconformRunItem(pytest.Item):
     """The run ``kind`` (e.g. the traced fit) of one target under one variant, shared by the
     contract items after it: a user's exception that stops the run is reported here, once, and
-    those items are not judged and point here (DESIGN.md, "Blame"). It passes when the run
+    those items are not judged and point here (docs/internals.md, "When a world does not finish"). It
+    passes when the run
     finished, or stopped because of a contract's failure (that contract's item fails)."""
 
     def __init__(self, *, kind: str, contract_id: str, variant, target_id: str, **kwargs):

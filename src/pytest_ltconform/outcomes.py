@@ -16,7 +16,7 @@ NOT_JUDGED_PREFIX = "not judged: "
 
 
 class Outcome(enum.StrEnum):
-    """The outcome of one item (DESIGN "Verdicts")."""
+    """The outcome of one item (docs/design.md, "What crosses each boundary")."""
 
     PASSED = "passed"
     FAILED = "failed"

@@ -245,7 +245,7 @@ _EMPTY_FIX = {
 
 def _validate_world_size(raw: str, where: str) -> int:
     """A local world of 2 ranks or more. One rank is refused rather than judged: every contract
-    compares ranks (seed: Sampling, metrics and writes; FSDP), so a one-rank world would
+    compares ranks (the rules' sections "Sampling, metrics and writes" and "FSDP"), so a one-rank world would
     pass a deadlock that needs two."""
     try:
         value = int(raw)

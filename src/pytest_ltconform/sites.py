@@ -16,7 +16,7 @@ import sysconfig
 
 # The libraries whose frames are never the user's: what the plugin drives, pytest, and itself.
 # Exact import names, never a prefix: torch_geometric, torch_ema or lightning_habana are packages
-# like any other, so their frames are the user's (DESIGN 'User code'). functorch and torchgen ship
+# like any other, so their frames are the user's (docs/internals.md, Sites). functorch and torchgen ship
 # in the torch wheel; triton is torch.compile's kernel runtime.
 _LIB_PACKAGES = (
     "torch", "functorch", "torchgen", "triton", "lightning", "lightning_fabric", "pytorch_lightning",

@@ -28,7 +28,8 @@ from ..vocabulary import DEFAULT_CONTRACT_TIERS
 
 
 class Blame(enum.IntEnum):
-    """Why a world stopped early, first cause first (issue 11, DESIGN "Blame"): of the contracts
+    """Why a world stopped early, first cause first (docs/internals.md, "When a world does not
+    finish"): of the contracts
     that claim an unfinished run (:meth:`Contract.blames`), the lowest value is named as the
     cause, and every other contract's verdict on that run says so in one line instead of
     repeating the tracebacks. A rank that raised on its own, outside any claimed call, is named

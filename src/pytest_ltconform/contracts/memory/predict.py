@@ -352,7 +352,7 @@ def _phase(what: str):
 def stopped(what: str, exc: BaseException) -> str:
     """'<what> stopped at <user file:line (function)>[, in <package file:line (function)>]: <the
     message> (<exception class>)': the innermost frame of the user's own code, then the innermost
-    frame of an installed package it called (user code too, DESIGN 'User code') where the error
+    frame of an installed package it called (user code too: docs/internals.md, Sites) where the error
     was raised further in. A TargetError of the rebuild speaks of the target; its cause is what
     the rebuild met."""
     from ...sites import first_sentence, fmt_site, is_installed, is_user_file
