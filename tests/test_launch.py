@@ -466,3 +466,58 @@ def test_a_rank_asks_its_parent_for_a_fresh_process(pytester):
     pytester.makepyfile(test_fresh=FRESH, fresh_entry=FRESH_ENTRY)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=4)
+
+
+SHARED_PARENT = '''
+import os
+import sys
+
+from pytest_ltconform.world import JobRequest, WorldPool, session_folder
+from pytest_ltconform.world.share import SessionShare
+
+
+def facts(ctx):
+    return {"pid": os.getpid(), "ppid": os.getppid(), "path0": sys.path[0]}
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_the_workers_of_a_session_fork_their_ranks_from_one_parent():
+    path = session_folder()
+    # Two pools on one session folder: what two pytest-xdist workers of one session hold.
+    first = WorldPool(preload=("torch.distributed",), share=SessionShare(path, os.getpid()), slots=1)
+    second = WorldPool(preload=("torch.distributed",), share=SessionShare(path, os.getpid()), slots=1)
+    try:
+        a = first.get(2).run(JobRequest("test_shared_parent:facts", timeout_s=120))
+        b = second.get(2).run(JobRequest("test_shared_parent:facts", timeout_s=120))
+        parent = first.get(2).launcher.pid
+        roots = (first.get(2).root, second.get(2).root)
+        imports = (first.imports, second.imports)
+        second.close()  # one worker ends: the parent and the other worker's ranks stay
+        c = first.get(2).run(JobRequest("test_shared_parent:facts", timeout_s=120))
+    finally:
+        second.close()
+        first.close()
+    assert (a.status, b.status, c.status) == ("ok", "ok", "ok"), (a, b, c)
+    assert {v["ppid"] for v in a.values + b.values + c.values} == {parent}
+    assert imports == (1, 0)  # one import serves both workers' ranks
+    assert [v["pid"] for v in c.values] == [v["pid"] for v in a.values]
+    # Each rank runs in the world folder of the worker that asked for it, not the parent's.
+    assert [v["path0"] for v in a.values] == [roots[0]] * 2 and [v["path0"] for v in b.values] == [roots[1]] * 2
+    assert not _alive(parent)  # gone with the last worker
+'''
+
+
+def test_the_workers_of_a_session_share_one_fork_parent(pytester):
+    """Under pytest-xdist every worker's ranks are forked from one parent per preload list (one
+    import for the session); a worker that ends takes its own ranks down, not the parent or
+    another worker's ranks, and the parent stops with the last worker."""
+    pytester.makepyfile(test_shared_parent=SHARED_PARENT)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly")
+    result.assert_outcomes(passed=1)

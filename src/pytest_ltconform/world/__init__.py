@@ -9,6 +9,7 @@ collective timeout, rank environment) for the whole session.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 from typing import Protocol
 
@@ -20,9 +21,22 @@ from .launch.base import Launcher
 from .layout import Layout
 from .local import LocalWorld, WorldStartError, remove_stale_worlds
 from .outcome import JobResult, RankOutcome
+from .share import SessionShare, key_name
 
-__all__ = ["LAUNCHERS", "JobRequest", "JobResult", "Layout", "LocalWorld", "RankOutcome", "World", "WorldPool",
-           "WorldStartError", "remove_stale_worlds"]
+__all__ = ["LAUNCHERS", "JobRequest", "JobResult", "Layout", "LocalWorld", "RankOutcome", "SessionShare", "World",
+           "WorldPool", "WorldStartError", "remove_stale_worlds"]
+
+
+def session_folder() -> str:
+    """A new folder for the pytest-xdist workers of one session to share (``share.SessionShare``),
+    owned by this process: removed by a later session if this one is killed before it removes it
+    (see :func:`remove_stale_worlds`)."""
+    from .local import WORLD_PREFIX, write_owner
+    from .share import make_folder
+
+    path = make_folder(WORLD_PREFIX + "xdist-")
+    write_owner(path)
+    return path
 
 
 class World(Protocol):
@@ -46,16 +60,23 @@ class WorldPool:
     ``timeout_name`` is what a job killed at its time limit names (the caller's option, e.g.
     ``--ltconform-timeout``) unless the run names its own. Creating a pool removes the world
     folders that killed sessions left behind (see :func:`remove_stale_worlds`).
+
+    ``share`` (a ``share.SessionShare``: the workers of a pytest-xdist session) makes the pool's
+    fork parents the session's shared ones, and with ``slots`` (a count) its worlds run a job only
+    while they hold one of that many world slots of the session: at most ``slots`` worlds run at
+    once on this machine, whichever worker started them (None: no bound).
     """
 
     def __init__(self, fresh_per_job: bool | None = None, timeout_name: str = "timeout_s",
-                 launcher: str = DEFAULT_LAUNCHER, preload: tuple[str, ...] = ("lightning.pytorch",)):
+                 launcher: str = DEFAULT_LAUNCHER, preload: tuple[str, ...] = ("lightning.pytorch",),
+                 share: SessionShare | None = None, slots: int | None = None):
         remove_stale_worlds()
         if launcher not in LAUNCHERS:
             raise ValueError(f"unknown rank launcher {launcher!r}; choose from {', '.join(LAUNCHERS)}")
         self.timeout_name = timeout_name
         self.launcher = launcher
         self.preload = preload
+        self.share, self.slots = share, slots
         self._worlds: dict[tuple, LocalWorld] = {}
         # One fork parent per rank environment (DeepSpeed reads its accelerator when imported),
         # shared by the worlds of every size: each parent is one import for the session.
@@ -78,8 +99,14 @@ class WorldPool:
             world = self._worlds[key] = LocalWorld(layout=layout, backend=backend, pg_timeout_s=pg_timeout_s, env=env,
                                                    timeout_name=self.timeout_name, fresh_per_job=self.fresh_per_job,
                                                    preload=self._preload(backend),
-                                                   launcher=self._launcher(env_key, backend))
+                                                   launcher=self._launcher(env_key, backend), gate=self._gate)
         return world
+
+    def _gate(self):
+        """What a world holds while it runs a job: one of the session's world slots, or nothing."""
+        if self.share is None or self.slots is None:
+            return contextlib.nullcontext()
+        return self.share.slot(self.slots)
 
     def _preload(self, backend: str) -> tuple[str, ...]:
         # DeepSpeed picks its CUDA accelerator when imported, which may initialise CUDA: the ranks of
@@ -89,7 +116,10 @@ class WorldPool:
     def _launcher(self, env_key: tuple, backend: str) -> Launcher:
         launcher = self._launchers.get((env_key, backend))
         if launcher is None:
-            launcher = self._launchers[env_key, backend] = launch.launcher_for(self.launcher, self._preload(backend))
+            preload = self._preload(backend)
+            # Workers share a parent only with the same imports and import-time environment.
+            launcher = self._launchers[env_key, backend] = launch.launcher_for(
+                self.launcher, preload, share=self.share, name=key_name(preload, env_key, backend))
         return launcher
 
     @property

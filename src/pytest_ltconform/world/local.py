@@ -9,6 +9,7 @@ the world down and the next job starts a new generation of ranks.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import shutil
@@ -55,7 +56,8 @@ class LocalWorld:
     ``launcher`` starts the ranks (``launch.LAUNCHERS``): 'fork' from a parent that imported
     ``preload`` once (default), 'spawn' a fresh interpreter each, or a ``launch.base.Launcher`` to
     share. ``layout`` places the ranks on nodes (default: ``world_size`` ranks on one node); the
-    ranks' torchrun variables and the job's node count come from it.
+    ranks' torchrun variables and the job's node count come from it. ``gate()`` is held while a
+    job runs (a pool's world slot; default: nothing).
     """
 
     # Seconds without trace progress, after a divergence, before a world is declared hung.
@@ -65,7 +67,7 @@ class LocalWorld:
                  pg_timeout_s: float = 30.0, preload: tuple[str, ...] = ("lightning.pytorch",),
                  start_timeout_s: float = 300.0, root: str | None = None, env: dict | None = None,
                  timeout_name: str = "timeout_s", fresh_per_job: bool = False,
-                 launcher: str | Launcher = DEFAULT_LAUNCHER):
+                 launcher: str | Launcher = DEFAULT_LAUNCHER, gate=contextlib.nullcontext):
         self.layout = layout or Layout.single_node(world_size)
         _check_local_layout(self.layout)
         self.world_size = self.layout.world_size
@@ -79,7 +81,7 @@ class LocalWorld:
         self.fresh_per_job = fresh_per_job
         self.root = root or tempfile.mkdtemp(prefix=WORLD_PREFIX)
         if self._own_root:
-            _write_owner(self.root)
+            write_owner(self.root)
         self._store = None
         # A launcher given by name is this world's own (closed with it); an object is shared (a pool's).
         self._own_launcher = isinstance(launcher, str)
@@ -91,6 +93,7 @@ class LocalWorld:
         self.cold_starts = 0
         self._tenant: str | None = None  # whose job these ranks ran last (JobRequest.tenant)
         self.closed = False
+        self._gate = gate  # gate() -> a context held while a job runs (a world slot of the session)
 
     # -- lifecycle ------------------------------------------------------------------------------
     @property
@@ -290,7 +293,14 @@ class LocalWorld:
         grew})`` (float seconds; only the ranks still running). An exception it raises is ignored.
 
         A world whose process group fails to form (before ``fn_ref`` runs) is started once more; a
-        second failure raises :class:`WorldStartError` with what each failing rank said."""
+        second failure raises :class:`WorldStartError` with what each failing rank said.
+
+        The job, its ranks' start included, runs while the world holds ``gate()`` (a world slot
+        of the session, so that the ranks of all its worlds fit the machine's cores)."""
+        with self._gate():
+            return self._run(request)
+
+    def _run(self, request: JobRequest) -> JobResult:
         timeout_s, first_failure = request.timeout_s, None
         if request.tenant != self._tenant and self.alive:
             self._stop_ranks()  # another target's process state stays with it
@@ -535,7 +545,8 @@ def _process_identity(pid: int) -> tuple[str, str] | None:
         return None
 
 
-def _write_owner(root: str) -> None:
+def write_owner(root: str) -> None:
+    """Name this process as the owner of the folder ``root`` (its pid and start time)."""
     identity = _process_identity(os.getpid())
     with open(os.path.join(root, OWNER_FILE), "w", encoding="ascii") as fh:
         fh.write(f"{os.getpid()} {identity[1] if identity else '-'}\n")

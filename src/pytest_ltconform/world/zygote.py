@@ -13,10 +13,18 @@ A forked rank becomes what a spawned one is: its own session, environment, worki
 file and ``sys.path``, then ``rank.main()``. The user's code never runs here. This module never
 imports the pytest plugin.
 
+Under pytest-xdist one parent serves every worker of the session on this machine
+(``python -m pytest_ltconform.world.zygote --listen FD``): it accepts each worker on a Unix socket
+of the session folder (``world.share``), answers each on its own connection, kills the processes
+it forked for a worker when that worker's connection closes, and stops when the last worker has
+gone or the session's owner (the xdist controller) is gone. With pipes (one supervisor) it stops
+when its supervisor closes them, and dies with it.
+
 Messages both ways are length-prefixed pickles (see :func:`send`): to the parent
 ``("fork", token, env, log_path, cwd)`` and ``("fresh", request_path)``; from it
 ``("ready", pid, refusal, env_added)``, ``("forked", token, pid)``, ``("refused", token, refusal)``
-(the second step's imports made forking unsafe; the parent exits) and ``("exit", pid, returncode)``.
+(the second step's imports made forking unsafe; the parent exits; token 0 tells the other workers of a
+shared parent) and ``("exit", pid, returncode)``.
 ``("store", token, port, secret)`` forks the keeper of a world's store (``kept_store``), answered
 by ``("kept", token, pid)``.
 
@@ -37,6 +45,7 @@ import json
 import os
 import select
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -45,6 +54,7 @@ import traceback
 
 from . import protocol, rank
 from .protocol import send, take
+from .share import SESSION_OWNER_ENV
 
 # In a rank this parent forked: the pipe on which it asks for a fresh process (see run_fresh).
 _ASK_FD: int | None = None
@@ -75,11 +85,39 @@ class _Refused(Exception):
     """The second step's imports made forking unsafe: the parent has said so and stops."""
 
 
-class Zygote:
-    """The parent's loop: fork on request, reap children, report their exits."""
+class _Client:
+    """One supervisor the parent serves: its connection (a pipe pair, or one socket for both ways),
+    what it sent that is not a whole message yet, and the processes forked for it."""
 
-    def __init__(self, request_fd: int, reply_fd: int):
-        self.request_fd, self.reply_fd = request_fd, reply_fd
+    def __init__(self, in_fd: int, out_fd: int):
+        self.in_fd, self.out_fd = in_fd, out_fd
+        self.buffer = bytearray()
+        self.children: set[int] = set()
+        self.gone = False
+
+    def send(self, message: tuple) -> None:
+        """Send ``message``; a supervisor that is gone is marked so (its connection is closed later)."""
+        if self.gone:
+            return
+        try:
+            send(self.out_fd, message)
+        except OSError:
+            self.gone = True
+
+
+class Zygote:
+    """The parent's loop: fork on request, reap children, report their exits to the supervisor
+    that asked. ``listen_fd`` (a listening Unix socket) serves several supervisors (the workers of
+    one pytest-xdist session), else the one on the pipes ``request_fd`` and ``reply_fd``."""
+
+    # Seconds a shared parent waits for its first supervisor, and checks the session's owner.
+    FIRST_CLIENT_S = 60.0
+
+    def __init__(self, request_fd: int = -1, reply_fd: int = -1, listen_fd: int = -1):
+        self.listener = socket.socket(fileno=listen_fd) if listen_fd >= 0 else None
+        self.listen_fd = listen_fd
+        self.clients: list[_Client] = [] if listen_fd >= 0 else [_Client(request_fd, reply_fd)]
+        self.owner: dict[int, _Client] = {}  # pid of a process forked for a supervisor -> that supervisor
         self.children: set[int] = set()
         self.base_path = [p for p in sys.path[1:] if p not in os.environ.get("PYTHONPATH", "").split(os.pathsep)]
         self.start_env = dict(os.environ)
@@ -91,18 +129,26 @@ class Zygote:
         self.preloaded: list[str] = []
         self.later: list[str] = []  # the second step's modules, imported before the first rank
         self.failed: dict[str, str] = {}  # preload modules whose import failed -> why
+        self.refusal: str | None = None
+        self.session_owner = int(os.environ.get(SESSION_OWNER_ENV) or 0)
+        self.started = time.monotonic()
+        self.served = False  # a supervisor connected (a shared parent stops when the last one goes)
 
     def serve(self) -> int:
         names = [n for n in os.environ.get(protocol.PRELOAD_ENV, "").split(",") if n]
         self.later = names[1:]
-        refusal = self._import(names[:1])
-        send(self.reply_fd, ("ready", os.getpid(), refusal, self.env_added))
-        if refusal:
+        self.refusal = self._import(names[:1])
+        for client in self.clients:
+            client.send(self._ready())
+        if self.refusal and self.listen_fd < 0:
             return 2
         os.set_blocking(self.wake_w, False)
         signal.set_wakeup_fd(self.wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake select through the fd
         return self._loop()
+
+    def _ready(self) -> tuple:
+        return "ready", os.getpid(), self.refusal, self.env_added
 
     def _import(self, names: list[str]) -> str | None:
         """Import ``names``; the refusal to fork after them (None when forking is safe)."""
@@ -129,10 +175,11 @@ class Zygote:
         return refusal
 
     def _loop(self) -> int:
-        buffer = bytearray()
         while True:
+            fds = [self.wake_r, self.ask_r] + [c.in_fd for c in self.clients] + \
+                ([self.listen_fd] if self.listen_fd >= 0 else [])
             try:
-                ready, _, _ = select.select([self.request_fd, self.wake_r, self.ask_r], [], [], 1.0)
+                ready, _, _ = select.select(fds, [], [], 1.0)
             except InterruptedError:
                 ready = []
             if self.wake_r in ready:
@@ -140,27 +187,79 @@ class Zygote:
             self._reap()
             if self.ask_r in ready:
                 self._asked()
-            if self.request_fd in ready:
-                data = os.read(self.request_fd, 65536)
-                if not data:  # the supervisor closed the pipe or died: take the ranks down
+            if self.listen_fd in ready:
+                self._accept()
+            for client in [c for c in self.clients if c.in_fd in ready]:
+                if not self._read(client):
                     self._kill_all()
-                    return 0
-                buffer += data
-                for message in take(buffer):
-                    if message[0] == "fork":
-                        try:
-                            self._fork(*message[1:])
-                        except _Refused:
-                            self._kill_all()
-                            return 2
-                    elif message[0] == "fresh":
-                        self._fresh(message[1])
-                    elif message[0] == "store":
-                        self._keep_store(*message[1:])
-                    elif message[0] == "import":
-                        if not self._import_now(*message[1:]):
-                            self._kill_all()
-                            return 2
+                    return 2
+            for client in [c for c in self.clients if c.gone]:
+                self._drop(client)
+            if self._done():
+                self._kill_all()
+                return 0
+
+    def _read(self, client: _Client) -> bool:
+        """Handle what ``client`` sent; False when the parent must stop (a refusal to fork)."""
+        try:
+            data = os.read(client.in_fd, 65536)
+        except OSError:
+            data = b""
+        if not data:  # the supervisor closed its end or died: take its processes down
+            client.gone = True
+            return True
+        client.buffer += data
+        for message in take(client.buffer):
+            if message[0] == "fork":
+                try:
+                    self._fork(client, *message[1:])
+                except _Refused:
+                    return False
+            elif message[0] == "fresh":
+                self._fresh(message[1], client)
+            elif message[0] == "store":
+                self._keep_store(client, *message[1:])
+            elif message[0] == "import":
+                if not self._import_now(client, *message[1:]):
+                    return False
+        return True
+
+    def _accept(self) -> None:
+        """A worker of the session connects: it is told what the first import step told the others."""
+        try:
+            conn, _ = self.listener.accept()
+        except OSError:
+            return
+        fd = conn.detach()
+        client = _Client(fd, fd)
+        self.clients.append(client)
+        self.served = True
+        client.send(self._ready())
+
+    def _drop(self, client: _Client) -> None:
+        """``client`` is gone: SIGKILL what was forked for it (its ranks, its store's keeper)."""
+        for pid in client.children:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+        self.clients.remove(client)
+        with contextlib.suppress(OSError):
+            os.close(client.in_fd)
+            if client.out_fd != client.in_fd:
+                os.close(client.out_fd)
+
+    def _done(self) -> bool:
+        """Whether the parent stops: its supervisor is gone (pipes); every worker is gone, none
+        came in time, or the session's owner is gone (shared)."""
+        if self.listen_fd < 0:
+            return not self.clients
+        if self.session_owner and not _alive(self.session_owner):
+            return True
+        if self.clients or not (self.served or time.monotonic() - self.started > self.FIRST_CLIENT_S):
+            return False
+        if select.select([self.listen_fd], [], [], 0)[0]:  # a worker is connecting as the last one left
+            self._accept()
+            return False
+        return True
 
     def _reap(self) -> None:
         while self.children:
@@ -171,6 +270,9 @@ class Zygote:
             if pid == 0:
                 return
             self.children.discard(pid)
+            client = self.owner.get(pid)
+            if client is not None:
+                client.children.discard(pid)
             if pid in self.fresh:  # the asking rank reads its exit status from a file
                 _write_atomic(self.fresh.pop(pid)[0] + ".exit", str(os.waitstatus_to_exitcode(status)))
                 continue
@@ -178,7 +280,8 @@ class Zygote:
                 if asker == pid:  # a rank killed while it waited: what it asked for goes with it
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.killpg(fresh, signal.SIGKILL)
-            send(self.reply_fd, ("exit", pid, os.waitstatus_to_exitcode(status)))
+            if client is not None:
+                client.send(("exit", pid, os.waitstatus_to_exitcode(status)))
 
     def _kill_all(self) -> None:
         for pid in list(self.children):
@@ -188,32 +291,45 @@ class Zygote:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
 
-    def _import_now(self, token: int, names: list[str]) -> bool:
+    def _import_now(self, client: _Client, token: int, names: list[str]) -> bool:
         """Import ``names`` of the second step ahead of it (the supervisor asks what a tier
         needs before any rank runs) and say which failed; False after a refusal (sent)."""
         now = [n for n in names if n not in self.preloaded]
         self.later = [n for n in self.later if n not in now]
         refusal = self._import(now)
-        send(self.reply_fd, ("imported", token, {n: self.failed.get(n) for n in names}, refusal))
+        client.send(("imported", token, {n: self.failed.get(n) for n in names}, refusal))
+        if refusal:
+            self._refuse_others(client, refusal)
         return refusal is None
 
-    def _fork(self, token: int, env: dict, log_path: str, cwd: str) -> None:
+    def _fork(self, client: _Client, token: int, env: dict, log_path: str, cwd: str) -> None:
         if self.later:
             later, self.later = self.later, []
             refusal = self._import(later)
             if refusal:
-                send(self.reply_fd, ("refused", token, refusal))
+                client.send(("refused", token, refusal))
+                self._refuse_others(client, refusal)
                 raise _Refused
-        pid = self._fork_child(lambda: self._become_rank(env, log_path, cwd))
-        send(self.reply_fd, ("forked", token, pid))
+        pid = self._fork_child(lambda: self._become_rank(env, log_path, cwd), client)
+        client.send(("forked", token, pid))
 
-    def _fork_child(self, body) -> int:
-        """Fork a child that runs ``body()`` (its exit status) and exits; the child's pid."""
+    def _refuse_others(self, asker: _Client, refusal: str) -> None:
+        """The other workers of a shared parent hear of a refusal too (token 0), not only that it stopped."""
+        for client in self.clients:
+            if client is not asker:
+                client.send(("refused", 0, refusal))
+
+    def _fork_child(self, body, client: _Client | None = None) -> int:
+        """Fork a child that runs ``body()`` (its exit status) and exits; the child's pid. A
+        child forked for ``client`` is killed when that supervisor goes."""
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid:
             self.children.add(pid)
+            if client is not None:
+                self.owner[pid] = client
+                client.children.add(pid)
             return pid
         code = 1
         try:
@@ -244,8 +360,13 @@ class Zygote:
         os.setsid()
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        for fd in (self.request_fd, self.reply_fd, self.wake_r, self.wake_w, self.ask_r):
-            os.close(fd)
+        # Every supervisor's connection and the listening socket: a child holding one would keep a
+        # dead parent's socket answering, or a supervisor's connection open after the supervisor.
+        fds = {self.wake_r, self.wake_w, self.ask_r, self.listen_fd} | \
+            {fd for c in self.clients for fd in (c.in_fd, c.out_fd)}
+        for fd in fds - {-1}:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def _take_over(self, env: dict, log_path: str, cwd: str, parent: int | None) -> None:
         """In a child: what a spawned process's start gives it: its log as stdout and stderr, its
@@ -278,8 +399,9 @@ class Zygote:
             self.asks[:] = rest
             self._fresh(line.decode())
 
-    def _fresh(self, path: str) -> None:
-        """Fork a fresh process for the request file at ``path`` (a rank's or the supervisor's)."""
+    def _fresh(self, path: str, client: _Client | None = None) -> None:
+        """Fork a fresh process for the request file at ``path`` (a rank's, or ``client``'s: a
+        supervisor's)."""
         try:
             with open(path) as fh:
                 request = json.load(fh)
@@ -287,19 +409,19 @@ class Zygote:
             with contextlib.suppress(OSError):
                 _write_atomic(path + ".exit", f"-1 {exc}")
             return
-        self._fork_fresh(path, request)
+        self._fork_fresh(path, request, client)
 
-    def _fork_fresh(self, request_path: str, request: dict) -> None:
+    def _fork_fresh(self, request_path: str, request: dict, client: _Client | None) -> None:
         """Fork a fresh process for the request file a rank wrote (see :func:`run_fresh`)."""
-        pid = self._fork_child(lambda: self._run_fresh(request_path, request))
+        pid = self._fork_child(lambda: self._run_fresh(request_path, request), client)
         self.fresh[pid] = (request_path, request["asker"])
         _write_atomic(request_path + ".pid", str(pid))
 
-    def _keep_store(self, token: int, port: int, secret: str) -> None:
+    def _keep_store(self, client: _Client, token: int, port: int, secret: str) -> None:
         """Fork the keeper of a world's store (see ``kept_store``), which connects to the
         supervisor on loopback ``port``."""
-        pid = self._fork_child(lambda: self._run_keeper(port, secret))
-        send(self.reply_fd, ("kept", token, pid))
+        pid = self._fork_child(lambda: self._run_keeper(port, secret), client)
+        client.send(("kept", token, pid))
 
     def _run_keeper(self, port: int, secret: str) -> int:
         """In the child: leave the parent's pipes and signals, die with the parent, serve."""
@@ -389,15 +511,28 @@ def _rank_zero_from_env() -> None:
             return
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def main() -> int:
-    request_fd, reply_fd = int(sys.argv[1]), int(sys.argv[2])
+    shared = sys.argv[1] == "--listen"
     supervisor = int(os.environ[protocol.SUPERVISOR_PID_ENV])
-    rank._set_death_signal()  # the parent dies with the supervisor (SIGKILL of pytest included)
+    if not shared:
+        rank._set_death_signal()  # the parent dies with the supervisor (SIGKILL of pytest included)
+    # A shared parent outlives the worker that started it; it stops when the workers or the session's owner go.
     if os.getppid() != supervisor:
         return 3
     faulthandler.enable(all_threads=True)
     try:
-        return Zygote(request_fd, reply_fd).serve()
+        zygote = Zygote(listen_fd=int(sys.argv[2])) if shared else Zygote(int(sys.argv[1]), int(sys.argv[2]))
+        return zygote.serve()
     except OSError as exc:
         if exc.errno == errno.EPIPE:  # the supervisor is gone
             return 0

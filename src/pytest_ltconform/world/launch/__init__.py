@@ -18,11 +18,14 @@ from .spawn import SpawnLauncher
 DEFAULT_LAUNCHER = LAUNCHERS[0]
 
 
-def launcher_for(kind: str, preload: tuple[str, ...], start_timeout_s: float = 300.0) -> Launcher:
+def launcher_for(kind: str, preload: tuple[str, ...], start_timeout_s: float = 300.0, share=None,
+                 name: str = "") -> Launcher:
     """A new launcher of ``kind`` (one of :data:`~pytest_ltconform.vocabulary.LAUNCHERS`: the
-    kinds a user can choose); ValueError names a bad one."""
+    kinds a user can choose); ValueError names a bad one. Under the fork launcher, ``share`` (a
+    ``world.share.SessionShare``) makes its parent the one called ``name`` that the session's
+    pytest-xdist workers share."""
     if kind == "fork":
-        return ForkLauncher(preload, start_timeout_s)
+        return ForkLauncher(preload, start_timeout_s, share=share, name=name)
     if kind == "spawn":
         return SpawnLauncher()
     raise ValueError(f"unknown rank launcher {kind!r}; choose from {', '.join(LAUNCHERS)}")

@@ -6,18 +6,28 @@ process with one preload list, while a session needs a parent per list (Lightnin
 for its tier, nothing for the world machinery's own tests) and per import-time environment
 (DeepSpeed picks its accelerator when imported); its children do not die with it, nor lead their
 own process groups, and it drops preload errors. Ours does those in 200 lines.
+
+Under pytest-xdist the workers of one session share one parent per preload list and import-time
+environment (``share``, a ``world.share.SessionShare``): the first worker that needs it starts it
+listening on a Unix socket of the session folder, the others connect to it, and each is served on
+its own connection. One import then serves every worker's ranks: the parent holds nothing of a
+worker's (it never runs the user's code, and every rank takes its environment, folder and
+``sys.path`` from the worker that asked for it), so sharing it changes nothing a rank sees.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
 
 from .. import kept_store, protocol, zygote
+from ..share import SESSION_OWNER_ENV
 from .base import Launcher, LaunchError
 
 # Rank variables the parent must not import with: it serves every rank (Lightning's rank-zero
@@ -65,8 +75,12 @@ class ForkLauncher(Launcher):
 
     kind = "fork"
 
-    def __init__(self, preload: tuple[str, ...], start_timeout_s: float = 300.0):
+    def __init__(self, preload: tuple[str, ...], start_timeout_s: float = 300.0, share=None, name: str = ""):
         self.preload = tuple(preload)
+        # The session folder of a pytest-xdist session (world.share.SessionShare), whose workers
+        # share the parent called ``name`` there; None: a parent of this process's own.
+        self.share, self.name = share, name
+        self._sock: socket.socket | None = None
         self.log_path = ""
         self.start_timeout_s = start_timeout_s
         self.imports = 0
@@ -86,6 +100,8 @@ class ForkLauncher(Launcher):
 
     @property
     def pid(self) -> int | None:
+        if self.share is not None:  # as the parent said when this process connected
+            return self._ready[1] if self._from >= 0 and self._ready is not None else None
         return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
 
     def start(self, env: dict, log_path: str, cwd: str) -> ForkedRank:
@@ -168,41 +184,94 @@ class ForkLauncher(Launcher):
 
     def _pump_or_raise(self, timeout: float) -> None:
         if self._from < 0:
+            if self._refusal:  # a shared parent refused (another worker's request) and stopped
+                raise LaunchError(self._refusal)
             raise LaunchError(f"the fork launcher's parent stopped answering ({self._exit_text()}).\n"
                               f"{self.log_tail()}")
         self.pump(timeout)
 
     def _ensure_parent(self, env: dict, folder: str) -> None:
-        if self._proc is not None and self._proc.poll() is None and self._from >= 0:
+        running = self.share is not None or (self._proc is not None and self._proc.poll() is None)
+        if running and self._from >= 0:
             return
         if self._refusal:  # its imports decide it: a new parent would refuse again, after importing again
             raise LaunchError(self._refusal)
         self.close()
-        self.log_path = os.path.join(folder, "launcher.log")
-        request_r, self._to = os.pipe()
-        self._from, reply_w = os.pipe()
+        # Rank variables are left out: the parent serves every rank; a shared one also stops with the session.
         parent_env = {k: v for k, v in env.items() if k not in PER_RANK_ENV}
         parent_env.update({protocol.PRELOAD_ENV: ",".join(self.preload), "PYTHONUNBUFFERED": "1"})
-        with open(self.log_path, "ab") as log:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", "pytest_ltconform.world.zygote", str(request_r), str(reply_w)],
-                env=parent_env, pass_fds=(request_r, reply_w), stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, cwd=folder, start_new_session=True)
-        os.close(request_r)
-        os.close(reply_w)
-        self.imports += 1
+        for _attempt in range(2 if self.share is not None else 1):
+            if self.share is not None:
+                self._connect_shared(parent_env)
+            else:
+                self._start_own(parent_env, folder)
+            if self._await_ready():
+                break
+            self.close()  # a shared parent that stopped as this worker connected (its last worker had gone)
+        else:
+            raise LaunchError(f"the session's fork launcher parent closed the connection before it was ready, "
+                              f"twice.\n{self.log_tail()}")
+        if self._ready[2]:
+            self._refuse(self._ready[2])
+
+    def _await_ready(self) -> bool:
+        """Wait for the parent's "ready"; False when it closed the connection first. Raises
+        :class:`LaunchError` when it did not finish its imports in time."""
         self._ready = None
         self._complete = False
         deadline = time.monotonic() + self.start_timeout_s
         while self._ready is None:
+            if self._from < 0 and self.share is not None and self._proc is None:
+                return False
             if self._from < 0 or time.monotonic() > deadline:
                 why = "did not finish its imports in time" if self._from >= 0 else self._exit_text()
+                if self._proc is not None and self._from >= 0:
+                    self._proc.kill()  # stuck importing: no worker gets ranks from it
                 self.close()
                 preloading = ", ".join(self.preload) or "nothing"
                 raise LaunchError(f"the fork launcher's parent {why} (preloading {preloading}).\n{self.log_tail()}")
             self.pump(0.1)
-        if self._ready[2]:
-            self._refuse(self._ready[2])
+        return True
+
+    def _start_own(self, parent_env: dict, folder: str) -> None:
+        """Start a parent of this process's own, on a pair of pipes, logging to ``folder``."""
+        self.log_path = os.path.join(folder, "launcher.log")
+        request_r, self._to = os.pipe()
+        self._from, reply_w = os.pipe()
+        self._proc = self._popen([str(request_r), str(reply_w)], parent_env, (request_r, reply_w), folder)
+        os.close(request_r)
+        os.close(reply_w)
+
+    def _connect_shared(self, parent_env: dict) -> None:
+        """Connect to the session's shared parent, starting it when no worker has (or it died).
+        Raises :class:`LaunchError` when it cannot be reached."""
+        path = self.share.socket_path(self.name)
+        self.log_path = os.path.join(self.share.path, f"parent-{self.name}.log")
+        with self.share.starting(self.name):
+            sock = _connect(path)
+            if sock is None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)  # the socket of a parent that died
+                listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                listener.bind(path)
+                listener.listen(64)  # workers connect before it has imported; it accepts them then
+                parent_env[SESSION_OWNER_ENV] = str(self.share.owner_pid)
+                self._proc = self._popen(["--listen", str(listener.fileno())], parent_env, (listener.fileno(),),
+                                         self.share.path)
+                listener.close()
+                sock = _connect(path)
+        if sock is None:
+            raise LaunchError(f"could not connect to the session's fork launcher parent at {path}.\n{self.log_tail()}")
+        self._sock = sock
+        self._to = self._from = sock.fileno()
+
+    def _popen(self, args: list[str], env: dict, fds: tuple, cwd: str) -> subprocess.Popen:
+        with open(self.log_path, "ab") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "pytest_ltconform.world.zygote", *args], env=env,
+                                    pass_fds=fds, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    cwd=cwd, start_new_session=True)
+        self.imports += 1
+        return proc
 
     def pump(self, timeout: float) -> None:
         """Read what the parent said (waiting at most ``timeout`` seconds for the first word)."""
@@ -212,9 +281,16 @@ class ForkLauncher(Launcher):
         ready, _, _ = select.select([self._from], [], [], timeout)
         if not ready:
             return
-        data = os.read(self._from, 65536)
+        try:
+            data = os.read(self._from, 65536)
+        except ConnectionResetError:
+            data = b""
         if not data:  # the parent is gone; its ranks died with it (their death signal)
-            os.close(self._from)
+            if self._sock is not None:  # one socket both ways
+                self._sock.close()
+                self._sock, self._to = None, -1
+            else:
+                os.close(self._from)
             self._from = -1
             self._lost()
             return
@@ -229,6 +305,8 @@ class ForkLauncher(Launcher):
                 self._live.add(message[2])
             elif message[0] == "ready":
                 self._ready = message
+            elif message[0] == "refused" and message[1] == 0:  # another worker's request was refused
+                self._refusal = message[2]
             elif message[0] == "refused":
                 self._refused[message[1]] = message[2]
             elif message[0] == "kept":
@@ -244,6 +322,8 @@ class ForkLauncher(Launcher):
 
     def _exit_text(self) -> str:
         code = self._proc.poll() if self._proc is not None else None
+        if code is None and self.share is not None:
+            return "it closed the connection"
         return "it is not running" if code is None else f"it exited with status {code}"
 
     def log_tail(self, chars: int = 3000) -> str:
@@ -256,17 +336,33 @@ class ForkLauncher(Launcher):
             return ""
 
     def close(self) -> None:
-        """Stop the parent; closing its pipe makes it SIGKILL the ranks it forked first."""
-        for fd in (self._to, self._from):
-            if fd >= 0:
-                os.close(fd)
+        """Stop the parent; closing its pipe makes it SIGKILL the ranks it forked first. A shared
+        parent is left to the other workers (it kills the ranks forked for this one); the worker
+        that started it waits for it to stop, so its processor time is counted as this session's."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        else:
+            for fd in (self._to, self._from):
+                if fd >= 0:
+                    os.close(fd)
         self._to = self._from = -1
         if self._proc is not None:
             try:
-                self._proc.wait(timeout=10)
+                self._proc.wait(timeout=None if self.share is not None else 10)
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()
         self._lost()
         self._proc = None
 
+
+def _connect(path: str) -> socket.socket | None:
+    """A connection to the Unix socket at ``path``; None when nothing listens there."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+    except OSError:
+        sock.close()
+        return None
+    return sock
