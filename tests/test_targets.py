@@ -425,7 +425,7 @@ def test_report_lists_each_target_with_its_records(tmp_path, targets_mod):
     report.write_json(str(path), "targets_mod.Good", 2, results, targets=[first, second], cold_starts=1)
     doc = json.loads(path.read_text())
     assert list(doc) == ["target", "world_size", "versions", "results", "targets", "cold_starts", "not_run",
-                         "interrupted", "exitstatus"]
+                         "interrupted", "exitstatus", "runs", "imports"]
     assert (doc["target"], doc["results"], doc["cold_starts"]) == ("targets_mod.Good", results, 1)
     assert doc["targets"] == [
         {"id": "first", "model": "targets_mod.Good", "datamodule": "targets_mod.Data",

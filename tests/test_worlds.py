@@ -43,7 +43,7 @@ def test_boring_model_passes_with_json_report_and_ranks_never_probe_mpi(pytester
     result.stdout.fnmatch_lines(["*ltconform summary*", "*all-rank-save*passed*", "*sync-dist*passed*"])
     doc = json.loads(report.read_text())
     assert list(doc) == ["target", "world_size", "versions", "results", "targets", "cold_starts", "not_run",
-                         "interrupted", "exitstatus", "seeding"]
+                         "interrupted", "exitstatus", "runs", "imports", "seeding"]
     assert doc["seeding"] == {"mode": "both", "seed": 0, "ranks": [0, 1]}
     assert doc["target"] == BORING and doc["world_size"] == 2
     assert [(t["id"], t["model"], t["results"]) for t in doc["targets"]] == [(BORING, BORING, doc["results"])]

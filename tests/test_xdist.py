@@ -1,14 +1,21 @@
-"""pytest-xdist as users run it (``pytest -n N --ltconform X``): what the workers of
-one session share (the session folder, ``world.share``).
+"""pytest-xdist as users run it (``pytest -n N --ltconform X``): each run is made once,
+by one worker, whichever workers hold its items; its failure is reported once; the controller
+imports neither torch nor Lightning; the workers' ranks share one fork parent and the machine's
+cores. (The project's own suite runs on xdist too, with its own scheduler: that is not this.)
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import threading
 import time
+from collections import Counter
 
 import pytest
+
+pytest_plugins = ["pytester"]
 
 
 # -- the session folder (world.share), no world ----------------------------------------------------
@@ -68,3 +75,109 @@ def test_world_slots_bound_the_worlds_running_at_once(tmp_path):
 def _take(share, order):
     with share.slot(1):
         order.append("taken")
+
+
+def test_the_machine_is_counted_once_for_every_worker():
+    from pytest_ltconform import settings as settings_mod
+    from pytest_ltconform.settings import Settings, check_capacity
+    from pytest_ltconform.workers import slots_for
+
+    two = Settings(target="m:Model", world_size=2)
+    assert slots_for(two, workers=4) == max(1, settings_mod.cpu_count() // 2)
+    assert slots_for(Settings(target="m:Model", world_size=2, oversubscribe=True), workers=4) is None
+    check_capacity(two, cpus=2, memory_mb=4 * 2 * settings_mod.RANK_MEMORY_MB, workers=4)  # fits: no error
+    with pytest.raises(pytest.UsageError, match=r"4 pytest-xdist workers' worlds of 2 ranks need about .*fewer "
+                                                r"workers \(-n\)"):
+        check_capacity(two, cpus=2, memory_mb=4 * 2 * settings_mod.RANK_MEMORY_MB - 1, workers=4)
+    with pytest.raises(pytest.UsageError, match="a world of 4 ranks needs 4 CPUs"):
+        check_capacity(Settings(target="m:Model", world_size=4), cpus=2, memory_mb=10**6, workers=2)
+
+
+# -- users' sessions under -n ------------------------------------------------------------------------
+COUNTED = '''
+import os
+
+from lightning.pytorch.demos.boring_classes import BoringModel
+
+
+class Model(BoringModel):
+    def on_fit_start(self):
+        with open(os.environ["FITS_LOG"], "a") as fh:  # one line per rank of every fit made
+            fh.write(f"{self.global_rank}\\n")
+
+    def training_step(self, batch, batch_idx):
+        if batch_idx == 1:
+            raise ZeroDivisionError("the user's own bug")
+        return super().training_step(batch, batch_idx)
+'''
+
+HEAVY_IN_PYTEST = """
+import os
+import sys
+
+
+def pytest_unconfigure(config):
+    if not hasattr(config, "workerinput"):  # the controller
+        print("CONTROLLER IMPORTED:", ", ".join(sorted({"torch", "lightning"} & set(sys.modules))) or "nothing",
+              file=sys.stderr)
+"""
+
+
+def _session(pytester, monkeypatch, name: str, *mode: str):
+    log = pytester.path / f"{name}.fits"
+    monkeypatch.setenv("FITS_LOG", str(log))
+    report = pytester.path / f"{name}.json"
+    result = pytester.runpytest_subprocess("--ltconform", "counted.Model", "--ltconform-strategies", "ddp",
+                                           "--ltconform-report", str(report), "-p", "no:cacheprovider",
+                                           "-p", "no:randomly", "-v", "-rA", *mode)
+    fits = log.read_text().split() if log.exists() else []
+    return result, json.loads(report.read_text()), Counter(fits)
+
+
+def test_a_failing_run_under_dist_load_is_made_once_and_reported_once(pytester, monkeypatch, no_leftover_ranks):
+    """The fit's items land on both workers (--dist load), yet the fit is made once, by
+    one worker (as many fits as a serial session makes, counted by the module itself), and its
+    failure is reported once, on the run's item, which every other item names."""
+    pytester.makepyfile(counted=COUNTED)
+    pytester.makeconftest(HEAVY_IN_PYTEST)
+    serial, serial_doc, serial_fits = _session(pytester, monkeypatch, "serial", "-p", "no:xdist")
+    result, doc, fits = _session(pytester, monkeypatch, "xdist", "-n", "2", "--dist", "load")
+    out = result.stdout.str()
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, out[-3000:]
+    # The premise: the fit run's items ran on both workers (else nothing was shared).
+    fit_items = re.findall(r"\[(gw\d)\] \[\s*\d+%\] (?:PASSED|FAILED|SKIPPED) ltconform::counted.Model::"
+                           r"(fit|sync-dist|all-rank-save|unused-parameters|data-sharding)\[ddp\]", out)
+    assert {gw for gw, _ in fit_items} == {"gw0", "gw1"}, fit_items
+    # Made once: the module saw as many fits as in the serial session, and the report lists each run once.
+    assert serial_fits and fits == serial_fits, (fits, serial_fits)
+    keys = [(r["target"], r["kind"], r["strategy"], r["tier"]) for r in doc["runs"]]
+    assert len(keys) == len(set(keys)) and sorted(keys) == sorted(
+        (r["target"], r["kind"], r["strategy"], r["tier"]) for r in serial_doc["runs"]), (keys, serial_doc["runs"])
+    assert keys.count(("counted.Model", "fit", "ddp", "cpu")) == 1
+    assert doc["imports"] == 1, doc["imports"]  # one fork parent for both workers
+    # Reported once: one failed item, the run's, with the rank's exception; the others point at it.
+    assert result.parseoutcomes()["failed"] == 1 and serial.parseoutcomes() == result.parseoutcomes(), \
+        (serial.parseoutcomes(), result.parseoutcomes())
+    result.stdout.fnmatch_lines(["*FAILED ltconform::counted.Model::fit[[]ddp[]]*"])
+    assert out.count("raise ZeroDivisionError(\"the user's own bug\")") == 1, out[-5000:]
+    for contract in ("all-rank-save", "sync-dist"):
+        result.stdout.fnmatch_lines([f"SKIPPED*ltconform::counted.Model::{contract}[[]ddp[]]*not judged*"
+                                     f"(see fit[[]ddp[]])*"])
+    # The header counts the workers' ranks on the machine's cores; the controller imported nothing heavy.
+    result.stdout.fnmatch_lines(["ltconform: 2 pytest-xdist workers share * CPUs: *"])
+    result.stderr.fnmatch_lines(["CONTROLLER IMPORTED: nothing"])
+    def verdicts(d):
+        return sorted((r["contract"], r["strategy"], r["outcome"]) for r in d["results"])
+
+    assert verdicts(doc) == verdicts(serial_doc)
+
+
+def test_a_bad_target_under_n_stops_the_session_once_with_the_error(pytester):
+    """One worker validates the target; the controller says its usage error once, as a serial
+    session does, and the session stops (no worker restarted, no item run)."""
+    pytester.makepyfile(broken="def factory():\n    raise ValueError('checkpoint path not set')\n")
+    result = pytester.runpytest_subprocess("--ltconform", "broken:factory", "-n", "2", "-p", "no:cacheprovider")
+    out = result.stdout.str() + result.stderr.str()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, out[-3000:]
+    assert out.count("calling factory() raised ValueError: checkpoint path not set") == 1, out[-3000:]
+    assert "INTERNALERROR" not in out and "replacing crashed worker" not in out, out[-3000:]

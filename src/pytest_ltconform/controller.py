@@ -29,6 +29,11 @@ SIGTERM_KEY = pytest.StashKey["SigtermAsInterrupt"]()
 HIDDEN_KEY = pytest.StashKey[dict]()
 UNSELECTED_KEY = pytest.StashKey[str]()  # why the project's own targets add no item to this run
 DESELECTED_KEY = pytest.StashKey[str]()  # -m deselects every item of the --ltconform targets
+REPORTERS_KEY = pytest.StashKey[dict]()  # target id -> {(kind, strategy, tier): the item reporting that run}
+SHARE_KEY = pytest.StashKey["object"]()  # world.share.SessionShare of a pytest-xdist session (controller or worker)
+XDIST_REPORT_KEY = pytest.StashKey[dict]()  # the xdist controller's: what its workers' sessions made (workers.py)
+# workerinput of a pytest-xdist worker: {"path", "owner", "workers", "slots"} of the session's share.
+SHARE_INPUT = "ltconform_share"
 
 MARKERS = {
     "ltconform": "a generated pytest-ltconform contract item",
@@ -55,7 +60,7 @@ def resolve_settings(config: pytest.Config):
         config.stash[DESELECTED_KEY] = (
             f"ltconform: -m {config.getoption('markexpr')!r} deselects every contract item, so {named} is not "
             f"checked in this run (nothing of it was imported); drop that -m, or select the items with -m ltconform")
-        config.stash[ONLY_CONTRACTS_KEY] = _contracts_alone(config)
+        config.stash[ONLY_CONTRACTS_KEY] = contracts_alone(config)
     if not selected and config.args_source == pytest.Config.ArgsSource.ARGS and config.getini(settings_mod.INI_TARGET):
         # Paths named, contract items not deselected: say so, or a CI job running `pytest tests/` reads as checked.
         config.stash[UNSELECTED_KEY] = (
@@ -87,10 +92,10 @@ def start(config: pytest.Config, settings, problems: list[str] = ()) -> None:
     config.stash[ALL_TARGETS_KEY] = validated
     config.stash[TARGETS_KEY] = next(iter(validated.values()))
     _attach(config, settings)
-    config.stash[ONLY_CONTRACTS_KEY] = _contracts_alone(config)
+    config.stash[ONLY_CONTRACTS_KEY] = contracts_alone(config)
 
 
-def _contracts_alone(config: pytest.Config) -> bool:
+def contracts_alone(config: pytest.Config) -> bool:
     """`pytest --ltconform X` with no test paths runs the contracts alone; with paths given, or
     with the target in the ini file, the contract items join the normal test run."""
     from_command_line = config.getoption(settings_mod.OPT_TARGET) not in (None, "")
@@ -203,19 +208,32 @@ def _validate_targets(config: pytest.Config, settings, problems: list[str]) -> d
     facts: dict = {}
     validated = {}
     count = len(settings.targets)
+    share, _ = shared(config)
     for n, declared in enumerate(settings.targets, 1):
         kwargs = settings_mod.validate_args(settings, declared)
-        try:
-            resolved = None
-            if world is not None:
-                try:
-                    resolved = validation.validate_forked(world, kwargs, facts)
-                except WorldStartError:
-                    world = None  # the parent cannot start: validate here; the first run says why
-            validated[declared.id] = resolved if resolved is not None else validation.validate_here(kwargs)
-        except target_spec.TargetError as exc:
+
+        def validate(kwargs=kwargs):  # (target, facts) or the TargetError: what every worker gets
+            nonlocal world
+            seen: dict = {}
+            try:
+                resolved = None
+                if world is not None:
+                    try:
+                        resolved = validation.validate_forked(world, kwargs, seen)
+                    except WorldStartError:
+                        world = None  # the parent cannot start: validate here; the first run says why
+                return (resolved if resolved is not None else validation.validate_here(kwargs)), seen
+            except target_spec.TargetError as exc:
+                return exc, seen
+
+        # Under xdist one worker validates each target and the others take its answer.
+        resolved, seen = share.once(f"target-{n}", validate) if share is not None else validate()
+        facts.update(seen)
+        if isinstance(resolved, target_spec.TargetError):
             which = f"target {n} of {count} ({declared.id}): " if count > 1 else ""
-            problems.append(f"{which}{exc}")
+            problems.append(f"{which}{resolved}")
+        else:
+            validated[declared.id] = resolved
     if world is not None and "deepspeed" in settings.strategies:  # asked at collection, if at all
         facts["deepspeed_missing"] = functools.partial(validation.deepspeed_missing_in_parent, world)
     config.stash[FACTS_KEY] = facts
@@ -251,9 +269,7 @@ def _attach(config: pytest.Config, settings) -> None:
     if info is None:
         return
     if config.getoption("numprocesses", None) or hasattr(config, "workerinput"):
-        raise pytest.UsageError(
-            f"pytest-ltconform: pytest is {info.describe()}; pytest-xdist workers (-n) cannot share one "
-            f"rank of that world. Drop -n: the launcher already runs one pytest per rank.")
+        raise no_xdist_in_launched_world(info)
     from .world.attached import AttachedWorld
 
     config.stash[ATTACHED_KEY] = AttachedWorld(info, pg_timeout_s=settings.pg_timeout_s)
@@ -261,6 +277,13 @@ def _attach(config: pytest.Config, settings) -> None:
         reporter = config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
             config.pluginmanager.unregister(reporter)
+
+
+def no_xdist_in_launched_world(info) -> pytest.UsageError:
+    """The usage error of ``-n`` inside a torchrun or SLURM world (``info``: tiers.Attached)."""
+    return pytest.UsageError(
+        f"pytest-ltconform: pytest is {info.describe()}; pytest-xdist workers (-n) cannot share one "
+        f"rank of that world. Drop -n: the launcher already runs one pytest per rank.")
 
 
 def attached_world(config: pytest.Config):
@@ -355,7 +378,14 @@ def session_for(config: pytest.Config, target_id: str):
         from .session import LtconformSession
 
         targets = config.stash[ALL_TARGETS_KEY][target_id]
-        session = LtconformSession(config.stash[SETTINGS_KEY], targets, pool=pool(config))
+        share, _ = shared(config)
+        runs = None
+        if share is not None and not pool(config).fresh_per_job:
+            from .run_cache import SharedRuns
+
+            runs = SharedRuns(share)  # made once across the session's xdist workers
+        session = LtconformSession(config.stash[SETTINGS_KEY], targets, pool=pool(config), runs=runs,
+                                   reporters=config.stash.get(REPORTERS_KEY, {}).get(target_id))
         session.attached = attached_world(config)
         several = len(config.stash[ALL_TARGETS_KEY]) > 1
         session.progress = progress.progress_lines(config, target_id if several else None)
@@ -369,10 +399,39 @@ def pool(config: pytest.Config):
         from .world import WorldPool
 
         settings = config.stash.get(SETTINGS_KEY, None) or settings_mod.Settings(target=None)
-        pool = WorldPool(timeout_name="--ltconform-timeout", launcher=settings.launcher, preload=preload_for(settings))
+        share, slots = shared(config)
+        pool = WorldPool(timeout_name="--ltconform-timeout", launcher=settings.launcher, preload=preload_for(settings),
+                         share=share, slots=slots)
         config.stash[POOL_KEY] = pool
         stop_on_sigterm(config)
     return pool
+
+
+def shared(config: pytest.Config):
+    """(world.share.SessionShare, world slots) of a pytest-xdist worker whose controller made the
+    session's folder (see workers.py); (None, None) elsewhere."""
+    given = getattr(config, "workerinput", {}).get(SHARE_INPUT)
+    if given is None:
+        return None, None
+    share = config.stash.get(SHARE_KEY, None)
+    if share is None:
+        from .world.share import SessionShare
+
+        share = config.stash[SHARE_KEY] = SessionShare(given["path"], given["owner"])
+    return share, given["slots"]
+
+
+def made_runs(config: pytest.Config) -> list[dict]:
+    """Every run this process's sessions made (``runs.RunKey`` fields; the world's layout as
+    ``nodes`` x ``ranks_per_node``, None for a launched world's own), in order."""
+    made = []
+    for session in config.stash.get(SESSIONS_KEY, {}).values():
+        for key in session.runs_made():
+            layout = key.layout
+            made.append({"target": key.target, "kind": key.kind, "strategy": key.strategy, "tier": key.tier,
+                         "nodes": layout.nodes if layout else None,
+                         "ranks_per_node": layout.ranks_per_node if layout else None})
+    return made
 
 
 def preload_for(settings) -> tuple[str, ...]:

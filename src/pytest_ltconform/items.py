@@ -188,6 +188,28 @@ class RunItems:
                                                                      list(added.values())))
 
 
+def name_reporters(session: pytest.Session) -> None:
+    """Decide, from the collection (the same in every xdist worker), which item reports each run's
+    own failure: its run item, else the one contract item judged on it. The items after it name it;
+    decided by whichever item ran first, a run's failure would be reported once per worker that
+    holds its items, and a contract item ahead of its run item (-p randomly, --dist) would
+    report what the run item reports again."""
+    config = session.config
+    if config.stash.get(controller.ALL_TARGETS_KEY, None) is None:
+        return
+    from . import contracts
+
+    named: dict = {}  # target id -> {(kind, strategy, tier): item name}
+    for item in session.items:
+        if isinstance(item, LtconformRunItem):
+            key = (item.kind, item.variant.strategy, item.variant.tier)
+            named.setdefault(item.target_id, {})[key] = item.name  # a run item comes first, and wins
+        elif isinstance(item, LtconformItem) and item.variant is not None:
+            key = (contracts.get_contract(item.contract_id).run_spec.name, item.strategy, item.tier)
+            named.setdefault(item.target_id, {}).setdefault(key, item.name)
+    config.stash[controller.REPORTERS_KEY] = named
+
+
 def _run_item(parent, target_id: str, kind: str, contract_id: str, variant) -> LtconformRunItem:
     name = f"{kind}[{variant.label}]"
     item = LtconformRunItem.from_parent(parent, name=name, nodeid=f"ltconform::{target_id}::{name}", kind=kind,

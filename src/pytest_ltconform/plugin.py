@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from . import controller, header, results
+from . import controller, header, results, workers
 from . import items as items_mod
 from . import settings as settings_mod
 from .fixtures import ltconform_target, ltconform_world  # noqa: F401 (registered as the plugin's fixtures)
@@ -52,9 +52,26 @@ def pytest_configure(config: pytest.Config) -> None:
     if reporter is not None and config.get_verbosity() >= 1:
         config.pluginmanager.register(results.PassedReasons(reporter), "ltconform-passed-reasons")
     if settings.enabled and controller.deselected_line(config) is None:
-        controller.start(config, settings, problems)
+        if workers.is_controller(config):
+            workers.start_controller(config, settings, problems)  # the workers validate and run
+        else:
+            _start(config, settings, problems)
     elif problems:
         raise settings_mod.InputProblems(problems)
+
+
+def _start(config: pytest.Config, settings, problems: list[str]) -> None:
+    """Validate the targets (here, or once between the xdist workers); a worker hands a usage
+    error to its controller instead of raising it (xdist would restart a worker that raised)."""
+    try:
+        controller.start(config, settings, problems)
+    except settings_mod.InputProblems as exc:
+        if controller.shared(config)[0] is None:
+            raise
+        config.stash[controller.ONLY_CONTRACTS_KEY] = controller.contracts_alone(config)  # collect nothing else
+        workers.publish(config, str(exc))
+        return
+    workers.publish(config, None)
 
 
 def pytest_ignore_collect(collection_path, config):
@@ -64,17 +81,22 @@ def pytest_ignore_collect(collection_path, config):
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
     controller.finishing(session, exitstatus)
+    workers.worker_output(session.config)  # an xdist worker: what its sessions made, for the controller
+    workers.gather(session.config)  # the xdist controller: what its workers made, for the report
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     controller.close(config)
+    workers.close(config)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
-    return header.header_lines(config)
+    lines = (header.header_lines(config) or []) + [line for line in [workers.cores_line(config)] if line]
+    return lines or None
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
+    items_mod.name_reporters(session)
     controller.agree_collection(session)
 
 

@@ -44,16 +44,20 @@ class Case:
             self.hung, self.ddp = None, ddp
 
     @functools.cached_property
+    def _made_or_hung(self) -> tuple[Run | WorldStartError | None, Run | None]:
+        # One question, so that no other run of the target (an xdist worker's) starts in between.
+        return self.session.run_or_hung(self.contract.run_spec, self.strategy, self.tier)
+
+    @functools.cached_property
     def hung(self) -> Run | None:
         """An earlier run of the target that hung where this one would (``session.hung_before``)."""
-        return self.session.hung_before(self.contract.run_spec, self.strategy, self.tier)
+        return self._made_or_hung[1]
 
     @functools.cached_property
     def made(self) -> Run | WorldStartError:
-        try:
-            return self.session.run_for(self.contract.run_spec, self.strategy, self.tier)
-        except WorldStartError as exc:
-            return exc
+        """The run (made once, by whichever xdist worker asked first), or the WorldStartError that
+        stopped it; None when :attr:`hung` stopped it from starting."""
+        return self._made_or_hung[0]
 
     @property
     def run(self) -> Run:

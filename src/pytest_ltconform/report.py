@@ -9,9 +9,13 @@ The JSON keys are a stable interface for CI jobs and dashboards::
                   "evidence", "duration_s", ...}],          # every item of every target
      "targets": [{"id", "model", "datamodule", "trainer", "init",
                   "results": [...]}],                       # the same records, per target, in order
-     "cold_starts": int | null,  # worlds this process started (null: none of its own, e.g. xdist)
+     "cold_starts": int | null,  # generations of rank processes started (all xdist workers' together)
      "not_run": [{"tier", "reason", "items"}],  # tiers not run here and not asked for: a count each
      "interrupted": bool, "exitstatus": int,    # Ctrl-C, SIGTERM, -x or pytest.exit; pytest's exit code
+     "runs": [{"target", "kind", "strategy", "tier", "nodes", "ranks_per_node"}],  # each run made,
+                                 # once each (its one-rank reference is part of it), by any worker
+     "imports": int | null,      # processes that imported torch and Lightning for the ranks (fork
+                                 # parents, or every spawned rank)
      "seeding": {"mode", "seed", "ranks"}}      # --ltconform-seeding, its base seed, each rank's first seed
 
 A record's ``evidence`` is ``[{"rank", "site", "detail", "frame"?}]``: ``site`` is the
@@ -100,30 +104,39 @@ def _plain(value):
     return _ADDRESS.sub("", repr(value))
 
 
+def target_entry(t) -> dict:
+    """The report's entry of one validated target (``target.spec.ResolvedTarget``), without its
+    records: plain JSON (what a pytest-xdist worker hands its controller)."""
+    trainer = t.trainer.text if t.trainer is not None else _plain(t.trainer_dict)
+    return {"id": t.label, "model": t.model.text, "datamodule": t.datamodule.text if t.datamodule is not None else None,
+            "trainer": trainer, "init": _plain(t.init)}
+
+
 def target_entries(targets: list, results: list[dict]) -> list[dict]:
-    """The report's ``targets`` list: each validated target (``target.spec.ResolvedTarget``) with its records."""
+    """The report's ``targets`` list: each validated target (``target.spec.ResolvedTarget``, or
+    its :func:`target_entry`) with its records."""
     entries = []
     for t in targets:
-        trainer = t.trainer.text if t.trainer is not None else _plain(t.trainer_dict)
-        entries.append({"id": t.label, "model": t.model.text,
-                        "datamodule": t.datamodule.text if t.datamodule is not None else None,
-                        "trainer": trainer, "init": _plain(t.init),
-                        "results": [r for r in results if r.get("target") == t.label]})
+        entry = dict(t) if isinstance(t, dict) else target_entry(t)
+        entries.append({**entry, "results": [r for r in results if r.get("target") == entry["id"]]})
     return entries
 
 
 def write_json(path: str, target: str | None, world_size: int, results: list[dict], targets: list | None = None,
                cold_starts: int | None = None, not_run: list[dict] | None = None, interrupted: bool = False,
-               exitstatus: int = 0, seeding: dict | None = None) -> None:
+               exitstatus: int = 0, runs: list[dict] | None = None, imports: int | None = None,
+               seeding: dict | None = None) -> None:
     """Write the report to ``path`` (creating its folder) through a temporary file beside it, so
     that a failed write leaves the previous report, not half of a new one (a path that is not a
     regular file, such as a device or a pipe, is written in place). ``targets`` are the
-    validated ``target.spec.ResolvedTarget`` of the session; ``cold_starts`` the worlds it started;
-    ``not_run`` the tiers whose items were not created here (see the module doc). Raises
-    ``OSError``."""
+    validated ``target.spec.ResolvedTarget`` of the session (or their :func:`target_entry`);
+    ``cold_starts`` the worlds it started; ``not_run`` the tiers whose items were not created here;
+    ``runs`` the runs made, ``imports`` the processes that imported the ranks' preload (see the
+    module doc). Raises ``OSError``."""
     doc = {"target": target, "world_size": world_size, "versions": versions(), "results": results,
            "targets": target_entries(targets or [], results), "cold_starts": cold_starts,
-           "not_run": not_run or [], "interrupted": interrupted, "exitstatus": exitstatus}
+           "not_run": not_run or [], "interrupted": interrupted, "exitstatus": exitstatus,
+           "runs": runs or [], "imports": imports}
     if seeding is not None:
         doc["seeding"] = seeding
     if os.path.exists(path) and not os.path.isfile(path):

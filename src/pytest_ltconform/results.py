@@ -149,6 +149,18 @@ class ResultsCollector:
         elif self.report_line:
             terminalreporter.write_sep("-", self.report_line)  # as --junitxml says where its file went
 
+    def _made(self) -> dict:
+        """What the report says of the session's targets, worlds and runs: from this process, or
+        from the pytest-xdist workers (an xdist controller makes none)."""
+        workers = self.config.stash.get(controller.XDIST_REPORT_KEY, None)
+        if workers is not None:
+            return workers
+        pool = self.config.stash.get(controller.POOL_KEY, None)
+        return {"targets": list(self.config.stash.get(controller.ALL_TARGETS_KEY, {}).values()),
+                "cold_starts": pool.cold_starts if pool is not None else None,
+                "imports": pool.imports if pool is not None else None,
+                "not_run": not_run(self.config), "runs": controller.made_runs(self.config)}
+
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus) -> None:
         settings = self.config.stash.get(controller.SETTINGS_KEY, None)
         if settings is None or not settings.report or hasattr(self.config, "workerinput"):
@@ -163,15 +175,11 @@ class ResultsCollector:
             return
         from . import report as report_mod
 
-        pool = self.config.stash.get(controller.POOL_KEY, None)
         status = int(exitstatus)
         try:
             report_mod.write_json(settings.report, settings.target, settings.world_size, list(self.results),
-                                  targets=list(self.config.stash.get(controller.ALL_TARGETS_KEY, {}).values()),
-                                  cold_starts=pool.cold_starts if pool is not None else None,
-                                  not_run=not_run(self.config),
                                   interrupted=status == pytest.ExitCode.INTERRUPTED or bool(session.shouldstop),
-                                  exitstatus=status,
+                                  exitstatus=status, **self._made(),
                                   seeding=report_mod.seeding_entry(settings.seeding, settings.seed,
                                                                    settings.world_size))
         except OSError as exc:

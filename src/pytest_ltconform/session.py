@@ -3,21 +3,24 @@ cache and turns (contract, strategy, tier) into a verdict.
 
 Runs are made once per :class:`~.runs.RunKey` (target, run spec, strategy, tier, layout) and
 shared by every contract that declares that spec, so the items stay one per contract while the
-cost is one run. What a run means for an item (it finished, a contract claims its stop, a rank
-failed on its own, ...) is decided by one ordered list of policies (``policies.POLICIES``), read
-by the contract items (:meth:`LtconformSession.verdict`) and by the run's own item
-(:meth:`LtconformSession.run_failure`) alike. The session knows no contract: it asks the registry
-which run a contract needs, which probes that run loads and which contract an unfinished run's
-failure belongs to (``contracts.blamed``).
+cost is one run; under pytest-xdist once across the session's workers (``run_cache``). What a run
+means for an item (it finished, a contract claims its stop, a rank failed on its own, ...) is
+decided by one ordered list of policies (``policies.POLICIES``), read by the contract items
+(:meth:`LtconformSession.verdict`) and by the run's own item (:meth:`LtconformSession.run_failure`)
+alike. The session knows no contract: it asks the registry which run a contract needs, which
+probes that run loads and which contract an unfinished run's failure belongs to
+(``contracts.blamed``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 from . import contracts, policies, tiers
 from .contracts.base import Run, Verdict
 from .outcomes import Outcome
+from .run_cache import LocalRuns
 from .runs import FIT, RunArgs, RunKey, RunSpec, seeding_for
 from .settings import Settings
 from .world import JobRequest, WorldPool, WorldStartError
@@ -27,11 +30,16 @@ from .world.causes import first_cause, stack_user_site
 class LtconformSession:
     """Makes and caches runs, and judges contracts on them."""
 
-    def __init__(self, settings: Settings, target, pool: WorldPool | None = None):
+    def __init__(self, settings: Settings, target, pool: WorldPool | None = None, runs=None,
+                 reporters: dict | None = None):
         self.settings = settings
         self.target = target  # a target.spec.ResolvedTarget (None in tests that make no run)
         self.pool = pool or WorldPool()
-        self._runs: dict[RunKey, Run | Exception] = {}
+        # RunKey -> Run | WorldStartError: this process's (run_cache.LocalRuns), or the xdist workers' (SharedRuns).
+        self._runs = runs if runs is not None else LocalRuns()
+        # (kind, strategy, tier) -> the item that reports that run's own failure, decided from the
+        # collection (the same in every xdist worker): its run item, else the first item judged on it.
+        self.reporters = dict(reporters or {})
         # The launched world pytest runs in (world.attached.AttachedWorld), for the multinode tier.
         self.attached = None
         # progress(label) -> a callback for LocalWorld.run's progress (label: "fit[ddp]"), or None.
@@ -42,18 +50,50 @@ class LtconformSession:
         tiers.py): a local gloo world for 'cpu', a local NCCL world for 'gpu'/'deepspeed', the
         attached world for 'multinode'. Made once and cached; raises WorldStartError when no world
         could run it."""
+        made, _ = self.run_or_hung(spec, strategy, tier, hang_check=False)
+        if isinstance(made, Exception):
+            raise made
+        return made
+
+    def run_or_hung(self, spec: RunSpec, strategy: str, tier: str, probes_of: RunSpec | None = None,
+                    hang_check: bool = True) -> tuple[Run | WorldStartError | None, Run | None]:
+        """(the run of ``spec``, or the WorldStartError that stopped it; None), made now unless
+        made already (by any xdist worker); or (None, the earlier hung run) when ``hang_check``
+        finds that this run would reach the same hang (:meth:`hung_before`), without starting it.
+        A training run is checked and made only while no other one of the target is (``serial``:
+        across the xdist workers), so the check sees every earlier run."""
         key = self._key(spec.name, strategy, tier)
         # Fresh-world mode (the benchmark's baseline) shares nothing between items.
-        cached = None if self.pool.fresh_per_job else self._runs.get(key)
-        if cached is None:
-            try:
-                cached = self._make(spec, strategy, tier)
-            except WorldStartError as exc:
-                cached = exc
-            self._runs[key] = cached
-        if isinstance(cached, Exception):
-            raise cached
-        return cached
+        made = None if self.pool.fresh_per_job else self._runs.get(key)
+        if made is None:
+            with self._runs.serial(key) if spec.trains else contextlib.nullcontext():
+                hung = self.hung_before(spec, strategy, tier) if hang_check else None
+                if hung is not None:
+                    return None, hung
+                def make():
+                    return self._make_or_error(spec, strategy, tier, probes_of)
+
+                made = self._runs.remake(key, make) if self.pool.fresh_per_job else self._runs.once(key, make)
+        return self._named(made, key), None
+
+    def _make_or_error(self, spec: RunSpec, strategy: str, tier: str, probes_of: RunSpec | None) -> Run | Exception:
+        try:
+            return self._make(spec, strategy, tier, probes_of)
+        except WorldStartError as exc:
+            return exc
+
+    def _named(self, made, key: RunKey):
+        """``made`` with the item that reports its own failure, as decided from the collection, so
+        that every worker names the same item whichever of them made the run."""
+        reporter = self.reporters.get((key.kind, key.strategy, key.tier))
+        if isinstance(made, Run) and reporter is not None and made.cause_item is None:
+            made.cause_item = made.first_item = reporter
+        return made
+
+    def runs_made(self) -> list[RunKey]:
+        """The runs this process made for this session, in order (under xdist, not those another
+        worker made and handed over)."""
+        return list(self._runs.made_here)
 
     def run_failure(self, contract_id: str, strategy: str, tier: str, item: str) -> tuple[Outcome, str]:
         """Make (or take from the cache) the run that ``contract_id`` and others need, for the item
@@ -74,7 +114,8 @@ class LtconformSession:
         """The ddp run already made of ``run``'s kind (else the traced fit) in the same tier: what a
         sharded run's failure is compared with before the sharded strategy is blamed."""
         for kind in (run.kind, FIT.name):
-            made = self._runs.get(self._key(kind, "ddp", tier))
+            key = self._key(kind, "ddp", tier)
+            made = self._named(self._runs.get(key), key)
             if isinstance(made, Run):
                 return made
         return None
@@ -134,21 +175,15 @@ class LtconformSession:
     def made_run(self, kind: str, strategy: str, tier: str) -> Run | None:
         """The run of ``kind`` already made under ``strategy`` in ``tier``; None when it was not
         made, or its world did not start."""
-        made = self._runs.get(self._key(kind, strategy, tier))
+        key = self._key(kind, strategy, tier)
+        made = self._named(self._runs.get(key), key)
         return made if isinstance(made, Run) else None
 
     def second_run(self, spec: RunSpec, strategy: str, tier: str, probes_of: RunSpec) -> Run | None:
         """The run ``spec`` with the probes of ``probes_of`` (a second fit judged for the first's
         contracts), made once unless an earlier run hung where it would; None when it could not
         be made."""
-        key = self._key(spec.name, strategy, tier)
-        run = self._runs.get(key)
-        if run is None and self.hung_before(spec, strategy, tier) is None:
-            try:
-                run = self._make(spec, strategy, tier, probes_of=probes_of)
-            except WorldStartError as exc:
-                run = exc
-            self._runs[key] = run
+        run, _ = self.run_or_hung(spec, strategy, tier, probes_of=probes_of)
         return run if isinstance(run, Run) else None
 
     def hung_before(self, spec: RunSpec, strategy: str, tier: str) -> Run | None:
@@ -162,9 +197,9 @@ class LtconformSession:
         collective, a strategy's gather) may be that strategy's doing, so other strategies still
         run. Inspection runs train nothing and always run."""
         own_key = self._key(spec.name, strategy, tier)
-        if not spec.trains or own_key in self._runs:
+        if not spec.trains or self._runs.get(own_key) is not None:
             return None  # made already: its items are judged on it
-        for key, run in self._runs.items():
+        for key, run in self._runs.made(own_key.target):
             # Killed at the time limit, or before it once its peers had failed or finished: a rank
             # was still running either way (a divergence stopped early is not a hang of this kind).
             if not isinstance(run, Run) or run.finished or not (run.job.timed_out_by or run.job.killed_early):

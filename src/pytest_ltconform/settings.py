@@ -379,10 +379,14 @@ def available_memory_mb() -> int | None:
     return None
 
 
-def check_capacity(settings: Settings, cpus: int | None = None, memory_mb: int | None = None) -> None:
+def check_capacity(settings: Settings, cpus: int | None = None, memory_mb: int | None = None,
+                   workers: int = 1) -> None:
     """Refuse a world that this machine cannot hold: more ranks than CPUs, or more than the
     available memory at :data:`RANK_MEMORY_MB` per rank. ``cpus`` and ``memory_mb`` default to the
-    machine's. No-op under ``oversubscribe``. Raises ``pytest.UsageError`` (one line)."""
+    machine's. With ``workers`` pytest-xdist workers every worker keeps a world of its own, so the
+    memory is for that many worlds; the CPUs are for one world at a time, since the workers' worlds
+    take turns at running (``workers.slots_for``). No-op under ``oversubscribe``. Raises
+    ``pytest.UsageError`` (one line)."""
     if settings.oversubscribe:
         return
     n = settings.world_size
@@ -395,12 +399,15 @@ def check_capacity(settings: Settings, cpus: int | None = None, memory_mb: int |
             f"{where}: a world of {n} ranks needs {n} CPUs, but this machine gives pytest {cpus}; ranks that share "
             f"CPUs make healthy collectives time out. {fix} --ltconform-oversubscribe to start them anyway.")
     memory_mb = available_memory_mb() if memory_mb is None else memory_mb
-    need = n * RANK_MEMORY_MB
+    need = workers * n * RANK_MEMORY_MB
     if memory_mb is not None and need > memory_mb:
+        worlds = f"{workers} pytest-xdist workers' worlds of {n} ranks need" if workers > 1 else \
+            f"a world of {n} ranks needs"
+        fewer = "Use fewer ranks or fewer workers (-n)" if workers > 1 else "Use fewer ranks"
         raise pytest.UsageError(
-            f"{where}: a world of {n} ranks needs about {need / 1024:.1f} GB ({RANK_MEMORY_MB} MB per rank for "
+            f"{where}: {worlds} about {need / 1024:.1f} GB ({RANK_MEMORY_MB} MB per rank for "
             f"torch and Lightning), but {memory_mb / 1024:.1f} GB is available (MemAvailable in /proc/meminfo). "
-            f"Use fewer ranks, or add --ltconform-oversubscribe to start them anyway.")
+            f"{fewer}, or add --ltconform-oversubscribe to start them anyway.")
 
 
 def _ini_file_keys(path) -> list[str]:
