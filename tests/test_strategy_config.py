@@ -135,3 +135,27 @@ def test_deepspeed_auto_values_say_what_deepspeed_makes_of_each(fake_runs):
     from pytest_ltconform import claims
 
     assert claims.check({"contract": verdict.contract, **verdict.as_dict()}) == []
+
+
+def test_a_deepspeed_fit_stopped_by_an_auto_value_is_this_contracts(fake_runs):
+    """Issue 38 §4: the fit under DeepSpeed raised TypeError at `gradient_clipping() > 0.0` on every
+    rank; strategy-config, which explains the "auto" value, claims that stop (one fault, one item)."""
+    from pytest_ltconform.contracts.strategy_config import stopped_on_auto
+    from pytest_ltconform.contracts.strategy_config.probe import DS_AUTO
+
+    tb = ('Traceback (most recent call last):\n  File "/site/deepspeed/runtime/engine.py", line 3506, in '
+          '_take_model_step\n    if self.gradient_clipping() > 0.0:\n'
+          "TypeError: '>' not supported between instances of 'str' and 'float'\n")
+    ranks = [fake_runs.rank(r, [DS_AUTO.new(paths=["gradient_clipping"])], status="error", exc_type="TypeError",
+                            message="'>' not supported between instances of 'str' and 'float'", traceback=tb)
+             for r in (0, 1)]
+    run = fake_runs.of(ranks, status="error")
+    run.strategy = "deepspeed"
+    assert stopped_on_auto(run) == {"what": "TypeError: '>' not supported between instances of 'str' and 'float'",
+                                    "ranks": "every rank", "where": "deepspeed/runtime/engine.py:3506"}
+    assert get_contract("strategy-config").blames(run) is not None
+    other = fake_runs.of([fake_runs.rank(r, [DS_AUTO.new(paths=["gradient_clipping"])], status="error",
+                                         exc_type="RuntimeError", message="ZeRO-3 broke", traceback=tb)
+                          for r in (0, 1)], status="error")
+    other.strategy = "deepspeed"
+    assert stopped_on_auto(other) is None  # not what a string "auto" raises: not claimed

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from ...claims import claim
 from ...outcomes import Outcome
-from ...runs import inspection
+from ...runs import FIT, inspection
 from ..base import Blame, Contract, Evidence, Run, Verdict
-from .probe import StrategyConfigProbe
+from .probe import DS_AUTO, StrategyConfigProbe
 
 
 def _site(f: dict) -> str | None:
@@ -34,6 +34,7 @@ class StrategyConfig(Contract):
     rule_section = "FSDP"
     run_spec = inspection("config")
     probe_class = StrategyConfigProbe
+    observes = (FIT,)  # the "auto" values a DeepSpeed fit ran with, and where it stopped
     # 'ddp' reads the config alone (no deepspeed needed); 'deepspeed' also asks DeepSpeed itself.
     strategies = ("ddp", "deepspeed")
     configured_only = ("deepspeed",)  # DeepSpeed's validation applies only to a DeepSpeed config
@@ -41,9 +42,13 @@ class StrategyConfig(Contract):
 
     def blames(self, run: Run) -> int | None:
         """A fit that DeepSpeed stopped while validating the config (every failed rank raised in
-        its config class) is this contract's failure: the other items of that run are not judged."""
+        its config class), or that DeepSpeed's engine stopped on a config holding "auto" values
+        (:func:`stopped_on_auto`), is this contract's failure: the other items of that run are not
+        judged."""
         failed = [r for r in run.job.ranks if r.status != "ok"]
         if failed and all(r.status == "error" and deepspeed_config_raise(r.traceback) for r in failed):
+            return Blame.RAISED
+        if stopped_on_auto(run) is not None:
             return Blame.RAISED
         return super().blames(run)
 
@@ -72,6 +77,10 @@ class StrategyConfig(Contract):
         evidence = [Evidence(text, site=site) for _, (text, site), _, _ in rendered]
         notes = [r[0] for r in rendered[1:]]
         fixes = [fix] + [r[3] for r in rendered[1:] if r[3] != fix]
+        stop = stopped_on_auto(run.observed.get(FIT.name)) if run.strategy == "deepspeed" else None
+        if stop is not None:
+            evidence.append(Evidence(f"the fit under DeepSpeed stopped there: {stop['what']} on {stop['ranks']}, "
+                                     f"raised at {stop['where']}"))
         verdict = self.verdict(Outcome.FAILED, summary, evidence=evidence, fix=" Also: ".join(fixes), notes=notes,
                                claims=claims)
         verdict.rule_section = section
@@ -225,6 +234,27 @@ def first_line(text: str, limit: int = 200) -> str:
 # Lightning's DeepSpeedStrategy methods that check the user's config dict before DeepSpeed sees it
 # (e.g. "Do not set `gradient_accumulation_steps` in the DeepSpeed config").
 LIGHTNING_DS_CONFIG_CHECKS = ("_load_config", "_format_config", "_format_batch_size_and_grad_accum_config")
+
+def stopped_on_auto(run: Run | None) -> dict | None:
+    """``{"what", "ranks", "where"}`` when ``run``, a DeepSpeed fit whose config holds "auto" values
+    (the probe's ``ds_auto`` event), stopped with every failed rank raising a TypeError about a
+    ``str`` (what a string "auto" used as a number raises) from DeepSpeed's own code (its innermost
+    frame); None otherwise."""
+    import re
+
+    if run is None or run.finished or run.strategy != "deepspeed" or not run.events(0, DS_AUTO):
+        return None
+    failed = [r for r in run.job.ranks if r.status != "ok"]
+    frames = [re.findall(r'File "([^"]+)", line (\d+)', r.traceback or "") for r in failed]
+    if not failed or any(r.status != "error" or r.exc_type != "TypeError" or "'str'" not in (r.message or "")
+                         or not f or "/deepspeed/" not in f[-1][0].replace("\\", "/")
+                         for r, f in zip(failed, frames)):
+        return None
+    path, line = frames[0][-1]
+    ranks = "every rank" if len(failed) == run.world_size else ", ".join(f"rank {r.rank}" for r in failed)
+    return {"what": f"{failed[0].exc_type}: {failed[0].message}", "ranks": ranks,
+            "where": f"deepspeed/{path.replace(chr(92), '/').rsplit('/deepspeed/', 1)[-1]}:{line}"}
+
 
 def deepspeed_config_raise(traceback_text: str | None) -> bool:
     """Whether a rank's traceback ends inside DeepSpeed's config class (its validation raised), or in

@@ -6,7 +6,17 @@ from __future__ import annotations
 
 import os
 
+from ...events import Recorded, declare
 from ...runs import Probe
+
+
+class DsAutoEvent(Recorded):
+    """The traced fit runs a DeepSpeed config that holds "auto" at ``paths`` (dotted paths)."""
+
+    paths: list
+
+
+DS_AUTO = declare("ds_auto", DsAutoEvent)
 
 NUMERIC_ZERO_KEYS = ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size",
                      "stage3_param_persistence_threshold", "stage3_max_live_parameters",
@@ -399,6 +409,15 @@ def _ds_rejected(strategy, loaded, user: dict, file: str | None, world_size: int
              "batch": batch, "world_size": world_size, "site": _config_line(file, needles)}]
 
 class StrategyConfigProbe(Probe):
+    def before_fit(self, objects, trainer, recorder) -> None:
+        """In the traced fit (strategy-config observes it): the "auto" values of the user's DeepSpeed
+        config, so that a fit DeepSpeed stops on one of them is this contract's to explain."""
+        config = getattr(objects.user_kwargs.get("strategy"), "config", None)
+        if recorder is not None and isinstance(config, dict):
+            autos = [p for p, v in _walk(config) if _is_auto(v)]
+            if autos:
+                recorder.emit(DS_AUTO.new(paths=autos))
+
     def inspect(self, run) -> dict | None:
         """The user's strategy settings as findings (rank 0 only; None on other ranks). In a
         'deepspeed' run the config is also validated by DeepSpeed itself; a Trainer config that
