@@ -222,3 +222,127 @@ def test_each_run_seeds_its_ranks_as_the_setting_says():
     assert seeding_for(inspection("spawn"), "per-rank") == "per-rank"
     assert [rank_seed(0, "both", r) for r in range(3)] == [0, 1, 2]
     assert [rank_seed(5, "same", r) for r in range(3)] == [5, 5, 5]
+
+
+def _fsdp_stop(fake_runs, message: str, raised_in: str, exc_type: str = "RuntimeError"):
+    from pytest_ltconform.contracts.base import Run
+
+    tb = ('Traceback (most recent call last):\n'
+          f'  File "{USER_FILE}", line 17, in training_step\n    self.manual_backward(loss)\n'
+          f'  File "{raised_in}", line 164, in _p_assert\n    raise AssertionError(s)\n'
+          f'{exc_type}: {message}\n')
+    ranks = [fake_runs.rank(r, status="error", exc_type=exc_type, message=message, traceback=tb) for r in range(2)]
+    return Run(fake_runs.job(ranks, status="error"), "fsdp", "fit")
+
+
+def test_a_sharded_skip_says_on_cpu_only_when_the_failure_is_particular_to_cpu_ranks(fake_runs):
+    """Issue 32, section 3: "does not run under FSDP on CPU" blamed the machine for the user's own
+    fault (manual backward inside the FSDP-wrapped step): the cause and its lines are named instead."""
+    import torch.distributed.utils as torch_utils
+
+    import pytest_ltconform.sharded as plugin_file
+    from pytest_ltconform.policies import not_a_sharded_module as _not_a_sharded_module
+
+    contract = contracts.get_contract("sync-dist")
+    users = _not_a_sharded_module(contract, _fsdp_stop(fake_runs, "Expects `BACKWARD_PRE` or `BACKWARD_POST` state "
+                                                                  "but got HandleTrainingState.FORWARD",
+                                                       torch_utils.__file__, "AssertionError"))
+    assert users.summary.startswith("the module does not run under FSDP (AssertionError in library code at "
+                                    "torch/distributed/utils.py:164 (_p_assert), from your code at ")
+    assert "test_session.py:17 (training_step): Expects `BACKWARD_PRE`" in users.summary
+    assert "on CPU" not in users.summary
+    gloo = _not_a_sharded_module(contract, _fsdp_stop(fake_runs, "ProcessGroupGloo does not support reduce_scatter",
+                                                      torch_utils.__file__))
+    assert gloo.summary.startswith("the module does not run under FSDP on CPU gloo ranks (RuntimeError in library code")
+    assert "; the error names 'ProcessGroupGloo')" in gloo.summary
+    ours = _not_a_sharded_module(contract, _fsdp_stop(fake_runs, "bad shard", plugin_file.__file__))
+    assert "on CPU gloo ranks (RuntimeError in the plugin's code at pytest_ltconform/sharded.py:164 (_p_assert)" \
+        in ours.summary
+    assert "the plugin's CPU stand-in raised it, in pytest_ltconform/sharded.py:164 (_p_assert))" in ours.summary
+
+
+def test_a_later_stage_that_raised_is_named_with_its_cause_and_lines(fake_runs):
+    import torch.nn.functional as F
+
+    from pytest_ltconform.policies import what_ran as _what_ran
+
+    error = {"ev": "stage_error", "name": "test", "exc_type": "RuntimeError", "message": "'weight' must be 2-D",
+             "raised": {"file": F.__file__, "line": 2615, "func": "embedding"},
+             "user": {"file": USER_FILE, "line": 19, "func": "forward"}}
+    trace = [{"ev": "stage", "name": "fit"}, {"ev": "stage", "name": "test"}, error]
+    run = fake_runs.of([fake_runs.rank(0, trace=trace), fake_runs.rank(1, trace=trace)])
+    text = _what_ran(run)
+    assert text.startswith("the run finished on 2 ranks: fit, then test (it raised RuntimeError in library code at "
+                           "torch/nn/functional.py:2615 (embedding), from your code at ")
+    assert text.endswith("test_session.py:19 (forward): 'weight' must be 2-D)")
+
+
+GLOO = ("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:446] Received data size doesn't match expected "
+        "size: 64 vs 48")
+
+
+def _replay_that_hung(fake_runs, kind: str):
+    """Rank 0 raised inside the step (Lightning's on_exception recorded it), then hung in the
+    teardown's collective; rank 1 got gloo's size mismatch: the world of the plugin's own run."""
+    import lightning.pytorch.trainer.call as call
+    import torch.distributed.distributed_c10d as c10d
+
+    recorded = {"ev": "exception", "exc_type": "TypeError", "message": "'NoneType' object is not callable",
+                "raised": {"file": USER_FILE, "line": 77, "func": "energy"}, "user": {"file": USER_FILE, "line": 77,
+                                                                                       "func": "energy"}}
+    stack = ("Thread 0x1 (most recent call first):\n"
+             f'  File "{c10d.__file__}", line 4287 in barrier\n'
+             f'  File "{call.__file__}", line 60 in _call_and_handle_interrupt\n')
+    ranks = [fake_runs.rank(0, trace=[recorded], status="hung", stack=stack),
+             fake_runs.rank(1, status="error", exc_type="DistBackendError", message=GLOO, traceback="...")]
+    return fake_runs.of(ranks, status="hung", kind=kind)
+
+
+def test_a_stop_of_the_plugins_own_run_names_the_run_the_exception_and_whether_your_config_reaches_it(fake_runs):
+    """Issue 32, section 4: an effective-batch replay that stopped read 'NOT JUDGED (the run stopped
+    in your code): rank 0 hung' with no exception and no line."""
+    from pytest_ltconform import policies
+    from pytest_ltconform.session import LtconformSession
+    from pytest_ltconform.settings import Settings
+
+    contract = contracts.get_contract("effective-batch")
+    replay = _replay_that_hung(fake_runs, contract.run_spec.name)
+    first = judge(contract, replay)
+    assert first.outcome == "error" and "NOT JUDGED (the run stopped in your code)" not in first.render()
+    assert first.render().startswith("[effective-batch] NOT JUDGED (the run stopped while a rank waited in library "
+                                     "code): the run did not finish: rank 0 hung in library code at "
+                                     "torch/distributed/distributed_c10d.py:4287 (barrier): it was still running")
+    assert ", after it raised TypeError in your code at " in first.summary
+    assert "test_session.py:77 (energy): 'NoneType' object is not callable" in first.summary
+    session = LtconformSession(Settings(target="m.Model", world_size=2), target=None, pool=object())
+    fit = fake_runs.of([fake_runs.rank(0), fake_runs.rank(1)])
+    session._runs[session._key("fit", "ddp", "cpu")] = fit
+
+    def own_run_stopped(contract):
+        return policies._own_run_stopped(policies.Case(contract, "ddp", "cpu", session=session, run=replay), first)
+
+    verdict = own_run_stopped(contract)
+    assert verdict.outcome == "not_judged" and verdict.category is None
+    assert verdict.not_judged.reason.startswith("the plugin's effective-batch replay (one optimizer step on every "
+                                                "rank, then the same samples in one batch on one rank) stopped: "
+                                                "rank 0 hung in library code at ")
+    assert verdict.not_judged.reason.endswith("; your config's traced fit[ddp] finished without it, so this stop is "
+                                              "the plugin's own run's, not a finding.")
+    assert "Received data size doesn't match expected size" in verdict.diagnosis  # rank 1's, as a consequence
+    del session._runs[session._key("fit", "ddp", "cpu")]
+    unknown = own_run_stopped(contract)
+    assert "whether your config reaches that code is not known here" in unknown.summary
+    # The user's own config (the traced fit) keeps its error item: the session says where it stopped.
+    assert own_run_stopped(contracts.get_contract("sync-dist")) is None
+
+
+def test_a_rank_that_died_names_what_its_abort_printed(fake_runs):
+    tail = ("terminate called after throwing an instance of 'gloo::EnforceNotMet'\n"
+            "  what():  [enforce fail at pair.cc:446] op.preamble.length <= op.nbytes. 64 vs 48\n")
+    ranks = [fake_runs.rank(0, status="died", exit_code=-6, log_tail=tail),
+             fake_runs.rank(1, status="error", exc_type="DistBackendError", message=GLOO, traceback="...")]
+    cause = first_cause(fake_runs.of(ranks, status="died").job)
+    assert cause.headline() == ("rank 0 died: it exited without a result (killed by SIGABRT (exit code -6)); its "
+                                "output ends with '[enforce fail at pair.cc:446] op.preamble.length <= op.nbytes. "
+                                "64 vs 48'")
+

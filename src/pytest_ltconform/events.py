@@ -182,11 +182,26 @@ class StageEvent(Recorded):
 
 class StageErrorEvent(Recorded):
     """A later stage (``name``) raised ``exc_type`` with ``message`` (its first 500 characters);
-    the later stages end there."""
+    the later stages end there. ``raised``: the frame that raised it, ``user``: the innermost user
+    frame (``{"file", "line", "func"}`` or None)."""
 
     name: str
     exc_type: str
     message: str
+    raised: dict | None
+    user: dict | None
+
+
+class ExceptionEvent(Recorded):
+    """A Trainer call raised on this rank (written when Lightning's ``on_exception`` runs, before
+    the teardown, traced run or not): ``exc_type``, ``message`` (its first 500 characters), the
+    frame that raised it (``raised``), the innermost user frame (``user``), the Trainer's ``fn``."""
+
+    exc_type: str
+    message: str
+    raised: dict | None
+    user: dict | None
+    fn: str
 
 
 class StrategyEvent(Recorded):
@@ -255,6 +270,7 @@ TRACE_ERROR = declare("trace_error", TraceErrorEvent)
 # Written by the harness (harness.py) on every traced run.
 STAGE = declare("stage", StageEvent)
 STAGE_ERROR = declare("stage_error", StageErrorEvent)
+EXCEPTION = declare("exception", ExceptionEvent)
 STRATEGY = declare("strategy", StrategyEvent)
 NOTE = declare("note", NoteEvent)
 NONFINITE = declare("nonfinite", NonfiniteEvent)

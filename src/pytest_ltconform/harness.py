@@ -25,8 +25,9 @@ import sys
 from typing import Any
 
 from . import cuda_on_cpu, trainer_overrides
-from .events import NONFINITE, NOTE, SEEDING, STAGE, STAGE_ERROR, STRATEGY, USER_SEED
+from .events import EXCEPTION, NONFINITE, NOTE, SEEDING, STAGE, STAGE_ERROR, STRATEGY, USER_SEED
 from .runs import WITHOUT_VALIDATION, Probe, RunArgs
+from .sites import is_user_file
 from .target import loading as target_loading
 from .target import spec as target_spec
 from .trace import HOOK_PREFIXES, Recorder
@@ -277,7 +278,8 @@ class RankRun:
         run also records the first non-finite training loss (:func:`_finite_loss_watch`)."""
         recorder = self.recorder
         watch = (_finite_loss_watch(self.objects.ns, recorder),) if recorder is not None else ()
-        kwargs["callbacks"] = list(kwargs.get("callbacks") or []) + list(callbacks) + list(watch)
+        kwargs["callbacks"] = list(kwargs.get("callbacks") or []) + list(callbacks) + list(watch) + \
+            [_exception_record(self.objects.ns, self)]
         if recorder is not None and kwargs.get("profiler") is None:
             kwargs["profiler"] = _make_profiler(self.objects.ns, recorder)
         for probe in self.probes.values():
@@ -298,6 +300,19 @@ class RankRun:
         """Write a trace event (nothing in an untraced run)."""
         if self.recorder is not None:
             self.recorder.emit(event)
+
+    def emit_always(self, event: dict) -> None:
+        """Write a trace event, also in an untraced run (appended to this rank's trace file)."""
+        if self.recorder is not None:
+            self.recorder.emit(event)
+            return
+        import json
+
+        try:
+            with open(self.ctx.trace_path, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(event, default=repr) + "\n")
+        except OSError:
+            pass  # an observation, never a reason for the run to fail
 
     def after_fit(self) -> None:
         for probe in self.probes.values():
@@ -356,6 +371,22 @@ def _reseed_at_train_start(ns: Any, run: RankRun) -> Any:
             run.emit(SEEDING.new(at="train_start", seed=run.ctx.base_seed))
 
     return ReseedAtTrainStart()
+
+
+def _exception_record(ns: Any, run: RankRun) -> Any:
+    """A callback that writes the exception a Trainer call raised on this rank as an ``exception``
+    event (its type, message, the frame that raised it and the innermost user frame) when
+    Lightning's ``on_exception`` runs, before the teardown: a rank that then hangs or dies in the
+    teardown's collectives still has its exception named. Traced or not (a plugin's own run too)."""
+
+    class ExceptionRecord(ns.Callback):
+        def on_exception(self, trainer, pl_module, exception):
+            raised, user = _raise_frames(exception)
+            run.emit_always(EXCEPTION.new(exc_type=type(exception).__name__, message=str(exception)[:500],
+                                           raised=raised, user=user,
+                                           fn=str(getattr(trainer.state, "fn", "") or "")))
+
+    return ExceptionRecord()
 
 
 def _finite_loss_watch(ns: Any, recorder: Recorder) -> Any:
@@ -524,9 +555,20 @@ def run_later_stages(run: RankRun) -> None:
             getattr(run.trainer, stage)(run.objects.model, datamodule=run.objects.datamodule, **kwargs)
         except Exception as exc:  # the user's later stage: evidence, never the end of the fit run
             failed = True
-            run.emit(STAGE_ERROR.new(name=stage, exc_type=type(exc).__name__, message=str(exc)[:500]))
+            raised, user = _raise_frames(exc)
+            run.emit(STAGE_ERROR.new(name=stage, exc_type=type(exc).__name__, message=str(exc)[:500],
+                                     raised=raised, user=user))
         if _any_rank(failed):
             break
+
+
+def _raise_frames(exc: BaseException) -> tuple[dict | None, dict | None]:
+    """(the frame that raised ``exc``, its innermost user frame), as site dicts."""
+    import traceback
+
+    frames = [{"file": f.filename, "line": f.lineno, "func": f.name} for f in traceback.extract_tb(exc.__traceback__)]
+    user = next((f for f in reversed(frames) if is_user_file(f["file"])), None)
+    return (frames[-1] if frames else None), user
 
 
 def _any_rank(flag: bool) -> bool:

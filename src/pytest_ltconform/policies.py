@@ -25,7 +25,7 @@ from .runs import FIT, FIT_WITHOUT_VALIDATION, WITHOUT_VALIDATION
 from .sites import fmt_site
 from .vocabulary import SHARDED_STRATEGIES, STRATEGY_NAMES
 from .world import WorldStartError
-from .world.causes import cause_text, first_cause
+from .world.causes import cause_text, cpu_specific, exception_words, first_cause, raised_words, stopped_where
 
 
 class Case:
@@ -276,21 +276,17 @@ def not_a_sharded_module(contract, run: Run, ddp: Run | None = None) -> Verdict 
         where = f"in your code under every strategy ({cause.exc_type} at {fmt_site(cause.site)}" if cause.site \
             else f"the same way under ddp, so not because of the strategy ({cause.exc_type}"
         return not_judged(contract, f"the fit run stops {where}: {cause.message}) (see {same}).", same)
-    where = f" at {cause.site['file']}:{cause.site['line']}" if cause.site else ""
-    what = f"{cause.exc_type or cause.kind}{where}: {cause.message}" if cause.message else \
-        f"{cause.exc_type or cause.kind}{where}"
     name = "FSDP" if run.strategy == "fsdp" else STRATEGY_NAMES.get(run.strategy, run.strategy)
+    # "on CPU" only when the recorded failure is particular to CPU ranks; else the cause and its lines.
+    cpu = cpu_specific(cause) if cause.kind == "raised" else None
+    where = f"on CPU gloo ranks ({raised_words(cause)}; {cpu})" if cpu else f"({raised_words(cause)})"
     said = claim("cpu-only", f"does not run under {name} on CPU",
                  ddp="not run" if ddp is None else "finished" if ddp.finished else "stopped differently")
-    if run.strategy == "fsdp":
-        return contract.verdict(
-            Outcome.SKIPPED, f"the module does not run under FSDP on CPU ({what}); the Trainer config does not "
-                             f"name a sharded strategy, so the sharded tier does not apply (--ltconform-strategies "
-                             f"ddp hides it).", claims=[said])
-    return contract.verdict(
-        Outcome.SKIPPED, f"the module does not run under {name} on CPU ({what}); the Trainer config does not name "
-                         f"{name}, so the {run.strategy} tier does not apply (--ltconform-strategies without "
-                         f"{run.strategy} hides it).", claims=[said])
+    tier = ("a sharded strategy, so the sharded tier does not apply (--ltconform-strategies ddp hides it)"
+            if run.strategy == "fsdp" else f"{name}, so the {run.strategy} tier does not apply "
+                                           f"(--ltconform-strategies without {run.strategy} hides it)")
+    return contract.verdict(Outcome.SKIPPED, f"the module does not run under {name} {where}; the Trainer config "
+                                             f"does not name {tier}.", claims=[said] if cpu else [])
 
 
 def after_own_failure(contract, run: Run) -> Verdict:
@@ -306,8 +302,10 @@ def after_own_failure(contract, run: Run) -> Verdict:
         # failure_text() already ends with the diagnosis; a cause's text needs it, less what it named.
         parts = [cause_text(cause), run.job.diagnosis_after(cause)] if cause is not None \
             else [run.job.failure_text()]
-        return contract.verdict(Outcome.ERROR, f"the run did not finish: {headline}.", category="crash",
-                                diagnosis="\n".join(p for p in parts if p))
+        found = contract.verdict(Outcome.ERROR, f"the run did not finish: {headline}.", category="crash",
+                                 diagnosis="\n".join(p for p in parts if p))
+        found.stopped_in = stopped_where(cause)
+        return found
     return not_judged(contract, f"the shared {run.kind} run did not finish because {headline} "
                                 f"(see {run.cause_item}).", run.cause_item)
 
@@ -390,6 +388,30 @@ def _same_failure_as_fit(case: Case, fit: Run) -> Verdict | None:
                                      f"{item}).", item)
 
 
+def _own_run_stopped(case: Case, verdict: Verdict) -> Verdict | None:
+    """Not judged, when the plugin's own run (``RunSpec.own``: a replay, a reference, an
+    inspection) stopped on its own: which run it was, the exception with the frame that raised
+    it and the user's frame on the way, and whether the user's own config reaches that code
+    (its traced fit of the strategy ran without it, or no traced fit ran). None when the run is
+    the user's config, or the traced fit stopped too (that item reports it)."""
+    contract = case.contract
+    spec, cause = contract.run_spec, first_cause(case.run.job)
+    if verdict.outcome is not Outcome.ERROR or spec == FIT or not spec.own or cause is None or \
+            verdict.category != "crash":
+        return None
+    fit = case.session.made_run(FIT.name, case.strategy, case.tier) if case.session is not None else None
+    if fit is not None and not fit.finished:
+        return None
+    reach = (f"your config's traced fit[{case.strategy}] finished without it, so this stop is the plugin's own "
+             f"run's, not a finding" if fit is not None else
+             f"whether your config reaches that code is not known here (no traced fit[{case.strategy}] ran in "
+             f"this session)")
+    found = not_judged(contract, f"{spec.described()} stopped: {raised_words(cause)}; {reach}.")
+    found.category = None
+    found.diagnosis = verdict.diagnosis  # the traceback, once, on this item
+    return found
+
+
 def _nonfinite_loss(case: Case, verdict: Verdict) -> Verdict | None:
     """Not judged, naming the loss, its rank, step and the user's line, when a contract that
     compares values (``needs_finite_loss``) is judged on a run (or a traced fit of the same
@@ -424,6 +446,7 @@ POLICIES: tuple[Policy, ...] = (
     Policy("a rank failed on its own", _own_failure_item, _own_failure_record),
     Policy("the fit stopped in validation: judged on a fit without it", refine=_without_validation),
     Policy("another kind of run stopped as the fit did", refine=_explained_by_fit),
+    Policy("the plugin's own run stopped on its own", refine=_own_run_stopped),
     Policy("the training loss was not finite", refine=_nonfinite_loss),
 )
 
@@ -508,7 +531,8 @@ def what_ran(run) -> str:
     for e in trace:
         if STAGE.of(e) and e.get("name") not in stages:
             stages.append(e["name"])
-    errors = {e.get("name"): e.get("exc_type") for e in trace if STAGE_ERROR.of(e)}
+    errors = {e.get("name"): exception_words(e.get("exc_type"), e.get("message"), e.get("raised"), e.get("user"))
+              for e in trace if STAGE_ERROR.of(e)}
     if stepped:
         epochs = len({e.get("epoch") for e in stepped})
         fit = f"fit ({len(stepped)} training step(s) over {epochs} epoch(s) on rank 0)"

@@ -32,6 +32,14 @@ class RunSpec:
     fn: str
     reference: str | None = None
     trains: bool = True
+    # The run in words, as a report names it when it stops; and whether it is the plugin's own run
+    # (a replay, a reference, an inspection: the user's config makes no such run, so its stop is a
+    # reason not to judge, never a finding).
+    what: str = ""
+    own: bool = True
+
+    def described(self) -> str:
+        return self.what or f"the plugin's {self.name} run"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,10 +78,11 @@ class RunKey:
     layout: Layout | None
 
 
-FIT = RunSpec("fit", "pytest_ltconform.harness:traced_fit")
+FIT = RunSpec("fit", "pytest_ltconform.harness:traced_fit", what="the traced fit of your Trainer config", own=False)
 # The same fit with validation and its sanity check switched off: what the fit-based contracts are
 # judged on when the shared fit stopped in validation because of another contract's failure.
-FIT_WITHOUT_VALIDATION = RunSpec("fit-without-validation", "pytest_ltconform.harness:traced_fit_without_validation")
+FIT_WITHOUT_VALIDATION = RunSpec("fit-without-validation", "pytest_ltconform.harness:traced_fit_without_validation",
+                                 what="the plugin's second fit, with validation switched off")
 WITHOUT_VALIDATION = {"limit_val_batches": 0, "num_sanity_val_steps": 0}
 
 
@@ -92,7 +101,8 @@ def seeding_for(spec: RunSpec, seeding: str) -> str:
 def inspection(name: str) -> RunSpec:
     """A run that loads the user's objects without training; each probe's :meth:`Probe.inspect`
     says what it observed. One per contract (``name``), so a failing probe stays its own."""
-    return RunSpec(name, "pytest_ltconform.harness:inspect", trains=False)
+    return RunSpec(name, "pytest_ltconform.harness:inspect", trains=False,
+                   what=f"the plugin's {name} inspection (it builds your objects without training)")
 
 
 class Probe:

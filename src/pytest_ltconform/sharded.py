@@ -98,6 +98,23 @@ def _cuda_available() -> bool:
         return False
 
 
+class _FullStateOnCPU:
+    """The CPU FSDP strategy's state_dict_type='full' (Lightning's default): gathered without
+    offload_to_cpu (see :func:`_full_state_on_cpu`)."""
+
+    def lightning_module_state_dict(self):
+        with _full_state_on_cpu(type(self)):
+            return super().lightning_module_state_dict()
+
+    def optimizer_state(self, optimizer):
+        with _full_state_on_cpu(type(self)):
+            return super().optimizer_state(optimizer)
+
+    def load_checkpoint(self, *args, **kwargs):
+        with _full_state_on_cpu(type(self)):
+            return super().load_checkpoint(*args, **kwargs)
+
+
 def _cpu_subclass(base: type) -> type:
     import contextlib as _ctx
 
@@ -105,7 +122,7 @@ def _cpu_subclass(base: type) -> type:
 
     cpu = torch.device("cpu")
 
-    class CPUFSDPStrategy(base):
+    class CPUFSDPStrategy(_FullStateOnCPU, base):
         """FSDPStrategy on CPU gloo ranks: FSDP units get ``device_id=cpu``."""
 
         ltconform_cpu_tier = True
@@ -117,8 +134,15 @@ def _cpu_subclass(base: type) -> type:
         def _setup_model(self, model):
             from torch.distributed.fsdp import FullyShardedDataParallel
 
-            if not any(isinstance(m, FullyShardedDataParallel) for m in model.modules()):
+            root = getattr(self, "_ltconform_root", None)
+            if root is not None and root.module is model:
+                # validate/test/predict after fit on the same Trainer: the module's parameters are
+                # still views into the shards of fit's wrapper (1-D), which a second wrapper would
+                # flatten as they are ('weight' must be 2-D): keep fit's wrapper, which gathers them.
+                model = root
+            elif not any(isinstance(m, FullyShardedDataParallel) for m in model.modules()):
                 model = FullyShardedDataParallel(module=model, **self._fsdp_settings())
+            self._ltconform_root = model if isinstance(model, FullyShardedDataParallel) else None
             # The model is wrapped now, so Lightning's own setup only does its after-wrap steps
             # (TorchMetrics placement, activation checkpointing). Hide the wrap policy meanwhile:
             # Lightning would warn about it and delete it for the next stage (validate after fit).
@@ -140,6 +164,36 @@ def _cpu_subclass(base: type) -> type:
 
     CPUFSDPStrategy.__qualname__ = f"CPU{base.__qualname__}"
     return CPUFSDPStrategy
+
+
+@contextlib.contextmanager
+def _full_state_on_cpu(strategy_cls: type):
+    """While active, the full-state-dict context of the Lightning module that defines
+    ``strategy_cls``'s FSDPStrategy gathers without offloading to CPU: the tensors are on CPU
+    already, and torch 2.13's offload path crashes a CPU gloo rank (measured: SIGSEGV on rank 0 in
+    FSDP.optim_state_dict with FullOptimStateDictConfig(offload_to_cpu=True), also through
+    torch.distributed.checkpoint's get_state_dict(cpu_offload=True); without it both ranks finish)."""
+    owner = next((sys.modules.get(k.__module__) for k in strategy_cls.__mro__ if k.__name__ == "FSDPStrategy"
+                  and k.__module__.endswith(".strategies.fsdp")), None)
+    original = getattr(owner, "_get_full_state_dict_context", None)
+    if original is None:
+        yield
+        return
+
+    def full_context(module, world_size: int, rank0_only: bool = True):
+        from torch.distributed.fsdp import FullOptimStateDictConfig, FullStateDictConfig, StateDictType
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        return FSDP.state_dict_type(module=module, state_dict_type=StateDictType.FULL_STATE_DICT,
+                                    state_dict_config=FullStateDictConfig(offload_to_cpu=False, rank0_only=rank0_only),
+                                    optim_state_dict_config=FullOptimStateDictConfig(offload_to_cpu=False,
+                                                                                     rank0_only=rank0_only))
+
+    owner._get_full_state_dict_context = full_context
+    try:
+        yield
+    finally:
+        owner._get_full_state_dict_context = original
 
 
 def cpu_fsdp_strategy(ns: Any, user_strategy: Any = None, timeout_s: float | None = None) -> Any:
@@ -175,13 +229,6 @@ def cpu_fsdp_strategy(ns: Any, user_strategy: Any = None, timeout_s: float | Non
         strategy = _cpu_subclass(base)(**init)
     if timeout_s is not None:
         strategy._timeout = datetime.timedelta(seconds=timeout_s)
-    full_note = ""
-    if getattr(strategy, "_state_dict_type", None) == "full":
-        # Measured with torch 2.13 CPU: gathering the full optimizer state on gloo ranks segfaults
-        # a rank. Sharded saves make the same all-rank collectives, so the contracts still hold.
-        strategy._state_dict_type = "sharded"
-        full_note = (" Checkpoints are saved with state_dict_type='sharded' on this tier: gathering a full "
-                     "optimizer state crashes torch's CPU FSDP; the full path runs on the GPU tier.")
     where = "a GPU is present, but this is the CPU tier" if _cuda_available() else "no GPU is present"
     sharding = getattr(getattr(strategy, "sharding_strategy", None), "name", "FULL_SHARD")
     if kind == "fsdp":
@@ -196,8 +243,6 @@ def cpu_fsdp_strategy(ns: Any, user_strategy: Any = None, timeout_s: float | Non
             f"sharding {sharding}, the FSDP equivalent of that ZeRO stage.")
     else:
         strategy.ltconform_note = None
-    if strategy.ltconform_note:
-        strategy.ltconform_note += full_note
     return strategy
 
 

@@ -162,6 +162,35 @@ def fmt_site(site: dict | None) -> str:
     return f"{path}:{site.get('line')} ({site.get('func')})"
 
 
+def frame_owner(filename: str) -> str:
+    """Whose code a frame is: 'user', 'plugin' (this plugin's own, e.g. its CPU strategies) or
+    'library' (torch, Lightning, TorchMetrics, DeepSpeed, pytest, the standard library)."""
+    if is_user_file(filename):
+        return "user"
+    here = os.path.dirname(os.path.realpath(__file__)) + os.sep
+    return "plugin" if os.path.realpath(filename).startswith(here) else "library"
+
+
+def fmt_frame(frame: dict | None) -> str:
+    """A frame as ``path:line (function)``: a user's path as :func:`fmt_site` writes it, a library's
+    from its package folder on (``torch/nn/functional.py:2615 (embedding)``), not the whole path."""
+    if not frame:
+        return "<no frame>"
+    path = str(frame.get("file", "?"))
+    owner = frame_owner(path)
+    if owner == "user":
+        return fmt_site(frame)
+    real = os.path.realpath(path)
+    if owner == "plugin":  # from the package folder on, wherever the plugin is installed
+        package = os.path.dirname(os.path.realpath(__file__))
+        return f"{os.path.relpath(real, os.path.dirname(package))}:{frame.get('line')} ({frame.get('func')})"
+    for marker in (*_INSTALLED_DIRS, os.sep + "lib" + os.sep):
+        if marker in real:
+            real = real.rsplit(marker, 1)[1]
+            break
+    return f"{real}:{frame.get('line')} ({frame.get('func')})"
+
+
 def hook_label(name: str | None) -> str:
     if not name:
         return "outside any hook"
@@ -180,9 +209,12 @@ def first_sentence(text: str | None, limit: int = 400) -> str:
     """The first sentence of an exception message, whole and without terminal colour codes;
     past ``limit`` characters it ends at a word boundary with ' ...' (never mid-word). '' for
     an empty message."""
-    lines = _ANSI.sub("", text or "").strip().splitlines()
+    lines = [line.strip() for line in _ANSI.sub("", text or "").strip().splitlines() if line.strip()]
     if not lines:
         return ""
+    if lines[0].endswith(":") and len(lines) > 1:
+        # "Error(s) in loading state_dict for Model:" says nothing without the line it introduces.
+        lines[0] = f"{lines[0]} {lines[1]}"
     first = re.split(r"(?<=[a-z0-9)`'\]])\.\s", lines[0], maxsplit=1)[0].rstrip(".")
     if len(first) > limit:
         first = first[:limit].rsplit(" ", 1)[0] + " ..."

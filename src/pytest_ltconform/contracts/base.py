@@ -98,6 +98,9 @@ class Verdict:
     empty: bool = False
     depends_on: str | None = None
     claims: list[Claim] = dataclasses.field(default_factory=list)
+    # An error of a run that stopped: where, as the headline says it ("in your code", "in library
+    # code", "in the plugin's code", "when a rank died"); "in your code" only when a user frame raised.
+    stopped_in: str | None = None
 
     def __post_init__(self):
         self.outcome = Outcome.read(self.outcome, self.summary)
@@ -129,7 +132,7 @@ class Verdict:
             head += " (on the part of the run before the world stopped)"
         kind = LABELS.get(self.category or "", "")
         if self.outcome is Outcome.ERROR and self.category == "crash":
-            head = "NOT JUDGED (the run stopped in your code)"
+            head = f"NOT JUDGED (the run stopped {self.stopped_in or 'in your code'})"
         lines = [f"[{self.contract}] {head}{kind}: {self.summary}"]
         if self.outcome is Outcome.NOT_JUDGED:
             lines = [f"[{self.contract}] {self.summary}"]

@@ -14,7 +14,8 @@ import os
 import re
 import signal
 
-from ..sites import bounded_lines, first_sentence, fmt_site, is_user_file
+from ..events import EXCEPTION
+from ..sites import bounded_lines, first_sentence, fmt_frame, fmt_site, frame_owner, is_user_file
 
 # Exception types and message fragments of a collective that failed because a peer went away or
 # never came (gloo, NCCL and the c10d store); a rank failing this way is a consequence.
@@ -84,6 +85,67 @@ def user_raise_site(traceback_text: str | None) -> dict | None:
     return None
 
 
+def raise_frames(traceback_text: str | None) -> tuple[dict | None, dict | None]:
+    """(the frame that raised, the innermost user frame) of a formatted traceback, as site dicts;
+    either is None when the traceback has no such frame."""
+    frames = [{"file": m["file"], "line": int(m["line"]), "func": m["func"].strip()}
+              for m in _FRAME.finditer(traceback_text or "")]
+    return (frames[-1] if frames else None), next((f for f in reversed(frames) if is_user_file(f["file"])), None)
+
+
+# An error whose text names the CPU, gloo or the devices CPU ranks lack: particular to CPU ranks.
+_CPU_WORDS = re.compile(r"\b(?:gloo|ProcessGroupGloo|cpu|CUDA|cuda|NCCL|nccl)\b|device_id|"
+                        r"not implemented for '(?:Half|BFloat16)'|Torch not compiled with CUDA")
+
+
+def cpu_specific(cause: Cause) -> str | None:
+    """Why ``cause`` is particular to CPU ranks, from what was recorded: the plugin's own CPU
+    stand-in raised it, or its text names the CPU, gloo or CUDA; None when nothing shows that."""
+    raised, _user = raise_frames(cause.traceback)
+    if raised is not None and frame_owner(raised["file"]) == "plugin":
+        return f"the plugin's CPU stand-in raised it, in {fmt_frame(raised)}"
+    found = _CPU_WORDS.search(f"{cause.exc_type or ''} {cause.message or ''}")
+    return f"the error names {found.group(0)!r}" if found else None
+
+
+def stopped_where(cause: Cause | None) -> str:
+    """Where a run stopped, as a headline says it: 'in your code' only when a user frame raised
+    (or a rank hung running the user's own code); else 'in library code', 'in the plugin's code',
+    'while a rank waited in library code' or 'when a rank died'."""
+    if cause is None:
+        return "before it finished"
+    if cause.kind == "died":
+        return "when a rank died"
+    if cause.kind == "hung":
+        return "in your code" if cause.site and not cause.frame else "while a rank waited in library code"
+    raised, _user = raise_frames(cause.traceback)
+    owner = frame_owner(raised["file"]) if raised else ("user" if cause.site else "library")
+    return {"user": "in your code", "plugin": "in the plugin's code"}.get(owner, "in library code")
+
+
+def raised_words(cause: Cause) -> str:
+    """``RuntimeError raised in torch/nn/modules/module.py:2593 (load_state_dict), from your code at
+    case.py:31 (on_fit_end): <message>``: the exception, the frame that raised it (whose it is) and
+    the user's frame it came from; for a rank that died or hung, how it stopped and where."""
+    if cause.kind != "raised":
+        return cause.headline()
+    raised, user = raise_frames(cause.traceback)
+    return exception_words(cause.exc_type, cause.message, raised, user or cause.site)
+
+
+def exception_words(exc_type: str | None, message: str | None, raised: dict | None, user: dict | None) -> str:
+    """An exception as one clause: its type, whose code raised it (``raised``, the innermost frame:
+    yours, a library's or the plugin's), the user's frame it came from (``user``) and its message."""
+    owner = frame_owner(raised["file"]) if raised else None
+    if raised is None or owner == "user":
+        where = f" in your code at {fmt_site(raised or user)}" if (raised or user) else ""
+    else:
+        whose = "the plugin's" if owner == "plugin" else "library"
+        where = f" in {whose} code at {fmt_frame(raised)}" + (f", from your code at {fmt_site(user)}" if user else
+                                                               ", with no frame of your code on the way")
+    return f"{exc_type or 'an exception'}{where}" + (f": {first_sentence(message, 300)}" if message else "")
+
+
 def stack_frames(stack: str | None) -> list[dict]:
     """The main thread's frames of a faulthandler dump, innermost first, as site dicts
     (``file``, ``line``, ``func``); [] without a dump."""
@@ -127,10 +189,17 @@ class Cause:
     # that raised: none of them is a consequence of another), and others' own, different errors.
     alike: list[int] = dataclasses.field(default_factory=list)
     own: list[str] = dataclasses.field(default_factory=list)
+    # A rank that hung or died: the exception it recorded first (``exception`` trace event: Lightning's
+    # on_exception ran, then the teardown hung or crashed), the innermost frame of its stack when no
+    # user frame is on it, and what a C++ abort printed (``what(): ...``).
+    recorded: dict | None = None
+    frame: dict | None = None
+    abort: str | None = None
 
     def headline(self, alone: bool = False) -> str:
         """``rank 1 raised ValueError at case.py:42 (Model.training_step): bad value``; ``ranks 0 and 1
-        each raised ...`` when every one of them raised it on its own (``alone``: this rank only)."""
+        each raised ...`` when every one of them raised it on its own (``alone``: this rank only); a
+        rank that hung or died also names the exception it raised before (or what its abort printed)."""
         if self.kind == "raised":
             where = f" at {fmt_site(self.site)}" if self.site else ""
             ranks = sorted([self.rank] + ([] if alone else list(self.alike)))
@@ -139,9 +208,18 @@ class Cause:
             text = f"{who} raised {self.exc_type}{where}"
             return f"{text}: {self.message}" if self.message else text
         if self.kind == "died":
-            return f"rank {self.rank} died: {self.message}"
-        where = f" at {fmt_site(self.site)}" if self.site else ""
-        return f"rank {self.rank} hung{where}: {self.message}"
+            text = f"rank {self.rank} died: {self.message}"
+        else:
+            where = f" at {fmt_site(self.site)}" if self.site else \
+                f" in library code at {fmt_frame(self.frame)}" if self.frame else ""
+            text = f"rank {self.rank} hung{where}: {self.message}"
+        if self.recorded:
+            r = self.recorded
+            raised = exception_words(r.get("exc_type"), r.get("message"), r.get("raised"), r.get("user"))
+            text += f", after it raised {raised}"
+        if self.abort:
+            text += f"; its output ends with {self.abort!r}"
+        return text
 
     def consequence_line(self) -> str | None:
         """What the other failed ranks did: the same failure on their own, another of their own, or
@@ -165,10 +243,13 @@ def _describe_other(outcome) -> str:
         return f"rank {outcome.rank} then failed in a collective ({what})"
     if outcome.status == "error":
         return f"rank {outcome.rank} raised {outcome.exc_type}: {first_sentence(outcome.message, 160)}"
+    recorded = next((e for e in outcome.trace or () if EXCEPTION.of(e)), None)
+    after = f", after it raised {recorded.get('exc_type')}: {first_sentence(recorded.get('message'), 160)}" \
+        if recorded else ""
     if outcome.status == "hung":
-        return f"rank {outcome.rank} was left waiting and was killed"
+        return f"rank {outcome.rank} was left waiting and was killed{after}"
     if outcome.status == "died":
-        return f"rank {outcome.rank} exited (exit code {outcome.exit_code})"
+        return f"rank {outcome.rank} exited (exit code {outcome.exit_code}){after}"
     return f"rank {outcome.rank}: {outcome.status}"
 
 
@@ -188,16 +269,19 @@ def first_cause(result) -> Cause | None:
     alike = [r for r in own if r is not first and _same_raise(r, first)]
     different = [r for r in own if r is not first and r not in alike]
     others = [_describe_other(r) for r in failed if r is not first and r not in own]
+    recorded = next((e for e in first.trace or () if EXCEPTION.of(e)), None)
     if first.status == "died":
         return Cause(first.rank, "died", None, f"it exited without a result ({exit_words(first.exit_code)})",
-                     None, first.log_tail, others)
+                     None, first.log_tail, others, recorded=recorded, abort=_abort_text(first.log_tail))
     if first.status == "hung":
         limit, early = getattr(result, "timed_out_by", None), getattr(result, "killed_early", None)
         stuck = getattr(result, "early_stop", None)  # stopped once the ranks' collectives diverged
         when = f"at the timeout ({limit})" if limit else f"{early}," if early else \
             f"when it was {stuck}" if stuck else "at the timeout"
         site, _ = stack_user_site(first.stack)
-        return Cause(first.rank, "hung", None, f"it was still running {when} and was killed", site, None, others)
+        frames = stack_frames(first.stack)
+        return Cause(first.rank, "hung", None, f"it was still running {when} and was killed", site, None, others,
+                     recorded=recorded, frame=None if site or not frames else frames[0])
     return Cause(first.rank, "raised", first.exc_type, first_sentence(first.message),
                  user_raise_site(first.traceback), first.traceback, others,
                  alike=[r.rank for r in alike], own=[_describe_other(r) for r in different])
@@ -212,6 +296,20 @@ def _same_raise(a, b) -> bool:
 
     return (a.exc_type == b.exc_type and first_sentence(a.message) == first_sentence(b.message)
             and last_frame(a) is not None and last_frame(a) == last_frame(b))
+
+
+# What a C++ exception that aborts the process prints (gloo's EnforceNotMet, a c10::Error), and the
+# fatal-error line of Python's faulthandler.
+_ABORT = re.compile(r"what\(\):\s*(?P<what>[^\n]+)|(?P<fatal>Fatal Python error: [^\n]+)")
+
+
+def _abort_text(log_tail: str | None) -> str | None:
+    """The first ``what(): ...`` (or ``Fatal Python error: ...``) line a dead rank printed."""
+    found = _ABORT.search(log_tail or "")
+    if found is None:
+        return None
+    text = " ".join((found.group("what") or found.group("fatal")).split())
+    return text if len(text) <= 240 else text[:240].rsplit(" ", 1)[0] + " ..."
 
 
 def cause_text(cause: Cause) -> str:

@@ -106,7 +106,9 @@ class EffectiveBatch(Contract):
     title = "The effective batch is reported and the gradient does not depend on the world size"
     rule_section = "Choose using measured memory"
     run_spec = RunSpec("effective-batch", "pytest_ltconform.contracts.effective_batch.probe:one_step",
-                       reference="pytest_ltconform.contracts.effective_batch.probe:reference")
+                       reference="pytest_ltconform.contracts.effective_batch.probe:reference",
+                       what="the plugin's effective-batch replay (one optimizer step on every rank, then the same "
+                            "samples in one batch on one rank)")
     probe_class = EffectiveBatchProbe
     strategies = ("ddp",)
     tiers = ("cpu",)  # the one-rank reference run exists on the local CPU tier only

@@ -94,7 +94,9 @@ class EvalDuplication(Contract):
     title = "Evaluation counts every sample exactly once and publishes the whole set"
     rule_section = "Sampling, metrics and writes"
     run_spec = RunSpec("eval", "pytest_ltconform.contracts.eval_duplication.probe:evaluate",
-                       reference="pytest_ltconform.contracts.eval_duplication.probe:reference")
+                       reference="pytest_ltconform.contracts.eval_duplication.probe:reference",
+                       what="the plugin's evaluation run (a fit, then validate and test on every rank, then the "
+                            "same weights on one device)")
     probe_class = EvalDuplicationProbe
     strategies = ("ddp",)
 
@@ -152,20 +154,19 @@ def _said(found: StageFindings, summary: str) -> list:
 def _stage_error_note(stage: str, recs: list, driver: list, stages: list) -> str:
     """One line for an evaluation stage that raised: which ranks, the exception at the user's
     line, and the stages that therefore did not run; what came before it is still judged."""
-    from ...sites import first_sentence
-    from ...world.causes import user_raise_site
+    from ...world.causes import exception_words, raise_frames
 
     failed = [(r, rec["error"]) for r, rec in enumerate(recs) if rec and rec.get("error")]
     if not failed:
         return f"the {stage} stage did not record on every rank, so it was not judged."
     rank, err = failed[0]
-    site = user_raise_site(err.get("traceback"))
-    where = f" at {fmt_site(site)}" if site else ""
+    raised, user = raise_frames(err.get("traceback"))
     ranks = _ranks([r for r, _ in failed])
     later = [s for s in driver if s in STAGES_ORDER and STAGES_ORDER.index(s) > STAGES_ORDER.index(stage)]
     after = f"; {', '.join(later)} did not run" if later else ""
-    return (f"the {stage} stage raised {err['exc_type']}{where} on {ranks} ({first_sentence(err.get('message'))}), "
-            f"so it was not judged{after}.")
+    # The exception, the frame that raised it (yours, a library's) and your frame on the way.
+    what = exception_words(err["exc_type"], err.get("message"), raised, user)
+    return f"the {stage} stage raised {what} on {ranks}, so it was not judged{after}."
 
 
 def _reference(run: Run, notes: list[str]) -> dict | None:
