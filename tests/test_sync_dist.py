@@ -593,3 +593,77 @@ def test_metric_objects_logged_under_keys_that_differ_by_rank_fail(fake_runs, tm
     assert "name = " in verdict.render()  # the line that decided the key
     same = fake_runs.run([logs("val_acc_clean"), logs("val_acc_clean")])
     assert not contract._metric_key_failures(same)
+
+
+def test_a_pass_names_every_logged_key_it_did_not_compare_and_why(fake_runs):
+    """Issue 32, section 3: the pass listed only the synced keys, so an F1 from scikit-learn logged
+    per batch without sync_dist read as compared."""
+    def log(name, **over):
+        return {"ev": "log", "name": name, "hook": "validation_step", "site": SITE, "sync_dist": False,
+                "vtype": "float", "on_step": False, "on_epoch": True, "reduce_fx": "mean", **over}
+
+    events = [log("val_loss", sync_dist=True, vtype="tensor"), log("val_f1"), log("val_recall"),
+              log("train_loss", hook="training_step", on_step=True, on_epoch=False),
+              log("val_auroc", vtype="metric"), log("val_max", reduce_fx="max")]
+    values = [_value(_final()), _value(_final())]
+    verdict = get_contract("sync-dist").judge(fake_runs.run(traces=[events, events], values=values))
+    assert verdict.outcome == "passed", verdict.render()
+    text = verdict.summary
+    assert "synced log keys identical on every rank (val_loss)" in text
+    assert ("'val_f1', 'val_recall' not compared: logged without sync_dist from values no recorded metric call "
+            "(TorchMetrics, scikit-learn) produced") in text
+    assert "'train_loss' not compared: logged per step only" in text
+    assert "'val_auroc' not compared: TorchMetrics objects" in text
+    assert "'val_max' not compared: reduced with max" in text
+
+
+SKLEARN_F1 = """
+import lightning.pytorch as L
+import torch
+from sklearn.metrics import f1_score
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def _split(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 4, generator=g)
+    return TensorDataset(x, (x[:, 0] + 0.8 * torch.randn(n, generator=g) > 0).long())
+
+
+class Model(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.binary_cross_entropy_with_logits(self.net(x).squeeze(1), y.float())
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        pred = (self.net(x).squeeze(1) > 0).long()
+        self.log("val_f1", f1_score(y.numpy(), pred.numpy(), zero_division=0), on_epoch=True, batch_size=len(y))
+
+    def train_dataloader(self):
+        return DataLoader(_split(64, 3), batch_size=8, shuffle=True)
+
+    def val_dataloader(self):
+        return DataLoader(_split(64, 4), batch_size=8)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+"""
+
+
+def test_a_scikit_learn_metric_logged_per_batch_without_sync_dist_fails(pytester, no_leftover_ranks):
+    """scikit-learn is tapped as the user's module imports it (not a dependency of the plugin: this test
+    runs where it is installed)."""
+    pytest.importorskip("sklearn")
+    pytester.makepyfile(skl_case=SKLEARN_F1)
+    result = pytester.runpytest_subprocess("--ltconform", "skl_case.py:Model", "--ltconform-strategies", "ddp",
+                                           "-k", "sync-dist[", "-p", "no:cacheprovider")
+    result.stdout.fnmatch_lines(["*[[]sync-dist[]] FAILED (silently wrong values, no error): 'val_f1' logged from "
+                                 "scikit-learn's f1_score on each batch in validation_step and not synced (no "
+                                 "sync_dist)*rank 0's logged epoch value * is not the same metric over rank 0's 32 "
+                                 "samples of the epoch*"])
+

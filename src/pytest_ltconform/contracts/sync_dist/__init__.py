@@ -101,11 +101,12 @@ class SyncDist(Contract):
         failures += self._metric_key_failures(run)
         failures += self._monitor_failures(run)
         failures += self._decision_failures(run, stop_seen=stop is not None)
-        failures += self._nonlinear_failures(run)
+        seen: dict[str, str] = {}  # per-batch keys the nonlinear check looked at -> what it found
+        failures += self._nonlinear_failures(run, seen)
         failures += self._weight_failures(run)
         if failures:
             return merged(failures)
-        return self._passed(run)
+        return self._passed(run, seen)
 
     # -- 1. synced log sequences ----------------------------------------------------------------
     def _sequence_failure(self, run: Run, div: dict) -> Verdict:
@@ -326,21 +327,31 @@ class SyncDist(Contract):
         return self.verdict(Outcome.FAILED, summary, evidence=evidence, category="silent", fix=fix, claims=[paths])
 
     # -- 4. nonlinear per-batch metrics ---------------------------------------------------------
-    def _nonlinear_failures(self, run: Run) -> list[Verdict]:
+    def _nonlinear_failures(self, run: Run, seen: dict | None = None) -> list[Verdict]:
+        """The failures of per-batch metric values averaged into a nonlinear epoch value; ``seen``
+        gets, for each key looked at that does not fail, what was found (said by a pass)."""
         values = run.probe(self.id)
         if not run.finished or any(v is None for v in values):
             return []
+        seen = {} if seen is None else seen
         failures = []
         for key, record in (values[0].get("per_batch") or {}).items():
             records = [(v.get("per_batch") or {}).get(key) for v in values]
             if any(r is None or r["run"] != record["run"] or not r["batches"] for r in records):
+                seen[key] = "not compared: its metric calls were not recorded in the same loop on every rank"
                 continue
             metrics = values[0]["final"]["callback_metrics"]
             logged = metrics.get(key, metrics.get(f"{key}_epoch"))
             scope = _Scope.of(record, records) if logged is not None else None
-            if scope is None or scope.found is None or not any(p["nonlinear"] for p in scope.found["parts"]):
-                continue  # linear parts (accuracy, MSE) average correctly over batches
-            if not nonlinear.differs(logged, scope.found["truth"]):
+            if scope is None or scope.found is None:
+                seen[key] = ("not compared: the inputs of the metric calls it is made of do not join into one "
+                             "epoch" if logged is not None else "not compared: no epoch value was published")
+                continue
+            if not any(p["nonlinear"] for p in scope.found["parts"]) or \
+                    not nonlinear.differs(logged, scope.found["truth"]):
+                # linear parts (accuracy, MSE) average correctly over batches
+                seen[key] = (f"compared: its epoch value equals {', '.join(p['label'] for p in scope.found['parts'])}"
+                             f" recomputed over {scope.samples_text}")
                 continue
             evidence = [Evidence(f"{len(r['batches'])} per-batch values logged in the last epoch", rank=i,
                                  frame=r.get("site"), call="log_dict" if r.get("via") == "log_dict" else "log")
@@ -401,7 +412,7 @@ class SyncDist(Contract):
                f"Lightning cannot tell samples from rows of the first tensor it finds.")
         return self.verdict(Outcome.FAILED, summary, category="silent", fix=fix)
 
-    def _passed(self, run: Run) -> Verdict:
+    def _passed(self, run: Run, seen: dict | None = None) -> Verdict:
         synced = sorted({e.get("name") for e in run.events(0, LOG) if synced_log(e)})
         keys = sorted({m["key"] for m in self._monitors(run)})
         parts = [f"synced log keys identical on every rank ({', '.join(synced)})" if synced
@@ -415,6 +426,7 @@ class SyncDist(Contract):
                    "no callback read it on every rank in this run" if read else "no callback read it in this run")
             parts.append(f"monitored {key!r} not judged: {why}")
         parts.append("shared decisions agree")
+        parts += _other_keys(run, set(synced) | set(keys), seen or {})
         floats = sorted({e.get("name") for e in run.events(0, LOG)
                          if e.get("vtype") == "float" and e.get("on_epoch") and not e.get("sync_dist")})
         if floats:
@@ -426,6 +438,37 @@ class SyncDist(Contract):
                                    "compared across ranks.", notes=notes)
         return self.verdict(Outcome.PASSED, "; ".join(parts) + ".", notes=notes, claims=made,
                             empty=not logged and not keys)
+
+
+# -- the pass: every logged key, compared or said why not -------------------------------------------
+
+def _other_keys(run: Run, judged: set, seen: dict) -> list[str]:
+    """Clauses for the logged keys no cross-rank or monitor check compared: what the per-batch check
+    found for each (``seen``), or why nothing compared it, keys with the same reason together."""
+    last: dict[str, dict] = {}
+    for e in run.events(0, LOG):
+        last[str(e.get("name"))] = e
+    by_reason: dict[str, list[str]] = {}
+    for key, e in last.items():
+        if key in judged:
+            continue
+        by_reason.setdefault(seen.get(key) or _why_not_compared(e), []).append(repr(key))
+    return [f"{', '.join(keys)} {reason}" for reason, keys in by_reason.items()]
+
+
+def _why_not_compared(e: dict) -> str:
+    if e.get("vtype") == "metric":
+        return ("not compared: TorchMetrics objects, which Lightning computes over the epoch and which sync "
+                "themselves")
+    if not e.get("on_epoch"):
+        return "not compared: logged per step only (no epoch value is averaged)"
+    if e.get("reduce_fx") not in ("mean", "avg"):
+        return f"not compared: reduced with {e.get('reduce_fx')}, not averaged over batches"
+    if not e.get("sync_dist"):
+        return ("not compared: logged without sync_dist from values no recorded metric call (TorchMetrics, "
+                "scikit-learn) produced, so whether their per-batch mean is the metric over the epoch could not be "
+                "recomputed; Lightning publishes rank 0's own mean")
+    return "not compared: not logged with sync_dist on every rank alike"
 
 
 # -- 1. helpers for a diverged sequence of synced log calls -----------------------------------------

@@ -29,17 +29,27 @@ def common_signature(records: list[dict]) -> str | None:
 
 
 def _concat(values: list):
+    """One batch's inputs joined along the sample axis: tensors, NumPy arrays or lists (what a
+    scikit-learn metric is given); anything else (a threshold, a class count) is the first batch's."""
     import torch
 
     if isinstance(values[0], torch.Tensor):
         return torch.cat([v.reshape(-1, *v.shape[1:]) if v.dim() else v.reshape(1) for v in values])
+    if hasattr(values[0], "ndim") and hasattr(values[0], "shape") and values[0].ndim:
+        import numpy
+
+        return numpy.concatenate(values)
+    if isinstance(values[0], (list, tuple)):
+        return [item for v in values for item in v]
     return values[0]
 
 
 def _rows(part: dict) -> int:
     args = part["args"]
     first = args[0] if args else None
-    return int(first.shape[0]) if hasattr(first, "shape") and first.dim() else 1
+    if hasattr(first, "shape") and getattr(first, "ndim", None if not hasattr(first, "dim") else first.dim()):
+        return int(first.shape[0])
+    return len(first) if isinstance(first, (list, tuple)) else 1
 
 
 def recompute(calls: list[dict], template=None) -> tuple[float | None, int]:
@@ -50,7 +60,7 @@ def recompute(calls: list[dict], template=None) -> tuple[float | None, int]:
     n_args = len(calls[0]["args"])
     args = [_concat([c["args"][i] for c in calls]) for i in range(n_args)]
     kwargs = calls[0]["kwargs"]
-    n = int(args[0].shape[0]) if n_args and hasattr(args[0], "shape") and args[0].dim() else len(calls)
+    n = sum(_rows(c) for c in calls) if n_args else len(calls)
     if calls[0]["kind"] == "functional":
         module_name, _, fn_name = calls[0]["fn"].rpartition(".")
         fn = getattr(importlib.import_module(module_name), fn_name)

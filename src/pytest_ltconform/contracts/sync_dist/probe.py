@@ -49,8 +49,11 @@ class DecisionEvent(Recorded):
 
 DECISION = declare("decision", DecisionEvent)
 
-_FUNCTIONAL_MODULES = ("torchmetrics.functional", "torchmetrics.functional.classification",
-                       "torchmetrics.functional.regression")
+# Metric functions whose per-batch values a logged epoch mean may be made of: every public function
+# of these packages, wherever the user imports it from (``torchmetrics.functional.classification.
+# calibration_error``, a re-export, ``sklearn.metrics.f1_score``). A package imported only later by
+# the user's module (scikit-learn) is tapped as it is imported.
+_FUNCTION_PACKAGES = ("torchmetrics.functional", "sklearn.metrics")
 _STEP_HOOKS = ("training_step", "validation_step", "test_step")
 _MAX_PARTS_POOL = 8  # the last tapped outputs of a step a logged value may be made of
 
@@ -94,7 +97,79 @@ def _detach(obj):
 
     if isinstance(obj, torch.Tensor):
         return obj.detach().cpu().clone()
+    copy_ = getattr(obj, "copy", None)  # a NumPy array: this batch's values, not a view the step reuses
+    if callable(copy_) and hasattr(obj, "ndim"):
+        return copy_()
     return obj
+
+
+def _scalar(out) -> float | None:
+    """A metric function's output as a number: a one-element tensor, a Python or NumPy number."""
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return float(out) if out.numel() == 1 else None
+    if isinstance(out, (bool, str)) or not hasattr(out, "__float__") or getattr(out, "ndim", 0):
+        return None
+    try:
+        return float(out)
+    except (TypeError, ValueError):
+        return None
+
+
+def _metric_functions(module) -> list[tuple[str, Any]]:
+    """(name, function) of ``module``'s public functions defined in one of :data:`_FUNCTION_PACKAGES`."""
+    found = []
+    for name in getattr(module, "__all__", None) or [n for n in vars(module) if not n.startswith("_")]:
+        fn = getattr(module, name, None)
+        home = getattr(fn, "__module__", None) or ""
+        if callable(fn) and not isinstance(fn, type) and home.startswith(_FUNCTION_PACKAGES):
+            found.append((name, fn))
+    return found
+
+
+class _MetaPath(list):
+    """``sys.meta_path`` with a finder in front while a run is traced (a list that takes the
+    recorder's marks; the recorder puts the original list back)."""
+
+
+class _TapOnImport:
+    """A ``sys.meta_path`` finder that runs ``tap(module)`` on each module of ``packages`` right after
+    it is imported (the user's ``from sklearn.metrics import f1_score`` then gets the tapped one);
+    it finds nothing itself."""
+
+    def __init__(self, packages: tuple[str, ...], tap):
+        self.packages, self.tap, self._busy = packages, tap, set()
+
+    def find_spec(self, fullname, path=None, target=None):
+        if not fullname.startswith(self.packages) or fullname in self._busy:
+            return None
+        import importlib.util
+
+        self._busy.add(fullname)
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self._busy.discard(fullname)
+        loader = getattr(spec, "loader", None) if spec is not None else None
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        original, tap = loader.exec_module, self.tap
+
+        class Loader:
+            def __getattr__(self, name):
+                return getattr(loader, name)
+
+            def create_module(self, spec_):
+                return loader.create_module(spec_)
+
+            def exec_module(self, module):
+                original(module)
+                with contextlib.suppress(Exception):  # an observation: never the user's import's failure
+                    tap(module)
+
+        spec.loader = Loader()
+        return spec
 
 
 def _make_observer(ns: Any, probe: SyncDistProbe):
@@ -210,19 +285,24 @@ class SyncDistProbe(Probe):
                 self._tap_reads(recorder, ns, callbacks)
         try:
             import torchmetrics
+            import torchmetrics.functional  # noqa: F401 (imports its submodules: each is tapped below)
         except ImportError:
+            torchmetrics = None
+        if torchmetrics is not None:
+            recorder.patch(torchmetrics.Metric, "forward", self._metric_forward)
+        for name in [n for n in sys.modules if n.startswith(_FUNCTION_PACKAGES)]:
+            self._tap_functions(sys.modules[name])
+        if "sklearn.metrics" not in sys.modules:  # tapped if and when the user's code imports it
+            finder = _TapOnImport(("sklearn.metrics",), self._tap_functions)
+            recorder.patch(sys, "meta_path", lambda original: _MetaPath([finder, *original]))
+
+    def _tap_functions(self, module) -> None:
+        """Tap every metric function ``module`` holds (see :data:`_FUNCTION_PACKAGES`)."""
+        if module is None or self.recorder is None:
             return
-        recorder.patch(torchmetrics.Metric, "forward", self._metric_forward)
-        for mod_name in _FUNCTIONAL_MODULES:
-            try:
-                mod = importlib.import_module(mod_name)
-            except ImportError:
-                continue
-            for attr in getattr(mod, "__all__", []):
-                target = getattr(mod, attr, None)
-                if callable(target) and not isinstance(target, type):
-                    qualname = f"{target.__module__}.{target.__name__}"
-                    recorder.patch(mod, attr, lambda orig, q=qualname: self._functional(orig, q))
+        for attr, target in _metric_functions(module):
+            qualname = f"{target.__module__}.{getattr(target, '__name__', attr)}"
+            self.recorder.patch(module, attr, lambda orig, q=qualname: self._functional(orig, q))
 
     def _checkpoint_init(self, original):
         built_at = self.checkpoints_built_at
@@ -304,7 +384,9 @@ class SyncDistProbe(Probe):
         def fn(*args, **kwargs):
             out = original(*args, **kwargs)
             try:
-                probe._tap(out, {"label": f"functional {original.__name__}", "kind": "functional",
+                label = f"scikit-learn's {original.__name__}" if qualname.startswith("sklearn.") else \
+                    f"functional {original.__name__}"
+                probe._tap(out, {"label": label, "kind": "functional",
                                  "fn": qualname, "name": original.__name__, "args": [_detach(a) for a in args],
                                  "kwargs": {k: _detach(v) for k, v in kwargs.items()}})
             except Exception:
@@ -316,13 +398,16 @@ class SyncDistProbe(Probe):
     def _tap(self, out, info: dict) -> None:
         import torch
 
-        if isinstance(out, torch.Tensor) and out.numel() == 1:
+        value = _scalar(out)
+        if value is None:
+            return
+        if isinstance(out, torch.Tensor):  # a number has no identity to find it by: its value matches it
             if len(self.produced) > 4096:
                 self.produced = {k: v for k, v in self.produced.items() if v[0]() is not None}
             self.produced[id(out)] = (weakref.ref(out), info)
-            if len(self.step_taps) >= 32:
-                del self.step_taps[0]
-            self.step_taps.append({"hook": self._fx_name(), "id": id(out), "value": float(out), "info": info})
+        if len(self.step_taps) >= 32:
+            del self.step_taps[0]
+        self.step_taps.append({"hook": self._fx_name(), "id": id(out), "value": value, "info": info})
 
     def _fx_name(self) -> str | None:
         """The hook running now, as ``self.log`` events name it."""
