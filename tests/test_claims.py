@@ -244,3 +244,62 @@ def test_batches_said_to_differ_say_what_differs_and_what_is_equal():
     assert "misstates" in claims.check(_record(now, uneven, contract="data-sharding"))[0]
     none = claims.claim("batches-differ", text, differed=0, compared=8, counts={"rank 0": 8, "rank 1": 8})
     assert "no step with different batches" in claims.check(_record(now, none, contract="data-sharding"))[0]
+
+
+# -- device-placement ----------------------------------------------------------------------------------
+
+def _dp(message: str, *made: claims.Claim) -> list[str]:
+    return claims.check(_record(message, *made, contract="device-placement"))
+
+
+def test_a_tensor_said_off_its_ranks_device_rests_on_the_devices_followed():
+    text = "on the CPU: on GPU ranks it stays on the CPU"
+    host = {0: {"device": "cpu", "own": "cuda:0"}, 1: {"device": "cpu", "own": "cuda:1"}}
+    assert _dp(f"a tensor reaches all_reduce {text}.", claims.claim("off-device", text, ranks=host)) == []
+    own = {0: {"device": "cuda:0", "own": "cuda:0"}, 1: {"device": "cpu", "own": "cuda:1"}}
+    assert "on the rank's own device" in _dp(text, claims.claim("off-device", text, ranks=own))[0]
+    other = {0: {"device": "cuda:1", "own": "cuda:0"}}
+    assert "says the CPU" in _dp(text, claims.claim("off-device", text, ranks=other))[0]
+    # Said with no claim behind it:
+    assert any("no off-device claim" in p for p in _dp(f"x reaches all_gather {text} while the module is there."))
+
+
+def test_a_call_said_to_mix_devices_rests_on_two_recorded_devices():
+    text = "gets tensors on cuda:0 and cpu"
+    assert _dp(text, claims.claim("mixed-devices", text, devices=["cuda:0", "cpu"])) == []
+    assert "not two different ones" in _dp(text, claims.claim("mixed-devices", text, devices=["cuda:0", "cuda:0"]))[0]
+    assert any("no mixed-devices claim" in p for p in _dp("torch.add at m.py:3 gets tensors on cuda:0 and cpu"))
+
+
+def test_what_a_cuda_index_is_said_to_be_rests_on_each_ranks_index_and_local_rank():
+    same = "asks for the hard-coded device 'cuda:0' on every rank"
+    ok = claims.claim("cuda-index", same, form="same", indices={0: 0, 1: 0}, local={0: 0, 1: 1})
+    assert _dp(same, ok) == []
+    own = claims.claim("cuda-index", same, form="same", indices={0: 0, 1: 1}, local={0: 0, 1: 1})
+    assert "different indices" in _dp(same, own)[0]
+    glob = "takes its CUDA index from the global rank"
+    assert _dp(glob, claims.claim("cuda-index", glob, form="global", indices={0: 0, 1: 1}, local={0: 0, 1: 1})) == []
+    assert "not the ranks' global ranks" in _dp(glob, claims.claim("cuda-index", glob, form="global",
+                                                                   indices={0: 1, 1: 0}, local={0: 0, 1: 1}))[0]
+    wrong = "asks each rank for a GPU that is not its own"
+    assert "its own GPU" in _dp(wrong, claims.claim("cuda-index", wrong, form="wrong", indices={0: 0, 1: 1},
+                                                    local={0: 0, 1: 1}))[0]
+
+
+def test_a_device_finding_fails_exactly_where_the_config_is_for_gpus_and_the_fault_breaks_it():
+    text = "Under the Trainer config (accelerator='gpu', devices=2)"
+
+    def problems(failed, gpu="gpu", per_node=2, nodes=1, needs=("node",), said=text):
+        return _dp(said, claims.claim("gpu-config", said, gpu=gpu, per_node=per_node, nodes=nodes,
+                                      needs=list(needs), failed=failed))
+
+    assert problems(True) == []
+    assert problems(False, per_node=1) == []          # one GPU per node: two ranks never share one
+    assert "do not break" in problems(True, per_node=1)[0]
+    assert "do not break" in problems(True, gpu=None)[0]
+    assert "break the run" in problems(False, needs=("gpu",))[0]
+    assert problems(False, needs=("nodes",)) == [] and problems(True, needs=("nodes",), nodes=2) == []
+    cpu = "The Trainer config is for CPU ranks (accelerator='cpu')"
+    assert problems(False, gpu=None, said=cpu) == []
+    assert "CPU-only" in problems(False, gpu="auto", said=cpu, needs=())[0]
+    assert any("no gpu-config claim" in p for p in _dp(f"{text}: nothing found."))

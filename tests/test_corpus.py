@@ -175,6 +175,7 @@ CELL = (
     "spawn-safety/lambda_loss_and_open_log_file",
     "launch-env/nccl_timeout_env_instead_of_strategy", "launch-env/ok_torchrun_two_nodes_two_devices",
     "memory/ok_small_transformer_zero3",
+    "device-placement/log_numpy_metric_as_cpu_tensor_sync_dist", "device-placement/ok_log_metric_on_module_device",
 )
 CELL_CASES = [c for c in CASES if c.name in CELL]
 EXPECTATIONS["cell"] = [_param(c, cid, case=c) for c in CELL_CASES for cid in c.expected if cid in contracts.ids()]

@@ -588,7 +588,7 @@ def test_a_trace_that_fails_in_torch_leaves_the_ranks_whole_for_the_next_target(
     f1, metric = "per_batch_f1_value_logged", "ok_metric_compute_every_rank"
     expected = {key: "advisory" if key[1] == "memory" else "passed" for key in got}
     expected.update({(f1, "sync-dist", "ddp"): "failed", (f1, "sync-dist", "deepspeed"): "failed"})
-    assert len(got) == 52 and {key: r["outcome"] for key, r in got.items()} == expected, \
+    assert len(got) == 54 and {key: r["outcome"] for key, r in got.items()} == expected, \
         [r["message"] for r in records_all if r["outcome"] != expected[(r["target"].split("/")[-1].split(".")[0],
                                                                          r["contract"], r["strategy"])]]
     memory = got[(metric, "memory", "ddp")]

@@ -23,6 +23,9 @@ class GraphBatch:
     def __init__(self, x, edge_index, batch, y):
         self.x, self.edge_index, self.batch, self.y = x, edge_index, batch, y
 
+    def to(self, device):  # as torch_geometric's Batch: Lightning moves the batch with it
+        return GraphBatch(self.x.to(device), self.edge_index.to(device), self.batch.to(device), self.y.to(device))
+
 
 class Molecules(Dataset):
     def __init__(self, n, seed):
@@ -62,7 +65,7 @@ class Model(L.LightningModule):
 
     def training_step(self, batch, batch_idx):
         h = torch.relu(self.atom(batch.x))
-        pooled = torch.zeros(len(batch.y), 8).index_add(0, batch.batch, h)
+        pooled = torch.zeros(len(batch.y), 8, device=h.device).index_add(0, batch.batch, h)
         return torch.nn.functional.mse_loss(self.out(pooled).squeeze(1), batch.y)
 
     def train_dataloader(self):

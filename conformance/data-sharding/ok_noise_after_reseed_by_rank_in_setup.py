@@ -26,7 +26,7 @@ class Model(L.LightningModule):
 
     def training_step(self, batch, batch_idx):
         real, _ = batch
-        z = torch.randn(real.shape[0], LATENT)
+        z = torch.randn(real.shape[0], LATENT, device=self.device)
         fake = self.generator(z)
         loss = (fake.mean(0) - real.mean(0)).pow(2).sum() + (fake.std(0) - real.std(0)).pow(2).sum()
         self.log("train_gap", loss, sync_dist=True, batch_size=len(real))

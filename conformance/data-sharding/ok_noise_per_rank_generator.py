@@ -24,7 +24,7 @@ class Model(L.LightningModule):
 
     def training_step(self, batch, batch_idx):
         real, _ = batch
-        z = torch.randn(real.shape[0], LATENT, generator=self.noise)
+        z = torch.randn(real.shape[0], LATENT, generator=self.noise).to(real.device)  # a CPU generator draws on the CPU
         fake = self.generator(z)
         return (fake.mean(0) - real.mean(0)).pow(2).sum() + (fake.std(0) - real.std(0)).pow(2).sum()
 

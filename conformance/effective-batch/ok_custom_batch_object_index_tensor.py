@@ -59,8 +59,8 @@ class Model(L.LightningModule):
     def training_step(self, batch, batch_idx):
         packed, target = batch
         err = (self.lin(packed.values).squeeze(-1) - target[packed.segment]) ** 2
-        per_sample = torch.zeros(packed.n).index_add(0, packed.segment, err)
-        steps = torch.zeros(packed.n).index_add(0, packed.segment, torch.ones_like(err))
+        per_sample = torch.zeros(packed.n, device=err.device).index_add(0, packed.segment, err)
+        steps = torch.zeros(packed.n, device=err.device).index_add(0, packed.segment, torch.ones_like(err))
         return (per_sample / steps).mean()
 
     def configure_optimizers(self):

@@ -25,7 +25,7 @@ def _data(n, seed):
 class LastBatchMetrics(L.Callback):
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
         if batch_idx + 1 == len(trainer.val_dataloaders):
-            pl_module.log("recall@10", torch.tensor(0.5), sync_dist=True)
+            pl_module.log("recall@10", torch.tensor(0.5, device=pl_module.device), sync_dist=True)
 
 
 def trainer_kwargs():

@@ -48,7 +48,7 @@ class Model(L.LightningModule):
 
     def _loss(self, batch):
         h = torch.relu(self.node(batch["x"]))
-        pooled = torch.zeros(len(batch["y"]), 8).index_add(0, batch["graph"], h)
+        pooled = torch.zeros(len(batch["y"]), 8, device=h.device).index_add(0, batch["graph"], h)
         counts = torch.bincount(batch["graph"], minlength=len(batch["y"])).clamp(min=1).unsqueeze(1)
         logits = self.head(pooled / counts).squeeze(1)
         return torch.nn.functional.binary_cross_entropy_with_logits(logits, batch["y"])

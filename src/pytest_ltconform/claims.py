@@ -472,6 +472,96 @@ def _one_device(c: dict, record: dict) -> str | None:
     return None if why in c["text"] else "the text does not say why no value was compared with the one-device run"
 
 
+# -- devices (device-placement) -----------------------------------------------------------------
+
+@kind("off-device", prose=(r"on the CPU: on GPU ranks it stays on the CPU", r"which GPU ranks keep on the CPU",
+                           r"while the rank's own GPU is"), scope=("device-placement",))
+def _off_device(c: dict, record: dict) -> str | None:
+    """A tensor said to be off its rank's device rests on the device it would have on GPU ranks, as
+    the probe followed it, and the rank's own (``facts["ranks"]``: rank -> ``{"device", "own"}``; own
+    None: the module's GPU); said on the CPU only when every rank's is the CPU."""
+    ranks = c["facts"].get("ranks") or {}
+    if not ranks:
+        return "no rank's tensor was recorded"
+    own = [r for r, d in ranks.items() if d.get("device") == d.get("own") or not d.get("device")]
+    if own:
+        return f"on rank(s) {own} the tensor was recorded on the rank's own device"
+    if "on the CPU" in c["text"] and any(d.get("device") != "cpu" for d in ranks.values()):
+        return f"says the CPU, but the recorded devices are {[d.get('device') for d in ranks.values()]}"
+    return None
+
+
+@kind("mixed-devices", prose=(r"gets tensors on \S+ and \S+",), scope=("device-placement",))
+def _mixed_devices(c: dict, record: dict) -> str | None:
+    """A call said to get tensors of two devices rests on the devices recorded for its tensors on the
+    first rank that mixed them (``facts["devices"]``): two different ones, each named in the text."""
+    devices = c["facts"].get("devices") or []
+    if len(set(devices)) < 2:
+        return f"the recorded devices are {devices}, not two different ones"
+    missing = [d for d in devices[:2] if d not in c["text"]]
+    return f"the text does not name {missing}" if missing else None
+
+
+@kind("cuda-index", prose=(r"asks for the hard-coded device 'cuda:\d+' on every rank",
+                           r"asks each rank for a GPU that is not its own",
+                           r"takes its CUDA index from the global rank"), scope=("device-placement",))
+def _cuda_index(c: dict, record: dict) -> str | None:
+    """What a CUDA index is said to be rests on the index each rank asked for at that line and each
+    rank's local rank (``facts``: ``form``, ``indices`` and ``local``: rank -> int): 'same' is one
+    index on two or more ranks, not the own GPU of one of them; 'wrong' an index not some rank's own;
+    'global' each rank's global rank."""
+    facts = c["facts"]
+    indices = {str(r): i for r, i in (facts.get("indices") or {}).items()}
+    local = {str(r): i for r, i in (facts.get("local") or {}).items()}
+    if len(indices) < 2:
+        return f"needs the index of two ranks, has {indices}"
+    off = [r for r, i in indices.items() if i != local.get(r)]
+    form = facts.get("form")
+    if form == "same":
+        if len(set(indices.values())) != 1:
+            return f"the ranks asked for different indices: {indices}"
+        if not off:
+            return "every rank asked for its own GPU"
+        return None if f"'cuda:{next(iter(indices.values()))}'" in c["text"] else "the text names another index"
+    if form == "wrong":
+        return None if off else f"every rank asked for its own GPU: {indices}"
+    if form == "global":
+        wrong = {r: i for r, i in indices.items() if i != int(r)}
+        return f"indices {wrong} are not the ranks' global ranks" if wrong else None
+    return f"no such form {form!r}"
+
+
+_BREAKS = {"gpu": lambda f: True, "ranks": lambda f: _several_per_node(f) or (f.get("nodes") or 1) > 1,
+           "node": lambda f: _several_per_node(f), "nodes": lambda f: (f.get("nodes") or 1) > 1,
+           "never": lambda f: False}
+
+
+def _several_per_node(facts: dict) -> bool:
+    per_node = facts.get("per_node")
+    return per_node is None or per_node > 1
+
+
+@kind("gpu-config", prose=(r"Under the Trainer config \(", r"The Trainer config is for CPU ranks \("),
+      scope=("device-placement",))
+def _gpu_config(c: dict, record: dict) -> str | None:
+    """A device finding fails exactly when the Trainer config is for GPU ranks (``facts["gpu"]``:
+    'gpu' or 'auto'; None for a CPU-only config) and one of the faults found breaks the ranks it asks
+    for (``facts["needs"]``, each 'gpu', 'ranks', 'node', 'nodes' or 'never', against ``per_node``
+    devices and ``nodes``); the config is called CPU-only only when it is."""
+    facts = c["facts"]
+    gpu, needs = facts.get("gpu"), facts.get("needs") or []
+    unknown = [n for n in needs if n not in _BREAKS]
+    if unknown:
+        return f"no such need {unknown}"
+    breaks = gpu is not None and any(_BREAKS[n](facts) for n in needs)
+    if bool(facts.get("failed")) != breaks:
+        return (f"failed={facts.get('failed')!r}, but under gpu={gpu!r}, per_node={facts.get('per_node')!r}, "
+                f"nodes={facts.get('nodes')!r} the faults {needs} {'break' if breaks else 'do not break'} the run")
+    if "for CPU ranks" in c["text"] and gpu is not None:
+        return f"calls the config CPU-only, but it is for GPU ranks ({gpu!r})"
+    return None
+
+
 # -- headline labels ----------------------------------------------------------------------------
 
 @kind("label", prose=(r"silently wrong values",))

@@ -215,6 +215,13 @@ def _owned_record(case: Case) -> tuple[Outcome, str] | None:
                             f"this item only records the run.")
 
 
+def _owner_not_judged_item(case: Case) -> Verdict | None:
+    """The contract that claims why the run stopped says why it could judge nothing (a call the
+    plugin cannot run on CPU ranks, at the user's line): that verdict stands, not an error."""
+    verdict = case.judged
+    return verdict if case.owner == case.contract.id and verdict.not_judged is not None else None
+
+
 def _sharded_item(case: Case) -> Verdict | None:
     if case.owner is not None or not case.unconfigured_sharded:
         return None
@@ -442,6 +449,7 @@ POLICIES: tuple[Policy, ...] = (
     Policy("the run finished", _finished_item, _finished_record),
     Policy("a finding on a run that stopped", _finding_item),
     Policy("a contract claims why the run stopped", _owned_item, _owned_record),
+    Policy("the contract that claims the stop could judge nothing", _owner_not_judged_item),
     Policy("a sharded run the config does not ask for stopped", _sharded_item, _sharded_record),
     Policy("a rank failed on its own", _own_failure_item, _own_failure_record),
     Policy("the fit stopped in validation: judged on a fit without it", refine=_without_validation),

@@ -13,6 +13,8 @@ the rank hangs or dies. Recorded:
 Contracts add their own recording through the public API: :meth:`Recorder.patch` wraps a callable
 for the run (undone by :meth:`Recorder.uninstall`), :meth:`Recorder.add_log_tap` lets a probe
 annotate each ``log`` event before it is written (sync-dist's metric producers),
+:meth:`Recorder.add_call_tap` shows a probe each traced call's arguments before it runs (the
+tensors a collective is given),
 :meth:`Recorder.call` traces a library call that makes collectives for user code as one
 collective-bearing ``call`` event (all-rank-save's metric syncs and DDP forwards), and
 :meth:`Recorder.emit` writes an event of their own.
@@ -78,6 +80,7 @@ class Recorder:
         self.trainer = None
         self.t0 = time.monotonic()
         self._log_taps: list = []
+        self._call_taps: list = []
         self._paused = 0
         self._since_ns = time.time_ns()  # Flight Recorder entries of earlier jobs are not this one's
         self._stop = threading.Event()
@@ -91,6 +94,18 @@ class Recorder:
         """Call ``tap(event, value)`` for every recorded ``log`` event before it is written;
         the tap may add keys to ``event`` (``value`` is what was logged)."""
         self._log_taps.append(tap)
+
+    @property
+    def in_call(self) -> bool:
+        """Whether a traced call is running now (a tap sees a collective made inside another
+        traced call, such as the all_gather inside all_gather_object, as nested)."""
+        return bool(self._calls)
+
+    def add_call_tap(self, tap) -> None:
+        """Call ``tap(kind, op, args, kwargs, site)`` before every traced call runs (a collective,
+        a strategy call, a checkpoint save), with the call's own arguments: a probe reads what a
+        collective is given. A tap that raises is recorded as a ``trace_error``, never passed on."""
+        self._call_taps.append(tap)
 
     def paused(self):
         """Context manager: record nothing inside (a probe's own extra Trainer calls, such as a
@@ -214,6 +229,11 @@ class Recorder:
                 if kind == "save":  # patched on the Trainer class: args[0] is the trainer
                     path = args[1] if len(args) > 1 else kwargs.get("filepath")
                     extra["path"] = os.fspath(path) if path is not None else None
+                for tap in recorder._call_taps:
+                    try:
+                        tap(kind, op, args, kwargs, site)
+                    except Exception as exc:  # recording must never break the user's call
+                        recorder.emit(TRACE_ERROR.new(where=f"{op} tap", error=repr(exc)))
                 with recorder.call(kind, op, label, site, direct, **extra):
                     return original(*args, **kwargs)
 
@@ -310,6 +330,7 @@ class Recorder:
         self._patches.clear()
         self.trainer = None
         self._log_taps.clear()
+        self._call_taps.clear()
         try:
             self._fh.close()
         except Exception:

@@ -25,6 +25,7 @@ _MODULES = {
     "effective-batch": "effective_batch",
     "launch-env": "launch_env",
     "memory": "memory",
+    "device-placement": "device_placement",
 }
 
 
