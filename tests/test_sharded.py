@@ -217,3 +217,58 @@ def test_a_crash_in_user_code_under_every_strategy_is_not_blamed_on_the_sharded_
     result.stdout.fnmatch_lines(["*SKIPPED*configure-model[[]fsdp[]]: not judged: the fit run stops in your code "
                                  "under every strategy (RuntimeError at raises.py:14 (training_step): Tensors must "
                                  "have same number of dimensions*) (see configure-model[[]ddp[]])."])
+
+
+EMBEDDING_THEN_TEST = '''
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Model(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(10, 4)
+        self.head = torch.nn.Linear(4, 1)
+
+    def _loss(self, batch):
+        tokens, y = batch
+        return torch.nn.functional.mse_loss(self.head(self.embed(tokens)).squeeze(-1), y)
+
+    def training_step(self, batch, batch_idx):
+        return self._loss(batch)
+
+    def test_step(self, batch, batch_idx):
+        self.log("test_loss", self._loss(batch), sync_dist=True)
+
+    def _loader(self):
+        g = torch.Generator().manual_seed(0)
+        return DataLoader(TensorDataset(torch.randint(0, 10, (16,), generator=g), torch.randn(16, generator=g)),
+                          batch_size=4)
+
+    def train_dataloader(self):
+        return self._loader()
+
+    def test_dataloader(self):
+        return self._loader()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+'''
+
+
+def test_trainer_test_after_fit_runs_an_embedding_module_under_cpu_fsdp(pytester, no_leftover_ranks):
+    """trainer.test after fit under the plugin's CPU FSDP raised "'weight' must be 2-D" for any
+    nn.Embedding (a second FSDP wrapper flattened the first one's 1-D shard views): the later stage
+    keeps fit's wrapper, and the run item says test ran."""
+    pytester.makepyfile(embed=EMBEDDING_THEN_TEST)
+    result = pytester.runpytest_subprocess("--ltconform", "embed.py:Model", "--ltconform-strategies", "fsdp", "-k",
+                                           "fit[ or sync-dist[ or all-rank-save[", "-p", "no:cacheprovider", "-rA")
+    out = result.stdout.str()
+    assert result.ret == 0, out[-3000:]
+    assert "must be 2-D" not in out and "it raised" not in out, out[-3000:]
+    # -rA's PASSES: the run item's line in full (the short summary trims it to the terminal's width).
+    result.stdout.fnmatch_lines(["*_ ltconform embed.py:Model::fit[[]fsdp[]] _*",
+                                 "the run finished on 2 ranks: fit (* training step(s) over * epoch(s) on rank 0), "
+                                 "then test. This item records the run*"])
+    assert "synced log keys identical on every rank (test_loss)" in out  # test's own log calls were judged
