@@ -346,3 +346,26 @@ def test_a_rank_that_died_names_what_its_abort_printed(fake_runs):
                                 "output ends with '[enforce fail at pair.cc:446] op.preamble.length <= op.nbytes. "
                                 "64 vs 48'")
 
+
+def test_the_run_item_of_a_sharded_run_the_config_does_not_ask_for_carries_its_claims(fake_runs):
+    """The run's own item (fit[fsdp]) says what the contract items say of a sharded run that
+    stopped ("does not run under FSDP on CPU"), and its report record carries the claim that
+    sentence rests on, so the consistency check holds it as it holds a contract item's."""
+    import torch.distributed.utils as torch_utils
+
+    from pytest_ltconform import claims, policies, report
+
+    sharded = _fsdp_stop(fake_runs, "ProcessGroupGloo does not support reduce_scatter", torch_utils.__file__)
+    ddp = fake_runs.run([[], []])
+    case = policies.Case(contracts.get_contract("all-rank-save"), "fsdp", run=sharded, ddp=ddp, item="fit[fsdp]")
+    said = policies.run_record(case)
+    assert said.outcome is Outcome.SKIPPED
+    assert said.text.startswith("the module does not run under FSDP on CPU gloo ranks")
+    assert [(c.kind, c.facts) for c in said.claims] == [("cpu-only", {"ddp": "finished"})]
+
+    def record(claimed):
+        return report.record("fit", "fsdp", 2, {"outcome": said.outcome, "message": said.text, "summary": said.text,
+                                                "claims": [c.as_dict() for c in claimed]}, 0.0)
+
+    assert claims.check(record(said.claims)) == []
+    assert any(p.startswith("cpu-only:") for p in claims.check(record(())))  # the check sees the sentence

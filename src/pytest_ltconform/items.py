@@ -127,9 +127,10 @@ class LtconformRunItem(pytest.Item):
 
         started = time.monotonic()
         session = controller.session_for(self.config, self.target_id)
-        no_world = False
+        no_world, claims = False, ()
         try:
-            outcome, text = session.run_failure(self.contract_id, self.variant.strategy, self.variant.tier, self.name)
+            outcome, text, claims = session.run_failure(self.contract_id, self.variant.strategy, self.variant.tier,
+                                                        self.name)
         except WorldStartError as exc:
             outcome, text, no_world = Outcome.ERROR, f"[{self.name}] could not start a world: {exc}", True
         summary = text.splitlines()[0].removeprefix(f"[{self.name}] ")
@@ -139,7 +140,8 @@ class LtconformRunItem(pytest.Item):
         # Its record carries the run's time (the contract items after it only judge).
         rec = report.record(self.kind, self.variant.label, self.config.stash[controller.SETTINGS_KEY].world_size,
                             {"outcome": recorded, "message": text, "summary": summary,
-                             "category": "crash" if outcome == Outcome.ERROR else None},
+                             "category": "crash" if outcome == Outcome.ERROR else None,
+                             "claims": [c.as_dict() for c in claims]},  # what its sentences rest on
                             time.monotonic() - started, target=self.target_id)
         self.user_properties.append((report.PROPERTY, json.dumps({**rec, "run": True})))
         self.summary = summary  # what -rA prints after "PASSED <id> - "

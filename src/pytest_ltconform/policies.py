@@ -14,10 +14,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import contracts
-from .claims import claim
+from .claims import Claim, claim
 from .contracts.base import Run, Verdict
 from .events import HOOK, HOOK_EXIT, NONFINITE, NOTE, STAGE, STAGE_ERROR, STRATEGY
 from .outcomes import Outcome
@@ -99,6 +99,23 @@ class Case:
         return self.run.strategy in SHARDED_STRATEGIES and not configured
 
 
+class RunRecord(NamedTuple):
+    """What the run's own item (``fit[ddp]``) records: its outcome, its message, and the claims
+    (:mod:`.claims`) the message's sentences rest on, so the report checks them as it checks a
+    contract item's."""
+
+    outcome: Outcome
+    text: str
+    claims: tuple[Claim, ...] = ()
+
+    @classmethod
+    def of(cls, outcome: Outcome, verdict: Verdict) -> RunRecord:
+        """The record, as ``outcome``, that says what ``verdict`` says (its summary), with the claims
+        made in it."""
+        return cls(outcome, verdict.summary,
+                   tuple(c for c in verdict.all_claims() if c.text and c.text in verdict.summary))
+
+
 @dataclasses.dataclass(frozen=True)
 class Policy:
     """One situation and what it means: ``item(case)`` a contract item's verdict, ``record(case)``
@@ -108,7 +125,7 @@ class Policy:
 
     name: str
     item: Callable[[Case], Verdict | None] | None = None
-    record: Callable[[Case], tuple[Outcome, str] | None] | None = None
+    record: Callable[[Case], RunRecord | None] | None = None
     refine: Callable[[Case, Verdict], Verdict | None] | None = None
     before_run: bool = False
 
@@ -139,8 +156,8 @@ def _hung_item(case: Case) -> Verdict | None:
     return hung_verdict(case.contract, case.hung) if case.hung is not None else None
 
 
-def _hung_record(case: Case) -> tuple[Outcome, str] | None:
-    return (Outcome.SKIPPED, hung_verdict(case.contract, case.hung).summary) if case.hung is not None else None
+def _hung_record(case: Case) -> RunRecord | None:
+    return RunRecord.of(Outcome.SKIPPED, hung_verdict(case.contract, case.hung)) if case.hung is not None else None
 
 
 def _no_world_item(case: Case) -> Verdict | None:
@@ -172,8 +189,8 @@ def _skipped_item(case: Case) -> Verdict | None:
     return case.contract.verdict(Outcome.SKIPPED, _skipped_reason(case.run)) if case.run.job.status == "skip" else None
 
 
-def _skipped_record(case: Case) -> tuple[Outcome, str] | None:
-    return (Outcome.SKIPPED, _skipped_reason(case.run)) if case.run.job.status == "skip" else None
+def _skipped_record(case: Case) -> RunRecord | None:
+    return RunRecord(Outcome.SKIPPED, _skipped_reason(case.run)) if case.run.job.status == "skip" else None
 
 
 def _verdict_failed_item(case: Case) -> Verdict | None:
@@ -185,10 +202,10 @@ def _finished_item(case: Case) -> Verdict | None:
     return case.judged if case.run.finished else None
 
 
-def _finished_record(case: Case) -> tuple[Outcome, str] | None:
+def _finished_record(case: Case) -> RunRecord | None:
     if not case.run.finished:
         return None
-    return Outcome.PASSED, f"{what_ran(case.run)}. This item records the run; the contract items judge it."
+    return RunRecord(Outcome.PASSED, f"{what_ran(case.run)}. This item records the run; the contract items judge it.")
 
 
 def _finding_item(case: Case) -> Verdict | None:
@@ -207,12 +224,12 @@ def _owned_item(case: Case) -> Verdict | None:
     return after_owned_failure(case.contract, case.run, case.judged, case.owner)
 
 
-def _owned_record(case: Case) -> tuple[Outcome, str] | None:
+def _owned_record(case: Case) -> RunRecord | None:
     if case.owner is None:
         return None
     # The stop is a contract's finding: its item fails, once; this record does not fail again.
-    return Outcome.PASSED, (f"the run stopped because of the {case.owner}[{case.strategy}] failure (see that item); "
-                            f"this item only records the run.")
+    return RunRecord(Outcome.PASSED, f"the run stopped because of the {case.owner}[{case.strategy}] failure (see "
+                                     f"that item); this item only records the run.")
 
 
 def _owner_not_judged_item(case: Case) -> Verdict | None:
@@ -228,23 +245,25 @@ def _sharded_item(case: Case) -> Verdict | None:
     return not_a_sharded_module(case.contract, case.run, case.ddp)
 
 
-def _sharded_record(case: Case) -> tuple[Outcome, str] | None:
+def _sharded_record(case: Case) -> RunRecord | None:
     skipped = _sharded_item(case)
-    return (Outcome.SKIPPED, skipped.summary) if skipped is not None else None  # the contract items' words
+    # The contract items' words, and the claims made in them.
+    return RunRecord.of(Outcome.SKIPPED, skipped) if skipped is not None else None
 
 
 def _own_failure_item(case: Case) -> Verdict:
     return after_own_failure(case.contract, case.run)
 
 
-def _own_failure_record(case: Case) -> tuple[Outcome, str]:
+def _own_failure_record(case: Case) -> RunRecord:
     run, item = case.run, case.item
     cause = first_cause(run.job)
     headline = cause.headline() if cause is not None else "the run did not finish"
     run.cause_item = item
     run.first_item = run.first_item or item
     parts = [cause_text(cause), run.job.diagnosis_after(cause)] if cause is not None else [run.job.failure_text()]
-    return Outcome.ERROR, "\n".join([f"[{item}] the run did not finish: {headline}."] + [p for p in parts if p])
+    lines = [f"[{item}] the run did not finish: {headline}."] + [p for p in parts if p]
+    return RunRecord(Outcome.ERROR, "\n".join(lines))
 
 
 def after_owned_failure(contract, run: Run, verdict: Verdict, owner: str) -> Verdict:
@@ -473,7 +492,7 @@ def item_verdict(case: Case) -> Verdict:
     return verdict
 
 
-def run_record(case: Case) -> tuple[Outcome, str]:
+def run_record(case: Case) -> RunRecord:
     """What the run's own item (``case.item``) records: the first policy's answer."""
     for policy in POLICIES:
         said = policy.record(case) if policy.record is not None else None

@@ -19,7 +19,6 @@ import time
 
 from . import contracts, policies, tiers
 from .contracts.base import Run, Verdict
-from .outcomes import Outcome
 from .run_cache import LocalRuns
 from .runs import FIT, RunArgs, RunKey, RunSpec, seeding_for
 from .settings import Settings
@@ -95,7 +94,7 @@ class LtconformSession:
         worker made and handed over)."""
         return list(self._runs.made_here)
 
-    def run_failure(self, contract_id: str, strategy: str, tier: str, item: str) -> tuple[Outcome, str]:
+    def run_failure(self, contract_id: str, strategy: str, tier: str, item: str) -> policies.RunRecord:
         """Make (or take from the cache) the run that ``contract_id`` and others need, for the item
         named after it (``item``, e.g. ``fit[ddp]``), and say what that item reports, by the same
         policies as the contract items (``policies.POLICIES``): (PASSED, why) when the run finished
