@@ -116,6 +116,16 @@ import os
 import sys
 
 
+import pytest
+
+
+@pytest.hookimpl(optionalhook=True)  # a user's own scheduler: xdist's load, chunks of any items
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScheduling
+
+    return LoadScheduling(config, log)
+
+
 def pytest_unconfigure(config):
     if not hasattr(config, "workerinput"):  # the controller
         print("CONTROLLER IMPORTED:", ", ".join(sorted({"torch", "lightning"} & set(sys.modules))) or "nothing",
@@ -135,9 +145,10 @@ def _session(pytester, monkeypatch, name: str, *mode: str):
 
 
 def test_a_failing_run_under_dist_load_is_made_once_and_reported_once(pytester, monkeypatch, no_leftover_ranks):
-    """The fit's items land on both workers (--dist load), yet the fit is made once, by
-    one worker (as many fits as a serial session makes, counted by the module itself), and its
-    failure is reported once, on the run's item, which every other item names."""
+    """The fit's items land on both workers (xdist's own load scheduler, which a conftest asks
+    for: the plugin's target affinity steps aside), yet the fit is made once, by one worker (as
+    many fits as a serial session makes, counted by the module itself), and its failure is
+    reported once, on the run's item, which every other item names."""
     pytester.makepyfile(counted=COUNTED)
     pytester.makeconftest(HEAVY_IN_PYTEST)
     serial, serial_doc, serial_fits = _session(pytester, monkeypatch, "serial", "-p", "no:xdist")
@@ -181,3 +192,88 @@ def test_a_bad_target_under_n_stops_the_session_once_with_the_error(pytester):
     assert result.ret == pytest.ExitCode.USAGE_ERROR, out[-3000:]
     assert out.count("calling factory() raised ValueError: checkpoint path not set") == 1, out[-3000:]
     assert "INTERNALERROR" not in out and "replacing crashed worker" not in out, out[-3000:]
+
+
+def test_under_dist_load_each_worker_keeps_to_its_target(pytester, no_leftover_ranks):
+    """xdist's default mode with the plugin's scheduler: on a machine that holds one world at a
+    time (slots), each target's items run on one worker, so each target's ranks start once."""
+    from pytest_ltconform import settings as settings_mod
+
+    if settings_mod.cpu_count() // 2 > 1:
+        pytest.skip("this machine holds more than one world of 2 ranks at once: workers may share a target")
+    boring = "lightning.pytorch.demos.boring_classes.BoringModel"
+
+    def session(name, *mode):
+        report = pytester.path / f"{name}.json"
+        result = pytester.runpytest_subprocess("--ltconform", f"{boring} id=a", "--ltconform", f"{boring} id=b",
+                                               "--ltconform-strategies", "ddp", "-k", "sync-dist or eval-duplication",
+                                               "--ltconform-report", str(report), "-v", "-p", "no:cacheprovider",
+                                               "-p", "no:randomly", *mode)
+        assert result.ret == pytest.ExitCode.OK, result.stdout.str()[-3000:]
+        return result.stdout.str(), json.loads(report.read_text())
+
+    _, serial = session("serial", "-p", "no:xdist")
+    out, doc = session("xdist", "-n", "2")
+    ran = re.findall(r"\[(gw\d)\] \[\s*\d+%\] \w+ ltconform::(a|b)::", out)
+    workers = {t: {gw for gw, tt in ran if tt == t} for t in ("a", "b")}
+    assert len(ran) == 4 and all(len(w) == 1 for w in workers.values()), ran  # sync-dist, eval-duplication each
+    assert workers["a"] != workers["b"], ran
+    # Each target's ranks started as often as in a serial session, each run made once.
+    assert (doc["cold_starts"], len(doc["runs"])) == (serial["cold_starts"], len(serial["runs"])), (doc, serial)
+
+
+class _Config:
+    def __init__(self, workers: int):
+        self.values = {"tx": [f"{workers}*popen"], "maxschedchunk": None}
+
+    def getvalue(self, name):
+        return self.values[name]
+
+    getoption = getvalue
+
+
+class _Node:
+    def __init__(self, name: str):
+        self.name, self.got, self.shutting_down = name, [], False
+        self.gateway = type("Gateway", (), {"id": name})()
+
+    def send_runtest_some(self, indices):
+        self.got.extend(indices)
+
+    def shutdown(self):
+        self.shutting_down = True
+
+
+def _dealt(slots, collection, workers=2):
+    """Which items each worker is dealt when each finishes its items one at a time, in turn."""
+    from pytest_ltconform.workers import affinity_scheduler
+
+    quiet = type("Log", (), {"loadsched": staticmethod(lambda *args: None)})()
+    sched = affinity_scheduler(_Config(workers), quiet, slots)
+    nodes = [_Node(f"gw{n}") for n in range(workers)]
+    for node in nodes:
+        sched.add_node(node)
+        sched.add_node_collection(node, collection)
+    sched.schedule()
+    while sched.pending or any(sched.node2pending.values()):
+        busy = [n for n in nodes if sched.node2pending[n]]
+        if not busy:
+            break
+        for node in busy:
+            sched.mark_test_complete(node, sched.node2pending[node][0])
+    return {n.name: [collection[i] for i in n.got] for n in nodes}, sched.pending
+
+
+def test_the_load_scheduler_keeps_a_worker_on_its_target():
+    collection = [f"ltconform::{t}::{c}[ddp]" for t in ("t1", "t2", "t3") for c in "abcdefgh"] + ["test_own.py::x"]
+    dealt, left = _dealt(1, collection)
+    assert left == [] and sorted(sum(dealt.values(), [])) == sorted(collection)  # every item, once
+    by_target = {t: {w for w, items in dealt.items() if any(f"::{t}::" in i for i in items)}
+                 for t in ("t1", "t2", "t3")}
+    # One world at a time: no target is split between workers (one waits instead).
+    assert all(len(w) == 1 for w in by_target.values()), dealt
+    assert by_target["t1"] != by_target["t2"], dealt
+    # Several worlds at once: a free worker joins another's target rather than wait.
+    dealt, left = _dealt(2, collection)
+    assert left == [] and sorted(sum(dealt.values(), [])) == sorted(collection)
+    assert {w for w, items in dealt.items() if any("::t3::" in i for i in items)} == {"gw0", "gw1"}, dealt

@@ -151,6 +151,9 @@ def close(config: pytest.Config) -> None:
         shutil.rmtree(share.path, ignore_errors=True)
 
 
+_NONE = object()  # no target chosen yet (None is the user's own tests)
+
+
 def target_of(nodeid: str) -> str | None:
     """The target whose runs an item needs (``ltconform::<target id>::<item>``); None for any other test."""
     if not nodeid.startswith("ltconform::"):
@@ -158,34 +161,48 @@ def target_of(nodeid: str) -> str | None:
     return nodeid.rsplit("::", 1)[0]
 
 
-def affinity_scheduler(config: pytest.Config, log):
+def affinity_scheduler(config: pytest.Config, log, slots: int | None):
     """xdist's ``load`` scheduler, dealing each worker the items of the target it already works on.
 
-    Under ``--dist load`` any item may go to any worker that is free, and that stays so: this
-    changes only which pending items fill a worker's next chunk (xdist takes the first ones). A
-    worker gets items of the target it was last given while any are pending, else of a target no
-    other worker is on, else the first pending ones. A target's runs then stay on one worker where
-    there are more targets than workers, so its world is not started again on another worker for
-    another target's sake (every switch of target starts new ranks; a run another worker made is
-    handed over, not made again, either way)."""
+    Under ``--dist load`` the items go to the workers that are free, in chunks; this changes only
+    which pending items fill a worker's next chunk (xdist takes the first ones): the items of the
+    target the worker was last given while any are pending, else of a target no other worker is
+    on, else (only where the machine holds more than one world at once: ``slots``, see
+    :func:`slots_for`) of another worker's target. A worker then starts each target's ranks once,
+    and where the machine runs one world at a time a worker with no target of its own waits
+    instead of starting a second world of a target another worker is on, which would run its jobs
+    only in turn with that worker's, after a start of its own (a run is made once either way).
+    Items of no target (the user's own tests) go to any free worker, first come."""
     from xdist.scheduler import LoadScheduling
+
+    share_targets = slots is None or slots > 1
 
     class TargetAffinityScheduling(LoadScheduling):
         def __init__(self, config, log=None):
             super().__init__(config, log)
             self.node_target: dict = {}  # node -> the target of the last item sent to it
 
-        def _send_tests(self, node, num: int) -> None:
-            if num <= 0 or not self.pending:
-                return
+        def _pick(self, node, num: int) -> list[int]:
             targets = [target_of(self.collection[i]) for i in self.pending]
-            own = self.node_target.get(node)
             taken = {t for n, t in self.node_target.items() if n is not node and n in self.node2pending}
-            if own is None or own not in targets:
-                own = next((t for t in targets if t is not None and t not in taken), targets[0])
+            own = self.node_target.get(node, _NONE)
+            if own is _NONE or own not in targets:  # a target of no other worker's, or the user's own tests
+                own = next((t for t in targets if t is None or t not in taken), _NONE)
+            if own is _NONE:
+                if not share_targets:
+                    return []  # every pending target is another worker's: wait, or shut down at the end
+                own = targets[0]
             chosen = [i for i, t in zip(self.pending, targets) if t == own][:num]
-            chosen += [i for i in self.pending if i not in chosen][:num - len(chosen)]
-            self.node_target[node] = target_of(self.collection[chosen[-1]])
+            left = set(chosen)
+            chosen += [i for i, t in zip(self.pending, targets)
+                       if i not in left and (t is None or share_targets or t not in taken)][:num - len(chosen)]
+            return chosen
+
+        def _send_tests(self, node, num: int) -> None:
+            chosen = self._pick(node, num) if num > 0 and self.pending else []
+            if not chosen:
+                return
+            self.node_target[node] = target_of(self.collection[chosen[0]])
             picked = set(chosen)
             self.pending[:] = [i for i in self.pending if i not in picked]
             self.node2pending[node].extend(chosen)
@@ -201,14 +218,17 @@ class ControllerHooks:
         self.config = config
         self.said = False
 
-    @pytest.hookimpl(optionalhook=True, trylast=True)
+    @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_make_scheduler(self, config, log):
         """``--dist load`` (xdist's default with -n) keeps a worker on its target (see
-        :func:`affinity_scheduler`); other modes, and a scheduler of the user's own (a conftest's
-        hook runs first), are left as they are."""
+        :func:`affinity_scheduler`); other modes, and a scheduler of the user's own (a conftest's or
+        another plugin's hook: this one is called before them), are left as they are."""
         if config.getoption("dist", None) != "load":
             return None
-        return affinity_scheduler(config, log)
+        hook = config.pluginmanager.hook.pytest_xdist_make_scheduler
+        if any(impl.plugin is not self and impl.plugin_name != "dsession" for impl in hook.get_hookimpls()):
+            return None  # the user's own scheduler decides
+        return affinity_scheduler(config, log, self.config.stash[INPUT_STASH]["slots"])
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node) -> None:
