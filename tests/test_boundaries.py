@@ -175,8 +175,17 @@ def test_a_local_world_takes_its_layout_as_a_value_and_its_rank_variables_from_i
     finally:
         world.close()
     assert LocalWorld(2, preload=(), launcher="spawn").layout == Layout(1, 2)
-    with pytest.raises(ValueError, match="a local world runs its ranks on one node; a layout of 2 nodes"):
-        LocalWorld(layout=Layout(2, 2), preload=(), launcher="spawn")
+    # Several nodes on this host: torchrun's numbering, and each node's own temp folder.
+    world = LocalWorld(layout=Layout(2, 2), preload=(), launcher="spawn")
+    try:
+        env = world._rank_env(3)
+        assert {k: env[k] for k in ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                                    "LOCAL_WORLD_SIZE", "WORLD_SIZE")} == \
+            {"RANK": "3", "LOCAL_RANK": "1", "NODE_RANK": "1", "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2",
+             "LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "4"}
+        assert env["TMPDIR"] == env["SLURM_TMPDIR"] != world._rank_env(0)["TMPDIR"]
+    finally:
+        world.close()
 
 
 # -- tiers ------------------------------------------------------------------------------------------

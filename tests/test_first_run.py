@@ -235,7 +235,7 @@ def test_first_run_hides_tiers_that_cannot_run_and_says_when_nothing_was_judged(
         _fn(f"ltconform: multinode tier not run: {MULTINODE[1]}"),
         # Only ddp runs here (deepspeed cannot), so the strategy phrase names no item kind.
         "ltconform: your Trainer kwargs: devices=8 -> 2 (the world size), strategy='ddp_spawn' -> DDP in started "
-        "ranks, max_epochs=100 -> 4 (the cap)",
+        "ranks, max_epochs=100 -> 4 (the cap), devices=8 -> 1 (ranks per node) on the [ddp-2nodes] items",
     ])
     # Collected: the CPU ddp items (deselected by -k) and the deepspeed ones, asked for by name; no
     # gpu or multinode item exists.
@@ -244,7 +244,7 @@ def test_first_run_hides_tiers_that_cannot_run_and_says_when_nothing_was_judged(
     assert {i.split("::")[-1] for i in ids} >= {"sync-dist[deepspeed]", "all-rank-save[deepspeed]"}
     outcomes = result.parseoutcomes()
     assert outcomes["skipped"] == 6 and "passed" not in outcomes, outcomes
-    assert re.search(r"collected 18 items / 12 deselected / 6 selected", out), out[:2000]
+    assert re.search(r"collected 19 items / 13 deselected / 6 selected", out), out[:2000]
     result.stdout.fnmatch_lines([_fn(f"ltconform: nothing was judged: every selected item needs a tier that cannot "
                                      f"run here: {DS_REASON}"),
                                  _fn("SKIPPED [6] ltconform: " + DS_REASON)])

@@ -39,10 +39,15 @@ def _ids(result) -> list[str]:
     return [line for line in result.stdout.lines if line.startswith("ltconform::")]
 
 
+# The items of a BoringModel on the nodes tier (a local world of two nodes).
+NODE_ITEMS = ("launch-env",)
+
+
 def test_markers_select_tiers_under_strict_markers(pytester):
     base = ["--strict-markers", "--ltconform", BORING, "--collect-only", "-q"]
     every = _ids(pytester.runpytest(*base))
     cpu = _ids(pytester.runpytest(*base, "-m", "ltconform_cpu"))
+    nodes = _ids(pytester.runpytest(*base, "-m", "ltconform_nodes"))
     gpu = _ids(pytester.runpytest(*base, "-m", "ltconform_gpu"))
     multi = _ids(pytester.runpytest(*base, "-m", "ltconform_multinode"))
     ds = _ids(pytester.runpytest(*base, "-m", "ltconform_deepspeed"))
@@ -53,21 +58,28 @@ def test_markers_select_tiers_under_strict_markers(pytester):
     assert all(i.endswith(("[ddp]", "[fsdp]", "[deepspeed]")) for i in cpu)
     assert all(i.endswith(("-gpu]",)) for i in gpu)
     assert all(i.endswith("-multinode]") for i in multi)
+    # The node-sensitive contracts on a local world of two nodes: ddp only (fsdp where the config names FSDP).
+    assert sorted(i.removeprefix(item) for i in nodes) == sorted(f"{c}[ddp-2nodes]" for c in NODE_ITEMS)
     # The deepspeed marker selects real DeepSpeed on both tiers: CPU gloo ranks and the GPU runner
     # (here, without GPUs, the [deepspeed-gpu] items exist only when -m names the gpu tier too).
     assert ds and all(i.endswith(("[deepspeed]", "[deepspeed-gpu]")) for i in ds)
     assert f"{item}all-rank-save[deepspeed]" in cpu and f"{item}all-rank-save[deepspeed-gpu]" in gpu
     assert not [i for i in multi if "deepspeed" in i]
     if tiers.cuda_device_count() < 2:  # gpu and multinode items exist here only when -m asks for them
-        assert sorted(every) == sorted(cpu) and sorted(not_gpu) == sorted(cpu)
+        assert sorted(every) == sorted(cpu + nodes) and sorted(not_gpu) == sorted(cpu + nodes)
         assert not [i for i in ds if i.endswith("-gpu]")]
     else:
-        assert sorted(every) == sorted(cpu + gpu) and sorted(not_gpu) == sorted(cpu)
-    # launch-env judges a launched world: it has no local items.
+        assert sorted(every) == sorted(cpu + nodes + gpu) and sorted(not_gpu) == sorted(cpu + nodes)
+    # launch-env judges a launch: it has no items on one local node.
     assert not [i for i in cpu + gpu if "launch-env" in i]
-    # Only the strategies asked for.
+    # Only the strategies asked for; and no world of several nodes with --ltconform-nodes 1.
     ddp_only = _ids(pytester.runpytest(*base, "--ltconform-strategies", "ddp"))
     assert ddp_only and all("fsdp" not in i and "deepspeed" not in i for i in ddp_only)
+    one_node = _ids(pytester.runpytest(*base, "--ltconform-nodes", "1"))
+    assert sorted(one_node) == sorted(cpu)
+    three = _ids(pytester.runpytest(*base, "--ltconform-nodes", "3x1", "--ltconform-oversubscribe", "-m",
+                                    "ltconform_nodes"))
+    assert f"{item}launch-env[ddp-3nodes]" in three and len(three) == len(nodes)
 
 
 @no_gpus_here

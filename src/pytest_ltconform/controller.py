@@ -42,6 +42,7 @@ MARKERS = {
     "ltconform_multinode": "needs an existing world that spans several nodes (torchrun, SLURM)",
     "ltconform_deepspeed": "runs real DeepSpeed ZeRO (CPU gloo ranks, or CUDA on the GPU tier); needs deepspeed "
                            "importable (pip install 'deepspeed>=0.16')",
+    "ltconform_nodes": "runs on local CPU gloo ranks laid out as several nodes on this host (--ltconform-nodes)",
 }
 
 
@@ -185,13 +186,13 @@ def _deselects_every_contract_item(config: pytest.Config) -> bool:
     from types import SimpleNamespace
 
     from . import tiers
-    from .vocabulary import CPU_STRATEGIES, STRATEGIES
+    from .vocabulary import CPU_STRATEGIES, STRATEGIES, TIERS
 
     try:
         markexpr = tiers.MarkExpression.parse(config.getoption("markexpr", ""))
     except ValueError:
         return False  # pytest reports a malformed -m itself
-    every_tier = tiers.variants(SimpleNamespace(strategies=STRATEGIES, tiers=None), STRATEGIES, CPU_STRATEGIES)
+    every_tier = tiers.variants(SimpleNamespace(strategies=STRATEGIES, tiers=TIERS), STRATEGIES, CPU_STRATEGIES)
     return not any(markexpr.matches({"ltconform", *variant.markers}) for variant in every_tier)
 
 
@@ -303,8 +304,9 @@ def availability(config: pytest.Config):
             seen["cuda_count"] = lambda: facts["cuda"]
         if "deepspeed_missing" in facts:  # the ranks' parent imports it; this process must find it too
             seen["deepspeed_missing"] = facts["deepspeed_missing"]
-        avail = Availability(config.stash[SETTINGS_KEY].world_size, attached.info if attached else None,
-                             attached.num_nodes if attached else None, **seen)
+        settings = config.stash[SETTINGS_KEY]
+        avail = Availability(settings.world_size, attached.info if attached else None,
+                             attached.num_nodes if attached else None, nodes=settings.nodes, **seen)
         config.stash[AVAILABILITY_KEY] = avail
     elif avail.num_nodes is None and attached_world(config) is not None:
         avail.num_nodes = attached_world(config).num_nodes  # agreed by every rank once collection finished
@@ -316,10 +318,10 @@ def variants(config: pytest.Config):
     from . import contracts, tiers
     from .vocabulary import CPU_STRATEGIES
 
-    strategies = config.stash[SETTINGS_KEY].strategies
+    settings = config.stash[SETTINGS_KEY]
     for cid in contracts.ids():
         contract = contracts.get_contract(cid)
-        for variant in tiers.variants(contract, strategies, CPU_STRATEGIES):
+        for variant in tiers.variants(contract, settings.strategies, CPU_STRATEGIES, settings.nodes):
             yield cid, contract, variant
 
 
@@ -362,9 +364,12 @@ def output_swallowed(config: pytest.Config):
         capman.read_global_capture()
 
 
-def applies(contract, strategy: str, targets) -> bool:
-    """Whether ``contract`` has an item under ``strategy`` for ``targets``: some strategies are
-    judged only where the target's Trainer config names them (``Contract.configured_only``)."""
+def applies(contract, strategy: str, targets, variant=None) -> bool:
+    """Whether ``contract`` has an item under ``strategy`` (in ``variant``, a tiers.Variant) for
+    ``targets``: some strategies are judged only where the target's Trainer config names them
+    (``Contract.configured_only``, ``Variant.configured_only``)."""
+    if variant is not None and variant.configured_only and not targets.configures(strategy):
+        return False
     return strategy not in contract.configured_only or targets.configures(strategy)
 
 

@@ -85,6 +85,7 @@ class Case:
     has_datamodule: bool
     has_trainer: bool
     strategy: str
+    nodes: int = 0  # NODES: the fault shows only on a world of this many nodes (the nodes tier decides it)
 
     @property
     def conforming(self) -> bool:
@@ -115,7 +116,7 @@ def read_case(path: str) -> Case | None:
     for node in tree.body:
         if isinstance(node, ast.Assign):
             for t in node.targets:
-                if isinstance(t, ast.Name) and t.id in ("EXPECTED", "EVIDENCE", "STRATEGY"):
+                if isinstance(t, ast.Name) and t.id in ("EXPECTED", "EVIDENCE", "STRATEGY", "NODES"):
                     try:
                         names[t.id] = ast.literal_eval(node.value)
                     except ValueError:
@@ -132,7 +133,8 @@ def read_case(path: str) -> Case | None:
     name = "/".join(os.path.splitext(os.path.abspath(path))[0].split(os.sep)[-2:])
     return Case(path=os.path.abspath(path), name=name, expected=names["EXPECTED"],
                 evidence=names.get("EVIDENCE", ""), has_datamodule="DataModule" in defined,
-                has_trainer="trainer_kwargs" in defined, strategy=names.get("STRATEGY", ""))
+                has_trainer="trainer_kwargs" in defined, strategy=names.get("STRATEGY", ""),
+                nodes=int(names.get("NODES", 0) or 0))
 
 
 def judge_case(case: Case, pool, settings: Settings, only: str | None = None,
@@ -153,11 +155,11 @@ def judge_case(case: Case, pool, settings: Settings, only: str | None = None,
     rows = []
     # Registry order, as pytest orders the items: the first item judged on a run that stopped in
     # the user's own code is the one that shows that failure.
-    for cid, item_strategies in case_items(case, targets, only, strategies, named_only):
+    for cid, labels in case_items(case, targets, only, strategies, named_only, settings.nodes):
         group = []
-        for strategy in item_strategies:
-            verdict, duration = session.verdict(cid, strategy)
-            group.append(_row(case, cid, strategy, got_of(verdict), verdict.render(), duration,
+        for label in labels:
+            verdict, duration = session.verdict(cid, *variant_of(label))
+            group.append(_row(case, cid, label, got_of(verdict), verdict.render(), duration,
                               consequence=verdict.category == "consequence", said=verdict.as_dict()))
         _mark_keys(case, group)
         rows += group
@@ -195,34 +197,69 @@ def item_strategies() -> tuple[str, ...]:
     return tuple(s for s in CPU_STRATEGIES if s != "deepspeed" or deepspeed_installed())
 
 
+def variant_of(label: str) -> tuple[str, str]:
+    """(strategy, tier) of an item label: ``ddp`` is ('ddp', 'cpu'), ``ddp-2nodes`` ('ddp', 'nodes')."""
+    strategy, _, rest = label.partition("-")
+    return (strategy, "nodes") if rest.endswith("nodes") and rest != "multinode" else (label, "cpu")
+
+
+def local_label(label: str) -> bool:
+    """Whether an item label names a local CPU world this machine runs (one node or several)."""
+    from .vocabulary import CPU_STRATEGIES
+
+    strategy, tier = variant_of(label)
+    return strategy in CPU_STRATEGIES and tier in ("cpu", "nodes")
+
+
 def case_items(case: Case, targets, only: str | None, strategies: tuple[str, ...] | None = None,
-               named_only: bool = False):
+               named_only: bool = False, nodes="default"):
     """(contract id, [strategy, ...]) of the case's checked items, in item order, as the plugin
     creates them (``tiers.variants`` on the CPU tier, ``configured_only`` strategies where the
     Trainer config names them). ``named_only`` (``--matrix named``) keeps the contracts EXPECTED
     names: a "fail" under the strategy that decides it (``key_strategy``), any other under ddp and
-    the strategy the case's config names, plus fsdp on an ``ok_`` case (else its first strategy)."""
+    the strategy the case's config names, plus fsdp on an ``ok_`` case (else its first strategy); the
+    nodes tier's item of the configured strategy where the case says its fault needs nodes (``NODES``)
+    or the contract has no other. Labels are the items' (``ddp``, ``ddp-2nodes``); ``nodes`` the
+    nodes tier's layout (None: no such items)."""
     from . import tiers
-    from .vocabulary import CPU_CORE_STRATEGIES, CPU_STRATEGIES
+    from .vocabulary import CPU_STRATEGIES
 
     strategies = item_strategies() if strategies is None else strategies
+    if nodes == "default":
+        from .settings import default_nodes
+
+        nodes = default_nodes()
     for cid in contracts.ids():
         every_contract = case.conforming and not named_only
         if (only is not None and cid != only) or (cid not in case.expected and not every_contract):
             continue
         contract = contracts.get_contract(cid)
-        found = [v.strategy for v in tiers.variants(contract, strategies, CPU_STRATEGIES) if v.tier == "cpu"
-                 and (v.strategy not in contract.configured_only or targets.configures(v.strategy))]
+        found = [v.label for v in tiers.variants(contract, strategies, CPU_STRATEGIES, nodes)
+                 if v.tier in ("cpu", "nodes") and (v.strategy not in contract.configured_only or
+                                                    targets.configures(v.strategy))
+                 and (not v.configured_only or targets.configures(v.strategy))]
         if not found and cid in case.expected:
-            # No CPU item (launch-env is multi-node only): judged in the local world as before.
+            # No local item (launch-env with --ltconform-nodes 1): judged in the local world as before.
             found = list(contract.strategies[:1])
-        elif named_only and case.expected.get(cid) == "fail":
-            found = [key_strategy("fail", case.strategy or "ddp", found)] if found else []
         elif named_only:
-            named = ("ddp", case.strategy) + (CPU_CORE_STRATEGIES if case.conforming else ())
-            found = [s for s in found if s in named] or found[:1]
+            found = _named_labels(case, cid, found)
         if found:
             yield cid, found
+
+
+def _named_labels(case: Case, cid: str, found: list[str]) -> list[str]:
+    """The labels of ``found`` the cheaper matrix keeps (see :func:`case_items`)."""
+    from .vocabulary import CPU_CORE_STRATEGIES
+
+    configured = case.strategy or "ddp"
+    on_nodes = [s for s in found if variant_of(s)[1] == "nodes" and variant_of(s)[0] == configured]
+    plain = [s for s in found if variant_of(s)[1] == "cpu"]
+    if case.expected.get(cid) == "fail":
+        key = key_strategy("fail", configured, on_nodes if (case.nodes or not plain) and on_nodes else plain)
+        return [key] if key else []
+    named = ("ddp", configured) + (CPU_CORE_STRATEGIES if case.conforming else ())
+    kept = [s for s in plain if s in named] or plain[:1]
+    return kept + (on_nodes[:1] if case.nodes or not plain else [])
 
 
 def _target_error_row(case: Case, cid: str, message: str) -> dict:
@@ -232,10 +269,21 @@ def _target_error_row(case: Case, cid: str, message: str) -> dict:
 
 
 def _mark_keys(case: Case, group: list[dict]) -> None:
-    """Mark the item that decides a "fail" expectation, then judge the group's rows."""
+    """Mark the item that decides a "fail" expectation, then judge the group's rows. Of the
+    configured strategy's items (one node, several nodes) the one that failed decides: a fault that
+    only a second node shows fails only there (``NODES`` names that layout when none failed)."""
     if not group:
         return
-    key = key_strategy(group[0]["expected"], case.strategy or "ddp", [r["strategy"] for r in group])
+    configured = case.strategy or "ddp"
+    labels = [r["strategy"] for r in group]
+    key = key_strategy(group[0]["expected"], configured, labels)
+    same = [r for r in group if variant_of(r["strategy"])[0] == variant_of(key or "")[0]]
+    failed = [r["strategy"] for r in same if r["got"] == "fail"]
+    on_nodes = [r["strategy"] for r in same if variant_of(r["strategy"])[1] == "nodes"]
+    if key is not None and failed:
+        key = failed[0]
+    elif key is not None and (case.nodes or variant_of(key)[1] == "nodes") and on_nodes:
+        key = on_nodes[0]
     for r in group:
         r["key"] = r["strategy"] == key
     mark_group(group)
@@ -337,10 +385,13 @@ def accepted(expected: str | None, key: bool, conforming: bool) -> tuple[str, ..
 
 def key_strategy(expected: str, configured: str, strategies: list[str]) -> str | None:
     """The item of a contract whose verdict decides a "fail" expectation: the strategy the case's
-    Trainer config names (ddp when it names none), else the contract's first."""
+    Trainer config names (ddp when it names none), on one node where it has that item, else on
+    several; else the contract's first."""
     if expected != "fail" or not strategies:
         return None
-    return configured if configured in strategies else strategies[0]
+    if configured in strategies:
+        return configured
+    return next((s for s in strategies if variant_of(s)[0] == configured), strategies[0])
 
 
 def mark_group(rows: list[dict]) -> None:
@@ -629,14 +680,13 @@ def _user_run(case: Case, folder: str, timeout_s: float) -> tuple[list[dict], st
 def rows_from_records(case: Case, records: list[dict], problem: str = "", only: str | None = None) -> list[dict]:
     """One row per report record (every item of the run), plus an error row for each contract
     EXPECTED names that has no item; rows of one contract are judged together."""
-    from .vocabulary import CPU_STRATEGIES
 
     if not case.strategy:
         case.strategy = _configured_strategy_of(case)
     groups: dict[str, list[dict]] = {}
     for rec in records:
         # The JSON report also lists the GPU and multi-node items this machine did not create.
-        if rec["strategy"] in CPU_STRATEGIES and only in (None, rec["contract"]):
+        if local_label(rec["strategy"]) and only in (None, rec["contract"]):
             got = got_of(rec)
             groups.setdefault(rec["contract"], []).append(
                 _row(case, rec["contract"], rec["strategy"], got, rec.get("message") or "", rec.get("duration_s", 0.0),

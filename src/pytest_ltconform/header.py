@@ -21,6 +21,7 @@ def header_lines(config: pytest.Config) -> list[str] | None:
 
         reasons = dict(controller.hidden(config).values())  # {tier: reason}: one line per tier, in item order
         lines += [tiers.not_run_line(tier, reason) for tier, reason in reasons.items()]
+        lines += nodes_line(config, reasons)
         lines += overridden_line(config)
         lines.append(seeding_line(config.stash[controller.SETTINGS_KEY]))
     return lines or None
@@ -44,6 +45,17 @@ def seeding_words(seeding: str, seed: int, world_size: int) -> str:
     return (f"both (random, numpy and torch seeded with {seed} + rank ({per_rank}) until the fit's training starts, "
             f"then with {seed} on every rank unless your module seeds them itself; other runs seed every rank with "
             f"{seed}; --ltconform-seeding same|per-rank changes it)")
+def nodes_line(config: pytest.Config, hidden_tiers: dict) -> list[str]:
+    """The line saying what the nodes tier's items run in, when they run here."""
+    settings = config.stash[controller.SETTINGS_KEY]
+    nodes = settings.nodes
+    if nodes is None or "nodes" in hidden_tiers or controller.attached_world(config) is not None:
+        return []
+    ranks = f"{nodes.ranks_per_node} rank{'s' if nodes.ranks_per_node != 1 else ''}"
+    return [f"ltconform: [ddp-{nodes.nodes}nodes] items: a world of {nodes.nodes} nodes x {ranks} on this host "
+            f"(marker ltconform_nodes; --ltconform-nodes 1 leaves them out): each rank has its node's NODE_RANK/"
+            f"GROUP_RANK, LOCAL_RANK, LOCAL_WORLD_SIZE and GROUP_WORLD_SIZE and its node's own temp storage; the "
+            f"Trainer runs with num_nodes={nodes.nodes}, devices={nodes.ranks_per_node}"]
 
 
 def overridden_line(config: pytest.Config) -> list[str]:
@@ -80,4 +92,10 @@ def _overridden(config: pytest.Config, targets) -> list[str]:
                                             num_nodes=None, strategies=strategies)
     else:
         said = trainer_overrides.overridden(user, settings.world_size, strategies=strategies)
+        nodes = settings.nodes
+        if nodes is not None and not avail.missing("nodes"):
+            label = f"[ddp-{nodes.nodes}nodes]"
+            on_nodes = trainer_overrides.overridden({k: v for k, v in user.items() if k in ("devices", "num_nodes")},
+                                                    nodes.world_size, num_nodes=nodes.nodes, strategies=strategies)
+            said += [f"{phrase} on the {label} items" for phrase in on_nodes]
     return said

@@ -61,7 +61,9 @@ class LtconformItem(pytest.Item):
 
         attached = controller.attached_world(self.config)
         launched = not tiers.get(self.tier).local and attached is not None  # the launched world's own size
-        world_size = attached.world_size if launched else self.config.stash[controller.SETTINGS_KEY].world_size
+        settings = self.config.stash[controller.SETTINGS_KEY]
+        layout = tiers.get(self.tier).layout(settings.world_size, settings.nodes)
+        world_size = attached.world_size if launched else layout.world_size if layout else settings.world_size
         rec = report.record(self.contract_id, self.variant.label if self.variant else self.strategy, world_size,
                             verdict_dict, duration, target=self.target_id)
         self.user_properties.append((report.PROPERTY, json.dumps(rec)))
@@ -138,7 +140,11 @@ class LtconformRunItem(pytest.Item):
         # started is recorded as an error (not judged: the machine's, not the user's).
         recorded = Outcome.FAILED if outcome == Outcome.ERROR and not no_world else outcome
         # Its record carries the run's time (the contract items after it only judge).
-        rec = report.record(self.kind, self.variant.label, self.config.stash[controller.SETTINGS_KEY].world_size,
+        from . import tiers
+
+        settings = self.config.stash[controller.SETTINGS_KEY]
+        layout = tiers.get(self.variant.tier).layout(settings.world_size, settings.nodes)
+        rec = report.record(self.kind, self.variant.label, layout.world_size if layout else settings.world_size,
                             {"outcome": recorded, "message": text, "summary": summary,
                              "category": "crash" if outcome == Outcome.ERROR else None,
                              "claims": [c.as_dict() for c in claims]},  # what its sentences rest on
@@ -233,7 +239,7 @@ def add_items(session: pytest.Session, config: pytest.Config, items: list) -> No
     # model never renames the first one's items; a target's runs stay together.
     for target_id, targets in config.stash[controller.ALL_TARGETS_KEY].items():
         for cid, contract, variant in controller.variants(config):
-            if (cid, variant.label) not in hidden and controller.applies(contract, variant.strategy, targets):
+            if (cid, variant.label) not in hidden and controller.applies(contract, variant.strategy, targets, variant):
                 items.append(_item(session, target_id, cid, variant))
     # Report the generated items like collected ones, so "collected N items" counts them.
     config.hook.pytest_collectreport(

@@ -145,9 +145,9 @@ def hung_verdict(contract, hung: Run) -> Verdict:
     cause = first_cause(hung.job)
     where = f"rank {cause.rank} at {fmt_site(cause.site)}" if cause and cause.site else \
         f"rank {cause.rank}" if cause else "a rank"
-    item = hung.cause_item or hung.first_item or f"{hung.kind}[{hung.strategy}]"
+    item = hung.cause_item or hung.first_item or f"{hung.kind}[{hung.label}]"
     until = f"until {hung.job.timed_out_by}" if hung.job.timed_out_by else f"and was killed {hung.job.killed_early}"
-    return not_judged(contract, f"not started: the {hung.kind}[{hung.strategy}] run of this target hung "
+    return not_judged(contract, f"not started: the {hung.kind}[{hung.label}] run of this target hung "
                                 f"({where} stopped making progress {until}), and this run "
                                 f"would reach the same code (see {item}).", item)
 
@@ -164,7 +164,7 @@ def _no_world_item(case: Case) -> Verdict | None:
     if isinstance(case.made, WorldStartError):
         return case.contract.verdict(Outcome.ERROR, f"could not start a world: {case.made}")
     if case.run.first_item is None:
-        case.run.first_item = f"{case.contract.id}[{case.strategy}]"  # what a later item names when this run hung
+        case.run.first_item = f"{case.contract.id}[{case.run.label}]"  # what a later item names when this run hung
     for spec in case.contract.observes:  # the runs the contract reads besides its own
         try:
             case.run.observed[spec.name] = case.session.run_for(spec, case.strategy, case.tier)
@@ -228,7 +228,7 @@ def _owned_record(case: Case) -> RunRecord | None:
     if case.owner is None:
         return None
     # The stop is a contract's finding: its item fails, once; this record does not fail again.
-    return RunRecord(Outcome.PASSED, f"the run stopped because of the {case.owner}[{case.strategy}] failure (see "
+    return RunRecord(Outcome.PASSED, f"the run stopped because of the {case.owner}[{case.run.label}] failure (see "
                                      f"that item); this item only records the run.")
 
 
@@ -270,7 +270,7 @@ def after_owned_failure(contract, run: Run, verdict: Verdict, owner: str) -> Ver
     """The run stopped because of ``owner``'s failure: a contract that found nothing on what every
     rank recorded passes on that part; one that needs the run's end, or that recorded nothing of
     what it judges (``Verdict.empty``), is not judged."""
-    item = f"{owner}[{run.strategy}]"
+    item = f"{owner}[{run.label}]"
     if verdict.outcome is Outcome.PASSED and not reached_a_step(run):
         # Nothing to judge: a pass on a run that stopped in its setup would be vacuous.
         return not_judged(contract, f"the shared {run.kind} run stopped before its first step because of the "
@@ -321,7 +321,7 @@ def after_own_failure(contract, run: Run) -> Verdict:
     own exception at the user's line and shows its traceback once; the peers' transport errors
     are named in one line as consequences; every later item says in one line where to look."""
     cause = first_cause(run.job)
-    item = f"{contract.id}[{run.strategy}]"
+    item = f"{contract.id}[{run.label}]"
     headline = cause.headline() if cause is not None else "the run did not finish"
     if run.cause_item in (None, item):
         run.cause_item = item
@@ -351,7 +351,7 @@ def _same_stop_under_ddp(cause, ddp: Run | None) -> str | None:
     elif theirs.message != cause.message:  # no user frame raised: the same exception, word for word
         return None
     owner = contracts.blamed(ddp)
-    return f"{owner}[{ddp.strategy}]" if owner else ddp.cause_item or f"fit[{ddp.strategy}]"
+    return f"{owner}[{ddp.label}]" if owner else ddp.cause_item or f"fit[{ddp.label}]"
 
 
 # -- refinements of a verdict reached -----------------------------------------------------------------
@@ -377,7 +377,7 @@ def _without_validation(case: Case, verdict: Verdict) -> Verdict | None:
         return None
     switched = ", ".join(f"{k}={v}" for k, v in WITHOUT_VALIDATION.items())
     second.notes.append(f"judged on a second fit with validation switched off ({switched}): the shared fit "
-                        f"stopped in validation because of the {owner}[{fit.strategy}] failure (see that item).")
+                        f"stopped in validation because of the {owner}[{fit.label}] failure (see that item).")
     return second
 
 
@@ -397,8 +397,8 @@ def _explained_by_fit(case: Case, verdict: Verdict) -> Verdict | None:
     if owner == contract.id:
         return None
     return not_judged(contract, f"its own run did not finish either; the module's fit does not finish "
-                                f"because of the {owner}[{strategy}] failure (see that item).",
-                      f"{owner}[{strategy}]")
+                                f"because of the {owner}[{fit.label}] failure (see that item).",
+                      f"{owner}[{fit.label}]")
 
 
 def _same_failure_as_fit(case: Case, fit: Run) -> Verdict | None:
@@ -428,9 +428,10 @@ def _own_run_stopped(case: Case, verdict: Verdict) -> Verdict | None:
     fit = case.session.made_run(FIT.name, case.strategy, case.tier) if case.session is not None else None
     if fit is not None and not fit.finished:
         return None
-    reach = (f"your config's traced fit[{case.strategy}] finished without it, so this stop is the plugin's own "
+    label = case.run.label  # the item parameter (ddp, ddp-2nodes): the fit item of this tier is named so
+    reach = (f"your config's traced fit[{label}] finished without it, so this stop is the plugin's own "
              f"run's, not a finding" if fit is not None else
-             f"whether your config reaches that code is not known here (no traced fit[{case.strategy}] ran in "
+             f"whether your config reaches that code is not known here (no traced fit[{label}] ran in "
              f"this session)")
     found = not_judged(contract, f"{spec.described()} stopped: {raised_words(cause)}; {reach}.")
     found.category = None

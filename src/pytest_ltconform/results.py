@@ -33,7 +33,8 @@ def not_run(config: pytest.Config) -> list[dict]:
             why = hidden.get((cid, variant.label))
             # The names pytest's -k matches on a generated item: its name, the target's id, markers.
             names = (f"{cid}[{variant.label}]", tid, "ltconform", *variant.markers)
-            if why and controller.applies(contract, variant.strategy, target) and keyword.matches_keywords(names):
+            shown = controller.applies(contract, variant.strategy, target, variant)
+            if why and shown and keyword.matches_keywords(names):
                 counts[why] = counts.get(why, 0) + 1
     return [{"tier": tier, "reason": reason, "items": n} for (tier, reason), n in counts.items()]
 

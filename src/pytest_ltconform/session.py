@@ -107,7 +107,8 @@ class LtconformSession:
 
     def _key(self, kind: str, strategy: str, tier: str) -> RunKey:
         target = (self.target.id or self.target.model_name) if self.target is not None else "-"
-        return RunKey(target, kind, strategy, tier, tiers.get(tier).layout(self.settings.world_size))
+        layout = tiers.get(tier).layout(self.settings.world_size, self.settings.nodes)
+        return RunKey(target, kind, strategy, tier, layout)
 
     def ddp_run(self, run: Run, tier: str) -> Run | None:
         """The ddp run already made of ``run``'s kind (else the traced fit) in the same tier: what a
@@ -122,13 +123,14 @@ class LtconformSession:
     def _make(self, spec: RunSpec, strategy: str, tier: str, probes_of: RunSpec | None = None) -> Run:
         settings, tier_of = self.settings, tiers.get(tier)
         args = RunArgs(self.target, strategy, tuple(contracts.probes_for(probes_of or spec)), settings.pg_timeout_s,
-                       tier_of.layout(settings.world_size))
+                       tier_of.layout(settings.world_size, settings.nodes))
         world = tier_of.world(self.pool, self.attached, args.layout, settings.pg_timeout_s)
         job = world.run(JobRequest(spec.fn, (args,), timeout_s=settings.timeout_s,
-                                   progress=self._progress(spec.name, tier_of.run_label(strategy)),
+                                   progress=self._progress(spec.name, tier_of.run_label(strategy, settings.nodes)),
                                    tenant=self._tenant(strategy), seed=settings.seed,
                                    seeding=seeding_for(spec, settings.seeding)))
         run = Run(job, strategy, spec.name, self.target)
+        run.label = tier_of.item_label(strategy, settings.nodes)
         run.settings = settings  # what a verdict may weigh against (e.g. a stated device memory)
         if spec.reference:
             run.reference = self._reference(spec, job, args, tier)

@@ -14,6 +14,7 @@ import tempfile
 import pytest
 
 from .vocabulary import BASE_SEED, LAUNCHERS, SEEDINGS, STRATEGIES, TIERS
+from .world.layout import Layout
 
 # Option names are constants so tests and other plugins can refer to them.
 OPT_TARGET = "ltconform"
@@ -29,11 +30,12 @@ OPT_EXPLAIN = "ltconform_explain"
 OPT_DEVICE_MEMORY = "ltconform_device_memory"
 OPT_LAUNCHER = "ltconform_launcher"
 OPT_SEEDING = "ltconform_seeding"
+OPT_NODES = "ltconform_nodes"
 
 INI_TARGET = "ltconform_target"
 # Every ini key of the plugin (the others share their option's dest).
 INI_NAMES = (INI_TARGET, OPT_DATAMODULE, OPT_TRAINER, OPT_WORLD_SIZE, OPT_TIMEOUT, OPT_REPORT, OPT_REQUIRE,
-             OPT_STRATEGIES, OPT_OVERSUBSCRIBE, OPT_DEVICE_MEMORY, OPT_LAUNCHER, OPT_SEEDING)
+             OPT_STRATEGIES, OPT_OVERSUBSCRIBE, OPT_DEVICE_MEMORY, OPT_LAUNCHER, OPT_SEEDING, OPT_NODES)
 
 
 DEFAULT_WORLD_SIZE = 2
@@ -43,6 +45,16 @@ DEFAULT_TIMEOUT_S = 120.0
 MIN_TIMEOUT_S = 10.0
 # What one rank holds once torch and Lightning are imported (MB): the memory check's estimate.
 RANK_MEMORY_MB = 600
+# The nodes tier's worlds: this many nodes, of one rank each on a small machine, two where it has the
+# cores for both worlds' ranks (see default_nodes).
+DEFAULT_NODES = 2
+
+
+def default_nodes(cpus: int | None = None) -> Layout:
+    """The nodes tier's layout when ``--ltconform-nodes`` is not given: 2 nodes x 1 rank, or 2 x 2
+    on a machine with 4 CPUs or more (a local rank other than 0 shows only then)."""
+    cpus = cpu_count() if cpus is None else cpus
+    return Layout(DEFAULT_NODES, 2 if cpus >= 4 else 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +92,9 @@ class Settings:
     # How the ranks' generators are seeded (vocabulary.SEEDINGS), and the seed they start from.
     seeding: str = SEEDINGS[0]
     seed: int = BASE_SEED
+    # The nodes tier's layout (--ltconform-nodes): nodes x ranks per node; None: no such tier (1 node).
+    nodes: Layout | None = dataclasses.field(default_factory=lambda: default_nodes())
+    nodes_from: str | None = None
 
     @property
     def enabled(self) -> bool:
@@ -100,6 +115,7 @@ def add_options(parser: pytest.Parser) -> None:
     _add_target_options(parser)
     _add_launcher_option(parser, parser.getgroup("ltconform"))
     _add_seeding_option(parser, parser.getgroup("ltconform"))
+    _add_nodes_option(parser, parser.getgroup("ltconform"))
 
 
 def _add_target_options(parser: pytest.Parser) -> None:
@@ -172,6 +188,15 @@ def add_device_memory_option(parser: pytest.Parser) -> None:
              "strategy's step does not fit it (ini: ltconform_device_memory).",
     )
     parser.addini(OPT_DEVICE_MEMORY, "memory of one production device (as --ltconform-device-memory)", default=None)
+def _add_nodes_option(parser: pytest.Parser, group) -> None:
+    group.addoption(
+        "--ltconform-nodes", dest=OPT_NODES, metavar="N[xM]", default=None,
+        help="the layout of the local worlds of several nodes on this host (the [ddp-2nodes] items): N nodes of M "
+             "ranks each (default 2 x 1, or 2 x 2 with 4 CPUs or more); 1 starts none (ini: ltconform_nodes).",
+    )
+    parser.addini(OPT_NODES, "nodes of the local multi-node worlds (as --ltconform-nodes)", default=None)
+
+
 def _add_launcher_option(parser: pytest.Parser, group) -> None:
     group.addoption(
         "--ltconform-launcher", dest=OPT_LAUNCHER, metavar="HOW", default=None,
@@ -240,6 +265,7 @@ _EMPTY_FIX = {
     OPT_DEVICE_MEMORY: "Give the memory of one device with its unit, e.g. 80GiB",
     OPT_LAUNCHER: f"Name one of {', '.join(LAUNCHERS)}",
     OPT_SEEDING: f"Name one of {', '.join(SEEDINGS)}",
+    OPT_NODES: f"Give a number of nodes, or NODESxRANKS (default {DEFAULT_NODES}; 1 starts no world of several nodes)",
 }
 
 
@@ -313,6 +339,24 @@ def _validate_bytes(raw: str, where: str) -> int:
             f"{where}: expected the memory of one device with a unit, e.g. 80GiB, 24GB or 1.5TiB, got {raw!r} "
             f"(units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB).")
     return int(value)
+def _validate_nodes(raw: str, where: str) -> tuple[Layout | None, str]:
+    """``N`` or ``NxM`` (nodes, ranks per node; M defaults as :func:`default_nodes` does), as the
+    nodes tier's layout; ``1`` (one node) or ``off`` is None: no such tier. Also returns where it
+    came from."""
+    text = raw.strip().lower().replace(" ", "")
+    if text in ("off", "none", "0", "1"):
+        return None, where
+    match = re.fullmatch(r"(\d+)(?:x(\d+))?", text)
+    if match is None:
+        raise pytest.UsageError(f"{where}: expected a number of nodes or NODESxRANKS (e.g. 2 or 2x2), got {raw!r}; "
+                                f"1 (or off) starts no world of several nodes.")
+    nodes = int(match.group(1))
+    ranks = int(match.group(2)) if match.group(2) else default_nodes().ranks_per_node
+    if ranks < 1:
+        raise pytest.UsageError(f"{where}: a node needs at least one rank, got {raw!r}.")
+    return (Layout(nodes, ranks) if nodes > 1 else None), where
+
+
 def _validate_launcher(raw: str, where: str) -> str:
     value = raw.strip().lower()
     if value not in LAUNCHERS:
@@ -391,10 +435,14 @@ def check_capacity(settings: Settings, cpus: int | None = None, memory_mb: int |
         return
     n = settings.world_size
     where = settings.world_size_from or f"--ltconform-world-size (default {DEFAULT_WORLD_SIZE})"
+    if settings.nodes is not None and settings.nodes.world_size > n:
+        n, where = settings.nodes.world_size, f"{settings.nodes_from or '--ltconform-nodes'} ({settings.nodes.nodes} " \
+                                              f"nodes x {settings.nodes.ranks_per_node} ranks)"
     cpus = cpu_count() if cpus is None else cpus
     if n > cpus:
         # A world has at least 2 ranks (see _validate_world_size): on one CPU only oversubscribing helps.
-        fix = f"Use --ltconform-world-size {cpus} or fewer, or add" if cpus >= 2 else "Add"
+        option = "--ltconform-nodes NxM with N x M" if n != settings.world_size else "--ltconform-world-size"
+        fix = f"Use {option} {cpus} or fewer, or add" if cpus >= 2 else "Add"
         raise pytest.UsageError(
             f"{where}: a world of {n} ranks needs {n} CPUs, but this machine gives pytest {cpus}; ranks that share "
             f"CPUs make healthy collectives time out. {fix} --ltconform-oversubscribe to start them anyway.")
@@ -519,6 +567,10 @@ def resolve(config: pytest.Config, project_targets: bool = True) -> Settings:
         value = check(validate, raw, where) if raw is not None else None
         if value is not None:
             kwargs.update({key: (where if key.endswith("_from") else value) for key in keys})
+    raw, where = check(_lookup, config, OPT_NODES) or (None, "")
+    given = check(_validate_nodes, raw, where) if raw is not None else None
+    if given is not None:
+        kwargs["nodes"], kwargs["nodes_from"] = given
     kwargs["oversubscribe"] = bool(config.getoption(OPT_OVERSUBSCRIBE) or config.getini(OPT_OVERSUBSCRIBE))
     targets = targets or ()
     settings = Settings(target=targets[0].model if targets else None, datamodule=datamodule, trainer=trainer,

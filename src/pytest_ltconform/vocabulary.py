@@ -20,8 +20,11 @@ GPU_STRATEGIES = ("ddp", "fsdp", "deepspeed")
 # A contract judged under one of these is also judged under the others on the GPU tier.
 SHARDED_STRATEGIES = ("fsdp", "deepspeed")
 
+# Strategies of the nodes tier (local worlds of several nodes): ddp, and fsdp where the config names it.
+NODE_STRATEGIES = ("ddp", "fsdp")
+
 # Tiers a user can require (--ltconform-require).
-TIERS = ("cpu", "gpu", "multinode", "deepspeed")
+TIERS = ("cpu", "gpu", "multinode", "deepspeed", "nodes")
 # The tiers a contract has items in unless it says otherwise.
 DEFAULT_CONTRACT_TIERS = ("cpu", "gpu", "multinode")
 

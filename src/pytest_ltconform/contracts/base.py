@@ -237,6 +237,7 @@ class Run:
     def __init__(self, job, strategy: str, kind: str, target: Any = None):
         self.job = job
         self.strategy = strategy
+        self.label = strategy  # the item parameter its items carry (``ddp``, ``ddp-2nodes``), set by the session
         self.kind = kind
         self.target = target  # the target.spec.ResolvedTarget it ran (None in hand-built runs)
         self.reference: Run | None = None  # the one-rank run of RunSpec.reference, when it ran

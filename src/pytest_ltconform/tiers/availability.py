@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..world.devices import cuda_device_count
+from ..world.layout import Layout
 from .attached import Attached
 from .base import Variant
 from .deepspeed import deepspeed_missing
@@ -13,12 +14,14 @@ class Availability:
     """Answers "can this tier run here, and if not, why not" once per session per tier.
 
     ``attached`` is the launched world pytest runs in (None when local); ``num_nodes`` the
-    number of nodes that world spans, as agreed by every rank at collection time.
+    number of nodes that world spans, as agreed by every rank at collection time; ``nodes`` the
+    layout of the nodes tier's local worlds (None: ``--ltconform-nodes 1``).
     """
 
     def __init__(self, world_size: int, attached: Attached | None = None, num_nodes: int | None = None,
-                 cuda_count=cuda_device_count, deepspeed_missing=deepspeed_missing):
+                 cuda_count=cuda_device_count, deepspeed_missing=deepspeed_missing, nodes: Layout | None = None):
         self.world_size = world_size
+        self.nodes = nodes
         self.attached = attached
         self.num_nodes = num_nodes
         self._cuda_count = cuda_count

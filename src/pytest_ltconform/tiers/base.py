@@ -26,7 +26,8 @@ class Variant:
 
     ``label`` is the item parameter (``all-rank-save[ddp-gpu]``); ``markers`` the pytest markers
     besides ``ltconform``; ``needs`` the tiers whose availability is checked, in order, before
-    the item runs (the first missing one names the skip reason).
+    the item runs (the first missing one names the skip reason); ``configured_only``: the item
+    exists only for a target whose Trainer config names its strategy (``fsdp-2nodes``).
     """
 
     tier: str
@@ -34,6 +35,7 @@ class Variant:
     label: str
     markers: tuple[str, ...]
     needs: tuple[str, ...]
+    configured_only: bool = False
 
 
 def contract_tiers(contract) -> tuple[str, ...]:
@@ -68,10 +70,12 @@ class Tier:
         a launched world to agree on their nodes)."""
         return True
 
-    def variants(self, contract, selected: tuple[str, ...], local_supported: tuple[str, ...]) -> list[Variant]:
+    def variants(self, contract, selected: tuple[str, ...], local_supported: tuple[str, ...],
+                 nodes: Layout | None = None) -> list[Variant]:
         """The items ``contract`` has in this tier, in item order. ``selected`` are the strategies
         the user asked for (``--ltconform-strategies``); ``local_supported`` the strategies the CPU
-        tier can run today."""
+        tier can run today; ``nodes`` the layout of the nodes tier's worlds (None: no such world,
+        ``--ltconform-nodes 1``)."""
         raise NotImplementedError
 
     @property
@@ -83,9 +87,10 @@ class Tier:
         """Variables set in each rank of this tier's local worlds (a new dict)."""
         return {}
 
-    def layout(self, world_size: int) -> Layout | None:
-        """How this tier's runs place ``world_size`` ranks on nodes: one node of them (a local
-        world); None where the world's launcher decided it (the attached world)."""
+    def layout(self, world_size: int, nodes: Layout | None = None) -> Layout | None:
+        """How this tier's runs place their ranks on nodes: ``world_size`` ranks on one node (a
+        local world); ``nodes`` (the session's node layout) on the nodes tier; None where the
+        world's launcher decided it (the attached world)."""
         return Layout.single_node(world_size)
 
     def world(self, pool, attached, layout: Layout | None, pg_timeout_s: float) -> Any:
@@ -99,9 +104,14 @@ class Tier:
         goes; None where the plugin starts no world."""
         return pool.get(Layout.single_node(1), "gloo", pg_timeout_s, dict(CPU_RANK_ENV))
 
-    def run_label(self, strategy: str) -> str:
+    def run_label(self, strategy: str, nodes: Layout | None = None) -> str:
         """How progress lines name a run of ``strategy`` in this tier (``fit[ddp-gpu]``)."""
         return strategy + ("-gpu" if self.cuda else "")
+
+    def item_label(self, strategy: str, nodes: Layout | None = None) -> str:
+        """The item parameter of ``strategy`` in this tier (``sync-dist[ddp-gpu]``), as messages
+        that name another item spell it."""
+        return self.run_label(strategy, nodes)
 
     def in_launched_world(self, here) -> str | None:
         """The reason a local tier does not run when pytest is a rank of a launched world (its

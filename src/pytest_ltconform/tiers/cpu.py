@@ -17,7 +17,7 @@ class CpuTier(Tier):
     def missing(self, here) -> str | None:
         return self.in_launched_world(here)
 
-    def variants(self, contract, selected, local_supported) -> list[Variant]:
+    def variants(self, contract, selected, local_supported, nodes=None) -> list[Variant]:
         if self.name not in contract_tiers(contract):
             return []
         return [self._variant(s) for s in contract.strategies if s in selected and s in local_supported]

@@ -27,7 +27,10 @@ class DeepSpeedTier(Tier):
     def missing(self, here) -> str | None:
         return self.in_launched_world(here) or here.deepspeed_missing()
 
-    def variants(self, contract, selected, local_supported) -> list[Variant]:
+    def item_label(self, strategy: str, nodes=None) -> str:
+        return "deepspeed-gpu"
+
+    def variants(self, contract, selected, local_supported, nodes=None) -> list[Variant]:
         # The DeepSpeed tier's item comes with the gpu tier's: a contract names no tier of its own for it.
         if "gpu" not in contract_tiers(contract) or "deepspeed" not in selected or \
                 not any(s in SHARDED_STRATEGIES for s in contract.strategies):

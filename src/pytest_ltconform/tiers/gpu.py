@@ -21,7 +21,7 @@ class GpuTier(Tier):
         found = here.cuda_count()
         return f"needs {here.world_size} CUDA devices, found {found}" if found < here.world_size else None
 
-    def variants(self, contract, selected, local_supported) -> list[Variant]:
+    def variants(self, contract, selected, local_supported, nodes=None) -> list[Variant]:
         if self.name not in contract_tiers(contract):
             return []
         return [Variant(self.name, s, f"{s}-gpu", (self.marker(),), (self.name,)) for s in contract.strategies

@@ -30,13 +30,13 @@ class MultinodeTier(Tier):
     def decided(self, here) -> bool:
         return here.attached is None or here.num_nodes is not None
 
-    def variants(self, contract, selected, local_supported) -> list[Variant]:
+    def variants(self, contract, selected, local_supported, nodes=None) -> list[Variant]:
         if self.name not in contract_tiers(contract):
             return []
         return [Variant(self.name, s, f"{s}-multinode", (self.marker(),), (self.name,)) for s in contract.strategies
                 if s in selected and s in local_supported and s in CPU_CORE_STRATEGIES]
 
-    def layout(self, world_size: int):
+    def layout(self, world_size: int, nodes=None):
         return None  # the launcher's: known to the attached world once its ranks agreed
 
     def world(self, pool, attached, layout, pg_timeout_s: float):
@@ -49,5 +49,8 @@ class MultinodeTier(Tier):
     def reference_world(self, pool, pg_timeout_s: float):
         return None  # every rank runs every job of a launched world, and the plugin starts none
 
-    def run_label(self, strategy: str) -> str:
+    def run_label(self, strategy: str, nodes=None) -> str:
         return strategy
+
+    def item_label(self, strategy: str, nodes=None) -> str:
+        return f"{strategy}-multinode"

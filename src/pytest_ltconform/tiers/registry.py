@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from ..world.layout import Layout
 from .base import Tier, Variant
 from .cpu import CpuTier
 from .deepspeed import DeepSpeedTier
 from .gpu import GpuTier
 from .multinode import MultinodeTier
+from .nodes import NodesTier
 
-# Item order: CPU first, then GPU, DeepSpeed, multi-node.
-ORDER: tuple[Tier, ...] = (CpuTier(), GpuTier(), DeepSpeedTier(), MultinodeTier())
+# Item order: CPU first, then its worlds of several nodes, GPU, DeepSpeed, multi-node.
+ORDER: tuple[Tier, ...] = (CpuTier(), NodesTier(), GpuTier(), DeepSpeedTier(), MultinodeTier())
 _BY_NAME = {tier.name: tier for tier in ORDER}
+# The nodes tier's layout when nothing says otherwise (settings.default_nodes decides it per machine).
+DEFAULT_LAYOUT = Layout(2, 1)
 
 
 def get(name: str) -> Tier:
@@ -21,10 +25,12 @@ def get(name: str) -> Tier:
         raise ValueError(f"unknown tier {name!r}") from None
 
 
-def variants(contract, selected: tuple[str, ...], local_supported: tuple[str, ...]) -> list[Variant]:
+def variants(contract, selected: tuple[str, ...], local_supported: tuple[str, ...],
+             nodes: Layout | None = DEFAULT_LAYOUT) -> list[Variant]:
     """Every variant of ``contract``, in item order: each tier's (:meth:`Tier.variants`).
 
     ``selected`` are the strategies the user asked for (``--ltconform-strategies``);
-    ``local_supported`` the strategies the CPU tier can run today.
+    ``local_supported`` the strategies the CPU tier can run today; ``nodes`` the nodes tier's
+    layout (None: ``--ltconform-nodes 1``, no items there).
     """
-    return [v for tier in ORDER for v in tier.variants(contract, selected, local_supported)]
+    return [v for tier in ORDER for v in tier.variants(contract, selected, local_supported, nodes)]

@@ -145,6 +145,9 @@ class AttachedWorld:
                   seeding=request.seeding,
                   backend=self.backend, pg_timeout_s=self.pg_timeout_s, accelerator=self.accelerator,
                   num_nodes=self.num_nodes or 1, world_kind="attached")
+        # Every job gets a fresh folder in this node's own temp storage (nodes.job_storage), named
+        # alike on every rank, so a node's ranks share it and nothing a run left there is found again.
+        os.environ.setdefault(protocol.NODE_ROOT_ENV, self._node_local_root())
         started = time.monotonic()
         # Last resort for a job stuck outside any collective: dump every thread and exit, so the
         # launcher tears the world down instead of everyone waiting forever.
@@ -160,6 +163,11 @@ class AttachedWorld:
             return self._await_final(n, timeout_s)
         finally:
             faulthandler.cancel_dump_traceback_later()
+
+    def _node_local_root(self) -> str:
+        """This world's folder in the node's temp storage (the launcher's TMPDIR, else /tmp): the
+        same name on every rank (the agreed root's), each node's own on a cluster."""
+        return os.path.join(tempfile.gettempdir(), os.path.basename(self.root.rstrip(os.sep)) + "-node-local")
 
     def _assemble(self, n: int, started: float, timeout_s: float, job_dir: str) -> JobResult:
         store = self.store
@@ -207,6 +215,8 @@ class AttachedWorld:
         self._store = None
         if self._root is not None:  # after every rank has left it (node-local copies too)
             shutil.rmtree(self._root, ignore_errors=True)
+            if os.environ.get(protocol.NODE_ROOT_ENV) == self._node_local_root():
+                shutil.rmtree(os.environ.pop(protocol.NODE_ROOT_ENV), ignore_errors=True)
 
 
 def _collection_difference(ref: dict, other: dict, rank: int) -> str | None:

@@ -37,14 +37,6 @@ class WorldStartError(RuntimeError):
     """The ranks of a world could not be started; the message has every rank's log tail."""
 
 
-def _check_local_layout(layout: Layout) -> None:
-    """Raise ValueError for a layout a local world cannot take: several nodes (a local world is
-    one node today; this is the one check that stands in the way of several nodes on this host)."""
-    if layout.nodes != 1:
-        raise ValueError(f"a local world runs its ranks on one node; a layout of {layout.nodes} nodes "
-                         f"({layout}) is not supported yet")
-
-
 class LocalWorld:
     """``world_size`` rank processes on this host, reused across jobs.
 
@@ -69,7 +61,6 @@ class LocalWorld:
                  timeout_name: str = "timeout_s", fresh_per_job: bool = False,
                  launcher: str | Launcher = DEFAULT_LAUNCHER, gate=contextlib.nullcontext):
         self.layout = layout or Layout.single_node(world_size)
-        _check_local_layout(self.layout)
         self.world_size = self.layout.world_size
         self.env = dict(env or {})  # set in each rank's environment, over the inherited one
         self.backend = backend
@@ -82,6 +73,10 @@ class LocalWorld:
         self.root = root or tempfile.mkdtemp(prefix=WORLD_PREFIX)
         if self._own_root:
             write_owner(self.root)
+        if self.layout.nodes > 1:  # each node's storage: see nodes.py
+            os.makedirs(protocol.node_mount(self.root), exist_ok=True)
+            for node in range(self.layout.nodes):
+                os.makedirs(protocol.node_dir(self.root, node), exist_ok=True)
         self._store = None
         # A launcher given by name is this world's own (closed with it); an object is shared (a pool's).
         self._own_launcher = isinstance(launcher, str)
@@ -156,6 +151,8 @@ class LocalWorld:
             # when it is killed) live in the world folder, which goes with the world.
             TMPDIR=self._tmp_dir(),
         )
+        if layout.nodes > 1:
+            env.update(self._node_env(layout.node_rank(rank)))
         env.update({protocol.GENERATION_ENV: str(self.generation), protocol.WORLD_DIR_ENV: self.root,
                     protocol.SUPERVISOR_PID_ENV: str(os.getpid()), protocol.PARENT_PID_ENV: str(os.getpid()),
                     protocol.PRELOAD_ENV: ",".join(self.preload), USER_CWD_ENV: os.getcwd()})
@@ -192,6 +189,19 @@ class LocalWorld:
             return self.launcher.import_now(names, self._rank_env(0), self.root)
         except LaunchError as exc:
             raise WorldStartError(f"could not start the fork launcher's parent: {exc}") from None
+
+    def _node_env(self, node: int) -> dict:
+        """What a rank of node ``node`` needs to take its node's own storage (``nodes.enter_node``):
+        the mount point every node's tmpfs shares, the node's folder on the shared disk, where its
+        namespace is published, and how isolation is asked for (``LTCONFORM_NODE_ISOLATION`` in
+        this process's environment, else a mount namespace)."""
+        asked = os.environ.get(protocol.NODE_ISOLATION_ENV, protocol.NODE_ISOLATIONS[0])
+        asked = asked if asked in protocol.NODE_ISOLATIONS else protocol.NODE_ISOLATIONS[0]
+        own = protocol.node_dir(self.root, node)
+        return {protocol.NODE_MOUNT_ENV: protocol.node_mount(self.root), protocol.NODE_DIR_ENV: own,
+                protocol.NODE_NS_ENV: protocol.node_ns_file(self.root, self.generation, node),
+                protocol.NODE_ISOLATION_ENV: asked,
+                "TMPDIR": own, "SLURM_TMPDIR": own}
 
     def _tmp_dir(self) -> str:
         path = os.path.join(self.root, "tmp")

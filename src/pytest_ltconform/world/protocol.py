@@ -99,6 +99,41 @@ SUPERVISOR_PID_ENV = "LTCONFORM_SUPERVISOR_PID"
 PARENT_PID_ENV = "LTCONFORM_PARENT_PID"
 PRELOAD_ENV = "LTCONFORM_PRELOAD"
 
+# -- the nodes of a local world of several nodes on this host (``nodes.py``) ------------------------
+# How the supervisor asks a node's storage to be kept apart: 'mountns' (a private mount namespace per
+# node with its own tmpfs at one path, the default) or 'tmpdir' (a folder per node; also what a rank
+# falls back to where the kernel refuses namespaces). Set in pytest's environment, it chooses.
+NODE_ISOLATION_ENV = "LTCONFORM_NODE_ISOLATION"
+NODE_ISOLATIONS = ("mountns", "tmpdir")
+# The path every node mounts its own tmpfs at (the same on every node, as /tmp is on a cluster).
+NODE_MOUNT_ENV = "LTCONFORM_NODE_MOUNT"
+# This node's own folder on the shared disk (the 'tmpdir' storage).
+NODE_DIR_ENV = "LTCONFORM_NODE_DIR"
+# Where local rank 0 of a node says which namespace its node's ranks join (its pid), or why none.
+NODE_NS_ENV = "LTCONFORM_NODE_NS"
+# Set by the rank once it entered its node: the node-local root in force, and how it is kept apart.
+NODE_ROOT_ENV = "LTCONFORM_NODE_ROOT"
+NODE_STORAGE_ENV = "LTCONFORM_NODE_STORAGE"
+# The variables a launcher or a cluster points at node-local scratch space; a rank of a node world gets
+# its node's folder (a fresh one per job) in each.
+NODE_TMP_VARS = ("TMPDIR", "SLURM_TMPDIR")
+
+
+def node_mount(root: str) -> str:
+    """The mount point of every node's tmpfs in the world folder ``root``."""
+    return os.path.join(root, "node-local")
+
+
+def node_dir(root: str, node: int) -> str:
+    """Node ``node``'s own folder in the world folder ``root`` (its 'tmpdir' storage)."""
+    return os.path.join(root, f"node{node}")
+
+
+def node_ns_file(root: str, gen: int, node: int) -> str:
+    """Where local rank 0 of node ``node`` of generation ``gen`` publishes its namespace."""
+    return os.path.join(root, f"g{gen}-node{node}.ns")
+
+
 # Inherited variables that would make Lightning think it runs under a cluster launcher.
 FOREIGN_ENV_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "TORCHELASTIC_", "GROUP_", "ROLE_", "LSB_",
                         "JSM_", "KUBEFLOW_")

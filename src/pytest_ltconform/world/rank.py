@@ -20,12 +20,13 @@ import os
 import random
 import signal
 import sys
+import tempfile
 import threading
 import time
 import traceback
 
 from .. import user_modules
-from . import protocol
+from . import nodes, protocol
 from .job import Job, resolve
 from .protocol import FORMATION, formed_keys
 
@@ -96,7 +97,10 @@ class RankContext:
     'gpu'), ``num_nodes`` the ranks span, and ``world_kind`` ('local' for ranks the plugin started,
     'attached' inside a torchrun or SLURM world). ``run_dir`` is the job's folder that its ranks
     share, as processes of one node share theirs: the working directory of the job and the
-    Trainer's ``default_root_dir``."""
+    Trainer's ``default_root_dir``. ``node_rank`` is the node the rank sits on; in a local world of
+    several nodes ``node_local`` is the job's fresh folder in that node's own storage (its ``TMPDIR``
+    and ``SLURM_TMPDIR``) and ``node_storage`` how that storage is kept apart from the other nodes'
+    (``world.nodes``: 'mountns', or 'tmpdir' and why); both None on one node or when attached."""
 
     rank: int
     world_size: int
@@ -111,6 +115,9 @@ class RankContext:
     seed: int = 0  # what this rank's generators were seeded with at the job's start
     seeding: str = "same"  # the job's seeding (world.job.JobRequest.seeding)
     base_seed: int = 0  # the job's seed, which "both" gives every rank once training starts
+    node_rank: int = 0
+    node_local: str | None = None
+    node_storage: str | None = None
 
 
 _CURRENT: RankContext | None = None
@@ -214,11 +221,14 @@ def _leading_error(exc: BaseException) -> BaseException:
 def _context(job: Job, rank: int, world_size: int, local_rank: int, store) -> RankContext:
     """Rank ``rank``'s context: its folder, its trace file and the world's parameters (the only
     thing that differs between the CPU, GPU and multi-node tiers on the rank side)."""
+    node_rank = os.environ.get("GROUP_RANK") or os.environ.get("NODE_RANK") or os.environ.get("SLURM_NODEID") or "0"
     return RankContext(rank, world_size, local_rank, protocol.rank_dir(job.dir, rank),
                        protocol.trace_file(job.dir, rank), store,
                        accelerator=job.accelerator or ("gpu" if job.backend == "nccl" else "cpu"),
                        num_nodes=int(job.num_nodes), world_kind=job.world_kind, run_dir=job.dir,
-                       seed=rank_seed(job.seed, job.seeding, rank), seeding=job.seeding, base_seed=job.seed)
+                       seed=rank_seed(job.seed, job.seeding, rank), seeding=job.seeding, base_seed=job.seed,
+                       node_rank=int(node_rank) if node_rank.isdigit() else 0,
+                       node_storage=os.environ.get(protocol.NODE_STORAGE_ENV))
 
 
 class FormationError(RuntimeError):
@@ -267,6 +277,7 @@ def run_job(job: Job, rank: int, world_size: int, local_rank: int, store, gen: i
     result: protocol.RankResult = {"rank": rank, "status": "ok"}
     started = time.monotonic()
     with _isolated(ctx.run_dir):
+        ctx.node_local = nodes.job_storage(job.dir)  # a fresh node-local folder per job (several nodes)
         _seed(ctx.seed)
         if job.backend == "nccl":
             torch.cuda.set_device(local_rank)
@@ -290,6 +301,7 @@ def run_job(job: Job, rank: int, world_size: int, local_rank: int, store, gen: i
         finally:
             _CURRENT = None
             sys.excepthook = excepthook
+            tempfile.tempdir = None  # the environment's TMPDIR is put back below
             torch.set_default_dtype(default_dtype)
             if dist.is_initialized():
                 with contextlib.suppress(Exception):
@@ -350,6 +362,7 @@ def stack_path() -> str | None:
 
 
 def main() -> int:
+    nodes.enter_node()  # first: a node's namespace is made and joined by a process of one thread
     rank = int(os.environ["RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))

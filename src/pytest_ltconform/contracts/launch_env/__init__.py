@@ -313,6 +313,50 @@ _FIX = {
                "and drop NCCL_TIMEOUT",
 }
 
+def _as_run(trainer: dict, resolved: list[dict]) -> dict:
+    """The Trainer settings a run of a local world of several nodes used: the layout's num_nodes and
+    devices (the user's own are replaced there; see :func:`_production_note`)."""
+    first = next((r for r in resolved if "error" not in r), {})
+    return {**trainer, "num_nodes": first.get("num_nodes"), "devices": first.get("devices"),
+            "devices_raw": repr(first.get("devices"))}
+
+
+def _check_resolved(views: list[dict], resolved: list[dict], findings: Findings) -> None:
+    """Lightning's Trainer, built from the user's kwargs on every rank, reads the launch as the
+    launcher made it: the same global, node and local rank and world size (a cluster environment
+    plugin, or a variable the module sets, can make it read another world)."""
+    for v, seen in zip(views, resolved):
+        rank = _who(v)
+        if "error" in seen:
+            findings.add("deadlock", f"the Trainer cannot be built from your kwargs in this launch: {seen['error']}",
+                         rank=rank)
+            continue
+        env = seen.get("environment")
+        for key, launched, label in (("global_rank", v["rank"], "RANK"), ("node_rank", v["node_rank"], v["node_var"]),
+                                     ("local_rank", v["local_rank"], "LOCAL_RANK"),
+                                     ("world_size", v["world_size"], v["world_var"])):
+            if launched is not None and seen.get(key) != launched:
+                findings.add("deadlock", f"Lightning's {env} gives trainer.{key}={seen.get(key)} but the launcher set "
+                                         f"{label}={launched}", rank=rank)
+
+
+def _production_note(first: dict, resolved: list[dict] | None) -> list[str]:
+    """What the user's own num_nodes and devices make of the production world, when they differ from
+    the layout the run used."""
+    if resolved is None:
+        return []
+    user, ran = first.get("trainer") or {}, _as_run({}, resolved)
+    if not (user.get("num_nodes") or user.get("devices")):
+        return []
+    if (user.get("num_nodes"), user.get("devices")) == (ran["num_nodes"], ran["devices"]):
+        return []
+    nodes, devices = user.get("num_nodes") or 1, user.get("devices") or "auto"
+    total = f" ({nodes * devices} ranks)" if isinstance(devices, int) else ""
+    return [f"your Trainer kwargs say num_nodes={nodes}, devices={devices}{total}: the launcher of that job must start "
+            f"{nodes} node(s) x {devices} process(es); this run used num_nodes={ran['num_nodes']}, devices="
+            f"{ran['devices']}."]
+
+
 class LaunchEnv(Contract):
     id = "launch-env"
     title = "The launched world matches the Trainer's num_nodes x devices, and every rank agrees"
@@ -320,7 +364,7 @@ class LaunchEnv(Contract):
     run_spec = inspection("launch")
     probe_class = LaunchEnvProbe
     strategies = ("ddp",)
-    tiers = ("multinode",)
+    tiers = ("nodes", "multinode")
 
     def judge(self, run: Run) -> Verdict:
         observed = [o for o in run.probe(self.id) if o]
@@ -328,11 +372,16 @@ class LaunchEnv(Contract):
             return self.verdict(Outcome.ERROR, "no rank reported its launch environment.")
         trainer = observed[0]["trainer"]
         launch_site = None
+        resolved = None
         if all(o["kind"] == "attached" for o in observed):
             envs, source = [o["env"] for o in observed], "as every rank saw it"
         elif observed[0].get("simulated"):
             envs, source = observed[0]["simulated"], "from the module's recorded LAUNCH_ENV"
             launch_site = fmt_site(observed[0].get("simulated_site")) if observed[0].get("simulated_site") else None
+        elif all(o.get("resolved") for o in observed):  # a local world of several nodes on this host
+            envs, resolved = [o["env"] for o in observed], [o["resolved"] for o in observed]
+            source = f"the plugin's launch of {observed[0]['nodes']} nodes on this host, as torchrun sets it"
+            trainer = _as_run(trainer, resolved)
         else:
             return self.verdict(
                 Outcome.SKIPPED, "not inside a multi-node world: these ranks were started by pytest-ltconform "
@@ -340,12 +389,18 @@ class LaunchEnv(Contract):
                                  "torchrun or srun and select -m ltconform_multinode).")
         views = [view(env, i) for i, env in enumerate(envs)]
         found, layout = _checked(views, trainer)
+        if resolved is not None:
+            _check_resolved(views, resolved, found)
         where = f"{layout['launcher']} launch of {layout['nodes']} node(s) x {layout['per_node']} process(es)"
         if not found.items:
             summary = (f"the {where} matches the Trainer: {layout['var']}={layout['world']} = num_nodes "
                        f"{layout['num_nodes']} x devices {layout['devices']}, and every rank agrees on the node "
                        f"ranks and on MASTER {layout['master']} ({source}).")
-            return self.verdict(Outcome.PASSED, summary, notes=found.notes)
+            if resolved is not None:
+                env = resolved[0].get("environment")
+                summary += (f" On every rank Lightning's {env} reads the launcher's global, node and local rank "
+                            f"and the world size.")
+            return self.verdict(Outcome.PASSED, summary, notes=found.notes + _production_note(observed[0], resolved))
         evidence = [Evidence(f.detail, rank=f.rank, site=launch_site) for f in found.items]
         trainer_site = observed[0].get("trainer_site")
         if trainer_site and (trainer.get("num_nodes") or trainer.get("devices")):

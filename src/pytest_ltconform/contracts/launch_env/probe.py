@@ -90,6 +90,22 @@ def _trainer_site(targets) -> dict | None:
     except Exception:
         return None
 
+def _resolved(run) -> dict:
+    """The world as Lightning's Trainer reads it on this rank of a local world of several nodes:
+    the user's Trainer kwargs as every run merges them (num_nodes and devices the layout's), built
+    without fitting. ``{"error": ...}`` when the Trainer cannot be built from them."""
+    try:
+        user_strategy = run.objects.user_kwargs.get("strategy")
+        kwargs = run.trainer_kwargs(run.strategy("ddp", user_strategy))
+        trainer = run.objects.ns.Trainer(**kwargs)
+    except Exception as exc:  # the user's kwargs: what Lightning said is the finding
+        return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"}
+    env = trainer.strategy.cluster_environment
+    return {"global_rank": trainer.global_rank, "local_rank": trainer.local_rank, "node_rank": trainer.node_rank,
+            "world_size": trainer.world_size, "num_nodes": trainer.num_nodes, "devices": trainer.num_devices,
+            "environment": type(env).__name__ if env is not None else None}
+
+
 class LaunchEnvProbe(Probe):
     def inspect(self, run) -> dict:
         """This rank's launcher variables and the user's Trainer world settings:
@@ -103,6 +119,8 @@ class LaunchEnvProbe(Probe):
         strategy = user.get("strategy")
         return {
             "kind": run.ctx.world_kind,
+            "nodes": run.ctx.num_nodes,
+            "resolved": _resolved(run) if run.ctx.world_kind == "local" and run.ctx.num_nodes > 1 else None,
             "env": {k: os.environ[k] for k in ENV_KEYS if k in os.environ},
             "trainer": {"num_nodes": _count(user.get("num_nodes")), "devices": _count(user.get("devices")),
                         "devices_raw": repr(user.get("devices")) if "devices" in user else None,
