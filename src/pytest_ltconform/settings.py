@@ -426,27 +426,33 @@ def available_memory_mb() -> int | None:
 def check_capacity(settings: Settings, cpus: int | None = None, memory_mb: int | None = None,
                    workers: int = 1) -> None:
     """Refuse a world that this machine cannot hold: more ranks than CPUs, or more than the
-    available memory at :data:`RANK_MEMORY_MB` per rank. ``cpus`` and ``memory_mb`` default to the
-    machine's. With ``workers`` pytest-xdist workers every worker keeps a world of its own, so the
-    memory is for that many worlds; the CPUs are for one world at a time, since the workers' worlds
-    take turns at running (``workers.slots_for``). No-op under ``oversubscribe``. Raises
-    ``pytest.UsageError`` (one line)."""
+    available memory at :data:`RANK_MEMORY_MB` per rank; the local world first, then the nodes
+    tier's when ``--ltconform-nodes`` asked for it (its default is chosen to fit the CPUs).
+    ``cpus`` and ``memory_mb`` default to the machine's. With ``workers`` pytest-xdist workers
+    every worker keeps a world of its own, so the memory is for that many worlds; the CPUs are for
+    one world at a time, since the workers' worlds take turns at running (``workers.slots_for``).
+    No-op under ``oversubscribe``. Raises ``pytest.UsageError`` (one line)."""
     if settings.oversubscribe:
         return
-    n = settings.world_size
-    where = settings.world_size_from or f"--ltconform-world-size (default {DEFAULT_WORLD_SIZE})"
-    if settings.nodes is not None and settings.nodes.world_size > n:
-        n, where = settings.nodes.world_size, f"{settings.nodes_from or '--ltconform-nodes'} ({settings.nodes.nodes} " \
-                                              f"nodes x {settings.nodes.ranks_per_node} ranks)"
+    worlds = [(settings.world_size, settings.world_size_from or f"--ltconform-world-size (default "
+                                                                f"{DEFAULT_WORLD_SIZE})", "--ltconform-world-size")]
+    nodes = settings.nodes
+    if nodes is not None and settings.nodes_from and nodes.world_size > settings.world_size:
+        worlds.append((nodes.world_size, f"{settings.nodes_from or '--ltconform-nodes'} ({nodes.nodes} nodes x "
+                                         f"{nodes.ranks_per_node} ranks)", "--ltconform-nodes NxM with N x M"))
     cpus = cpu_count() if cpus is None else cpus
+    memory_mb = available_memory_mb() if memory_mb is None else memory_mb
+    for n, where, option in worlds:
+        _check_world(n, where, option, cpus, memory_mb, workers)
+
+
+def _check_world(n: int, where: str, option: str, cpus: int, memory_mb: int | None, workers: int) -> None:
     if n > cpus:
         # A world has at least 2 ranks (see _validate_world_size): on one CPU only oversubscribing helps.
-        option = "--ltconform-nodes NxM with N x M" if n != settings.world_size else "--ltconform-world-size"
         fix = f"Use {option} {cpus} or fewer, or add" if cpus >= 2 else "Add"
         raise pytest.UsageError(
             f"{where}: a world of {n} ranks needs {n} CPUs, but this machine gives pytest {cpus}; ranks that share "
             f"CPUs make healthy collectives time out. {fix} --ltconform-oversubscribe to start them anyway.")
-    memory_mb = available_memory_mb() if memory_mb is None else memory_mb
     need = workers * n * RANK_MEMORY_MB
     if memory_mb is not None and need > memory_mb:
         worlds = f"{workers} pytest-xdist workers' worlds of {n} ranks need" if workers > 1 else \
