@@ -347,7 +347,7 @@ def test_all_gather_under_a_rank_guard_in_the_test_stage_fails(pytester, no_left
 
     path = case("all-rank-save/all_gather_rank_zero_guard_test_epoch_end.py")
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ltconform", path,
-                                           "-k", "all-rank-save[ and ddp", "-v")
+                                           "--ltconform-nodes", "1", "-k", "all-rank-save[ and ddp", "-v")
     out = result.stdout.str()
     result.assert_outcomes(failed=1)
     assert "LightningModule.all_gather called on rank 0 only" in out and "Model.on_test_epoch_end" in out

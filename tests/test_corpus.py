@@ -176,6 +176,7 @@ CELL = (
     "launch-env/nccl_timeout_env_instead_of_strategy", "launch-env/ok_torchrun_two_nodes_two_devices",
     "memory/ok_small_transformer_zero3",
     "device-placement/log_numpy_metric_as_cpu_tensor_sync_dist", "device-placement/ok_log_metric_on_module_device",
+    "node-local-files/prepare_data_once_into_node_local_tmp", "node-local-files/ok_checkpoint_dir_under_shared_root",
 )
 CELL_CASES = [c for c in CASES if c.name in CELL]
 EXPECTATIONS["cell"] = [_param(c, cid, case=c) for c in CELL_CASES for cid in c.expected if cid in contracts.ids()]

@@ -442,7 +442,7 @@ def test_index_lists_fetched_by_every_rank_fail_in_a_real_world(pytester, no_lef
     path = case("data-sharding/index_list_sampler_ignores_rank.py").rsplit(":", 1)[0]
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ltconform", f"{path}:Model",
                                            "--ltconform-trainer", f"{path}:trainer_kwargs",
-                                           "-k", "data-sharding[ and ddp", "-v")
+                                           "--ltconform-nodes", "1", "-k", "data-sharding[ and ddp", "-v")
     out = result.stdout.str()
     result.assert_outcomes(failed=1)
     assert "batches compared by the dataset indices they fetched" in out
@@ -714,7 +714,7 @@ def test_a_loader_iterated_inside_a_hook_on_every_rank_is_not_the_train_stream(p
     rank fetches in on_train_epoch_end are not training batches (field trial: rl4co)."""
     pytester.makepyfile(hook_loader=_HOOK_LOADER_MODULE)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ltconform", "hook_loader.py:Model",
-                                           "-k", "data-sharding[ and ddp", "-rA")
+                                           "--ltconform-nodes", "1", "-k", "data-sharding[ and ddp", "-rA")
     out = result.stdout.str()
     result.assert_outcomes(passed=1)
     assert "identical" not in out

@@ -137,7 +137,8 @@ def test_shared_folder_still_shows_two_ranks_writing_one_relative_path(pytester,
                     fh.write(str(self.current_epoch))
     """)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ltconform", "same_relative_file.Model",
-                                           "--ltconform-strategies", "ddp", "-k", "shared-writes", "-v")
+                                           "--ltconform-strategies", "ddp", "--ltconform-nodes", "1",
+                                           "-k", "shared-writes", "-v")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*summary.txt opened for writing by rank 0 and rank 1 in *on_train_epoch_end*"])
 

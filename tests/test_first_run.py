@@ -244,7 +244,7 @@ def test_first_run_hides_tiers_that_cannot_run_and_says_when_nothing_was_judged(
     assert {i.split("::")[-1] for i in ids} >= {"sync-dist[deepspeed]", "all-rank-save[deepspeed]"}
     outcomes = result.parseoutcomes()
     assert outcomes["skipped"] == 6 and "passed" not in outcomes, outcomes
-    assert re.search(r"collected 19 items / 13 deselected / 6 selected", out), out[:2000]
+    assert re.search(r"collected 24 items / 18 deselected / 6 selected", out), out[:2000]
     result.stdout.fnmatch_lines([_fn(f"ltconform: nothing was judged: every selected item needs a tier that cannot "
                                      f"run here: {DS_REASON}"),
                                  _fn("SKIPPED [6] ltconform: " + DS_REASON)])
@@ -296,7 +296,7 @@ def test_a_long_run_shows_live_progress(pytester, monkeypatch, no_leftover_ranks
     monkeypatch.setenv(progress.PROGRESS_ENV, "2")  # a line after 2 s, then every 2 s (default 10 s)
     result = pytester.runpytest_subprocess(
         "--ltconform", "slow_model.Model", "--ltconform-trainer", "slow_model:trainer_kwargs",
-        "--ltconform-strategies", "ddp", "-k", "sync-dist", "-p", "no:cacheprovider")
+        "--ltconform-strategies", "ddp", "--ltconform-nodes", "1", "-k", "sync-dist", "-p", "no:cacheprovider")
     out = result.stdout.str()
     result.assert_outcomes(passed=1, deselected=result.parseoutcomes().get("deselected", 0))
     lines = [ln for ln in result.stdout.lines if ln.startswith("ltconform: fit")]

@@ -271,7 +271,8 @@ def test_pytest_never_imports_torch_when_ranks_are_forked(pytester, no_leftover_
     process imports none of torch, Lightning and DeepSpeed (about 2 CPU seconds each)."""
     pytester.makeconftest(HEAVY_AT_THE_END)
     result = pytester.runpytest_subprocess("--ltconform", "lightning.pytorch.demos.boring_classes.BoringModel",
-                                           "--ltconform-strategies", "ddp,deepspeed", "-k", "sync-dist",
+                                           "--ltconform-strategies", "ddp,deepspeed", "--ltconform-nodes", "1",
+                                           "-k", "sync-dist",
                                            "-p", "no:cacheprovider")
     outcomes = result.parseoutcomes()
     assert outcomes.get("passed", 0) >= 1 and "failed" not in outcomes, result.stdout.str()[-3000:]

@@ -115,7 +115,7 @@ class Model(BoringModel):
 def test_a_ranks_output_shows_no_warning_the_plugin_caused(pytester, no_leftover_ranks):
     pytester.makepyfile(dies=DIES)
     result = pytester.runpytest_subprocess("--ltconform", "dies.Model", "--ltconform-strategies", "ddp",
-                                           "-k", "all-rank-save", "-p", "no:cacheprovider")
+                                           "--ltconform-nodes", "1", "-k", "all-rank-save", "-p", "no:cacheprovider")
     out = result.stdout.str()
     assert result.ret == pytest.ExitCode.TESTS_FAILED, out[-3000:]
     assert "USER-OUTPUT of rank 1" in out  # the rank's own output is shown
@@ -138,6 +138,7 @@ class Model(BoringModel):
 def test_a_users_exception_is_reported_once_on_the_item_named_for_the_run(pytester, no_leftover_ranks):
     pytester.makepyfile(raises=RAISES)
     result = pytester.runpytest_subprocess("--ltconform", "raises.Model", "--ltconform-strategies", "ddp",
+                                           "--ltconform-nodes", "1",
                                            "-k", "all-rank-save or sync-dist", "-p", "no:cacheprovider", "-v", "-rs")
     out = result.stdout.str()
     assert result.ret == pytest.ExitCode.TESTS_FAILED, out[-3000:]
@@ -158,7 +159,8 @@ def test_a_users_exception_is_reported_once_on_the_item_named_for_the_run(pytest
 
 
 def test_a_run_item_passes_when_its_run_finished_and_follows_k(pytester, no_leftover_ranks):
-    result = pytester.runpytest_subprocess("--ltconform", BORING, "--ltconform-strategies", "ddp", "-k",
+    result = pytester.runpytest_subprocess("--ltconform", BORING, "--ltconform-strategies", "ddp",
+                                           "--ltconform-nodes", "1", "-k",
                                            "all-rank-save or sync-dist or strategy-config", "-p", "no:cacheprovider",
                                            "-v", "-rA")
     assert result.ret == pytest.ExitCode.OK, result.stdout.str()[-3000:]
@@ -169,7 +171,8 @@ def test_a_run_item_passes_when_its_run_finished_and_follows_k(pytester, no_left
                                  "items judge it."])
     result.assert_outcomes(passed=4, deselected=result.parseoutcomes()["deselected"])
     # One contract item of a run: no run item (-k sync-dist selects one item, and it is judged as before).
-    one = pytester.runpytest_subprocess("--ltconform", BORING, "--ltconform-strategies", "ddp", "-k", "sync-dist",
+    one = pytester.runpytest_subprocess("--ltconform", BORING, "--ltconform-strategies", "ddp",
+                                        "--ltconform-nodes", "1", "-k", "sync-dist",
                                         "--collect-only", "-q", "-p", "no:cacheprovider")
     assert [ln for ln in one.stdout.lines if ln.startswith("ltconform::")] == [f"ltconform::{BORING}::sync-dist[ddp]"]
 

@@ -145,7 +145,8 @@ def test_fsdp_end_to_end_pass_and_fail(pytester, no_leftover_ranks):
     report = pytester.path / "report.json"
     result = pytester.runpytest_subprocess(
         "--ltconform", "fsdp_model.Model", "--ltconform-trainer", "fsdp_model:trainer_kwargs",
-        "--ltconform-strategies", "fsdp", "--ltconform-timeout", "60", "--ltconform-report", str(report),
+        "--ltconform-nodes", "1", "--ltconform-strategies", "fsdp", "--ltconform-timeout", "60",
+        "--ltconform-report", str(report),
         "-p", "no:cacheprovider", "-rA")
     out = result.stdout.str()
     result.stdout.fnmatch_lines(["*PASSED ltconform::fsdp_model.Model::all-rank-save[[]fsdp[]]*",
@@ -170,7 +171,8 @@ def test_a_fit_stopped_in_validation_by_sync_dist_leaves_the_sharded_round_trip_
     source = REPO / "conformance" / "sync-dist" / "epoch_end_log_rank_zero_gate.py"
     report = pytester.path / "report.json"
     result = pytester.runpytest_subprocess(
-        "--ltconform", f"{source}:Model", "--ltconform-strategies", "fsdp", "--ltconform-timeout", "40",
+        "--ltconform", f"{source}:Model", "--ltconform-nodes", "1", "--ltconform-strategies", "fsdp",
+        "--ltconform-timeout", "40",
         "--ltconform-report", str(report), "-k", "all-rank-save[ or sync-dist[", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=2, failed=1)  # the fit[fsdp] run item passes: a contract claims its stop
     records = {r["contract"]: r for r in json.loads(report.read_text())["results"]

@@ -96,7 +96,7 @@ def test_prediction_writer_saving_one_path_on_every_rank_fails_in_a_real_world(p
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ltconform", f"{path}:Model",
                                            "--ltconform-datamodule", f"{path}:DataModule",
                                            "--ltconform-trainer", f"{path}:trainer_kwargs",
-                                           "-k", "shared-writes[ and ddp", "-v")
+                                           "--ltconform-nodes", "1", "-k", "shared-writes[ and ddp", "-v")
     out = result.stdout.str()
     result.assert_outcomes(failed=1)
     assert "predictions.pt written with torch.save by rank 0 and rank 1" in out and "during predict" in out
@@ -157,7 +157,7 @@ def test_an_installed_package_named_torch_something_writing_on_every_rank_fails(
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(pkg.parent), os.environ.get("PYTHONPATH")])))
     pytester.makepyfile(stats_model=_MODEL_USING_IT)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ltconform", "stats_model.py:Model",
-                                           "-k", "shared-writes[ and ddp", "-v")
+                                           "--ltconform-nodes", "1", "-k", "shared-writes[ and ddp", "-v")
     out = result.stdout.str()
     result.assert_outcomes(failed=1)
     assert "stats.json opened for appending by rank 0 and rank 1" in out

@@ -40,7 +40,7 @@ def _ids(result) -> list[str]:
 
 
 # The items of a BoringModel on the nodes tier (a local world of two nodes).
-NODE_ITEMS = ("launch-env",)
+NODE_ITEMS = ("fit", "all-rank-save", "sync-dist", "data-sharding", "shared-writes", "launch-env", "node-local-files")
 
 
 def test_markers_select_tiers_under_strict_markers(pytester):
@@ -162,7 +162,7 @@ def test_a_deepspeed_whose_import_raises_skips_its_tier_and_the_others_still_run
         'raise RuntimeError("broken build: libaio not found")\n')
     monkeypatch.setenv("PYTHONPATH", str(pytester.path))
     result = pytester.runpytest_subprocess("--ltconform", BORING, "--ltconform-strategies", "ddp,deepspeed",
-                                           "-k", "sync-dist", "-rs", "-p", "no:cacheprovider")
+                                           "--ltconform-nodes", "1", "-k", "sync-dist", "-rs", "-p", "no:cacheprovider")
     out = result.stdout.str()
     outcomes = result.parseoutcomes()
     assert (outcomes.get("passed"), outcomes.get("skipped"), outcomes.get("errors")) == (1, 1, None), out[-3000:]

@@ -155,7 +155,8 @@ def test_world_formation_failures_are_retried_once_then_named(pytester):
 def test_an_item_whose_world_never_forms_says_so_not_that_the_code_stopped(pytester, monkeypatch,
                                                                            no_leftover_ranks):
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "ltconform-no-such-if")
-    result = pytester.runpytest_subprocess("--ltconform", BORING, "--ltconform-strategies", "ddp", "-k", "sync-dist",
+    result = pytester.runpytest_subprocess("--ltconform", BORING, "--ltconform-strategies", "ddp",
+                                           "--ltconform-nodes", "1", "-k", "sync-dist",
                                            "-p", "no:cacheprovider", "-rA")
     result.assert_outcomes(errors=1)
     out = result.stdout.str()

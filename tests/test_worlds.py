@@ -109,6 +109,7 @@ def test_pytorch_lightning_namespace_is_first_class(pytester, no_leftover_ranks)
     result = pytester.runpytest_subprocess(
         "--ltconform", "pl_model.Model", "--ltconform-trainer", "pl_model:trainer_kwargs",
         "--ltconform-strategies", "ddp", "--ltconform-timeout", "30", "-p", "no:cacheprovider",
+        "--ltconform-nodes", "1",
         "-k", "all-rank-save[ or sync-dist[")  # the two the checks below name; the other runs add only time
     result.stdout.fnmatch_lines([
         "*[[]all-rank-save[]] FAILED*Trainer.save_checkpoint called on rank 0 only*under an "
@@ -324,7 +325,8 @@ def test_xdist_gives_the_same_verdicts(pytester, no_leftover_ranks):
     path = CONFORMANCE / "all-rank-save/callback_save_rank_zero_only.py"
     args = ["--ltconform", case("all-rank-save/callback_save_rank_zero_only.py"),
             "--ltconform-trainer", f"{path}:trainer_kwargs", "--ltconform-strategies", "ddp",
-            "--ltconform-timeout", "30", "-p", "no:cacheprovider", "-rA", "-k", "all-rank-save[ or sync-dist["]
+            "--ltconform-timeout", "30", "--ltconform-nodes", "1", "-p", "no:cacheprovider", "-rA",
+            "-k", "all-rank-save[ or sync-dist["]
     result = pytester.runpytest_subprocess("-n", "2", *args)
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed") == 1 and outcomes.get("passed", 0) >= 1, result.stdout.str()[-3000:]

@@ -138,6 +138,7 @@ def _session(pytester, monkeypatch, name: str, *mode: str):
     monkeypatch.setenv("FITS_LOG", str(log))
     report = pytester.path / f"{name}.json"
     result = pytester.runpytest_subprocess("--ltconform", "counted.Model", "--ltconform-strategies", "ddp",
+                                           "--ltconform-nodes", "1",
                                            "--ltconform-report", str(report), "-p", "no:cacheprovider",
                                            "-p", "no:randomly", "-v", "-rA", *mode)
     fits = log.read_text().split() if log.exists() else []

@@ -26,6 +26,7 @@ _MODULES = {
     "launch-env": "launch_env",
     "memory": "memory",
     "device-placement": "device_placement",
+    "node-local-files": "node_local_files",
 }
 
 

@@ -26,7 +26,8 @@ from ..events import Recorded, declare
 
 class RankReadEvent(Recorded):
     """User code read its rank (``what``) in ``hook`` at ``site`` and used it to ``use`` ('select',
-    'gate', 'other'), ``how`` in words."""
+    'gate', 'other'; 'data': the local rank read in a hook that builds data, DATA_HOOKS), ``how`` in
+    words."""
 
     hook: str
     what: str
@@ -38,6 +39,9 @@ class RankReadEvent(Recorded):
 RANK_READ = declare("rank_read", RankReadEvent)
 
 STEP_HOOKS = ("training_step", "validation_step", "test_step", "predict_step")
+# Hooks where a dataset or loader is built: a local rank read there may pick the data (a shard id).
+DATA_HOOKS = ("setup", "prepare_data", "train_dataloader", "val_dataloader", "test_dataloader",
+              "predict_dataloader", "on_train_epoch_start")
 MAX_SITES = 8
 RANK_ATTRS = ("global_rank", "local_rank")
 # Calls whose arguments pick a part of a tensor or sequence: a rank among them selects data.
@@ -53,9 +57,12 @@ class RankReads:
     """Rank side. ``sink(event)`` receives each recorded read; ``install(ns, recorder)`` patches
     through the recorder (undone with it). ``hook()`` says which step hook runs now (or None)."""
 
-    def __init__(self, sink, hook):
+    def __init__(self, sink, hook, data_hook=None):
         self.sink = sink
         self.hook = hook
+        # Optional: the hook running now by the recorder's name for it ("DataModule.setup"); reads of
+        # the local rank there are recorded too, as use "data" (judged by data-sharding across nodes).
+        self.data_hook = data_hook
         self.seen: set = set()
         self._uses: dict = {}
 
@@ -99,6 +106,7 @@ class RankReads:
         try:
             hook = self.hook()
             if hook not in STEP_HOOKS:
+                self._record_data_read(what)
                 return
             site, direct = user_site(3)
             if site is None or not direct or (site["file"], site["line"], hook) in self.seen:
@@ -111,6 +119,26 @@ class RankReads:
             self.sink({"ev": RANK_READ, "hook": hook, "what": what, "site": site, "use": use, "how": how})
         except Exception:
             pass  # a read that cannot be recorded is not recorded; the user's step goes on
+
+
+    def _record_data_read(self, what: str) -> None:
+        """A read of the local rank by user code inside a hook that builds data (``DATA_HOOKS``)."""
+        from ..sites import user_site
+
+        hook = self.data_hook() if self.data_hook is not None and what.endswith("local_rank") else None
+        if not hook or hook.rsplit(".", 1)[-1] not in DATA_HOOKS:
+            return
+        site, _ = user_site(4)
+        if site is None or (site["file"], site["line"], hook) in self.seen:
+            return
+        self.seen.add((site["file"], site["line"], hook))
+        self.sink({"ev": RANK_READ, "hook": hook, "what": what, "site": site, "use": "data",
+                   "how": "read while the data is built"})
+
+
+def local_rank_reads(reads: list[list[dict]]) -> list[dict]:
+    """Rank 0's reads of the local rank while data was built (``use`` "data"), one per line."""
+    return [e for e in (reads[0] if reads else []) if e.get("use") == "data"]
 
 
 def step_hook(trainer) -> str | None:

@@ -60,6 +60,7 @@ class AllRankSave(Contract):
     title = "Checkpoint saves and other collectives are called on every rank"
     rule_section = "Sampling, metrics and writes"
     strategies = ("ddp", "fsdp", "deepspeed")
+    tiers = ("cpu", "nodes", "gpu", "multinode")  # nodes: ranks laid out as nodes on this host
     probe_class = ShardedSaveProbe
 
     def blames(self, run: Run) -> int | None:
@@ -71,6 +72,12 @@ class AllRankSave(Contract):
             return Blame.CALL
         if skipped_backward(run) is not None and not run.raised_in_user_code():
             return Blame.CALL
+        if run.raised_owner() == self.id and run.strategy in ("fsdp", "deepspeed") and _sharded_load(run) and \
+                not any(e.get("configured") for e in run.events(0, STRATEGY)):
+            # A sharded directory given to a one-file loader under a sharded strategy the config does not
+            # name: what moving to it would break, said by the session for every item of the run (never a
+            # failed contract on a strategy the user's config does not name).
+            return None
         return super().blames(run)
 
     def judge(self, run: Run) -> Verdict:
@@ -404,6 +411,11 @@ def weights_only_note(run: Run, contract_id: str) -> str | None:
             f"on any strategy and on one device alike: it refuses {what}. This is not a distributed fault. Fix: "
             f"{fix} A loader of your package's own that already "
             f"passes weights_only=False is not affected; {affected}.")
+
+
+def _sharded_load(run: Run) -> bool:
+    """Whether a rank gave a sharded checkpoint directory to a loader that reads one file."""
+    return any(LOAD.of(e) and e.get("layout") in SHARDED_LAYOUTS for t in run.traces for e in t)
 
 
 def _held(entries: list[dict]) -> str:

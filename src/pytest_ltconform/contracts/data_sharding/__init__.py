@@ -29,7 +29,7 @@ from ...outcomes import Outcome
 from ...sites import first_sentence, fmt_site
 from ..base import Blame, Contract, Evidence, Run, Verdict, merged
 from ..loader_sites import LOADER_BUILT
-from ..rank_reads import RANK_READ, describe, gating_reads, selecting_reads
+from ..rank_reads import RANK_READ, describe, gating_reads, local_rank_reads, selecting_reads
 from . import reseed
 from .probe import (
     BATCH,
@@ -39,6 +39,7 @@ from .probe import (
     DS_INDEX,
     DS_ITEM,
     DS_LOADER,
+    DS_PLACE,
     DS_STREAM,
     ROWS_PER_BATCH,
     DataShardingProbe,
@@ -292,6 +293,7 @@ class DataSharding(Contract):
     title = "Each rank trains on its own share of the data, reshuffled every epoch"
     rule_section = "Sampling, metrics and writes"
     strategies = ("ddp", "fsdp", "deepspeed")
+    tiers = ("cpu", "nodes", "gpu", "multinode")  # nodes: ranks laid out as nodes on this host
     probe_class = DataShardingProbe
 
     def blames(self, run: Run) -> int | None:
@@ -500,7 +502,17 @@ class DataSharding(Contract):
                              + (f", sample ids {[e.get('ids') for e in firsts[r]]}" if ids else ""), rank=r)
                     for r in range(run.world_size)]
         evidence += self._loader_evidence(run, stage, loader, steps[0][first_ep])
-        return self.verdict(Outcome.FAILED, summary, evidence=evidence, fix=self._fix_for(loader), category="silent")
+        fix = self._fix_for(loader)
+        across = _same_local_rank_on_nodes(run)
+        if across:
+            summary += f" {across}"
+            evidence += [Evidence(f"{read['what']} is read in {read['hook']} while the data is built; it repeats on "
+                                  f"every node", frame=read.get("site"))
+                         for read in local_rank_reads([run.events(r, RANK_READ) for r in range(run.world_size)])[:2]]
+            fix = ("shard by the global rank (self.trainer.global_rank of self.trainer.world_size shards), or let "
+                   "Lightning's DistributedSampler split a map-style dataset; keep local_rank for picking the local "
+                   "device only. " + fix)
+        return self.verdict(Outcome.FAILED, summary, evidence=evidence, fix=fix, category="silent")
 
     def _loader_evidence(self, run, stage, loader, have: int) -> list[Evidence]:
         """For a stream: the items every rank yields against the steps a sharded stream would give."""
@@ -801,6 +813,18 @@ def _combined_noise_notes(run: Run) -> list[str]:
             notes.append(f"the random draws at {where} are the same on every rank, but each meets the rank's own "
                          f"data (in {use.get('op')}): noise on each rank's samples, not a sample of its own.")
     return notes
+
+
+def _same_local_rank_on_nodes(run: Run) -> str | None:
+    """The sentence for identical ranks that sit on different nodes with the same local rank (a
+    split by the local rank, which repeats on every node); None otherwise or on one node."""
+    places = [next(iter(run.events(r, DS_PLACE)), None) for r in range(run.world_size)]
+    if not all(places) or len({p["node"] for p in places}) < 2 or len({p["local_rank"] for p in places}) != 1:
+        return None
+    who = " and ".join(f"global rank {r} (node {p['node']})" for r, p in enumerate(places))
+    return (f"They sit on different nodes with the same local rank ({who}, local rank {places[0]['local_rank']} on "
+            f"each): the data is split by the local rank, which repeats on every node, so every node reads the same "
+            f"shard and the others are never read.")
 
 
 def _rank_list(ranks: list[int], world_size: int) -> str:

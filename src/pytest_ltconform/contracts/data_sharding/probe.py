@@ -13,6 +13,7 @@ from collections import defaultdict
 from ...events import TRACE_ERROR, Recorded, declare
 from ...harness import batch_leaves, batch_size
 from ...runs import Probe
+from ...world.rank import current_context
 from .. import fetches, loader_sites
 from . import order
 
@@ -101,6 +102,13 @@ class StreamEvent(Recorded):
     n: int | None
 
 
+class PlaceEvent(Recorded):
+    """Where this rank sits in a world of several nodes: its ``node`` and ``local_rank``."""
+
+    node: int
+    local_rank: int
+
+
 DS_LOADER = declare("ds_loader", LoaderEvent)
 DS_DRAW = declare("ds_draw", DrawEvent)
 DS_DRAW_USE = declare("ds_draw_use", DrawUseEvent)
@@ -111,6 +119,7 @@ DS_SAMPLER = declare("ds_sampler", SamplerEvent)
 BATCH = declare("batch", BatchEvent)
 DS_STREAM = declare("ds_stream", StreamEvent)
 DS_GLOBAL_DRAW = declare("ds_global_draw", GlobalDrawEvent)
+DS_PLACE = declare("ds_place", PlaceEvent)
 
 ROWS_PER_BATCH = 64        # sample rows hashed per batch
 BATCHES_PER_EPOCH = 8      # batches fingerprinted per epoch and stage (all are counted)
@@ -844,7 +853,11 @@ class DataShardingProbe(Probe):
 
         _Indices(recorder).install()
         _Items(recorder).install()
-        RankReads(recorder.emit, lambda: step_hook(recorder.trainer)).install(loaded.ns, recorder)
+        reads = RankReads(recorder.emit, lambda: step_hook(recorder.trainer), recorder.current_hook)
+        reads.install(loaded.ns, recorder)
+        ctx = current_context()
+        if ctx is not None and ctx.num_nodes > 1:  # where this rank sits: a split by the local rank repeats per node
+            recorder.emit({"ev": DS_PLACE, "node": ctx.node_rank, "local_rank": ctx.local_rank})
 
         def factory(original):
             def __init__(loader, *args, **kwargs):

@@ -59,28 +59,34 @@ class SharedWrites(Contract):
     title = "Plain shared-file writes happen on one rank (rank-zero guard), checkpoints on all"
     rule_section = "Sampling, metrics and writes"
     strategies = ("ddp", "fsdp", "deepspeed")
+    tiers = ("cpu", "nodes", "gpu", "multinode")  # nodes: ranks laid out as nodes on this host
     probe_class = SharedWritesProbe
 
     def judge(self, run: Run) -> Verdict:
-        by_path: dict[str, dict[int, list[dict]]] = {}
+        # A node-local path (``storage``: the node it is on) is one file per node: the same path
+        # written on two nodes is two files, on one node one (node_storage).
+        by_path: dict[tuple, dict[int, list[dict]]] = {}
         for r in range(run.world_size):
             for e in _staged_writes(run.events(r)):
-                by_path.setdefault(e["path"], {}).setdefault(r, []).append(e)
+                by_path.setdefault((e.get("storage"), e["path"]), {}).setdefault(r, []).append(e)
         shared = {p: ranks for p, ranks in by_path.items() if len(ranks) > 1}
         if not shared:
             verdict = self._passed(run, by_path)
             verdict.notes += _stage_error_notes(run)
             return verdict
-        verdicts = [self._shared(run, path, ranks) for path, ranks in sorted(shared.items())]
+        verdicts = [self._shared(run, key, ranks) for key, ranks in sorted(shared.items(), key=lambda kv: str(kv[0]))]
         return merged(verdicts, _stage_error_notes(run))
 
-    def _shared(self, run: Run, path: str, ranks: dict[int, list[dict]]) -> Verdict:
+    def _shared(self, run: Run, key: tuple, ranks: dict[int, list[dict]]) -> Verdict:
+        storage, path = key
         name = os.path.basename(path)
         modes = {e["mode"] for evs in ranks.values() for e in evs}
         hooks = sorted({e.get("hook") or "outside any hook" for evs in ranks.values() for e in evs})
         first = next(iter(ranks.values()))[0]
         site = fmt_site(first.get("site"))
-        who = " and ".join(f"rank {r}" for r in sorted(ranks))
+        nodes = {r: evs[0].get("node") for r, evs in ranks.items()}
+        spans = len({n for n in nodes.values() if n is not None}) > 1
+        who = " and ".join(f"global rank {r} (node {nodes[r]})" if spans else f"rank {r}" for r in sorted(ranks))
         total = sum(len(v) for v in ranks.values())
         per_rank = ", ".join(f"rank {r}: {len(v)}" for r, v in sorted(ranks.items()))
         epochs = sorted({e.get("epoch") for evs in ranks.values() for e in evs if e.get("epoch") is not None})
@@ -91,7 +97,9 @@ class SharedWrites(Contract):
                    f"({total} writes: {per_rank}")
         if len(epochs) > 1:
             summary += f"; {len(epochs)} epoch{'s' if len(epochs) != 1 else ''}"
-        summary += "). On a shared filesystem every rank writes the same file: "
+        where = f" on node {storage}'s local storage" if storage is not None else ""
+        summary += f"). On a shared filesystem every rank writes the same file{where}: " if not where else \
+            f"). That file is on node {storage}'s local storage, which its ranks share: "
         if how == "opened for appending":
             summary += (f"it ends with {total} rows where {max(len(v) for v in ranks.values())} are meant, "
                         f"and concurrent appends can interleave.")
@@ -107,7 +115,11 @@ class SharedWrites(Contract):
                                      rank=r, site=sites[0]))
         guard = rank_guard(first.get("site"))
         notes = []
-        if guard:
+        if guard and spans and "local_rank" in guard:
+            notes.append(f"the write sits under `{guard}`: the local rank is 0 on the first rank of every node, so "
+                         f"that condition holds once per node (global ranks {', '.join(map(str, sorted(ranks)))} "
+                         f"here), and every node writes the same file on the shared filesystem.")
+        elif guard:
             notes.append(f"the write sits under `{guard}`, but that condition is true on more than one rank.")
         fix = ("guard ordinary file writes so that one rank writes: `if self.trainer.is_global_zero:` (or "
                "@rank_zero_only on the function), or give each rank its own file name (e.g. with "
@@ -126,10 +138,12 @@ class SharedWrites(Contract):
             return self.verdict(Outcome.PASSED, f"user code opened no file for writing during {' and '.join(words)} "
                                                 f"(outside checkpoint saving) on any rank.")
         parts = []
-        for path, ranks in sorted(by_path.items())[:5]:
-            (r, evs), = ranks.items()
+        for (storage, path), ranks in sorted(by_path.items(), key=lambda kv: str(kv[0]))[:5]:
+            r = min(ranks)
+            evs = ranks[r]
             guard = rank_guard(evs[0].get("site"))
-            parts.append(f"{os.path.basename(path)} by rank {r} only"
+            own = f" on node {storage}'s local storage" if storage is not None else ""
+            parts.append(f"{os.path.basename(path)}{own} by rank {r} only"
                          + (f" (under `{guard}`)" if guard else ""))
         more = f" and {len(by_path) - 5} more" if len(by_path) > 5 else ""
         return self.verdict(Outcome.PASSED,

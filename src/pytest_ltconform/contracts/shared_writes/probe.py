@@ -9,16 +9,22 @@ import sys
 import threading
 
 from ...events import Recorded, declare
+from ...world.rank import current_context
+from .. import node_storage
 from ..base import Probe
 
 
 class WriteEvent(Recorded):
-    """A file opened for writing (``path`` as shown, ``mode``) from user code at ``site`` in ``hook``."""
+    """A file opened for writing (``path`` as shown, ``mode``) from user code at ``site`` in ``hook``,
+    on node ``node``; ``storage``: the node whose local storage holds it (node_storage.locate), absent
+    for a shared path."""
 
     path: str
     mode: str
     site: dict | None
     hook: str | None
+    node: int
+    storage: int
 
 
 WRITE = declare("write", WriteEvent)
@@ -96,12 +102,17 @@ class SharedWritesProbe(Probe):
         self.recorder = None
         self.pid = os.getpid()
         self.roots: tuple[str, ...] = ()
+        self.node = 0
+        self.storage: dict | None = None
 
     def before_trainer(self, loaded, trainer_kwargs, recorder) -> None:
         import torch
 
         global _ACTIVE
         self.recorder = recorder
+        ctx = current_context()
+        self.node = ctx.node_rank if ctx is not None else 0
+        self.storage = node_storage.rank_storage(ctx, (trainer_kwargs.get("default_root_dir"),)) if ctx else None
         roots = {os.path.realpath(os.getcwd())}
         if trainer_kwargs.get("default_root_dir"):
             roots.add(os.path.realpath(str(trainer_kwargs["default_root_dir"])))
@@ -161,8 +172,12 @@ class SharedWritesProbe(Probe):
             if absolute == root or absolute.startswith(root + os.sep):
                 shown = os.path.join(ROOT, os.path.relpath(absolute, root))
                 break
-        self.recorder.emit({"ev": WRITE, "path": shown, "mode": mode, "site": site,
-                            "hook": self.recorder.current_hook()})
+        event = {"ev": WRITE, "path": shown, "mode": mode, "site": site, "hook": self.recorder.current_hook(),
+                 "node": self.node}
+        located = node_storage.locate(absolute, self.storage) if self.storage is not None else None
+        if located is not None:  # each node's own: the same path on two nodes is two files
+            event.update(path=located[1], storage=located[0])
+        self.recorder.emit(event)
 
     def collect(self, loaded, trainer, recorder):
         global _ACTIVE

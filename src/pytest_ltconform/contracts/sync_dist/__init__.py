@@ -75,6 +75,7 @@ class SyncDist(Contract):
     title = "Synced logging, monitored metrics and shared decisions agree across ranks"
     rule_section = "Sampling, metrics and writes"
     strategies = ("ddp", "fsdp", "deepspeed")
+    tiers = ("cpu", "nodes", "gpu", "multinode")  # nodes: ranks laid out as nodes on this host
     probe_class = SyncDistProbe
 
     def blames(self, run: Run) -> int | None:

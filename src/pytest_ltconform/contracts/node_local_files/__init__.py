@@ -1,0 +1,120 @@
+"""node-local-files: every node reads only what is on its own storage or on storage every node
+mounts, and checkpoints go to shared storage.
+
+Seed section "Multi-node launch": every node runs the same code and needs access to the data and
+the checkpoints. ``/tmp``, ``/dev/shm``, ``$TMPDIR``, ``$SLURM_TMPDIR`` and ``tempfile.gettempdir()``
+are each node's own on a cluster: a file one node's rank writes there does not exist on another
+node, whatever the path is called.
+
+Checked on the nodes tier's worlds (several nodes on this host, each with its own node-local storage,
+see ``world.nodes``) and in a launched world of several nodes (the multinode tier), from what every
+rank's probe recorded: each read, listing and open of a node-local path, each write, folder, rename
+and copy there, with the user's line, and where each checkpoint callback's folder is. It fails
+
+- when a rank reads, lists or loads a node-local path that only ranks of another node wrote (the
+  same path on the reader's own node holds nothing), naming the path, the writing rank and node,
+  the reading rank and node and both user lines; a rank that then raised (its node really had no
+  such file, under a private mount namespace) is this contract's finding, not a crash of the user's;
+- when a checkpoint goes to node-local storage: a ModelCheckpoint ``dirpath`` there, a
+  ``trainer.save_checkpoint`` path there, the user's ``default_root_dir`` there (where Lightning's
+  own checkpoints go); a sharded checkpoint whose files several nodes wrote is held by no node whole.
+
+The verdict is read from the record, so it is the same whether the ranks' storage was kept apart
+by mount namespaces (where the fault also shows as a real FileNotFoundError) or by a folder per
+node (where a path handed from one node to another still opens on this host).
+"""
+
+from __future__ import annotations
+
+from ...outcomes import Outcome
+from ..base import Blame, Contract, Evidence, Run, Verdict, merged
+from . import faults
+from .probe import NodeLocalFilesProbe
+
+FIX_DATA = ("write it to storage every node mounts (a shared filesystem: the run's default_root_dir, a project "
+            "data folder), or prepare it on every node: prepare_data_per_node=True (Lightning's default) has each "
+            "node's local rank 0 write its own node-local copy.")
+FIX_CKPT = ("put checkpoints on storage every node mounts: leave ModelCheckpoint(dirpath=...) unset with "
+            "default_root_dir on a shared filesystem, or give it a shared dirpath; a checkpoint in node-local "
+            "scratch must be copied to shared storage before another node (or a later job) reads it.")
+
+
+class NodeLocalFiles(Contract):
+    id = "node-local-files"
+    title = "Nodes read only their own node-local files; checkpoints go to storage every node mounts"
+    rule_section = "Multi-node launch"
+    strategies = ("ddp", "fsdp")
+    tiers = ("nodes", "multinode")
+    probe_class = NodeLocalFilesProbe
+
+    def blames(self, run: Run) -> int | None:
+        """A rank that raised an OS error after reading a node-local path only another node wrote
+        (its node had no such file): this contract's finding, not the user's crash."""
+        if run.finished:
+            return super().blames(run)
+        reads = faults.cross_node_reads(faults.Record.of(run))
+        failed = [r for r in run.job.ranks if r.status in ("error", "died")]
+        if failed and all(faults.raised_on(read, r) for r in failed for read in reads if read.reader == r.rank) \
+                and any(read.reader == r.rank for r in failed for read in reads):
+            return Blame.RAISED
+        return super().blames(run)
+
+    def judge(self, run: Run) -> Verdict:
+        record = faults.Record.of(run)
+        if record.storage is None:
+            return self.not_judged("no rank reported its node storage (the run stopped before its probe started).")
+        if len(set(record.nodes.values())) < 2:
+            node = min(record.nodes.values(), default=0)
+            return self.not_judged(f"every rank of this run sits on node {node}: no node "
+                                   f"can read another's storage here (the nodes tier, [ddp-2nodes], judges it).")
+        found = [self._read_verdict(run, record, group) for group in faults.grouped(faults.cross_node_reads(record))]
+        found += [self._checkpoint_verdict(c) for c in faults.local_checkpoints(record)]
+        found += [self._root_verdict(root) for root in record.root_dirs]
+        notes = [record.storage_note()]
+        if record.dropped:
+            notes.append(f"{record.dropped} further node-local accesses were not recorded (a rank records "
+                         f"{faults.MAX_EVENTS} distinct ones).")
+        if not found:
+            return self.verdict(Outcome.PASSED, record.passed_summary(), notes=notes)
+        return merged(found, notes)
+
+    def _read_verdict(self, run: Run, record, reads: list) -> Verdict:
+        first = reads[0]
+        writers = first.writers
+        readers = sorted({(r.reader, r.reader_node) for r in reads})
+        raised = [faults.raised_text(r, run.job.ranks[r.reader]) for r in reads]
+        raised = next((t for t in raised if t), "")
+        summary = (f"{faults.written_words(record, writers)}; {faults.reader_words(readers, reads)} "
+                   f"the same path{faults.in_hooks(reads, reading=True)}{raised}. On a cluster node-local storage "
+                   f"(/tmp, /dev/shm, $TMPDIR, $SLURM_TMPDIR, tempfile.gettempdir()) is each node's own: the file "
+                   f"exists on node {writers[0].node} only.")
+        evidence = [Evidence(f"{w.op_words()} {w.path}{faults.in_hook(w)} (node {w.node}, local storage)"
+                             + (" (its folder is set here)" if not w.site and w.config else ""),
+                             rank=w.rank, frame=w.site, site=None if w.site else w.config_site())
+                    for w in writers[:4]]
+        evidence += [Evidence(f"{r.op_words()} {r.path}{faults.in_hook(r)} on node {r.reader_node}, which no rank of "
+                              f"node {r.reader_node} wrote{faults.raised_text(r, run.job.ranks[r.reader])}",
+                              rank=r.reader, frame=r.site) for r in reads[:4]]
+        fix = FIX_CKPT if first.is_checkpoint() else FIX_DATA
+        # On a cluster the reader finds no such file: its rank raises and its peers wait in the next
+        # collective (a listing instead comes back empty), whether or not this host's disk let it open.
+        category = "silent" if all(r.op == "list" for r in reads) else "deadlock"
+        return self.verdict(Outcome.FAILED, summary, evidence=evidence, fix=fix, category=category)
+
+    def _checkpoint_verdict(self, ckpt) -> Verdict:
+        summary = ckpt.summary()
+        evidence = [Evidence(line, rank=rank, frame=site, site=None if site else fallback)
+                    for line, rank, site, fallback in ckpt.evidence()]
+        return self.verdict(Outcome.FAILED, summary, evidence=evidence, fix=FIX_CKPT)
+
+    def _root_verdict(self, root: dict) -> Verdict:
+        summary = (f"default_root_dir={root['raw']} in your Trainer kwargs is node-local storage ({root['path']}): "
+                   f"Lightning's own checkpoints (<default_root_dir>/checkpoints) and logs go there, so only the node "
+                   f"of global rank 0 holds them and a resume on another node finds nothing. (The runs here use a "
+                   f"folder of their own, shared by every rank.)")
+        site = root.get("site")
+        evidence = [Evidence("default_root_dir is set in these Trainer kwargs", frame=site)] if site else []
+        return self.verdict(Outcome.FAILED, summary, evidence=evidence, fix=FIX_CKPT)
+
+
+CONTRACT = NodeLocalFiles()
