@@ -28,6 +28,43 @@ from typing import Any
 _ZERO_TO_FSDP = {0: "NO_SHARD", 1: "SHARD_GRAD_OP", 2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}
 # FSDPStrategy kwargs that only make sense on GPUs and are dropped on CPU ranks.
 _GPU_ONLY_KWARGS = ("device_mesh",)
+# Sharding strategies that shard within a node and replicate across nodes (a 2-D device mesh).
+HYBRID = ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
+
+
+def world_layout() -> tuple[int, int]:
+    """(nodes, ranks per node) of the running job's world (one node of one rank outside a job)."""
+    from .world.rank import current_context
+
+    ctx = current_context()
+    if ctx is None:
+        return 1, 1
+    nodes = max(1, int(ctx.num_nodes or 1))
+    return nodes, max(1, ctx.world_size // nodes)
+
+
+def cpu_mesh(shape: tuple[int, int]):
+    """A 2-D device mesh on CPU (replicate across nodes, shard within one) for the job's process
+    group: what Lightning's FSDPStrategy would build with ``init_device_mesh("cuda", shape)``."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("cpu", shape, mesh_dim_names=("replicate", "shard"))
+
+
+def _hybrid_settings(strategy, settings: dict) -> None:
+    """A hybrid sharding on CPU ranks (in place on the FSDP ``settings`` of ``strategy``): on one
+    node a CPU mesh of 1 x its ranks; across nodes FULL_SHARD (the item's note says so): with one
+    rank per node a shard group of one rank is NO_SHARD without the all-reduce across nodes, and a
+    CPU mesh of several ranks per node did not resume its own sharded checkpoint here."""
+    nodes, per_node = world_layout()
+    if nodes > 1:
+        from torch.distributed.fsdp import ShardingStrategy
+
+        settings["sharding_strategy"] = ShardingStrategy.FULL_SHARD
+        return
+    if strategy.ltconform_mesh is None:
+        strategy.ltconform_mesh = cpu_mesh((nodes, per_node))
+    settings["device_mesh"] = strategy.ltconform_mesh
 
 
 def sharded_kind(user_strategy: Any) -> str | None:
@@ -126,10 +163,14 @@ def _cpu_subclass(base: type) -> type:
         """FSDPStrategy on CPU gloo ranks: FSDP units get ``device_id=cpu``."""
 
         ltconform_cpu_tier = True
+        ltconform_mesh = None  # the CPU device mesh of a hybrid sharding, made once the group exists
 
         def _fsdp_settings(self) -> dict:
-            return dict(cpu_offload=self.cpu_offload, mixed_precision=self.mixed_precision_config,
-                        sharding_strategy=self.sharding_strategy, device_id=cpu, **self.kwargs)
+            settings = dict(cpu_offload=self.cpu_offload, mixed_precision=self.mixed_precision_config,
+                            sharding_strategy=self.sharding_strategy, device_id=cpu, **self.kwargs)
+            if getattr(self.sharding_strategy, "name", None) in HYBRID:
+                _hybrid_settings(self, settings)
+            return settings
 
         def _setup_model(self, model):
             from torch.distributed.fsdp import FullyShardedDataParallel
@@ -231,11 +272,12 @@ def cpu_fsdp_strategy(ns: Any, user_strategy: Any = None, timeout_s: float | Non
         strategy._timeout = datetime.timedelta(seconds=timeout_s)
     where = "a GPU is present, but this is the CPU tier" if _cuda_available() else "no GPU is present"
     sharding = getattr(getattr(strategy, "sharding_strategy", None), "name", "FULL_SHARD")
+    hybrid = _hybrid_note(user_strategy, sharding)
     if kind == "fsdp":
         strategy.ltconform_note = (
             f"the Trainer config names {describe(user_strategy)}; {where}, so this item ran it as "
             f"FSDP on CPU gloo ranks (the CPU sharded tier) with your settings "
-            f"(sharding {sharding}, state_dict_type={strategy._state_dict_type!r}).")
+            f"(sharding {sharding}, state_dict_type={strategy._state_dict_type!r}).{hybrid}")
     elif kind == "deepspeed":
         strategy.ltconform_note = (
             f"the Trainer config names {describe(user_strategy)}; DeepSpeed under Lightning needs CUDA and "
@@ -244,6 +286,25 @@ def cpu_fsdp_strategy(ns: Any, user_strategy: Any = None, timeout_s: float | Non
     else:
         strategy.ltconform_note = None
     return strategy
+
+
+def _hybrid_note(user_strategy: Any, sharding: str) -> str:
+    """What a hybrid sharding (or the user's device_mesh) ran as on this world's nodes."""
+    nodes, per_node = world_layout()
+    mesh = (getattr(user_strategy, "kwargs", None) or {}).get("device_mesh")
+    said = ""
+    if mesh is not None:
+        said = (f" The config's device_mesh={mesh!r} is not used here: Lightning's FSDPStrategy builds its mesh "
+                f"with init_device_mesh('cuda', ...), which needs a GPU")
+    if sharding not in HYBRID:
+        return said + ("." if said else "")
+    lead = f"{said}; " if said else " "
+    if nodes > 1:
+        return lead + (f"{sharding} ran as FULL_SHARD over the {nodes * per_node} ranks of the {nodes} nodes: the "
+                       f"CPU tier does not run hybrid sharding across nodes (strategy-config judges your mesh "
+                       f"against num_nodes x devices).")
+    return lead + (f"{sharding} ran on a CPU device mesh of 1 x {per_node}: sharded within this one node of "
+                   f"{per_node} ranks, with nothing to replicate across.")
 
 
 def ddp_note(strategy_name: str, user_strategy: Any) -> str | None:

@@ -18,6 +18,9 @@ SHARDING = {
     "FSDP FULL_SHARD": (("params", "grads", "optimizer"), True),
     "FSDP SHARD_GRAD_OP": (("grads", "optimizer"), False),
     "FSDP NO_SHARD": ((), False),
+    # Hybrid: sharded over one node's devices (``per_node``), replicated across nodes.
+    "FSDP HYBRID_SHARD": (("params", "grads", "optimizer"), True),
+    "FSDP _HYBRID_SHARD_ZERO2": (("grads", "optimizer"), False),
     "DeepSpeed ZeRO-0": ((), False),
     "DeepSpeed ZeRO-1": (("optimizer",), False),
     "DeepSpeed ZeRO-2": (("grads", "optimizer"), False),
@@ -60,10 +63,11 @@ def per_device(label: str, prediction: dict, world: int) -> dict:
     backward) and the other temporaries the traced step held at its peak."""
     divided, gathers = SHARDING.get(label, ((), False))
     state = _state(label, prediction)
-    row = {cat: math.ceil(state[cat] / world) if cat in divided else state[cat]
+    over = min(world, prediction.get("per_node") or world) if "HYBRID" in label else world
+    row = {cat: math.ceil(state[cat] / over) if cat in divided else state[cat]
            for cat in ("params", "grads", "optimizer")}
     row["params"] += state.get("buffers", 0)
-    row["gathered"] = prediction.get("unit_bytes", 0) if gathers and world > 1 else 0
+    row["gathered"] = prediction.get("unit_bytes", 0) if gathers and over > 1 else 0
     row["activations"] = prediction["activations"]
     row["temporaries"] = prediction.get("temporaries", 0)
     row["total"] = sum(row[k] for k in _TOTALLED)

@@ -332,6 +332,7 @@ def _predict(objects, run_world: int, first: tuple | None) -> dict:
     return {"bytes": state, "peak": peak, "activations": saved.bytes,
             "temporaries": max(0, beyond_state - saved.bytes),
             "batch": stated or drawn, "drawn": drawn, "precision": precision, "world": world,
+            "per_node": max(1, world // int(user.get("num_nodes", 1) or 1)),
             "world_note": world_note, "configured": configured(user.get("strategy")),
             "offload": offloads(user.get("strategy")),
             "optimizers": [type(o).__name__ for o in optimizers], "unit": unit, "unit_bytes": unit_bytes}

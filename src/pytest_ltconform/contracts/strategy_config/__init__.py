@@ -274,7 +274,48 @@ def deepspeed_config_raise(traceback_text: str | None) -> bool:
     # pydantic validates DeepSpeed's config models: its frames are DeepSpeed's doing, not the user's.
     return not any(is_user_file(path) and "/pydantic" not in path for path in frames[hits[0]:])
 
+def _render_mesh_size(f: dict, site: str | None):
+    shape, nodes, devices = tuple(f["mesh"]), f["num_nodes"], f["devices"]
+    summary = (f"FSDPStrategy(device_mesh={shape}) spans {shape[0] * shape[1]} ranks but the Trainer has num_nodes "
+               f"{nodes} x devices {devices} = {nodes * devices}: init_device_mesh refuses a mesh whose size is not "
+               f"the world's when the job starts on the GPUs.")
+    fix = (f"make the mesh (replicas, shard size) = (num_nodes, devices) = ({nodes}, {devices}), or change num_nodes "
+           f"and devices to match it.")
+    return summary, (f"device_mesh={shape}, num_nodes={nodes}, devices={devices}", site), "FSDP", fix
+
+
+def _render_mesh_across_nodes(f: dict, site: str | None):
+    shape, devices = tuple(f["mesh"]), f["devices"]
+    summary = (f"FSDPStrategy(device_mesh={shape}) shards over groups of {shape[1]} ranks, but a node has "
+               f"devices={devices}: each shard group crosses nodes, so every forward and backward all-gathers and "
+               f"reduce-scatters over the inter-node network, which HYBRID sharding exists to avoid.")
+    fix = f"keep the shard dimension within one node: device_mesh=(num_nodes, {devices}) (replicate across nodes)."
+    return summary, (f"device_mesh={shape} with devices={devices} per node", site), "FSDP", fix
+
+
+def _render_hybrid_one_device(f: dict, site: str | None):
+    summary = (f"sharding_strategy={f['sharding']} with one device per node (devices={f['devices']}"
+               + (f", device_mesh={tuple(f['mesh'])}" if f["mesh"] else "") + "): each node's shard group is one "
+               "rank, and torch FSDP turns a group of one into NO_SHARD over that group, so the gradients are never "
+               "all-reduced across nodes and every node trains its own replica apart from the others, with no error.")
+    fix = ("with one device per node, shard over every rank instead: FULL_SHARD (or SHARD_GRAD_OP), or plain DDP; "
+           "keep HYBRID_SHARD for nodes with several devices.")
+    return summary, (f"sharding_strategy={f['sharding']}, devices={f['devices']}", site), "FSDP", fix
+
+
+def _render_hybrid_one_node(f: dict, site: str | None):
+    summary = (f"sharding_strategy={f['sharding']} replicates across nodes, but the Trainer config runs "
+               f"num_nodes={f['num_nodes'] or 1}: on one node it shards like FULL_SHARD (or SHARD_GRAD_OP) and "
+               f"keeps an inter-node process group that has nothing to do.")
+    fix = "set num_nodes to the nodes the job runs on, or use FULL_SHARD on one node."
+    return summary, (f"sharding_strategy={f['sharding']}, num_nodes={f['num_nodes'] or 1}", site), "FSDP", fix
+
+
 _RENDERERS = {
+    "fsdp_mesh_size": _render_mesh_size,
+    "fsdp_mesh_across_nodes": _render_mesh_across_nodes,
+    "fsdp_hybrid_one_node": _render_hybrid_one_node,
+    "fsdp_hybrid_one_device": _render_hybrid_one_device,
     "ds_rejected": _render_ds_rejected,
     "fsdp_policy_absent": _render_policy_absent,
     "fsdp_mixed_precision": _render_mixed_precision,

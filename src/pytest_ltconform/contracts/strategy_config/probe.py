@@ -150,6 +150,7 @@ def _fsdp_facts(strategy, model, user: dict, file: str | None) -> list[dict]:
             "model": type(model).__qualname__,
             "site": _config_line(file, [name, "auto_wrap_policy", "FSDPStrategy("]),
         })
+    findings += _mesh_facts(strategy, user, file)
     mp = getattr(strategy, "mixed_precision", None)
     if mp is not None:
         from torch.distributed.fsdp import MixedPrecision
@@ -160,6 +161,44 @@ def _fsdp_facts(strategy, model, user: dict, file: str | None) -> list[dict]:
                              "site": _config_line(file, ["mixed_precision", "FSDPStrategy("])})
     del torch
     return findings
+
+def _count(value) -> int | None:
+    """num_nodes / devices as a number (a list of devices counts its entries); None for 'auto'."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if value > 0 else None
+    if isinstance(value, (list, tuple)):
+        return len(value)
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip()) or None
+    return None
+
+
+def _mesh_facts(strategy, user: dict, file: str | None) -> list[dict]:
+    """A hybrid sharding or a device_mesh against the production world: the mesh's product is
+    num_nodes x devices, and each shard group (the mesh's last dimension) lies inside one node.
+    Judged from the config: Lightning builds the mesh on 'cuda', so a CPU run cannot build the
+    user's own (the nodes tier runs the sharding on a CPU mesh of its own layout instead)."""
+    sharding = getattr(getattr(strategy, "sharding_strategy", None), "name", "") or ""
+    mesh = (getattr(strategy, "kwargs", None) or {}).get("device_mesh")
+    shape = tuple(mesh) if isinstance(mesh, tuple) else tuple(getattr(mesh, "shape", ()) or ())
+    if "HYBRID" not in sharding and not shape:
+        return []
+    nodes, devices = _count(user.get("num_nodes", 1)), _count(user.get("devices"))
+    site = _config_line(file, ["device_mesh", "sharding_strategy", "FSDPStrategy("])
+    base = {"sharding": sharding or "FULL_SHARD", "mesh": list(shape), "num_nodes": nodes, "devices": devices,
+            "site": site}
+    if len(shape) == 2 and nodes and devices and shape[0] * shape[1] != nodes * devices:
+        return [{"kind": "fsdp_mesh_size", **base}]
+    if len(shape) == 2 and devices and shape[1] > devices:
+        return [{"kind": "fsdp_mesh_across_nodes", **base}]
+    if "HYBRID" in sharding and (shape[1:] == (1,) or (not shape and devices == 1 and (nodes or 1) > 1)):
+        return [{"kind": "fsdp_hybrid_one_device", **base}]
+    if "HYBRID" in sharding and nodes in (None, 1) and not shape:
+        return [{"kind": "fsdp_hybrid_one_node", **base}]
+    return []
+
 
 def _walk(config, prefix=""):
     if isinstance(config, dict):
