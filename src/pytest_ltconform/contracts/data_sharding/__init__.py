@@ -323,6 +323,10 @@ class DataSharding(Contract):
         findings += self._uneven_counts(run, batches, loaders)
         findings += self._same_order_every_epoch(run, batches, loaders)
         findings += self._identical_noise(run, batches)
+        at_size, sized = self._at_production(run)
+        findings += sized
+        if at_size and findings:
+            findings[0].notes.append(at_size)
         if findings:
             first = merged(findings, [_split_note(stage, read) for stage, read in split.items()])
             if not run.finished:
@@ -332,7 +336,23 @@ class DataSharding(Contract):
         unread = self._unreadable(run, batches, loaders)
         if unread is not None:
             return unread
-        return self._passed(run, batches, loaders, split)
+        verdict = self._passed(run, batches, loaders, split)
+        if at_size:
+            verdict.notes.append(at_size)
+        return verdict
+
+    def _at_production(self, run: Run) -> tuple[str | None, list[Verdict]]:
+        """The training split at the config's production size (rank 0 computed every rank's
+        indices from its sampler): a note, and a failure for a class no rank reads there."""
+        from ..production import sentences
+
+        plan = next((d.get("production") for d in run.probe(self.id) if d and d.get("production")), None)
+        note, found = sentences(plan, "train")
+        verdicts = [self.verdict(Outcome.FAILED, f"{text}.", category="silent",
+                                 fix="use drop_last=False on the training DataLoader (Lightning's sampler pads "
+                                     "the last round instead), or a batch size that divides each rank's share")
+                    for text in found]
+        return note, verdicts
 
     def _unreadable(self, run: Run, batches, loaders) -> Verdict | None:
         """Not judged when train batches ran but no rank's samples could be told apart: no dataset

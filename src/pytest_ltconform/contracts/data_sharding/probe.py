@@ -995,11 +995,19 @@ class DataShardingProbe(Probe):
     def collect(self, loaded, trainer, recorder):
         from torch.utils.data import DataLoader, IterableDataset
 
+        from .. import production
+
         out = {}
         for stage, loader in self._loaders.items():
             if isinstance(loader, DataLoader) and isinstance(loader.dataset, IterableDataset):
                 out[stage] = count_stream(loader.dataset)
-        return {"stream_len": out}
+        at_size = None
+        if trainer.global_rank == 0 and isinstance(self._loaders.get("train"), DataLoader):
+            try:  # every rank of the production world, computed from this rank's sampler
+                at_size = production.plan(self._loaders["train"], loaded.user_kwargs, trainer.world_size)
+            except Exception as exc:
+                at_size = {"world": 0, "not_computed": f"{type(exc).__name__}: {exc}"}
+        return {"stream_len": out, "production": at_size}
 
 
 # -- pytest side -------------------------------------------------------------------------------

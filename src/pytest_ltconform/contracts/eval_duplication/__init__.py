@@ -128,6 +128,7 @@ class EvalDuplication(Contract):
                 ref_rec = None
             _StageCheck(run, stage, recs, ref_rec, limited, found).check()
             judged.append(stage)
+            _production_note(recs[0].get("production"), stage, found)
         if not judged:
             return self.not_judged(found.notes[-1], notes=found.notes[:-1])
         if found.items:
@@ -167,6 +168,16 @@ def _stage_error_note(stage: str, recs: list, driver: list, stages: list) -> str
     # The exception, the frame that raised it (yours, a library's) and your frame on the way.
     what = exception_words(err["exc_type"], err.get("message"), raised, user)
     return f"the {stage} stage raised {what} on {ranks}, so it was not judged{after}."
+
+
+def _production_note(plan: dict | None, stage: str, found) -> None:
+    """What every rank of the production world would evaluate of ``stage`` (rank 0 computed it from
+    its sampler), beside the verdict on this run's ranks."""
+    from ..production import sentences
+
+    note, _ = sentences(plan, stage)
+    if note:
+        found.notes.append(note)
 
 
 def _reference(run: Run, notes: list[str]) -> dict | None:

@@ -226,6 +226,7 @@ class EvalDuplicationProbe(Probe):
 
     def before_trainer(self, objects, trainer_kwargs, recorder) -> None:
         self.root = trainer_kwargs["default_root_dir"]
+        self.user_kwargs = objects.user_kwargs  # the production world size a stage's split is replayed at
         trainer_kwargs["callbacks"] = list(trainer_kwargs.get("callbacks") or []) + \
             [_make_callback(objects.ns, self)]
         if recorder is not None:
@@ -260,6 +261,14 @@ class EvalDuplicationProbe(Probe):
         state["record"]["loaders"] = [{**_facts(dl), "built": loader_sites.loader_of(_LOADER[stage], i),
                                        "source": id(getattr(dl, "_index_sampler", None))}
                                       for i, dl in enumerate(loaders)]
+        if loaders and trainer.global_rank == 0:
+            from .. import production
+
+            try:  # every rank of the production world, computed from this rank's sampler
+                state["record"]["production"] = production.plan(loaders[0], getattr(self, "user_kwargs", {}),
+                                                                trainer.world_size)
+            except Exception as exc:
+                state["record"]["production"] = {"world": 0, "not_computed": f"{type(exc).__name__}: {exc}"}
         for counter in state["metrics"].values():
             counter["n"] = 0
 
