@@ -11,12 +11,13 @@ The SLURM tests need ``.ci/install-slurm`` (they skip, naming what is missing, w
 
 from __future__ import annotations
 
+import json
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-from cluster import SlurmCluster, slurm_available, torchrun_two_agents
+from cluster import SlurmCluster, free_ports, launcher_free_env, run_concurrently, slurm_available, torchrun_two_agents
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -131,3 +132,58 @@ def test_slurm_two_nodes_run_the_multinode_tier_and_launch_env_catches_a_bad_lay
     assert "SLURM_NTASKS=2 but num_nodes 2 x devices 2 = 4" in out, explain
     assert "SLURM_NTASKS_PER_NODE=1 but the Trainer has devices=2" in out, explain
     assert "docs/contracts/launch-env.md" in out and "'Multi-node launch'" in out, explain
+
+
+# -- the nodes cases: the same verdicts in a real two-node launch as on the nodes tier ------------------
+
+NODE_CASES = (
+    "node-local-files/prepare_data_once_into_node_local_tmp",
+    "node-local-files/ok_prepare_data_per_node_into_node_local_tmp",
+    "node-local-files/checkpoint_dir_under_node_local_tmp", "node-local-files/ok_checkpoint_dir_under_shared_root",
+    "data-sharding/iterable_shards_by_local_rank", "data-sharding/ok_iterable_shards_by_global_rank",
+    "shared-writes/local_rank_guard_writes_shared_history", "shared-writes/ok_global_zero_guard_writes_shared_history",
+)
+WORDS = {"fail": ("failed",), "pass": ("passed",), "nofail": ("passed", "skipped")}
+
+
+@pytest.mark.parametrize("name", NODE_CASES)
+def test_a_nodes_case_gets_its_verdict_under_two_torchrun_agents(tmp_path, name):
+    """Each agent is a node with its own TMPDIR (what a cluster node's scratch is); both share the
+    run's folder. The [ddp-multinode] items of the contracts the case names get the verdicts its
+    EXPECTED gives, which the corpus holds the [ddp-2nodes] items to (tests/test_corpus.py)."""
+    from pytest_ltconform import contracts, corpus
+
+    path = REPO / "conformance" / f"{name}.py"
+    case = corpus.read_case(str(path))
+    named = [c for c in case.expected if c in contracts.ids()]
+    args = ["--ltconform", f"{path}:Model", "-m", "ltconform_multinode", "--ltconform-timeout", "60",
+            "-k", " or ".join(f"{c}[" for c in named), "--ltconform-report", str(tmp_path / "r.json")]
+    if case.has_datamodule:
+        args += ["--ltconform-datamodule", f"{path}:DataModule"]
+    if case.has_trainer:
+        args += ["--ltconform-trainer", f"{path}:trainer_kwargs"]
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    agents = []
+    port = free_ports(1)[0]
+    for node in (0, 1):
+        scratch = tmp_path / f"node{node}-tmp"
+        scratch.mkdir()
+        agents.append(["env", f"TMPDIR={scratch}", sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+                       "--nproc-per-node", "1", "--node-rank", str(node), "--master-addr", "127.0.0.1",
+                       "--master-port", str(port), *PYTEST, *args])
+    results = run_concurrently(agents, TIMEOUT, env=launcher_free_env({"LTCONFORM_SHARED_DIR": str(shared)}),
+                               cwd=tmp_path)
+    explain = _explain(results)
+    assert not any(r.timed_out for r in results), explain
+    records = json.loads((tmp_path / "r.json").read_text())["results"]
+    got = {r["contract"]: (r["outcome"], r.get("category")) for r in records
+           if r["strategy"] == "ddp-multinode" and not r.get("run")}
+    for cid in named:
+        outcome, category = got.get(cid, (None, None))
+        # As the corpus counts it: a contract not judged because another item's failure stopped the run
+        # is no miss of a "pass".
+        assert outcome in WORDS[case.expected[cid]] or (case.expected[cid] != "fail" and category == "consequence"), \
+            f"{cid}: {outcome} ({category})\n{explain}"
+    failing = any(case.expected[c] == "fail" for c in named)
+    assert all((r.returncode != 0) == failing for r in results), explain
