@@ -207,7 +207,8 @@ def test_under_dist_load_each_worker_keeps_to_its_target(pytester, no_leftover_r
     def session(name, *mode):
         report = pytester.path / f"{name}.json"
         result = pytester.runpytest_subprocess("--ltconform", f"{boring} id=a", "--ltconform", f"{boring} id=b",
-                                               "--ltconform-strategies", "ddp", "-k", "sync-dist or eval-duplication",
+                                               "--ltconform-strategies", "ddp", "--ltconform-nodes", "1",
+                                               "-k", "sync-dist or eval-duplication",
                                                "--ltconform-report", str(report), "-v", "-p", "no:cacheprovider",
                                                "-p", "no:randomly", *mode)
         assert result.ret == pytest.ExitCode.OK, result.stdout.str()[-3000:]
