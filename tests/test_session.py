@@ -261,6 +261,34 @@ def test_a_sharded_skip_says_on_cpu_only_when_the_failure_is_particular_to_cpu_r
     assert "the plugin's CPU stand-in raised it, in pytest_ltconform/sharded.py:164 (_p_assert))" in ours.summary
 
 
+def test_a_deepspeed_skip_names_lightnings_frame_and_the_users_object_not_the_cpu(fake_runs):
+    """Trial (iteration_batch_sampler_not_distributed.py): a batch sampler without ``batch_size``
+    stops Lightning's DeepSpeedStrategy, which reads it to fill train_micro_batch_size_per_gpu on
+    any device; the skip said "does not run under DeepSpeed on CPU". It names Lightning's frame and
+    the user's object, and says nothing of the CPU."""
+    from pathlib import Path
+
+    import lightning.pytorch.strategies.deepspeed as ds_file
+
+    from pytest_ltconform.contracts.base import Run
+    from pytest_ltconform.policies import not_a_sharded_module as _not_a_sharded_module
+
+    message = "'IterationBasedBatchSampler' object has no attribute 'batch_size'"
+    tb = ('Traceback (most recent call last):\n'
+          f'  File "{ds_file.__file__}", line 944, in _auto_select_batch_size\n'
+          '    return train_dataloader.batch_sampler.batch_size\n'
+          f'AttributeError: {message}\n')
+    ranks = [fake_runs.rank(r, status="error", exc_type="AttributeError", message=message, traceback=tb)
+             for r in range(2)]
+    run = Run(fake_runs.job(ranks, status="error"), "deepspeed", "fit")
+    skipped = _not_a_sharded_module(contracts.get_contract("sync-dist"), run)
+    assert skipped.summary.startswith(
+        "the module does not run under DeepSpeed (AttributeError in library code at "
+        f"lightning/pytorch/strategies/{Path(ds_file.__file__).name}:944 (_auto_select_batch_size), with no frame "
+        f"of your code on the way: {message});"), skipped.summary
+    assert "on CPU" not in skipped.summary
+
+
 def test_a_later_stage_that_raised_is_named_with_its_cause_and_lines(fake_runs):
     import torch.nn.functional as F
 

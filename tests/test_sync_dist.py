@@ -222,7 +222,8 @@ def test_checkpoint_paths_differ_by_unsynced_filename_metric(fake_runs):
     assert "although the monitored 'val_loss' agrees" in verdict.summary
     assert "interpolates 'val_acc', logged without sync_dist in validation_step at /user/model.py:42" in \
         verdict.summary
-    assert verdict.fix.startswith("log 'val_acc' with sync_dist=True at /user/model.py:42")
+    assert verdict.fix.startswith("at /user/model.py:42 (Model.validation_step), log 'val_acc' on every rank with "
+                                  "sync_dist=True")
     assert any("rank 0 0.875 vs rank 1 0.25" in e.detail for e in verdict.evidence)
 
 
@@ -667,3 +668,58 @@ def test_a_scikit_learn_metric_logged_per_batch_without_sync_dist_fails(pytester
                                  "sync_dist)*rank 0's logged epoch value * is not the same metric over rank 0's 32 "
                                  "samples of the epoch*"])
 
+
+
+def test_a_nonlinear_metric_logged_once_per_epoch_is_called_each_ranks_value_averaged_over_ranks(fake_runs):
+    """Trial (average_precision_per_rank_averaged.py): AP computed in on_validation_epoch_end over each
+    rank's own outputs and logged with sync_dist=True was said to be logged "on each batch" and
+    "mean-reduced over batches", with "1 per-batch values" as evidence. It is each rank's one value,
+    averaged across ranks by sync_dist; the Fix offers gathering the inputs."""
+    import torch
+
+    def ap(preds, target):
+        from torchmetrics.functional.classification import binary_average_precision
+
+        return [_part("binary_average_precision#0",
+                      "torchmetrics.functional.classification.average_precision.binary_average_precision",
+                      "functional binary_average_precision", [preds, target],
+                      float(binary_average_precision(preds, target)))]
+
+    blocks = [[(torch.cat([p for p, _ in rank]), torch.cat([t for _, t in rank]))] for rank in _blocks()]
+    records = _records(ap, blocks, mode="single")
+    for r in records:
+        r["hook"] = "on_validation_epoch_end"
+    logged = _epoch_value(records)
+    values = [_value(_final({"val_ap": logged}), per_batch={"val_ap": r}) for r in records]
+    verdict = get_contract("sync-dist").judge(fake_runs.run(values=values))
+    assert verdict.outcome == "failed", verdict.render()
+    assert verdict.summary.startswith(
+        "'val_ap' logged from functional binary_average_precision once per epoch in on_validation_epoch_end and "
+        "computed over each rank's own outputs and mean-reduced over ranks by sync_dist (nonlinear metric)"), \
+        verdict.summary
+    assert "each batch" not in verdict.summary and "over batches" not in verdict.summary
+    assert [e.detail for e in verdict.evidence] == [
+        "1 value logged in on_validation_epoch_end of the last epoch, over this rank's own outputs"] * 2
+    assert "self.all_gather the inputs of binary_average_precision in on_validation_epoch_end" in verdict.fix
+    assert claims.check({"contract": "sync-dist", **verdict.as_dict()}) == []
+
+
+@pytest.mark.parametrize("hook", ["on_validation_epoch_end", "validation_step"])
+def test_the_fix_for_an_unsynced_monitor_offers_sync_dist_only_for_a_plain_mean(fake_runs, hook):
+    """Trial (checkpoint_monitor_rmse_from_rank_outputs.py): an RMSE each rank computes in its epoch
+    end from its own outputs got the Fix "sync_dist=True", which averages the ranks' RMSEs (not the
+    RMSE of the set). From an epoch-level hook the Fix gathers the outputs; from a step it says
+    sync_dist=True for a plain mean and a TorchMetrics object otherwise."""
+    reads = ([_read(0.5, 0, key="val_rmse"), _read(0.4, 1, key="val_rmse")],
+             [_read(0.7, 0, key="val_rmse"), _read(0.6, 1, key="val_rmse")])
+    run = _monitored_run(fake_runs, *reads, {"hook": hook}, key="val_rmse")
+    verdict = get_contract("sync-dist").judge(run)
+    assert verdict.outcome == "failed", verdict.render()
+    if hook == "validation_step":
+        assert "with sync_dist=True (and batch_size=...) where it is a plain mean" in verdict.fix
+        assert "a TorchMetrics object where it is not" in verdict.fix
+    else:
+        assert verdict.fix.startswith("compute 'val_rmse' over every rank's outputs: self.all_gather the predictions "
+                                      "and targets in on_validation_epoch_end before computing it"), verdict.fix
+        assert "sync_dist=True averages the ranks' values" in verdict.fix
+        assert "with sync_dist=True (and batch_size" not in verdict.fix

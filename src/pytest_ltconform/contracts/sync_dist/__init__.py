@@ -199,8 +199,7 @@ class SyncDist(Contract):
             if found is None:
                 continue
             summary, lines, made = found
-            fix = (f"log {key!r} on every rank with sync_dist=True (and batch_size=...) or log a "
-                   f"TorchMetrics object; never rank_zero_only for a metric a callback monitors.")
+            fix = f"{_sync_remedy(key, logs)}; never rank_zero_only for a metric a callback monitors."
             failures.append(self.verdict(Outcome.FAILED, summary, evidence=[Evidence(x) for x in lines], fix=fix,
                                          category="silent", claims=made))
         return failures
@@ -236,7 +235,8 @@ class SyncDist(Contract):
                 failures.append(self.verdict(
                     Outcome.FAILED, f"{differ.text}.", claims=[differ],
                     evidence=[Evidence(f"stopped_epoch={s}", rank=r) for r, s in enumerate(stopped)],
-                    category="silent", fix="monitor a metric logged with sync_dist=True."))
+                    category="silent", fix=f"monitor a value every rank shares: "
+                                           f"{_sync_remedy(es['monitor'], _logs_of(run, es['monitor']))}."))
         found = lr_divergence([v.get("lr_changes") or [] for v in values])
         if found is not None:
             summary, evidence, made = lr_texts(*found)
@@ -259,7 +259,7 @@ class SyncDist(Contract):
         if culprit is None and not _differs(scores):
             return self._path_built_per_rank(finals, i, scores, evidence)
         if culprit is None:
-            return self._scores_differ(finals, ckpt, paths, scores, evidence)
+            return self._scores_differ(finals, ckpt, paths, scores, evidence, _logs_of(run, ckpt["monitor"]))
         name, site = culprit["name"], fmt_site(culprit.get("site"))
         evidence += [Evidence(f"{name!r} after validation at epoch {meta['epoch']}: "
                               + " vs ".join(f"rank {r} {_fmt(v)}" for r, v in enumerate(vals)))
@@ -272,12 +272,12 @@ class SyncDist(Contract):
                    f"logged without sync_dist in {hook_label(culprit.get('hook'))} at {site}, so each rank "
                    f"formats the path with the value of its own shard. Lightning writes rank 0's file only; "
                    f"the other ranks' best_model_path names a file that does not exist.")
-        fix = (f"log {name!r} with sync_dist=True at {site} (or log a TorchMetrics object), or keep it out of "
-               f"the ModelCheckpoint filename: every rank must build the same checkpoint path.")
+        fix = (f"at {site}, {_sync_remedy(name, _logs_of(run, name))}; or keep {name!r} out of the ModelCheckpoint "
+               f"filename: every rank must build the same checkpoint path.")
         return self.verdict(Outcome.FAILED, summary, evidence=evidence, category="silent", fix=fix, claims=[differ])
 
     def _scores_differ(self, finals: list[dict], ckpt: dict, paths: list, scores: list,
-                       evidence: list[Evidence]) -> Verdict:
+                       evidence: list[Evidence], logs: list[dict]) -> Verdict:
         """The ranks' best scores differ: say what differs (the score; the path too where it does)
         and what that does: each rank ranks its top-k checkpoints on its own numbers."""
         monitor = ckpt["monitor"]
@@ -295,8 +295,8 @@ class SyncDist(Contract):
                    f"every rank, so each rank ranks its top-k checkpoints (which to keep, which is best) on different "
                    f"numbers{also}.")
         return self.verdict(Outcome.FAILED, summary, evidence=evidence, category="silent", claims=made,
-                            fix="make the monitored value identical on every rank (sync_dist=True or a TorchMetrics "
-                                "object); decisions must be taken from reduced values.")
+                            fix=f"make the monitored value identical on every rank: {_sync_remedy(monitor, logs)}; "
+                                f"decisions must be taken from values every rank shares.")
 
     def _path_built_per_rank(self, finals: list[dict], i: int, scores: list, evidence: list) -> Verdict:
         """The ranks agree on the best score but not on its path, and no unsynced metric in the
@@ -354,14 +354,15 @@ class SyncDist(Contract):
                 seen[key] = (f"compared: its epoch value equals {', '.join(p['label'] for p in scope.found['parts'])}"
                              f" recomputed over {scope.samples_text}")
                 continue
-            evidence = [Evidence(f"{len(r['batches'])} per-batch values logged in the last epoch", rank=i,
-                                 frame=r.get("site"), call="log_dict" if r.get("via") == "log_dict" else "log")
+            evidence = [Evidence(_calls_text(r), rank=i, frame=r.get("site"),
+                                 call="log_dict" if r.get("via") == "log_dict" else "log")
                         for i, r in enumerate(records)]
             if scope.found["mode"] == "single":
                 summary, fix, made = _single_texts(key, record, scope, logged)
             else:
                 summary, fix, made = _combination_texts(key, record, scope, logged)
-                evidence += [Evidence(f"{p['label']}: mean of its per-batch values {_fmt4(p['batch_mean'])}, over "
+                each = "per-rank" if scope.per_epoch else "per-batch"
+                evidence += [Evidence(f"{p['label']}: mean of its {each} values {_fmt4(p['batch_mean'])}, over "
                                       f"{scope.samples_text} {p['truth']:.4f}"
                                       + ("" if p["nonlinear"] else " (linear: the same either way)"))
                              for p in scope.found["parts"]]
@@ -539,6 +540,39 @@ def _sequence_fix(one_sided: bool, name_text: str, where: tuple) -> str:
             f"use a TorchMetrics per-class metric.")
 
 
+def _logs_of(run: Run, key: str | None) -> list[dict]:
+    return [e for r in range(run.world_size) for e in run.events(r, LOG) if e.get("name") == key]
+
+
+def _sync_remedy(key: str | None, logs: list[dict]) -> str:
+    """How to make ``key`` the same on every rank, from its log calls ``logs``: sync_dist=True
+    averages the ranks' values, which is the value of the whole set only for a plain mean; a value
+    computed once per epoch from a rank's own outputs (an RMSE, an AP) needs those outputs gathered."""
+    hook = next((e.get("hook") for e in reversed(logs) if epoch_level_hook(e.get("hook"))), None)
+    if hook is not None:
+        return (f"compute {key!r} over every rank's outputs: self.all_gather the predictions and targets in {hook} "
+                f"before computing it, or use a TorchMetrics object (its states are synced before compute); "
+                f"sync_dist=True averages the ranks' values, which is the value of the whole set only for a plain "
+                f"mean")
+    return (f"log {key!r} on every rank with sync_dist=True (and batch_size=...) where it is a plain mean (a loss, "
+            f"an accuracy), or a TorchMetrics object where it is not (F1, AUROC, RMSE)")
+
+
+def epoch_level_hook(hook: str | None) -> bool:
+    """Whether ``hook`` runs once per epoch or stage (``on_validation_epoch_end``, ``on_train_start``),
+    not once per batch: a value logged there is each rank's one value, not a per-batch value."""
+    return bool(hook) and "batch" not in hook and hook.endswith(("_epoch_end", "_epoch_start", "_start"))
+
+
+def _calls_text(record: dict) -> str:
+    """How often a rank logged a per_batch ``record``'s key in the last epoch, in the hook's terms."""
+    n = len(record["batches"])
+    if epoch_level_hook(record.get("hook")):
+        return (f"{n} value{'' if n == 1 else 's'} logged in {record['hook']} of the last epoch, over this rank's "
+                f"own outputs")
+    return f"{n} per-batch value{'' if n == 1 else 's'} logged in the last epoch"
+
+
 def _fmt4(value) -> str:
     return "unknown" if value is None else f"{value:.4f}"
 
@@ -563,18 +597,25 @@ class _Scope:
     found: dict | None
     whole: dict | None
     over: Claim
+    per_epoch: bool = False
 
     @classmethod
     def of(cls, record: dict, records: list[dict]) -> _Scope:
         log = {"sync_dist": bool(record.get("sync_dist")), "rank_zero_only": bool(record.get("rank_zero_only")),
                "vtype": record.get("vtype", "tensor")}
+        per_epoch = epoch_level_hook(record.get("hook"))
         if reduced_across_ranks(log):
-            return cls(log, nonlinear.analyse(records), None,
-                       claim("reduced", "mean-reduced over batches and ranks", log=log))
+            # An epoch-level hook logs each rank's value once: the sync averages the ranks' values.
+            over = ("computed over each rank's own outputs and mean-reduced over ranks"
+                    + (" by sync_dist" if log["sync_dist"] else "") if per_epoch
+                    else "mean-reduced over batches and ranks")
+            return cls(log, nonlinear.analyse(records), None, claim("reduced", over, log=log), per_epoch)
         flags = "rank_zero_only=True" if log["rank_zero_only"] else "no sync_dist"
+        local = (f"not synced ({flags}), so Lightning publishes rank 0's value, computed over rank 0's own outputs"
+                 if per_epoch else f"not synced ({flags}), so Lightning averages its per-batch values over each "
+                                   f"rank's own batches and publishes rank 0's")
         return cls(log, nonlinear.analyse(records[:1]), nonlinear.analyse(records),
-                   claim("local", f"not synced ({flags}), so Lightning averages its per-batch values over each "
-                                  f"rank's own batches and publishes rank 0's", log=log))
+                   claim("local", local, log=log), per_epoch)
 
     @property
     def samples_text(self) -> str:
@@ -602,11 +643,15 @@ def _single_texts(key: str, record: dict, scope: _Scope, logged: float) -> tuple
         fix = (f"keep a torchmetrics {cls or 'Metric'} object on the module, update it every step and "
                f"log the object itself (self.log({key!r}, self.metric)); Lightning then computes it "
                f"over the whole epoch and all ranks.")
-        what = f"from {part['label']} on each batch"
+        if scope.per_epoch:
+            fix += (f" Or self.all_gather the inputs of {part['name']} in {record['hook']} and compute it once over "
+                    f"every rank's samples: the mean of the ranks' values is not the metric of the whole set.")
+        what = f"from {part['label']} " + ("once per epoch" if scope.per_epoch else "on each batch")
     else:
         fix = (f"log the Metric object itself, self.log({key!r}, self.<metric>), or log "
-               f"self.<metric>.compute() at epoch end; its per-batch return value is the metric "
-               f"of that batch only.")
+               f"self.<metric>.compute() at epoch end; " + (
+                   "the value its call returns is over this rank's inputs only." if scope.per_epoch else
+                   "its per-batch return value is the metric of that batch only."))
         what = f"via {record['via']} from {part['label']}"
     summary = (f"{key!r} logged {what} in {record['hook']} and {scope.over.text} (nonlinear metric): "
                f"{scope.values_text(logged, 'the same metric')}.")
@@ -622,8 +667,9 @@ def _combination_texts(key: str, record: dict, scope: _Scope, logged: float) -> 
     verb = "is" if len(bad) == 1 else "are"
     via = "log_dict" if record["via"] == "log_dict" else "self.log"
     whole = f"the {found['mode']} of the same metrics"
+    of = "each rank's epoch outputs" if scope.per_epoch else "each batch"
     summary = (f"{key!r} logged with {via} in {record['hook']} is the {found['mode']} of "
-               f"{', '.join(labels[:-1])} and {labels[-1]} of each batch, {scope.over.text}: "
+               f"{', '.join(labels[:-1])} and {labels[-1]} of {of}, {scope.over.text}: "
                f"{bad_text} {verb} nonlinear, so {scope.values_text(logged, whole)}.")
     classes = []
     for p in bad:
@@ -631,7 +677,9 @@ def _combination_texts(key: str, record: dict, scope: _Scope, logged: float) -> 
         classes.append(name or "Metric")
     fix = (f"keep a torchmetrics object per nonlinear part ({', '.join(dict.fromkeys(classes))}) on the module, "
            f"update it every step, and log the objects separately, or log the {found['mode']} of their "
-           f".compute() values at epoch end; a value derived from per-batch metrics is still a per-batch metric.")
+           f".compute() values at epoch end; " + (
+               "a value derived from each rank's metrics is still each rank's own." if scope.per_epoch else
+               "a value derived from per-batch metrics is still a per-batch metric."))
     return summary, fix, [scope.over]
 
 
