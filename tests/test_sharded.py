@@ -274,3 +274,71 @@ def test_trainer_test_after_fit_runs_an_embedding_module_under_cpu_fsdp(pytester
                                  "the run finished on 2 ranks: fit (* training step(s) over * epoch(s) on rank 0), "
                                  "then test. This item records the run*"])
     assert "synced log keys identical on every rank (test_loss)" in out  # test's own log calls were judged
+
+
+LAYERS_THEN_EVAL = '''
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Model(L.LightningModule):
+    """BoringModel's nn.Linear head behind the other common layer kinds (conv, norms with and
+    without buffers, embedding), each stage after fit logging a synced value."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(10, 4)
+        self.conv = torch.nn.Conv1d(4, 4, kernel_size=1)
+        self.norm = torch.nn.LayerNorm(4)
+        self.batch_norm = torch.nn.BatchNorm1d(4)
+        self.layer = torch.nn.Linear(4, 2)
+
+    def forward(self, tokens):
+        x = self.conv(self.embed(tokens).unsqueeze(-1)).squeeze(-1)
+        return self.layer(self.batch_norm(self.norm(x)))
+
+    def _loss(self, batch):
+        return self(batch[0]).sum()
+
+    def training_step(self, batch, batch_idx):
+        return self._loss(batch)
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_loss", self._loss(batch), sync_dist=True)
+
+    def test_step(self, batch, batch_idx):
+        self.log("test_loss", self._loss(batch), sync_dist=True)
+
+    def predict_step(self, batch, batch_idx):
+        return self(batch[0])
+
+    def _loader(self):
+        g = torch.Generator().manual_seed(0)
+        return DataLoader(TensorDataset(torch.randint(0, 10, (16,), generator=g)), batch_size=4)
+
+    train_dataloader = val_dataloader = test_dataloader = predict_dataloader = _loader
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+'''
+
+
+def test_validate_test_and_predict_after_fit_run_every_layer_kind_under_cpu_fsdp(pytester, no_leftover_ranks):
+    """validate, test and predict after fit on the plugin's CPU FSDP tier ran on the 1-D flat shards
+    of fit's wrapper ("mat2 must be a matrix, got 1-D tensor" in BoringModel's nn.Linear, "'weight'
+    must be 2-D" in an nn.Embedding) and the contracts noted it as the user's stage raising: every
+    later stage of one Trainer keeps fit's wrapper, for every layer kind."""
+    pytester.makepyfile(layers=LAYERS_THEN_EVAL)
+    result = pytester.runpytest_subprocess("--ltconform", "layers.py:Model", "--ltconform-strategies", "fsdp", "-k",
+                                           "fit[ or configure-model[ or shared-writes[", "-p", "no:cacheprovider",
+                                           "-rA")
+    out = result.stdout.str()
+    assert result.ret == 0, out[-3000:]
+    for symptom in ("must be a matrix", "must be 2-D", "it raised", "until it raised", "1-D"):
+        assert symptom not in out, out[-3000:]
+    result.stdout.fnmatch_lines(["*_ ltconform layers.py:Model::fit[[]fsdp[]] _*",
+                                 "the run finished on 2 ranks: fit (* training step(s) over * epoch(s) on rank 0), "
+                                 "then test, predict. This item records the run*"])
+    assert "validate after fit used the trained weights" in out, out[-3000:]  # configure-model's validate
+    assert "user code opened no file for writing during fit and test and predict" in out, out[-3000:]
