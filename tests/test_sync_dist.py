@@ -723,3 +723,18 @@ def test_the_fix_for_an_unsynced_monitor_offers_sync_dist_only_for_a_plain_mean(
                                       "and targets in on_validation_epoch_end before computing it"), verdict.fix
         assert "sync_dist=True averages the ranks' values" in verdict.fix
         assert "with sync_dist=True (and batch_size" not in verdict.fix
+
+
+def test_a_pass_says_when_a_synced_keys_metric_calls_were_not_compared(fake_runs):
+    """Trial (average_precision_per_rank_averaged.py, sync-dist[fsdp] at 7e38689): the pass said only
+    "synced log keys identical on every rank (val_ap)" while the nonlinear check had compared nothing
+    for 'val_ap'. The pass names what that check found for each synced key."""
+    records = _records(_auroc_acc, _blocks())
+    records[1]["run"] = ["validate", 2, False, 3]  # not the same loop on every rank: not compared
+    log = {"ev": "log", "name": "val_score", "hook": "validation_step", "site": SITE, "sync_dist": True,
+           "vtype": "tensor", "on_epoch": True, "reduce_fx": "mean"}
+    values = [_value(_final({"val_score": _epoch_value(records)}), per_batch={"val_score": r}) for r in records]
+    verdict = get_contract("sync-dist").judge(fake_runs.run(traces=[[log], [log]], values=values))
+    assert verdict.outcome == "passed", verdict.render()
+    assert ("'val_score' (synced) not compared: its metric calls were not recorded in the same loop on every rank"
+            in verdict.summary), verdict.summary

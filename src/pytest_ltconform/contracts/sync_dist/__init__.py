@@ -429,6 +429,8 @@ class SyncDist(Contract):
             parts.append(f"monitored {key!r} not judged: {why}")
         parts.append("shared decisions agree")
         parts += _other_keys(run, set(synced) | set(keys), seen or {})
+        # A synced key the per-batch check looked at: what it found (a pass must not hide "not compared").
+        parts += [f"{k!r} (synced) {(seen or {})[k]}" for k in synced if k in (seen or {})]
         floats = sorted({e.get("name") for e in run.events(0, LOG)
                          if e.get("vtype") == "float" and e.get("on_epoch") and not e.get("sync_dist")})
         if floats:
