@@ -738,3 +738,26 @@ def test_a_pass_says_when_a_synced_keys_metric_calls_were_not_compared(fake_runs
     assert verdict.outcome == "passed", verdict.render()
     assert ("'val_score' (synced) not compared: its metric calls were not recorded in the same loop on every rank"
             in verdict.summary), verdict.summary
+
+
+def test_a_nonlinear_value_is_judged_from_the_validation_snapshot_when_a_later_stage_reset_the_metrics(fake_runs):
+    """Trial (average_precision_per_rank_averaged.py, sync-dist[fsdp] at 7e38689): the final
+    callback_metrics were empty (a later stage resets them), so the per-rank AP averaged by sync_dist
+    was never compared and the item passed. The value published where that validation ended is
+    the one judged."""
+    records = _records(_auroc_acc, _blocks())
+    logged = _epoch_value(records)
+    snaps = [{"event": "validation_end", "epoch": 0, "step": 4, "metrics": {"val_score": 0.1}, "should_stop": False},
+             {"event": "validation_end", "epoch": 1, "step": 8, "metrics": {"val_score": logged},
+              "should_stop": False}]
+    values = [_value(_final({}), per_batch={"val_score": r}, snapshots=snaps) for r in records]
+    verdict = get_contract("sync-dist").judge(fake_runs.run(values=values))
+    assert verdict.outcome == "failed", verdict.render()
+    assert f"logged epoch value {logged:.4f}" in verdict.summary
+    # No snapshot of that validation either: not compared, and the pass says so.
+    values = [_value(_final({}), per_batch={"val_score": r}, snapshots=snaps[:1]) for r in records]
+    log = {"ev": "log", "name": "val_score", "hook": "validation_step", "site": SITE, "sync_dist": True,
+           "vtype": "tensor", "on_epoch": True, "reduce_fx": "mean"}
+    verdict = get_contract("sync-dist").judge(fake_runs.run(traces=[[log], [log]], values=values))
+    assert verdict.outcome == "passed", verdict.render()
+    assert "'val_score' (synced) not compared: no epoch value of its loop was recorded" in verdict.summary

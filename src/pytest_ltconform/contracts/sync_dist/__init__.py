@@ -341,12 +341,11 @@ class SyncDist(Contract):
             if any(r is None or r["run"] != record["run"] or not r["batches"] for r in records):
                 seen[key] = "not compared: its metric calls were not recorded in the same loop on every rank"
                 continue
-            metrics = values[0]["final"]["callback_metrics"]
-            logged = metrics.get(key, metrics.get(f"{key}_epoch"))
+            logged = _published(values[0], key, record)
             scope = _Scope.of(record, records) if logged is not None else None
             if scope is None or scope.found is None:
                 seen[key] = ("not compared: the inputs of the metric calls it is made of do not join into one "
-                             "epoch" if logged is not None else "not compared: no epoch value was published")
+                             "epoch" if logged is not None else "not compared: no epoch value of its loop was recorded")
                 continue
             if not any(p["nonlinear"] for p in scope.found["parts"]) or \
                     not nonlinear.differs(logged, scope.found["truth"]):
@@ -540,6 +539,28 @@ def _sequence_fix(one_sided: bool, name_text: str, where: tuple) -> str:
     return (f"log the same keys in the same order on every rank at {site}: build the key set from "
             f"what all ranks share (e.g. every class, with a NaN-safe or count-weighted value), or "
             f"use a TorchMetrics per-class metric.")
+
+
+def _published(value: dict, key: str, record: dict) -> float | None:
+    """The epoch value of ``key`` that Lightning published for the loop of a per_batch ``record``
+    (its ``run``: stage, epoch, sanity, validation runs): the final callback_metrics, else the
+    snapshot taken where that loop ended (a later stage, a validate or test after fit, resets
+    callback_metrics, so the final ones may lack a validation key)."""
+    metrics = value["final"]["callback_metrics"]
+    logged = metrics.get(key, metrics.get(f"{key}_epoch"))
+    if logged is not None or not isinstance(record.get("run"), list) or len(record["run"]) != 4:
+        return logged
+    stage, epoch, sanity, runs = record["run"]
+    snaps = value.get("snapshots") or []
+    if "VALIDAT" in str(stage).upper() and not sanity:  # "validate", "RunningStage.VALIDATING"
+        ends = [s for s in snaps if s["event"] == "validation_end"]
+        snap = ends[runs - 1] if isinstance(runs, int) and 0 < runs <= len(ends) else None
+    elif "TRAIN" in str(stage).upper():
+        snap = next((s for s in reversed(snaps) if s["event"] == "train_epoch_end" and s["epoch"] == epoch), None)
+    else:
+        snap = None
+    found = (snap or {}).get("metrics") or {}
+    return found.get(key, found.get(f"{key}_epoch"))
 
 
 def _logs_of(run: Run, key: str | None) -> list[dict]:
