@@ -436,3 +436,20 @@ def test_an_odd_factor_with_another_direction_fails_only_with_a_local_count_in_t
     # A world-size factor stays a failure whatever the direction or the loss code.
     shrunk = _judge(fake_runs, [_info(), _info()], {**_REF, "world_norm": 1.0, "cosine": 0.95})
     assert shrunk.outcome == "failed" and "shrinks by the world size" in shrunk.summary
+
+
+@pytest.mark.parametrize("bad", ["ranks", "reference"])
+def test_a_nan_gradient_is_not_judged_never_a_difference_or_a_factor(fake_runs, bad):
+    """Trial 19:40's kind: a NaN compares nothing. NaN norms on both ranks were "different gradients"
+    (isclose(nan, nan) is False); a NaN reference norm gave a "factor nan"."""
+    from pytest_ltconform import claims
+
+    nan = float("nan")
+    infos = [_info(grad_sig=[("lin.weight", nan), ("lin.bias", 0.5)])] * 2 if bad == "ranks" else [_info()] * 2
+    ref = {**_REF, "norm": nan} if bad == "reference" else {**_REF, "world_norm": nan}
+    verdict = _judge(fake_runs, infos, ref)
+    assert verdict.outcome == "not_judged", verdict.render()
+    assert "the first-step gradient is not judged, because the value is NaN on " in verdict.summary
+    assert ("rank 0 and on rank 1" in verdict.summary) == (bad == "ranks")
+    assert "different gradients" not in verdict.summary and "factor" not in verdict.summary
+    assert claims.check({"contract": "effective-batch", **verdict.as_dict()}) == []

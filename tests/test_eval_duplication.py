@@ -528,3 +528,48 @@ def test_a_failed_verdict_carries_only_the_claims_of_what_it_says(fake_runs):
     assert v.outcome == "failed", v.render()
     assert "test_acc" not in v.render()
     assert claims.check({"contract": "eval-duplication", **v.as_dict()}) == []
+
+
+@pytest.mark.parametrize("rank1, single, word", [(float("nan"), float("nan"), "NaN"),
+                                                  (float("inf"), float("inf"), "inf"),
+                                                  (0.25, float("nan"), "NaN")])
+def test_a_metric_that_is_nan_or_inf_is_not_judged_and_named_never_a_failure(fake_runs, rank1, single, word):
+    """Trial 19:40 (torch-uncertainty CovAt5Risk): a synced metric NaN on both ranks and on one device
+    was failed as "computed from rank 0's shard alone" (NaN vs NaN counted as a difference). A NaN or
+    inf compares nothing: the key is named as not judged, the other keys are still compared."""
+    log = {"ev": "log", "name": "risk", "hook": "on_test_epoch_end", "rank_zero_only": False,
+           "sync_dist": False, "user": True, "site": {"file": "/x/m.py", "line": 42, "func": "f"}}
+    ranks = [{"test": _stage([_loader([0, 2], 4)], {"risk": 0.5 if rank1 == 0.25 else rank1, "acc": 0.75})},
+             {"test": _stage([_loader([1, 3], 4)], {"risk": rank1, "acc": 0.75})}]
+    ref_stages = {"test": _stage([_loader([0, 1, 2, 3], 4)], {"risk": single, "acc": 0.75})}
+    ref = fake_runs.run(values=_values([ref_stages], driver=("test",)), kind="eval-reference")
+    v = judge(fake_runs.run([[log], []], _values(ranks, driver=("test",)), kind="eval", reference=ref))
+    assert v.outcome == "passed", v.render()
+    assert "acc 0.75 on 2 ranks = 0.75 on 1 device" in v.summary
+    assert f"risk is not judged, because the value is {word} on " in v.summary
+    assert "shard alone" not in v.render()
+    assert claims.check({"contract": v.contract, **v.as_dict()}) == []
+
+
+def test_a_duplicate_stage_names_its_nan_metric_as_not_judged(fake_runs):
+    """The not-judged key is named on a failed stage too (a note), and is never its evidence."""
+    nan = float("nan")
+    ranks = [{"validate": _stage([_loader([0, 2, 4], 5, total=6)], {"val_acc": 0.5, "risk": nan})},
+             {"validate": _stage([_loader([1, 3, 0], 5, total=6)], {"val_acc": 0.5, "risk": nan})}]
+    ref_stages = {"validate": _stage([_loader([0, 1, 2, 3, 4], 5)], {"val_acc": 0.4, "risk": nan})}
+    ref = fake_runs.run(values=_values([ref_stages]), kind="eval-reference")
+    v = judge(fake_runs.run(values=_values(ranks), kind="eval", reference=ref))
+    assert v.outcome == "failed", v.render()
+    assert any("risk is not judged, because the value is NaN on 2 ranks and on 1 device" in n for n in v.notes)
+    assert not any("risk" in e.detail for e in v.evidence)
+    assert claims.check({"contract": "eval-duplication", **v.as_dict()}) == []
+
+
+def test_the_not_finite_claim_fails_a_sentence_over_finite_values():
+    said = "x is not judged, because the value is NaN on 2 ranks"
+    bad = {"contract": "eval-duplication", "outcome": "passed", "message": said,
+           "claims": [{"kind": "not-finite", "text": said,
+                       "facts": {"values": {"rank 0": 0.5, "rank 1": 0.5}}}]}
+    assert claims.check(bad)
+    bad["claims"][0]["facts"]["values"] = {"rank 0": "nan", "rank 1": "nan"}
+    assert claims.check(bad) == []

@@ -669,7 +669,6 @@ def test_a_scikit_learn_metric_logged_per_batch_without_sync_dist_fails(pytester
                                  "samples of the epoch*"])
 
 
-
 def test_a_nonlinear_metric_logged_once_per_epoch_is_called_each_ranks_value_averaged_over_ranks(fake_runs):
     """Trial (average_precision_per_rank_averaged.py): AP computed in on_validation_epoch_end over each
     rank's own outputs and logged with sync_dist=True was said to be logged "on each batch" and
@@ -761,3 +760,20 @@ def test_a_nonlinear_value_is_judged_from_the_validation_snapshot_when_a_later_s
     verdict = get_contract("sync-dist").judge(fake_runs.run(traces=[[log], [log]], values=values))
     assert verdict.outcome == "passed", verdict.render()
     assert "'val_score' (synced) not compared: no epoch value of its loop was recorded" in verdict.summary
+
+
+@pytest.mark.parametrize("v0, v1, word, where", [(float("nan"), float("nan"), "NaN", "ranks 0 and 1"),
+                                                 (float("inf"), float("inf"), "inf", "ranks 0 and 1"),
+                                                 (float("inf"), 0.5, "inf", "rank 0")])
+def test_a_monitor_read_as_nan_or_inf_is_not_judged_and_says_so(fake_runs, v0, v1, word, where):
+    """Trial 19:40's kind: a NaN or inf compares nothing. inf on every rank was "equal on every rank"
+    (inf - inf is nan, never above the tolerance); inf against 0.5 was a difference."""
+    synced = {"sync_dist": True}
+    run = _monitored_run(fake_runs, [_read(v0, 0)], [_read(v1, 0)], synced)
+    verdict = get_contract("sync-dist").judge(run)
+    assert verdict.outcome == "passed", verdict.render()  # the synced log call is still judged
+    assert (f"monitored 'train_loss' is not judged, because the value is {word} on {where} at 1 of its 1 read(s) "
+            "(read by EarlyStopping in on_train_epoch_end at epoch 0)") in verdict.summary
+    assert "equal on every rank at" not in verdict.summary
+    assert claims.check({"contract": "sync-dist", **verdict.as_dict()}) == []
+

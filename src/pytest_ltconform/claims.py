@@ -213,6 +213,19 @@ def _equal(c: dict, record: dict) -> str | None:
     return None
 
 
+@kind("not-finite", prose=(r"not judged, because the value is (?:NaN|inf)",))
+def _not_finite(c: dict, record: dict) -> str | None:
+    """A value left out of a comparison as NaN or inf rests on a recorded value that is not finite
+    (``facts["values"]``: label -> value), of the kind the text names (NaN, inf or NaN/inf)."""
+    # A record's JSON writes NaN and inf as their repr ('nan', 'inf', '-inf'; see _plain).
+    values = [float(v) if v in ("nan", "inf", "-inf") else v for v in _values(c)]
+    bad = [v for v in values if isinstance(v, float) and not math.isfinite(v)]
+    if not bad:
+        return f"no recorded value is NaN or inf: {_values(c)}"
+    word = "NaN" if all(math.isnan(v) for v in bad) else "inf" if not any(math.isnan(v) for v in bad) else "NaN/inf"
+    return None if f"is {word} on" in c["text"] else f"the recorded values are {word}, which the text misstates"
+
+
 # -- reductions ---------------------------------------------------------------------------------
 
 def reduced_across_ranks(log: dict) -> bool:

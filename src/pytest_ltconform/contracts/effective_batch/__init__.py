@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 
+from ...claims import claim
 from ...outcomes import Outcome
 from ...runs import RunSpec
 from ...sites import fmt_site
@@ -69,6 +70,32 @@ def _factor(ratio: float, world: int) -> str:
                 f"world size, or gradients are summed rather than averaged")
     return (f"the gradient changes by a factor {ratio:.3g} that is not the world size: each rank normalises "
             f"by its own count (tokens, valid samples), so ranks are weighted unequally")
+
+
+def not_finite_norms(infos: list, ref: dict | None) -> tuple[str, list] | None:
+    """A premise of every comparison of gradients (across ranks, and with the 1-rank reference):
+    the gradient norms are finite. (sentence, claims) naming where one is NaN or inf; None when none
+    is. A NaN or inf compares nothing, so it is neither equal nor different."""
+    values, where, first = {}, [], None
+    for r, info in enumerate(infos):
+        bad = [(n, g) for n, g in (info or {}).get("grad_sig") or [] if not math.isfinite(g)]
+        if bad:
+            values[f"rank {r}"] = bad[0][1]
+            where.append(f"rank {r}")
+            first = first or bad[0][0]
+    for key, label in (("world_norm", "the world's step averaged over ranks"), ("norm", "the 1-rank reference")):
+        v = (ref or {}).get(key)
+        if v is not None and not math.isfinite(v):
+            values[label] = v
+            where.append(label)
+    if not values:
+        return None
+    bad = list(values.values())
+    word = "NaN" if all(math.isnan(v) for v in bad) else "inf" if not any(math.isnan(v) for v in bad) else "NaN/inf"
+    param = f" (parameter {first} first)" if first else ""
+    text = (f"the first-step gradient is not judged, because the value is {word} on {' and on '.join(where)}"
+            f"{param}, so no gradient norm can be compared across ranks or with the 1-rank step")
+    return text, [claim("not-finite", text, values=values)]
 
 
 def unaveraged(infos: list) -> str | None:
@@ -128,6 +155,9 @@ class EffectiveBatch(Contract):
                                 notes=notes)
         ref_run = run.reference
         ref = (ref_run.value(0) or {}).get("reference") if ref_run is not None and ref_run.finished else None
+        unfinite = not_finite_norms(infos, ref)
+        if unfinite:
+            return self.not_judged(f"{unfinite[0]}. {report}", notes=notes, claims=unfinite[1])
         premise = self._premise(infos, ref)
         if premise:
             return self.not_judged(f"{premise}. {report}", notes=notes)

@@ -65,6 +65,11 @@ def _close(value: float, reference: float) -> bool:
     return math.isclose(value, reference, rel_tol=1e-4, abs_tol=1e-6)
 
 
+def _finite(v) -> bool:
+    """A recorded value a comparison can use: a number that is neither NaN nor inf (None: missing)."""
+    return v is None or math.isfinite(v)
+
+
 def _fmt(v: float) -> str:
     return f"{v:.4f}".rstrip("0").rstrip(".") if abs(v) < 1e6 else f"{v:.4g}"
 
@@ -264,7 +269,9 @@ class _StageCheck:
             self.found.fail(f"{tag}: {len(missing)} of {n} samples were never evaluated on any rank "
                             f"{_ids(missing)} ({shard_text}; {sampler}).", _FIX_MISSING)
         else:
-            self._exactly_once(tag, i, per_rank, n, counts)
+            self._exactly_once(tag, i, per_rank, n, counts)  # names the keys not judged itself
+        if dups or (n is not None and not self.limited and len(counts) < n):
+            self._unjudged_note(tag, i)
         if not dups:
             self._shard_metrics(tag, per_rank, n, moved)
 
@@ -383,7 +390,7 @@ class _StageCheck:
         span = f"every index 0..{n - 1}" if n is not None and len(counts) == n else f"{len(counts)} indices"
         shard_text = ", ".join(f"rank {r}: {len(x)}" for r, x in enumerate(per_rank))
         text = f"{tag}: {span} evaluated exactly once across ranks ({shard_text})"
-        same = self._same(i)
+        same, unjudged = self._same(i), self._not_finite(i)
         why = None if same else self._not_compared(i)
         if same:
             values, made = statements.equal_list(same, self.world)
@@ -391,13 +398,28 @@ class _StageCheck:
             self.found.claims += made
         else:
             text += f"; no value was compared with the one-device run: {why}"
+        if unjudged:
+            values, made = statements.not_finite(unjudged, self.world)
+            text += ("; " if same else ": ") + values
+            self.found.claims += made
         self.found.good.append(text + ".")
         self.found.claims.append(claim("one-device", text, compared={k: [v, s] for k, v, s in same}, why=why))
+
+    def _unjudged_note(self, tag, i) -> None:
+        """A note naming the published keys not compared with the one-device run because a value is
+        NaN or inf (a verdict sentence other than the exactly-once one says nothing of them)."""
+        unjudged = self._not_finite(i)
+        if unjudged:
+            values, made = statements.not_finite(unjudged, self.world)
+            self.found.notes.append(f"{tag}: {values}.")
+            self.found.claims += made
 
     def _not_compared(self, i) -> str:
         """Why no published value of loader ``i`` was compared with the one-device run."""
         if self.ref_rec is None:
             return "the one-device run gave no values for this stage (see the notes)"
+        if self._not_finite(i):
+            return "every metric the stage published that has a one-device value is NaN or inf somewhere"
         if self.stage == "predict":
             return "a prediction stage publishes no metric (its outputs are judged by the files written)"
         if not self._values(i, self.recs[0]):
@@ -410,16 +432,35 @@ class _StageCheck:
         returned = rec.get("returned") or []
         return returned[i] if i < len(returned) else {}
 
-    def _compare(self, i) -> list[tuple[str, float, float, list[float]]]:
-        """Metrics whose published (rank 0) value differs from the one-device value."""
+    def _not_finite(self, i) -> list[tuple[str, list, float]]:
+        """[(key, [value per rank], one-device value)] of the published keys with a one-device value
+        that is NaN or inf on some rank or on the one device: such a comparison compares nothing, so
+        the key is not judged (neither equal nor different)."""
         if self.ref_rec is None:
             return []
         ref_vals = self._values(i, self.ref_rec)
         per_rank = [self._values(i, r) for r in self.recs]
         out = []
+        for key in per_rank[0]:
+            if ref_vals.get(key) is None:
+                continue
+            values = [pr.get(key) for pr in per_rank]
+            if not all(_finite(v) for v in [*values, ref_vals[key]]):
+                out.append((key, values, ref_vals[key]))
+        return out
+
+    def _compare(self, i) -> list[tuple[str, float, float, list[float]]]:
+        """Metrics whose published (rank 0) value differs from the one-device value (every value of
+        the key finite, see :meth:`_not_finite`)."""
+        if self.ref_rec is None:
+            return []
+        ref_vals = self._values(i, self.ref_rec)
+        per_rank = [self._values(i, r) for r in self.recs]
+        skipped = {k for k, _, _ in self._not_finite(i)}
+        out = []
         for key, dist in per_rank[0].items():
             single = ref_vals.get(key)
-            if single is None or _close(dist, single):
+            if single is None or key in skipped or _close(dist, single):
                 continue
             out.append((key, dist, single, [pr.get(key) for pr in per_rank]))
         return out
@@ -431,8 +472,9 @@ class _StageCheck:
             return []
         ref_vals = self._values(i, self.ref_rec)
         per_rank = [self._values(i, r) for r in self.recs]
+        skipped = {k for k, _, _ in self._not_finite(i)}
         return [(k, [pr.get(k) for pr in per_rank], ref_vals[k]) for k, v in per_rank[0].items()
-                if k in ref_vals and _close(v, ref_vals[k])]
+                if k in ref_vals and k not in skipped and _close(v, ref_vals[k])]
 
     def _shard_metrics(self, tag, per_rank, n, moved, share: str | None = None) -> None:
         """An unsynced epoch metric: each rank holds its own shard's value and rank 0's is published

@@ -83,3 +83,36 @@ def published_equal(same: list[tuple], world: int, limit: int = 4) -> tuple[str,
     text = f"the published values equal the single-device ones ({values})"
     pairs = [{"rank 0": vals[0], "1 device": single} for _, vals, single in same[:limit]]
     return text, made + [claim("equal", text, each=pairs, against="reference", rel=1e-4)]
+
+
+def _bad_word(values: list) -> str:
+    bad = [v for v in values if v is not None and not math.isfinite(v)]
+    if all(math.isnan(v) for v in bad):
+        return "NaN"
+    return "inf" if not any(math.isnan(v) for v in bad) else "NaN/inf"
+
+
+def not_finite(entries: list[tuple], world: int, limit: int = 4) -> tuple[str, list[Claim]]:
+    """'<key> is not judged, because the value is NaN on 2 ranks and on 1 device' for ``entries`` =
+    [(key, [value per rank], one-device value)] with a NaN or inf among them: a comparison with such a
+    value compares nothing, so the key is neither equal nor different. Its claim (kind 'not-finite')
+    carries every value compared."""
+    texts, made = [], []
+    for key, values, single in entries[:limit]:
+        ranks = [r for r, v in enumerate(values) if v is not None and not math.isfinite(v)]
+        where = [f"{len(ranks)} ranks" if len(ranks) == world and world > 1 else
+                 ("rank " if len(ranks) == 1 else "ranks ") + " and ".join(map(str, ranks))] if ranks else []
+        if not math.isfinite(single):
+            where.append("1 device")
+        word = _bad_word([*values, single])
+        text = f"{key} is not judged, because the value is {word} on {' and on '.join(where)}"
+        if ranks and len(ranks) < len([v for v in values if v is not None]):
+            text += " (" + ", ".join(f"rank {r}: {fmt(v)}" for r, v in enumerate(values)
+                                     if v is not None and r not in ranks) + ")"
+        if math.isfinite(single):
+            text += f" ({fmt(single)} on 1 device)"
+        texts.append(text)
+        made.append(claim("not-finite", text, values={**{f"rank {r}": v for r, v in enumerate(values)},
+                                                      "1 device": single}))
+    more = f" (and {len(entries) - limit} more)" if len(entries) > limit else ""
+    return "; ".join(texts) + more, made

@@ -62,7 +62,7 @@ def _per_rank(values: list) -> dict:
 
 
 def _differs(values: list, rel: float = 1e-5) -> bool:
-    present = [v for v in values if v is not None and not math.isnan(v)]
+    present = [v for v in values if v is not None and math.isfinite(v)]  # NaN or inf compares nothing
     if len(present) < 2:
         return False
     lo, hi = min(present), max(present)
@@ -422,6 +422,11 @@ class SyncDist(Contract):
         parts += compared
         notes = []
         for key in unjudged:
+            odd = monitors.not_finite(run, key)
+            if odd:
+                parts.append(f"monitored {key!r} {odd[0]}")
+                made.append(odd[1])
+                continue
             read = monitors.read_anywhere(run, key)
             why = ("a rank had no value at every read of it" if monitors.compared(run, key) else
                    "no callback read it on every rank in this run" if read else "no callback read it in this run")

@@ -23,7 +23,7 @@ def fmt(value) -> str:
 
 
 def differs(values: list, rel: float = 1e-5) -> bool:
-    present = [v for v in values if v is not None and not math.isnan(v)]
+    present = [v for v in values if v is not None and math.isfinite(v)]  # NaN or inf compares nothing
     if len(present) < 2:
         return False
     lo, hi = min(present), max(present)
@@ -137,9 +137,9 @@ def pass_text(run, keys: list[str]) -> tuple[list[str], list[Claim], list[str]]:
     compared; a key no callback read on every rank compared nothing and is said not judged."""
     parts, made, unjudged = [], [], []
     for key in keys:
-        # A read where some rank had no value (or nan) compares nothing: it is not called equal.
+        # A read where some rank had no value (or NaN, inf) compares nothing: it is not called equal.
         rows = [row for row in compared(run, key)
-                if all(v is not None and not math.isnan(v) for v in row["values"])]
+                if all(v is not None and math.isfinite(v) for v in row["values"])]
         if not rows:
             unjudged.append(key)
             continue
@@ -151,3 +151,21 @@ def pass_text(run, keys: list[str]) -> tuple[list[str], list[Claim], list[str]]:
         made.append(claim("equal", text, each=[{f"rank {r}": v for r, v in enumerate(row["values"])} for row in rows]))
         parts.append(text)
     return parts, made, unjudged
+
+
+def not_finite(run, key: str) -> tuple[str, Claim] | None:
+    """'is not judged, because the value is NaN on ranks 0 and 1 at 2 of its 2 reads' (and its
+    claim, kind 'not-finite') for a monitored key some read of which is NaN or inf on a rank; None
+    when every value read is finite or missing."""
+    rows = compared(run, key)
+    bad = [row for row in rows if any(v is not None and not math.isfinite(v) for v in row["values"])]
+    if not bad:
+        return None
+    values = bad[0]["values"]
+    ranks = [r for r, v in enumerate(values) if v is not None and not math.isfinite(v)]
+    odd = [values[r] for r in ranks]
+    word = "NaN" if all(math.isnan(v) for v in odd) else "inf" if not any(math.isnan(v) for v in odd) else "NaN/inf"
+    where = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
+    text = (f"is not judged, because the value is {word} on {where} at {len(bad)} of its {len(rows)} "
+            f"read(s) ({bad[0]['where']}) and no read has a finite value on every rank")
+    return text, claim("not-finite", text, values={f"rank {r}": v for r, v in enumerate(values)})
