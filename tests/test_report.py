@@ -189,3 +189,22 @@ def test_the_seeds_are_said_in_the_header_and_the_report():
     assert "rank 0: 0, rank 1: 1, rank 2: 2" in seeding_words("per-rank", 0, 3)
     assert seeding_entry("both", 0, 2) == {"mode": "both", "seed": 0, "ranks": [0, 1]}
     assert seeding_entry("same", 0, 2)["ranks"] == [0, 0]
+
+
+def test_a_record_names_its_rule_section_as_such_and_holds_no_seed_of_it(tmp_path):
+    """NOTES (i36): a record wrote the rule section under "seed" too, a leftover of the seed ->
+    rule_section rename; a JSON reader took a rule section for a random seed. The report's seeds are
+    its ``seeding``; a record has ``rule_section`` only."""
+    from pytest_ltconform.contracts import get_contract
+    from pytest_ltconform.outcomes import Outcome
+    from pytest_ltconform.report import record, write_json
+
+    verdict = get_contract("sync-dist").verdict(Outcome.PASSED, "every logged value is synced.")
+    rec = record("sync-dist", "ddp", 2, verdict.as_dict(), 1.0, target="t")
+    path = tmp_path / "lt.json"
+    write_json(str(path), "t", 2, [rec], seeding={"mode": "both", "seed": 0, "ranks": [0, 1]})
+    doc = json.loads(path.read_text())
+    (result,) = doc["results"]
+    assert result["rule_section"] == "Sampling, metrics and writes"
+    assert "seed" not in result and "seed" not in verdict.as_dict()
+    assert doc["seeding"]["seed"] == 0

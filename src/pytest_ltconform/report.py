@@ -63,7 +63,6 @@ def record(contract: str, strategy: str, world_size: int, verdict_dict: dict, du
             "block": verdict_dict.get("block"), "partial": verdict_dict.get("partial", False),
             "summary": verdict_dict.get("summary"), "category": verdict_dict.get("category"),
             "fix": verdict_dict.get("fix"), "rule_section": verdict_dict.get("rule_section"),
-            "seed": verdict_dict.get("rule_section"),
             "evidence": verdict_dict.get("evidence", []), "notes": list(verdict_dict.get("notes", [])),
             "claims": list(verdict_dict.get("claims", [])),
             "duration_s": round(duration_s, 3), **_figures(verdict_dict)}

@@ -165,7 +165,6 @@ class Verdict:
         return {"outcome": self.outcome.reported, "message": self.render(), "summary": self.summary,
                 "partial": self.partial, "block": self.render(with_diagnosis=False),
                 "category": self.category, "fix": self.fix, "rule_section": self.rule_section,
-                "seed": self.rule_section,  # the name before 0.2, kept for report readers
                 "evidence": [e.as_dict() for e in self.evidence], "notes": list(self.notes),
                 "claims": [c.as_dict() for c in self.all_claims()]}
 
