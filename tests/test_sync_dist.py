@@ -178,6 +178,7 @@ def test_probe_records_a_value_computed_from_tapped_outputs():
 
     class Recorder:
         trainer = None
+        recording = True  # not inside Recorder.paused()
 
         def current_hook(self):
             return "validation_step"
@@ -777,3 +778,26 @@ def test_a_monitor_read_as_nan_or_inf_is_not_judged_and_says_so(fake_runs, v0, v
     assert "equal on every rank at" not in verdict.summary
     assert claims.check({"contract": "sync-dist", **verdict.as_dict()}) == []
 
+
+def test_a_read_or_metric_in_a_probes_own_fit_is_not_the_users_runs(tmp_path):
+    """Trial 19:58: sync-dist[fsdp] listed "'val_loss' read by ReduceLROnPlateau ... at epoch 2" after a
+    2-epoch fit: the read came from all-rank-save's sharded resume fit, which runs with the recorder
+    paused. Reads and metric values taken while it is paused are not recorded as the user's."""
+    import types
+
+    import torch
+
+    from pytest_ltconform.contracts.sync_dist.probe import SyncDistProbe
+    from pytest_ltconform.trace import Recorder
+
+    probe = SyncDistProbe()
+    probe.recorder = Recorder(str(tmp_path / "trace.jsonl"), 0)
+    trainer = types.SimpleNamespace(callbacks=[], current_epoch=1, global_step=8, sanity_checking=False)
+    probe._read("ReduceLROnPlateau", None, "val_loss", trainer, lambda: 0.5, hook="lr_scheduler_step")
+    probe._tap(torch.tensor(0.5), {"label": "metric"})
+    with probe.recorder.paused():
+        trainer.current_epoch = 2
+        probe._read("ReduceLROnPlateau", None, "val_loss", trainer, lambda: 0.25, hook="lr_scheduler_step")
+        probe._tap(torch.tensor(0.25), {"label": "metric"})
+    assert [(r["epoch"], r["value"]) for r in probe.state["reads"]] == [(1, 0.5)]
+    assert [t["value"] for t in probe.step_taps] == [0.5]

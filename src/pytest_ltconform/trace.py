@@ -86,6 +86,12 @@ class Recorder:
         self._stop = threading.Event()
 
     @property
+    def recording(self) -> bool:
+        """Whether what runs now is the traced run's (False inside :meth:`paused`: a probe's own
+        Trainer calls). A probe's own taps that keep state check it, as :meth:`emit` does."""
+        return not self._paused
+
+    @property
     def closed(self) -> bool:
         """Whether the trace file is closed (the run on this rank is over)."""
         return self._fh.closed

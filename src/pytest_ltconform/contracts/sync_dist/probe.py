@@ -350,6 +350,8 @@ class SyncDistProbe(Probe):
         recorder.patch(loop, "_get_monitor_value", plateau)
 
     def _read(self, owner: str, callback, key: str, trainer, value, hook: str | None = None) -> None:
+        if self.recorder is not None and not self.recorder.recording:
+            return  # a probe's own fit (all-rank-save's sharded resume): not the user's run's read
         with contextlib.suppress(Exception):  # an observation: never the user's callback's failure
             same_kind = [c for c in trainer.callbacks if type(c).__name__ == type(callback).__name__] \
                 if callback is not None else []
@@ -398,6 +400,8 @@ class SyncDistProbe(Probe):
     def _tap(self, out, info: dict) -> None:
         import torch
 
+        if self.recorder is not None and not self.recorder.recording:
+            return  # a metric computed in a probe's own fit, not in the user's run
         value = _scalar(out)
         if value is None:
             return
