@@ -793,6 +793,62 @@ def test_random_data_drawn_per_rank_that_never_overlaps_is_no_split(fake_runs):
     assert verdict.outcome == "passed", verdict.render()
 
 
+def _content_trace(seed, rows, draw=False):
+    """A rank whose (non-Subset) dataset has digest ``d<seed>`` and whose batches hold ``rows``."""
+    trace = [{"ev": "seeding", "at": "start", "mode": "both", "seed": seed},
+             {"ev": "ds_loader", "stage": "train", "epoch": 0, "type": "DataLoader",
+              "split": {"base": "Records", "base_digest": f"d{seed}"}},
+             *FakeRuns.batches(rows)]
+    if draw:
+        trace.insert(1, {"ev": "ds_global_draw", "fn": "random.shuffle", "hook": "setup",
+                         "site": {"file": __file__, "line": 12, "func": "DataModule.setup"}})
+    return trace
+
+
+def test_datasets_that_differ_without_a_recorded_draw_are_no_split(fake_runs):
+    """Field trial (iterable_dataset_unsharded_with_workers): the datasets' digests differ and the
+    ranks' batches are identical, but no split was drawn: the split headline must not fire, the
+    identical batches head the verdict; with a recorded global draw in setup it is the split."""
+    rows = [["a", "b"], ["c", "d"]]
+    verdict = get_contract("data-sharding").judge(fake_runs.run([_content_trace(0, rows), _content_trace(1, rows)]))
+    assert verdict.outcome == "failed", verdict.render()
+    assert "split" not in verdict.summary and "generator" not in verdict.summary, verdict.summary
+    assert "identical train batches" in verdict.summary, verdict.summary
+    assert "seed_everything" not in verdict.fix and "random_split" not in verdict.fix, verdict.fix
+    drawn = fake_runs.run([_content_trace(0, rows, draw=True), _content_trace(1, rows, draw=True)])
+    verdict = get_contract("data-sharding").judge(drawn)
+    assert verdict.summary.startswith("the training data differs by rank: the split was drawn"), verdict.summary
+
+
+def test_subsets_that_differ_without_a_recorded_draw_claim_no_global_generator(fake_runs):
+    """Subsets chosen per rank without a global draw (e.g. from the rank itself) still differ by
+    rank, but the headline and the fix say nothing of the global generator or seeding."""
+    rank0 = [e for e in _split_trace(list(range(0, 48)), list(range(48, 64)), seed=0) if e["ev"] != "ds_global_draw"]
+    rank1 = [e for e in _split_trace(list(range(16, 64)), list(range(0, 16)), seed=1) if e["ev"] != "ds_global_draw"]
+    verdict = get_contract("data-sharding").judge(fake_runs.run([rank0, rank1]))
+    assert verdict.outcome == "failed", verdict.render()
+    assert "each rank's Subset selects different samples" in verdict.summary, verdict.summary
+    assert "generator" not in verdict.summary and "seed_everything" not in verdict.fix, verdict.render()
+
+
+def test_a_dataset_digest_leaves_out_a_stored_rank():
+    import torch
+    from torch.utils.data import IterableDataset
+
+    from pytest_ltconform.contracts.data_sharding.probe import dataset_digest
+
+    class Records(IterableDataset):
+        def __init__(self, rank, world_size, shift=0.0):
+            self.x = torch.arange(8.0) + shift
+            self.rank, self.world_size = rank, world_size
+
+        def __iter__(self):
+            return iter(self.x)
+
+    assert dataset_digest(Records(0, 2)) == dataset_digest(Records(1, 2))
+    assert dataset_digest(Records(0, 2)) != dataset_digest(Records(0, 2, shift=1.0))
+
+
 def test_the_split_is_read_through_subsets_of_subsets():
     import torch
     from torch.utils.data import Subset, TensorDataset
@@ -826,3 +882,27 @@ def test_ranks_that_read_some_of_the_same_samples_in_an_epoch_fail(fake_runs):
     assert "use_distributed_sampler=False" in verdict.fix
     padded = fake_runs.run([rank([[3, 9], [12, 40]]), rank([[40, 1], [7, 22]])])  # one repeat: a pad
     assert get_contract("data-sharding").judge(padded).outcome == "passed"
+
+
+def test_a_global_draw_in_setup_is_recorded_though_fit_is_already_in_the_training_stage():
+    """Trainer.fit enters the training stage before setup() and the loader hooks run: a split drawn
+    there (random_split in setup) is recorded; a draw from the training loop's own code is not."""
+    from types import SimpleNamespace
+
+    from pytest_ltconform.contracts.data_sharding.probe import DS_GLOBAL_DRAW, _Draws
+
+    events, hook = [], ["setup"]
+    trainer = SimpleNamespace(state=SimpleNamespace(stage=SimpleNamespace(value="train")), training=True)
+    recorder = SimpleNamespace(trainer=trainer, emit=events.append, current_hook=lambda: hook[0])
+    draws = _Draws(recorder)
+
+    def wrapper():  # where the patched torch.randperm calls outside_step from
+        draws.outside_step("torch.randperm", {})
+
+    def setup():  # the user's line that draws
+        wrapper()
+
+    setup()
+    hook[0] = "on_train_batch_end"
+    setup()
+    assert [e.get("hook") for e in events if e.get("ev") == DS_GLOBAL_DRAW] == ["setup"], events

@@ -511,12 +511,15 @@ class _Draws:
         try:
             trainer = self.recorder.trainer
             stage = getattr(getattr(trainer, "state", None), "stage", None)
-            if trainer is not None and getattr(stage, "value", None) == "train" and trainer.training:
+            hook = self.recorder.current_hook() or "construction"
+            # Trainer.fit enters the training stage before setup and the loader hooks run: a draw
+            # there chooses samples; any other draw in the training stage is the loop's.
+            if trainer is not None and getattr(stage, "value", None) == "train" and trainer.training \
+                    and not any(h in hook for h in ("setup", "dataloader", "prepare_data")):
                 return  # inside the training loop (a step's draws are followed by record())
             site, _ = user_site(3)
             if site is None:
                 return
-            hook = self.recorder.current_hook() or "construction"
             key = (site.get("file"), site.get("line"), hook)
             if key not in self.outside:
                 self.outside.add(key)
@@ -616,7 +619,9 @@ def split_info(dataset) -> dict | None:
 def dataset_digest(dataset) -> str | None:
     """A 64-bit digest of a dataset's own data (its tensors, arrays, lists and plain values, two
     levels down, large arrays by shape and a strided sample): equal on ranks that built the same
-    data; None when nothing of it can be read."""
+    data; None when nothing of it can be read. A number held as an object's attribute (``self.rank``,
+    ``self.world_size``, a seed, a length) is configuration, not data, and is left out: a dataset
+    that stores its rank holds the same data on every rank."""
     import hashlib
 
     h = hashlib.blake2b(digest_size=8)
@@ -646,7 +651,8 @@ def dataset_digest(dataset) -> str | None:
                 h.update(str(key).encode())
                 feed(value[key], depth + 1)
         elif depth < 2 and isinstance(getattr(value, "__dict__", None), dict):
-            feed({k: v for k, v in vars(value).items() if not callable(v)}, depth + 1)
+            feed({k: v for k, v in vars(value).items()
+                  if not callable(v) and not isinstance(v, (int, float, bool))}, depth + 1)
 
     try:
         feed(dataset, 0)

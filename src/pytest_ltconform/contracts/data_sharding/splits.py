@@ -43,8 +43,15 @@ def split_difference(run) -> dict | None:
     """The first stage whose split differs by rank while the ranks' data overlaps: ``{"stage",
     "how": "indices" | "content", "splits": {rank: split}, "shared": n, "of": n, "cross": [(val rank,
     train rank, n, of)]}``; None when every rank selects the same samples (or data that never
-    overlaps: synthetic random data drawn per rank is no split)."""
+    overlaps: synthetic random data drawn per rank is no split).
+
+    Two recorded facts make a split: Subsets whose index lists differ by rank over the same data
+    ("indices"), or datasets whose data (their digest, which leaves out numeric attributes such as a
+    stored rank) differs by rank while user code drew from a global generator outside the steps
+    (``ds_global_draw``) and the ranks' batches share samples ("content"). Datasets that differ only
+    without such a draw are no split: what else is wrong with them is judged by the batches."""
     train = _splits(run, "train")
+    drawn = drawing_line(run) is not None
     for stage, _ in _STAGES:
         splits = _splits(run, stage)
         if not splits:
@@ -53,7 +60,7 @@ def split_difference(run) -> dict | None:
         hashes = {s.get("indices_hash") for s in splits.values()}
         if len(digests) == 1 and None not in hashes and len(hashes) > 1:
             found = _by_indices(splits)
-        elif len(digests) > 1 and hashes == {None}:
+        elif len(digests) > 1 and hashes == {None} and drawn:
             found = _by_content(run, stage)
         else:
             continue
@@ -155,8 +162,12 @@ def split_texts(run, found: dict) -> tuple[str, list, str]:
     cross = "; ".join(f"{n} of rank {v}'s {m} validation samples are in rank {t}'s training split"
                       for v, t, n, m in found["cross"])
     never = _never_trained(run)
-    summary = (f"the {word} data differs by rank: the split was drawn{where} from the global generator, which "
-               f"gives each rank its own split unless every rank is seeded alike{seeded}: {overlap}"
+    if drawn:
+        cause = (f"the split was drawn{where} from the global generator, which gives each rank its own split "
+                 f"unless every rank is seeded alike{seeded}")
+    else:  # Subsets that differ by rank, chosen without a recorded global draw
+        cause = "each rank's Subset selects different samples of the same dataset"
+    summary = (f"the {word} data differs by rank: {cause}: {overlap}"
                + (f"; {cross}" if cross else "") + (f"; {never}" if never else "")
                + ". A DistributedSampler shares one dataset out between the ranks; here each rank takes its "
                  "share of a different one, so the world does not train once on one training set.")
@@ -171,6 +182,10 @@ def split_texts(run, found: dict) -> tuple[str, list, str]:
     built = _built_site(run, found["stage"])
     if built:
         evidence.append((f"the {word} DataLoader over the split is built here", None, built))
+    if not drawn:
+        return summary, evidence, ("build the same Subset on every rank (indices that do not depend on the rank, "
+                                   "or made once in prepare_data and saved) and leave dividing it between the "
+                                   "ranks to the DistributedSampler.")
     fix = ("draw the split with a generator of its own, seeded the same on every rank: random_split(dataset, "
            "lengths, generator=torch.Generator().manual_seed(42)) (a permutation: torch.randperm(n, "
            "generator=...)); or call lightning.seed_everything(seed) in the launch script on every rank before "
