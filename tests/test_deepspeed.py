@@ -200,10 +200,10 @@ def test_deepspeed_cases_end_to_end_in_one_pool(tmp_path):
                             "groups (each with its own settings) and lr=0.003, betas=(0.9, 0.95), eps=1e-06")
                for n in ok["notes"]), ok["notes"]
     lines = config["message"].splitlines()
-    assert lines[0] == ("[strategy-config] FAILED: DeepSpeed rejected the config when the engine was built, so every "
-                        "rank stopped inside deepspeed.initialize before the first step: AssertionError: Check batch "
-                        "related parameters. train_batch_size is not equal to micro_batch_per_gpu * gradient_acc_step "
-                        "* world_size 32 != 8 * 1 * 2")
+    assert lines[0] == ("[strategy-config] FAILED: DeepSpeed's own config class refuses the config as written, so "
+                        "every rank stops inside deepspeed.initialize before the first step: AssertionError: Check "
+                        "batch related parameters. train_batch_size is not equal to micro_batch_per_gpu * "
+                        "gradient_acc_step * world_size 32 != 8 * 1 * 2")
     assert lines[2].endswith("deepspeed_train_batch_size_from_other_cluster.py:21 (<module>): DeepSpeed rejected the "
                              "config: train_batch_size 32 is not micro-batch 8 x accumulation 1 x world size 2")
     assert "or set it to 16 for this world" in config["message"]

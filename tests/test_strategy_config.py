@@ -159,3 +159,50 @@ def test_a_deepspeed_fit_stopped_by_an_auto_value_is_this_contracts(fake_runs):
                           for r in (0, 1)], status="error")
     other.strategy = "deepspeed"
     assert stopped_on_auto(other) is None  # not what a string "auto" raises: not claimed
+
+
+@pytest.mark.parametrize("zero", [
+    {"stage": 2, "offload_optimizer": True, "overlap_comm": True},   # Lightning-AI/pytorch-lightning#17790
+    {"stage": 3, "offload_param": True},
+    {"stage": 3, "offload_param": {"device": "gpu"}},
+])
+def test_deepspeed_validates_the_config_as_written_not_the_cpu_copy(tmp_path, zero, fake_runs):
+    """Field trial (deepspeed_offload_optimizer_as_bool): the CPU tier drops the offload sections, so
+    validating its copy passed a config DeepSpeed refuses at engine init on the GPUs; the check
+    validates the config the user wrote."""
+    pytest.importorskip("deepspeed")
+    from pytest_ltconform.contracts.strategy_config import probe as sc
+
+    cfg = tmp_path / "cfg.py"
+    cfg.write_text(f"config = {{'zero_optimization': {zero!r}}}\n")
+    strategy = types.SimpleNamespace(config={"zero_optimization": dict(zero)})
+    loaded = types.SimpleNamespace(datamodule=None, model=types.SimpleNamespace())
+    found = sc._ds_rejected(strategy, loaded, {}, str(cfg), 2)
+    assert [f["kind"] for f in found] == ["ds_rejected"], found
+    key = next(k for k in ("offload_optimizer", "offload_param") if k in zero)
+    assert key in found[0]["detail"], found
+    assert strategy.config == {"zero_optimization": zero}  # the user's dict is left as it was
+    facts = {"strategy": "DeepSpeedStrategy", "kind": "deepspeed", "precision": "32-true", "accumulate": 1,
+             "findings": found}
+    run = fake_runs.run(values=[{"probes": {"strategy-config": facts}}])
+    run.strategy = "deepspeed"
+    verdict = get_contract("strategy-config").judge(run)
+    assert verdict.outcome == "failed" and "refuses the config as written" in verdict.summary
+    assert verdict.rule_section == "DeepSpeed"
+
+
+def test_the_pass_cites_the_section_of_the_strategy_it_judged(fake_runs):
+    def judged(kind, strategy):
+        facts = {"strategy": "X", "kind": kind, "precision": "32-true", "accumulate": 1, "findings": []}
+        run = fake_runs.run(values=[{"probes": {"strategy-config": facts}}])
+        run.strategy = strategy
+        return get_contract("strategy-config").judge(run)
+
+    ds_ddp, ds_item = judged("deepspeed", "ddp"), judged("deepspeed", "deepspeed")
+    assert ds_ddp.outcome == ds_item.outcome == "passed"
+    assert ds_ddp.rule_section == ds_item.rule_section == "DeepSpeed"
+    assert "judges the config in strategy-config[deepspeed]" in ds_ddp.summary
+    assert "DeepSpeed's own config class accepts the config as written" in ds_item.summary
+    assert judged("fsdp", "ddp").rule_section == "FSDP"
+    plain = judged(None, "ddp")
+    assert plain.rule_section == "Choose using measured memory" and "DeepSpeed" not in plain.summary

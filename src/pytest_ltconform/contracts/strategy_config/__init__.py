@@ -68,11 +68,7 @@ class StrategyConfig(Contract):
         claims = [claim("auto-effect", r[0], paths=f["paths"], effects=f.get("effects") or {})
                   for f, r in pairs if f["kind"] == "ds_auto"]
         if not rendered:
-            extra = " (DeepSpeedStrategy read without deepspeed installed)" if facts.get("stand_in") else ""
-            return self.verdict(Outcome.PASSED,
-                                f"the Trainer config's strategy {facts['strategy']}{extra} with precision "
-                                f"{facts['precision']} and accumulate_grad_batches={facts['accumulate']}: "
-                                f"its policies, precision, DeepSpeed values and timeout are consistent.")
+            return self._passed(facts, run.strategy == "deepspeed")
         summary, section, fix = rendered[0][0], rendered[0][2], rendered[0][3]
         evidence = [Evidence(text, site=site) for _, (text, site), _, _ in rendered]
         notes = [r[0] for r in rendered[1:]]
@@ -83,6 +79,25 @@ class StrategyConfig(Contract):
                                      f"raised at {stop['where']}"))
         verdict = self.verdict(Outcome.FAILED, summary, evidence=evidence, fix=" Also: ".join(fixes), notes=notes,
                                claims=claims)
+        verdict.rule_section = section
+        return verdict
+
+    def _passed(self, facts: dict, deepspeed_item: bool) -> Verdict:
+        """The pass: what was checked for this kind of strategy, under its own rule section."""
+        kind = facts.get("kind")
+        extra = " (DeepSpeedStrategy read without deepspeed installed)" if facts.get("stand_in") else ""
+        if kind == "deepspeed":
+            what, section = "its DeepSpeed config values, precision, accumulation and timeout are consistent", \
+                "DeepSpeed"
+            what += (", and DeepSpeed's own config class accepts the config as written" if deepspeed_item else
+                     " (DeepSpeed's own config class judges the config in strategy-config[deepspeed])")
+        elif kind == "fsdp":
+            what, section = "its FSDP policies, mixed precision, device mesh and timeout are consistent", "FSDP"
+        else:
+            what, section = "its strategy name and timeout setting are consistent", "Choose using measured memory"
+        verdict = self.verdict(Outcome.PASSED,
+                               f"the Trainer config's strategy {facts['strategy']}{extra} with precision "
+                               f"{facts['precision']} and accumulate_grad_batches={facts['accumulate']}: {what}.")
         verdict.rule_section = section
         return verdict
 
@@ -210,7 +225,9 @@ def _render_unknown_name(f: dict, site: str | None):
 
 def _render_ds_rejected(f: dict, site: str | None):
     message = f["message"]
-    summary = (f"DeepSpeed rejected the config when the engine was built, so every rank stopped inside "
+    # Present tense: true whether this run's fit stopped there or the CPU tier dropped the refused
+    # section (an offload) and ran; on the GPUs the config as written stops every rank.
+    summary = (f"DeepSpeed's own config class refuses the config as written, so every rank stops inside "
                f"deepspeed.initialize before the first step: {f['type']}: {message}")
     batch = f.get("batch") or {}
     micro, acc, world = (batch.get("train_micro_batch_size_per_gpu"), batch.get("gradient_accumulation_steps"),

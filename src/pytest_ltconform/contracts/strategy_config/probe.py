@@ -424,14 +424,19 @@ def _loader_batch_size(loaded) -> int:
     return int(getattr(sampler, "batch_size", None) or 1)
 
 def _ds_rejected(strategy, loaded, user: dict, file: str | None, world_size: int) -> list[dict]:
-    """DeepSpeed's own validation of the config the fit gives the engine: the CPU tier's copy
-    (sharded.cpu_deepspeed_config) completed as Lightning completes it (accumulation from the
-    Trainer, the micro-batch from the DataLoader when absent), for this world's size."""
+    """DeepSpeed's own validation of the config as the user wrote it, completed as Lightning
+    completes it (accumulation from the Trainer, the micro-batch from the DataLoader when absent),
+    for this world's size. Not the CPU tier's copy (sharded.cpu_deepspeed_config): that one drops
+    the offload and half-precision sections, and with them a value DeepSpeed refuses on the GPUs
+    (``"offload_optimizer": true``)."""
+    import copy
+
     from ... import sharded
 
-    config, _ = sharded.cpu_deepspeed_config(getattr(strategy, "config", None))
+    config = getattr(strategy, "config", None)
     if not isinstance(config, dict):
         return []
+    config = copy.deepcopy(config)
     config.setdefault("gradient_accumulation_steps", int(user.get("accumulate_grad_batches", 1) or 1))
     config.setdefault("train_micro_batch_size_per_gpu", _loader_batch_size(loaded))
     error = sharded.deepspeed_config_error(config, world_size)
@@ -488,6 +493,7 @@ class StrategyConfigProbe(Probe):
         findings += _timeout_facts(strategy, user, loaded.ns, file)
         findings += _unknown_name(strategy, loaded.ns)
         describe = type(strategy).__name__ if names else repr(strategy if strategy is not None else "auto")
-        return {"strategy": describe, "precision": _precision(user),
+        kind = "deepspeed" if "DeepSpeedStrategy" in names else "fsdp" if "FSDPStrategy" in names else None
+        return {"strategy": describe, "kind": kind, "precision": _precision(user),
                 "accumulate": user.get("accumulate_grad_batches", 1), "findings": findings,
                 "stand_in": bool(getattr(strategy, "ltconform_stand_in", False))}
