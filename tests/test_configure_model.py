@@ -165,3 +165,27 @@ def test_a_hook_that_copies_trained_weights_passes_end_to_end(pytester, no_lefto
                                            "-k", "configure", "-p", "no:cacheprovider", "-rA")
     result.stdout.fnmatch_lines(["*PASSED ltconform::copies.py:Model::configure-model[[]ddp[]]*"])
     result.stdout.fnmatch_lines(["*validate after fit used the trained weights*"])
+
+
+def test_a_nan_parameter_is_not_judged_never_lost_weights(fake_runs):
+    """Trial 19:40's kind in configure-model: a parameter whose checksum is NaN before and after a
+    call (nan != nan) was counted as "changed the values of", a false lost-weights failure. It is
+    named as not judged; the other parameters are still compared."""
+    import torch
+
+    from pytest_ltconform import claims
+    from pytest_ltconform.contracts.configure_model.probe import _compare, _params
+
+    model = torch.nn.Module()
+    model.policy = torch.nn.Linear(3, 2)
+    model.unused = torch.nn.Linear(3, 2)
+    with torch.no_grad():
+        model.unused.weight.fill_(float("nan"))
+    trained = _params(model)
+    seen = _compare(trained, _params(model))
+    assert (seen["replaced"], seen["changed"]) == ({}, {}), seen
+    assert [n for n, *_ in seen["not_finite"]] == ["unused.weight"]
+    v = judge(fake_runs, overrides_configure_model=True, calls=[call("fit"), {**call("validate"), **seen}])
+    assert v.outcome == "passed", v.render()
+    assert any("parameter unused.weight not judged, because the value is NaN on rank 0" in n for n in v.notes)
+    assert claims.check({"contract": "configure-model", **v.as_dict()}) == []

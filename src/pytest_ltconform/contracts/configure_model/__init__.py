@@ -22,6 +22,8 @@ when Lightning calls ``configure_model`` a second time:
 
 from __future__ import annotations
 
+import math
+
 from ...outcomes import Outcome
 from ..base import Contract, Evidence, Run, Verdict
 from .probe import ConfigureModelProbe
@@ -62,10 +64,12 @@ class ConfigureModel(Contract):
         cls = first.get("class_name", "Model")
         if first.get("sharded_override_site"):
             return self._sharded_override(first, cls)
-        verdict = self._idempotence(run, ranks, cls)
-        if verdict is not None:
-            return verdict
-        return self._allocation(run, ranks, cls)
+        verdict = self._idempotence(run, ranks, cls) or self._allocation(run, ranks, cls)
+        unjudged = _not_finite(ranks)
+        if unjudged is not None:
+            verdict.notes.append(unjudged[0])
+            verdict.claims.append(unjudged[1])
+        return verdict
 
     # -- configure_sharded_model -----------------------------------------------------------------
     def _sharded_override(self, first: dict, cls: str) -> Verdict:
@@ -191,3 +195,27 @@ class ConfigureModel(Contract):
                             f"large-model threshold or built in configure_model){repeat}.")
 
 CONTRACT = ConfigureModel()
+
+
+def _not_finite(ranks: list) -> tuple[str, object] | None:
+    """(note, claim) naming the parameters whose checksum is NaN or inf before or after a
+    configure_model call or the evaluation's load: they were neither kept nor lost, not compared."""
+    from ...claims import claim
+
+    for r, d in ranks:
+        calls = [(f"configure_model call {i}", c) for i, c in enumerate(d.get("calls") or [], start=1)]
+        calls.append((f"the {(d.get('eval') or {}).get('stage') or 'evaluation'} load",
+                      (d.get("eval") or {}).get("weights") or {}))
+        for where, c in calls:
+            bad = c.get("not_finite") or []
+            if not bad:
+                continue
+            name, before, after = bad[0]
+            values = [v for v in (before, after) if not math.isfinite(v)]
+            word = "NaN" if all(math.isnan(v) for v in values) else \
+                "inf" if not any(math.isnan(v) for v in values) else "NaN/inf"
+            more = f" and {len(bad) - 1} more parameter(s)" if len(bad) > 1 else ""
+            text = (f"parameter {name}{more} not judged, because the value is {word} on rank {r} (its checksum "
+                    f"{before} before and {after} after {where}), so whether its weights were kept is unknown")
+            return text, claim("not-finite", text, values={"before": before, "after": after})
+    return None

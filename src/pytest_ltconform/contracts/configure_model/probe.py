@@ -4,6 +4,8 @@ what the verdict makes of it).
 
 from __future__ import annotations
 
+import math
+
 from ..base import Probe
 
 
@@ -38,7 +40,11 @@ def _compare(before: dict, after: dict) -> dict:
     a re-wrap) keeps the trained weights."""
     replaced: dict[str, dict] = {}
     changed: dict[str, dict] = {}
+    not_finite = []  # [name, before, after]: a NaN or inf checksum compares nothing (neither kept nor lost)
     for name, (pid, csum, *_rest) in before.items():
+        if name in after and not (math.isfinite(csum) and math.isfinite(after[name][1])):
+            not_finite.append([name, csum, after[name][1]])
+            continue
         if name not in after or _same_values(csum, after[name][1]):
             continue
         table = replaced if after[name][0] != pid else changed
@@ -53,7 +59,8 @@ def _compare(before: dict, after: dict) -> dict:
             entry["after"] = sum(after[n][1] for n in names)
     old_ids = {v[0] for v in before.values()}
     created = [v for v in after.values() if v[0] not in old_ids]
-    return {"replaced": replaced, "changed": changed, "removed": sorted(set(before) - set(after)),
+    return {"replaced": replaced, "changed": changed, "not_finite": not_finite,
+            "removed": sorted(set(before) - set(after)),
             "created_numel": sum(v[2] for v in created), "created_bytes": sum(v[3] for v in created),
             "params_before": len(before), "params_after": len(after)}
 
