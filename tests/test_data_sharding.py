@@ -906,3 +906,24 @@ def test_a_global_draw_in_setup_is_recorded_though_fit_is_already_in_the_trainin
     hook[0] = "on_train_batch_end"
     setup()
     assert [e.get("hook") for e in events if e.get("ev") == DS_GLOBAL_DRAW] == ["setup"], events
+
+
+def test_identical_ranks_on_two_nodes_blame_the_local_rank_only_when_the_data_read_it(fake_runs):
+    """Field trial (iterable_dataset_unsharded_with_workers, [ddp-2nodes]): a stream nothing splits is
+    identical on one rank per node; 'split by the local rank' needs a read of the local rank while
+    the data is built."""
+    rows = [["a", "b"], ["c", "d"]]
+
+    def rank(node, read):
+        trace = [{"ev": "ds_place", "node": node, "local_rank": 0}, *FakeRuns.batches(rows)]
+        if read:
+            trace.append({"ev": "rank_read", "hook": "train_dataloader", "what": "self.trainer.local_rank",
+                          "site": {"file": __file__, "line": 3, "func": "Model.train_dataloader"},
+                          "use": "data", "how": "read while the data is built"})
+        return trace
+
+    plain = get_contract("data-sharding").judge(fake_runs.run([rank(0, False), rank(1, False)]))
+    assert plain.outcome == "failed" and "identical train batches" in plain.summary, plain.render()
+    assert "local rank" not in plain.summary and "local_rank" not in plain.fix, plain.render()
+    local = get_contract("data-sharding").judge(fake_runs.run([rank(0, True), rank(1, True)]))
+    assert "the data is split by the local rank" in local.summary, local.render()

@@ -523,12 +523,15 @@ class DataSharding(Contract):
                     for r in range(run.world_size)]
         evidence += self._loader_evidence(run, stage, loader, steps[0][first_ep])
         fix = self._fix_for(loader)
-        across = _same_local_rank_on_nodes(run)
+        local_reads = local_rank_reads([run.events(r, RANK_READ) for r in range(run.world_size)])
+        # A split by the local rank rests on a read of it while the data is built: without one, ranks
+        # on different nodes are identical because nothing splits the data (one node looks the same).
+        across = _same_local_rank_on_nodes(run) if local_reads else None
         if across:
             summary += f" {across}"
             evidence += [Evidence(f"{read['what']} is read in {read['hook']} while the data is built; it repeats on "
                                   f"every node", frame=read.get("site"))
-                         for read in local_rank_reads([run.events(r, RANK_READ) for r in range(run.world_size)])[:2]]
+                         for read in local_reads[:2]]
             fix = ("shard by the global rank (self.trainer.global_rank of self.trainer.world_size shards), or let "
                    "Lightning's DistributedSampler split a map-style dataset; keep local_rank for picking the local "
                    "device only. " + fix)
