@@ -51,12 +51,34 @@ def _judge(fake_runs, infos, ref):
 _REF = {"norm": 2.0, "world_norm": 2.0, "cosine": 1.0, "stepped": True, "per_param": [], "repeat_diff": 0.0}
 
 
-def test_ranks_with_different_gradients_are_not_judged(fake_runs):
-    other = _info(grad_sig=[("lin.weight", 1.3), ("lin.bias", 0.5)])
-    verdict = _judge(fake_runs, [_info(), other], {**_REF, "world_norm": 1.0})
-    assert verdict.outcome == "not_judged"
-    assert verdict.not_judged.reason.startswith("the ranks hold different gradients")
-    assert "parameter lin.weight has gradient norm 1 on rank 0 and 1.3 on rank 1" in verdict.summary
+_SITE = {"file": "/x/model.py", "line": 40, "func": "Model.training_step"}
+
+
+@pytest.mark.parametrize("kind, cause, fix", [
+    ("plain", "at /x/model.py:40 (Model.training_step) is a plain loss.backward(), not run by the strategy",
+     "call self.manual_backward(loss) instead of loss.backward()"),
+    ("no_sync", "at /x/model.py:40 (Model.training_step) ran with DDP's gradient sync off (no_sync)",
+     "outside no_sync"),
+    ("synced", "no recorded backward explains it", "do not change the gradients per rank")])
+def test_ranks_stepping_on_different_gradients_fail_with_the_backward_that_bypassed_the_all_reduce(
+        fake_runs, kind, cause, fix):
+    last = {"kind": kind, "site": _SITE}
+    other = _info(grad_sig=[("lin.weight", 1.3), ("lin.bias", 0.5)], last_backward=last)
+    verdict = _judge(fake_runs, [_info(last_backward=last), other], {**_REF, "world_norm": 1.0})
+    assert verdict.outcome == "failed" and verdict.category == "silent"
+    assert verdict.summary.startswith("the ranks stepped on different gradients at the first optimizer step "
+                                      "(parameter lin.weight has gradient norm 1 on rank 0 and 1.3 on rank 1)")
+    assert cause in verdict.summary and fix in verdict.fix
+    norms = [(e.rank, e.detail) for e in verdict.evidence if e.rank is not None]
+    assert norms == [(0, "gradient norm 1.11803 at the first optimizer step"),
+                     (1, "gradient norm 1.39284 at the first optimizer step")]
+    assert any(e.site == "/x/model.py:40 (Model.training_step)" for e in verdict.evidence) is (kind != "synced")
+
+
+def test_ranks_with_the_same_gradient_are_compared_with_the_reference(fake_runs):
+    last = {"kind": "synced", "site": _SITE}
+    verdict = _judge(fake_runs, [_info(last_backward=last), _info(last_backward=last)], _REF)
+    assert verdict.outcome == "passed", verdict.summary
 
 
 def test_random_draws_in_the_step_are_not_judged_and_named(fake_runs):

@@ -13,11 +13,13 @@ loss the two gradients agree; a sum-reduced loss under DDP's gradient averaging,
 normalisation by a local count, changes them by a factor, which fails with the factor and the loss
 line. Manual accumulation fails when the applied step is N times the gradient of the mean loss over
 the window (no 1/N on the loss passed to manual_backward). The comparison is judged only when it is
-fair, else the item is skipped as "not judged" with the premise that does not hold: (a) every rank
-holds the same gradient at the step (DDP averaged it), (b) the reference step is a function of
-weights and samples (two RNG seeds give the same gradient), (c) the merged batch can be built
-(through the user's dataset and collate_fn, else field by field for plain tensors). The effective
-batch, a partial final window and an uneven last batch are reported (informational: they pass).
+fair, else the item is skipped as "not judged" with the premise that does not hold; but (a) ranks
+holding different gradients at the step fails (DDP's all-reduce was bypassed: a plain loss.backward()
+the strategy did not run, or a backward under no_sync, named with its line; the replicas drift), (b)
+the reference step is a function of weights and samples (two RNG seeds give the same gradient), (c)
+the merged batch can be built (through the user's dataset and collate_fn, else field by field for
+plain tensors). The effective batch, a partial final window and an uneven last batch are reported
+(informational: they pass).
 Dropout modules are switched off and batch-statistics layers (BatchNorm*, not SyncBatchNorm) run in
 eval mode in both runs, so that only the reduction is compared; a BatchNorm without running statistics
 keeps coupling the samples of a batch, which is a premise that does not hold. The reference run
@@ -118,6 +120,12 @@ def unaveraged(infos: list) -> str | None:
     return None
 
 
+def _rank_norms(infos: list) -> list[tuple[int, float]]:
+    """Each rank's gradient norm over its recorded gradient signature."""
+    return [(rank, math.sqrt(sum(n * n for _, n in (info or {}).get("grad_sig") or [])))
+            for rank, info in enumerate(infos)]
+
+
 def drawn_at(ref: dict) -> str:
     """Where the reference step drew random numbers in user code, for a one-line reason."""
     draws = ref.get("draws") or []
@@ -153,6 +161,9 @@ class EffectiveBatch(Contract):
             return self.not_judged(f"no optimizer step was taken in the first "
                                 f"{len(info['sizes'])} training batches, so there is no step to compare. {report}",
                                 notes=notes)
+        spread = unaveraged(infos)
+        if spread:
+            return self._unsynced(infos, spread, report, notes)
         ref_run = run.reference
         ref = (ref_run.value(0) or {}).get("reference") if ref_run is not None and ref_run.finished else None
         unfinite = not_finite_norms(infos, ref)
@@ -187,10 +198,6 @@ class EffectiveBatch(Contract):
             return (f"{', '.join(coupled)} normalises each sample by the statistics of its own batch even in eval "
                     f"mode, so a sample's output depends on the other samples of its batch and 2 ranks x b and 1 rank "
                     f"x {len(infos)}b compute different functions; their gradients cannot be compared")
-        spread = unaveraged(infos)
-        if spread:
-            return (f"the ranks hold different gradients at the first optimizer step ({spread}), so DDP did not "
-                    f"average them and the step is not one step of the whole world")
         if ref and ref.get("not_judged"):
             note = (infos[0] or {}).get("merge_note")
             return (f"the ranks' first-window samples cannot be merged into one batch for the 1-rank step: "
@@ -203,6 +210,37 @@ class EffectiveBatch(Contract):
                     f"samples gave gradients {repeat:.2g} apart (relative) under two seeds, so a 1-rank step cannot "
                     f"reproduce the ranks' own gradients")
         return None
+
+    def _unsynced(self, infos: list, spread: str, report: str, notes: list) -> Verdict:
+        """The ranks stepped on different gradients: DDP's all-reduce was bypassed, so the replicas
+        drift apart from the first step. Names the last backward before the step where recorded: a
+        ``loss.backward()`` the strategy did not run, or a backward with DDP's sync off (no_sync)."""
+        last = [(info or {}).get("last_backward") or {} for info in infos]
+        kinds = {b.get("kind") for b in last}
+        site = next((b["site"] for b in last if b.get("site") and b.get("kind") != "synced"), None)
+        where = f" at {fmt_site(site)}" if site else ""
+        if "plain" in kinds:
+            cause = (f"the last backward before the step{where} is a plain loss.backward(), not run by the strategy, "
+                     f"so DDP's reducer was not armed and nothing all-reduced the gradients")
+            fix = ("call self.manual_backward(loss) instead of loss.backward() under manual optimization (it runs "
+                   "the backward through the strategy, which all-reduces the gradients under DDP).")
+        elif "no_sync" in kinds:
+            cause = (f"the last backward before the step{where} ran with DDP's gradient sync off (no_sync), so "
+                     f"nothing all-reduced the gradients")
+            fix = ("run the last backward of each accumulation window outside no_sync (self.manual_backward(loss) "
+                   "with the sync on), so that the step's gradient is all-reduced.")
+        else:
+            cause = "no recorded backward explains it (every backward before the step went through DDP's reducer)"
+            fix = ("let every backward go through self.manual_backward / the strategy and do not change the "
+                   "gradients per rank between the backward and optimizer.step.")
+        summary = (f"the ranks stepped on different gradients at the first optimizer step ({spread}): {cause}; the "
+                   f"replicas' weights drift apart from this step on, silently. {report}")
+        evidence = [Evidence(f"gradient norm {norm:.6g} at the first optimizer step", rank=rank)
+                    for rank, norm in _rank_norms(infos)]
+        if site:
+            what = "loss.backward()" if "plain" in kinds else "backward under no_sync"
+            evidence.append(Evidence(f"last backward before the step: {what}", site=fmt_site(site)))
+        return self.verdict(Outcome.FAILED, summary, evidence=evidence, fix=fix, category="silent", notes=notes)
 
     def _world_size(self, info: dict, infos: list, ref: dict, world: int, local, report: str,
                     notes: list) -> Verdict:

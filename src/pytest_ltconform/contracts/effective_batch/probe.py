@@ -14,6 +14,7 @@ Imported only in ranks.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import os
@@ -232,11 +233,24 @@ class EffectiveBatchProbe(Probe):
 
         def backward(loss, *args, **kwargs):
             scale = None if self.state.get("stepped") else window.root_scale(loss)  # before the graph is freed
-            out = original(loss, *args, **kwargs)
+            self.note_backward("no_sync" if _sync_off(strategy) else "synced")
+            IN_STRATEGY["on"] = True
+            try:
+                out = original(loss, *args, **kwargs)
+            finally:
+                IN_STRATEGY["on"] = False
             self.backward_done(trainer, scale)
             return out
 
         strategy.backward = backward
+
+    def note_backward(self, kind: str) -> None:
+        """The last backward before the first step: ``synced`` (through the strategy, DDP's reducer
+        armed), ``no_sync`` (through the strategy with DDP's gradient sync off) or ``plain`` (a
+        ``Tensor.backward``/``torch.autograd.backward`` not run by the strategy), with the user's line."""
+        if self.state.get("stepped") or not self.state["backwards"]:
+            return
+        self.state["last_backward"] = {"kind": kind, "site": user_site(3)[0]}
 
     def backward_done(self, trainer, scale: float | None) -> None:
         state = self.state
@@ -290,7 +304,8 @@ class EffectiveBatchProbe(Probe):
         self._count_items()
         self.grads = grads = _grads(pl_module)
         state["norm"] = _norm(grads)
-        state["grad_sig"] = [(n, float(g.double().norm())) for n, g in grads.items()]
+        ignored = set(getattr(pl_module, "_ddp_params_and_buffers_to_ignore", ()) or ())  # DDP never syncs these
+        state["grad_sig"] = [(n, float(g.double().norm())) for n, g in grads.items() if n not in ignored]
         if self.after_backward is not None:
             state["sum_norm"] = _norm(self.after_backward)
             state["after_backward_diff"] = _rel_diff(grads, self.after_backward)
@@ -331,6 +346,37 @@ class EffectiveBatchProbe(Probe):
             except Exception as exc:  # a batch object pickle cannot store
                 merged, why = None, f"the merged batch could not be saved ({exc!r:.120})"
         self.state["merge_note"] = why
+
+
+# Whether the strategy's backward is under way: a torch backward outside it bypasses DDP's reducer.
+IN_STRATEGY = {"on": False}
+
+
+def _sync_off(strategy) -> bool:
+    """Whether DDP's gradient sync is off for the next backward (``no_sync``): the DDP wrapper's
+    ``require_backward_grad_sync``; False for any other model."""
+    model = getattr(strategy, "model", None)
+    return getattr(model, "require_backward_grad_sync", True) is False and hasattr(model, "reducer")
+
+
+@contextlib.contextmanager
+def plain_backwards(probe: EffectiveBatchProbe):
+    """Within: every ``torch.autograd.backward`` (``loss.backward()`` goes through it) that the
+    strategy did not run is noted on ``probe`` as a ``plain`` backward, with the user's line."""
+    import torch
+
+    original = torch.autograd.backward
+
+    def backward(*args, **kwargs):
+        if not IN_STRATEGY["on"]:
+            probe.note_backward("plain")
+        return original(*args, **kwargs)
+
+    torch.autograd.backward = backward
+    try:
+        yield
+    finally:
+        torch.autograd.backward = original
 
 
 # Whether a training step (forward, loss, backward) is under way: only its draws make the step's
@@ -385,7 +431,8 @@ def _world_value(state: dict, accumulate: int, manual: bool, model, rank: int, p
             "stepped": bool(state.get("stepped")), "loader": state.get("loader"),
             "dropout_off": state.get("dropout_off", 0), "manual": manual,
             "grad_sig": state.get("grad_sig"), "backwards": state["backwards"], "scales": state["scales"],
-            "backward_site": state.get("backward_site"), "sum_norm": state.get("sum_norm"),
+            "backward_site": state.get("backward_site"), "last_backward": state.get("last_backward"),
+            "sum_norm": state.get("sum_norm"),
             "after_backward_diff": state.get("after_backward_diff"), "merge_note": state.get("merge_note"),
             "batch_stats_off": sorted(set(state.get("batch_stats_off") or [])),
             "batch_coupled": sorted(set(state.get("batch_coupled") or [])),
@@ -412,7 +459,8 @@ def one_step(ctx, args: RunArgs) -> dict:
         _keep_ddp_going(strategy)
         limit = max(accumulate, MANUAL_LIMIT) if manual else accumulate
         trainer = run.build_trainer(_one_step_kwargs(run, user, strategy, ctx.world_size, limit))
-        trainer.fit(objects.model, datamodule=objects.datamodule)
+        with plain_backwards(probe):
+            trainer.fit(objects.model, datamodule=objects.datamodule)
         state = probe.state
         torch.save(state["batches"], os.path.join(folder, f"ebatch_batches_rank{ctx.rank}.pt"))
         out = {"ebatch": _world_value(state, accumulate, manual, objects.model, ctx.rank,
