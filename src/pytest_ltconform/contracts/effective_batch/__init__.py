@@ -161,14 +161,14 @@ class EffectiveBatch(Contract):
             return self.not_judged(f"no optimizer step was taken in the first "
                                 f"{len(info['sizes'])} training batches, so there is no step to compare. {report}",
                                 notes=notes)
-        spread = unaveraged(infos)
-        if spread:
-            return self._unsynced(infos, spread, report, notes)
         ref_run = run.reference
         ref = (ref_run.value(0) or {}).get("reference") if ref_run is not None and ref_run.finished else None
         unfinite = not_finite_norms(infos, ref)
         if unfinite:
             return self.not_judged(f"{unfinite[0]}. {report}", notes=notes, claims=unfinite[1])
+        spread = unaveraged(infos)
+        if spread:
+            return self._unsynced(infos, spread, report, notes)
         premise = self._premise(infos, ref)
         if premise:
             return self.not_judged(f"{premise}. {report}", notes=notes)
