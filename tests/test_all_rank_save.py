@@ -9,6 +9,7 @@ import pytest
 
 from pytest_ltconform.contracts.all_rank_save import CONTRACT, call_guard, first_cause, fix_for, probe, taps
 from pytest_ltconform.contracts.base import Blame
+from pytest_ltconform.outcomes import Outcome
 from pytest_ltconform.trace import Recorder
 from pytest_ltconform.world.diagnose import first_divergence
 
@@ -422,3 +423,57 @@ def test_the_fix_for_a_property_reads_it_instead_of_calling_it(tmp_path):
     via = {"file": "/nowhere/trainer.py", "line": 1, "func": "log_dir", "property": True}
     assert call_words(via, site={"file": str(user), "line": 2}) == "read trainer.log_dir"
     assert call_words({"func": "save_checkpoint", "property": False}) == "call save_checkpoint()"
+
+
+def _save_raised(user_saves):
+    """The CPU FSDP round trip whose sharded save raised (lightly's LinearClassifier: the optimizer
+    holds only the head's parameters), as the probe records it."""
+    sharded = {"phase": "save", "error": "RuntimeError: model.0.weight is not in the optimizer state.",
+               "weights_only": False, "frame": {"file": "/site/torch/distributed/fsdp/_optim_utils.py", "line": 1581,
+                                                "func": "_get_fqn_to_param"}}
+    return {"probes": {"all-rank-save": {"sharded": sharded, "weights_only": [], "user_saves": user_saves}}}
+
+
+def _fsdp_run(fake_runs, user_saves, configured=False):
+    """An FSDP run of the round trip above; ``configured``: the user's config names FSDP."""
+    trace = [{"ev": "strategy", "configured": configured}]
+    run = fake_runs.run([list(trace), list(trace)], values=[_save_raised(user_saves)] * 2)
+    run.strategy = "fsdp"
+    return run
+
+
+def test_a_sharded_save_that_raised_is_said_as_such_and_judged_by_what_the_config_saves(fake_runs):
+    """Field trial (lightly): "every rank saved a sharded checkpoint directory (nothing), but resuming
+    from it does not work" where the save itself raised. The save's failure is named with its frame,
+    resume not tried; a config that saves full state dicts is not judged (the plugin chose sharded),
+    one that saves sharded fails."""
+    for saves, configured in (("file", False), ("deepspeed", False), ("file", True)):
+        verdict = CONTRACT.judge(_fsdp_run(fake_runs, saves, configured))
+        # Not judged; skipped where the config names no sharded strategy (the tier does not apply).
+        assert verdict.outcome is (Outcome.NOT_JUDGED if configured else Outcome.SKIPPED), verdict.summary
+        assert verdict.summary.startswith(("not judged: " if configured else "") + "the plugin's FSDP run saved "
+                                          "with state_dict_type='sharded' where your config saves ")
+        assert ("that sharded save raised on rank 0: RuntimeError: model.0.weight is not in the optimizer state. "
+                "(raised at /site/torch/distributed/fsdp/_optim_utils.py:1581 (_get_fqn_to_param)); no directory was "
+                "saved and resuming from one was not tried") in verdict.summary
+        assert "(nothing)" not in verdict.summary and "saved a sharded checkpoint directory" not in verdict.summary
+        assert any(n.startswith("advisory: trainer.save_checkpoint breaks") for n in verdict.notes)
+    verdict = CONTRACT.judge(_fsdp_run(fake_runs, "fsdp", configured=True))
+    assert verdict.outcome is Outcome.FAILED
+    assert "raised on 2 ranks, so no checkpoint directory was saved and resuming from one was not tried" in \
+        verdict.summary
+    assert "_optim_utils.py:1581" in verdict.evidence[0].detail
+
+
+def test_a_pass_counts_member_metric_syncs_as_such(fake_runs):
+    """Field trial (torch-uncertainty): "MetricCollection.compute x44" counted the syncs of the
+    collection's member metrics (4 calls x 11 members): the sentence names what it counts."""
+    site = _site("/x/m.py", 20, "Model.on_validation_epoch_end")
+    events = [_call("MetricCollection.compute", site, seq=2 + i, kind="metric", op="metric_sync", metric=m)
+              for i, m in enumerate(["BinaryAccuracy", "BinaryAUROC"] * 3)]
+    events.append(_call("Entropy.compute", site, seq=9, kind="metric", op="metric_sync", metric="Entropy"))
+    verdict = CONTRACT.judge(fake_runs.run([events, [dict(e) for e in events]]))
+    assert verdict.outcome is Outcome.PASSED
+    assert "Entropy.compute x1" in verdict.summary
+    assert "MetricCollection.compute (6 syncs of its member metrics BinaryAUROC, BinaryAccuracy)" in verdict.summary
+    assert "MetricCollection.compute x6" not in verdict.summary

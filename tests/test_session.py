@@ -397,3 +397,59 @@ def test_the_run_item_of_a_sharded_run_the_config_does_not_ask_for_carries_its_c
 
     assert claims.check(record(said.claims)) == []
     assert any(p.startswith("cpu-only:") for p in claims.check(record(())))  # the check sees the sentence
+
+
+def _deepspeed_dir_stop(fake_runs, user_saves: str):
+    """A DeepSpeed run whose user callback torch.loads the best checkpoint, a ZeRO directory there."""
+    from pytest_ltconform.contracts.base import Run
+
+    site = {"file": USER_FILE, "line": 30, "func": "RestoreBest.on_fit_end"}
+    load = {"ev": "load", "label": "torch.load", "path": "/tmp/run/checkpoints/epoch=1-step=8.ckpt",
+            "layout": "deepspeed", "files": ["checkpoint", "latest"], "site": site, "user": True,
+            "hook": "RestoreBest.on_fit_end", "user_saves": user_saves}
+    raised = {"ev": "raised", "in": "torch.load", "owner": "all-rank-save",
+              "exc": "IsADirectoryError: [Errno 21] Is a directory"}
+    tb = ('Traceback (most recent call last):\n'
+          f'  File "{USER_FILE}", line 30, in on_fit_end\n    state = torch.load(best)\n'
+          'IsADirectoryError: [Errno 21] Is a directory\n')
+    ranks = [fake_runs.rank(r, [dict(load), dict(raised)], status="error", exc_type="IsADirectoryError",
+                            message="[Errno 21] Is a directory", traceback=tb) for r in range(2)]
+    return Run(fake_runs.job(ranks, status="error"), "deepspeed", "fit")
+
+
+def test_a_stop_that_follows_from_the_plugins_save_format_is_not_judged_on_every_item(fake_runs):
+    """Issue 32 section 4: a DDP config's callback torch.loads its best checkpoint; the plugin's own
+    DeepSpeed tier saved a ZeRO directory there. Every item of that run is not judged, naming both
+    formats; all-rank-save adds the advisory; the run item says the same. The user's own DeepSpeed
+    config saving that directory is the user's fault (all-rank-save claims it)."""
+    from pytest_ltconform import policies
+
+    run = _deepspeed_dir_stop(fake_runs, "file")
+    advisories = {}
+    for cid in ("all-rank-save", "sync-dist"):
+        case = policies.Case(contracts.get_contract(cid), "deepspeed", run=run)
+        assert case.owner is None  # all-rank-save does not claim a stop of the plugin's own choosing
+        verdict = policies._plugin_choice_item(case)
+        # A strategy the config does not name: skipped (as a sharded stop is), saying why it is not judged.
+        assert verdict.outcome is Outcome.SKIPPED, (cid, verdict.summary)
+        assert verdict.summary.startswith("the plugin's DeepSpeed run saved a DeepSpeed checkpoint directory "
+                                          "(per-rank ZeRO shards) where your config saves one checkpoint file, and "
+                                          "torch.load at ")
+        assert verdict.summary.endswith("not from your config, so this item is not judged; the Trainer config does "
+                                        "not name DeepSpeed, so the deepspeed tier does not apply "
+                                        "(--ltconform-strategies without deepspeed hides it).")
+        assert "test_session.py:30 (RestoreBest.on_fit_end) was given it (it raised IsADirectoryError" in \
+            verdict.summary
+        assert "does not run under" not in verdict.summary
+        advisories[cid] = [n for n in verdict.notes if n.startswith("advisory:")]
+    assert advisories["sync-dist"] == []
+    assert len(advisories["all-rank-save"]) == 1
+    assert "breaks once your strategy saves a DeepSpeed checkpoint directory" in advisories["all-rank-save"][0]
+    names = [p.name for p in policies.POLICIES]
+    assert names.index("the stop follows from a format the plugin chose") < \
+        names.index("a sharded run the config does not ask for stopped")
+    record = policies.run_record(policies.Case(contracts.get_contract("all-rank-save"), "deepspeed", run=run,
+                                               item="fit[deepspeed]"))
+    assert record.outcome is Outcome.SKIPPED and "the plugin's DeepSpeed run saved" in record.text
+    assert contracts.plugin_choice(_deepspeed_dir_stop(fake_runs, "deepspeed")) is None
+    assert contracts.plugin_choice(_deepspeed_dir_stop(fake_runs, "file"))[0] == "all-rank-save"

@@ -23,7 +23,7 @@ from .events import HOOK, HOOK_EXIT, NONFINITE, NOTE, STAGE, STAGE_ERROR, STRATE
 from .outcomes import Outcome
 from .runs import FIT, FIT_WITHOUT_VALIDATION, WITHOUT_VALIDATION
 from .sites import fmt_site
-from .vocabulary import SHARDED_STRATEGIES, STRATEGY_NAMES
+from .vocabulary import SHARDED_STRATEGIES, STRATEGY_NAMES, unnamed_tier
 from .world import WorldStartError
 from .world.causes import cause_text, cpu_specific, exception_words, first_cause, raised_words, stopped_where
 
@@ -251,6 +251,27 @@ def _sharded_record(case: Case) -> RunRecord | None:
     return RunRecord.of(Outcome.SKIPPED, skipped) if skipped is not None else None
 
 
+def _plugin_choice_item(case: Case) -> Verdict | None:
+    """The stop follows only from what the plugin's own run chose (a save format the user's config
+    never writes): not judged, on every item of the run; the explaining contract's item adds the advisory."""
+    if case.owner is not None or case.run.finished:
+        return None
+    found = contracts.plugin_choice(case.run)
+    if found is None:
+        return None
+    cid, reason, advisory = found
+    notes = [advisory] if cid == case.contract.id else []
+    if case.unconfigured_sharded:  # a strategy the config does not name: skipped, as a sharded stop is
+        return case.contract.verdict(Outcome.SKIPPED, f"{reason}, so this item is not judged; the Trainer config "
+                                                      f"does not name {_tier_text(case.run)}.", notes=notes)
+    return case.contract.not_judged(f"{reason}.", notes=notes)
+
+
+def _plugin_choice_record(case: Case) -> RunRecord | None:
+    verdict = _plugin_choice_item(case)
+    return RunRecord.of(Outcome.SKIPPED, verdict) if verdict is not None else None
+
+
 def _own_failure_item(case: Case) -> Verdict:
     return after_own_failure(case.contract, case.run)
 
@@ -308,11 +329,12 @@ def not_a_sharded_module(contract, run: Run, ddp: Run | None = None) -> Verdict 
     where = f"on CPU gloo ranks ({raised_words(cause)}; {cpu})" if cpu else f"({raised_words(cause)})"
     said = claim("cpu-only", f"does not run under {name} on CPU",
                  ddp="not run" if ddp is None else "finished" if ddp.finished else "stopped differently")
-    tier = ("a sharded strategy, so the sharded tier does not apply (--ltconform-strategies ddp hides it)"
-            if run.strategy == "fsdp" else f"{name}, so the {run.strategy} tier does not apply "
-                                           f"(--ltconform-strategies without {run.strategy} hides it)")
     return contract.verdict(Outcome.SKIPPED, f"the module does not run under {name} {where}; the Trainer config "
-                                             f"does not name {tier}.", claims=[said] if cpu else [])
+                                             f"does not name {_tier_text(run)}.", claims=[said] if cpu else [])
+
+
+def _tier_text(run: Run) -> str:
+    return unnamed_tier(run.strategy)
 
 
 def after_own_failure(contract, run: Run) -> Verdict:
@@ -470,6 +492,7 @@ POLICIES: tuple[Policy, ...] = (
     Policy("a finding on a run that stopped", _finding_item),
     Policy("a contract claims why the run stopped", _owned_item, _owned_record),
     Policy("the contract that claims the stop could judge nothing", _owner_not_judged_item),
+    Policy("the stop follows from a format the plugin chose", _plugin_choice_item, _plugin_choice_record),
     Policy("a sharded run the config does not ask for stopped", _sharded_item, _sharded_record),
     Policy("a rank failed on its own", _own_failure_item, _own_failure_record),
     Policy("the fit stopped in validation: judged on a fit without it", refine=_without_validation),

@@ -87,6 +87,16 @@ def sharded_kind(user_strategy: Any) -> str | None:
     return None
 
 
+def saved_layout(user_strategy: Any) -> str:
+    """What a ``Trainer.save_checkpoint`` under the user's strategy writes: 'deepspeed' (a ZeRO
+    checkpoint directory), 'fsdp' (a sharded directory: FSDP with state_dict_type='sharded') or
+    'file' (one checkpoint file: every other strategy, and FSDP's default 'full')."""
+    kind = sharded_kind(user_strategy)
+    if kind == "fsdp" and getattr(user_strategy, "_state_dict_type", "full") == "sharded":
+        return "fsdp"
+    return "deepspeed" if kind == "deepspeed" else "file"
+
+
 def zero_stage(user_strategy: Any) -> int | None:
     """The ZeRO stage a DeepSpeedStrategy (or a 'deepspeed_stage_N' name) asks for."""
     if isinstance(user_strategy, str):

@@ -15,6 +15,15 @@ CPU_STRATEGIES = ("ddp", "fsdp", "deepspeed")
 CPU_CORE_STRATEGIES = ("ddp", "fsdp")
 # How items and messages name a strategy.
 STRATEGY_NAMES = {"ddp": "DDP", "fsdp": "FSDP", "deepspeed": "DeepSpeed"}
+
+
+def unnamed_tier(strategy: str) -> str:
+    """What a Trainer config that does not name ``strategy`` lacks, and that its tier does not apply
+    (the end of a skip of a sharded item: "the Trainer config does not name <this>.")."""
+    if strategy == "fsdp":
+        return "a sharded strategy, so the sharded tier does not apply (--ltconform-strategies ddp hides it)"
+    return (f"{STRATEGY_NAMES.get(strategy, strategy)}, so the {strategy} tier does not apply "
+            f"(--ltconform-strategies without {strategy} hides it)")
 # Strategies the GPU tier runs (NCCL ranks); deepspeed has its own tier there.
 GPU_STRATEGIES = ("ddp", "fsdp", "deepspeed")
 # A contract judged under one of these is also judged under the others on the GPU tier.

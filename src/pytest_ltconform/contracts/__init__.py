@@ -124,6 +124,16 @@ def probes_for(spec) -> list[tuple[str, str]]:
     return found
 
 
+def plugin_choice(run) -> tuple[str, str, str] | None:
+    """(contract id, reason, advisory) of the first contract whose ``plugin_choice(run)`` explains
+    the stop by something the plugin chose (see :meth:`~.base.Contract.plugin_choice`); None when none does."""
+    for cid in ids():
+        found = get_contract(cid).plugin_choice(run)
+        if found is not None:
+            return cid, found[0], found[1]
+    return None
+
+
 def blamed(run) -> str | None:
     """The contract named as the cause of an unfinished ``run``: the lowest claim of every
     contract's ``blames(run)`` (see :class:`~.base.Blame`); None when no contract claims it.

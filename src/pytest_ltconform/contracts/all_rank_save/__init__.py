@@ -35,6 +35,7 @@ from ...claims import claim
 from ...events import CALL, EXIT, HOOK, LOG, RAISED, STRATEGY
 from ...outcomes import Outcome
 from ...sites import fmt_site, hook_label, plural
+from ...vocabulary import unnamed_tier
 from ...world.diagnose import first_divergence
 from ..base import Blame, Contract, Evidence, Run, Verdict, defined_as_property, rank_guard
 from .probe import LOAD, ShardedSaveProbe
@@ -45,10 +46,27 @@ SHARDED_LAYOUTS = {"fsdp": "an FSDP sharded checkpoint (torch.distributed.checkp
                            "and .metadata)",
                    "deepspeed": "a DeepSpeed checkpoint directory (per-rank ZeRO shards)",
                    "directory": "a directory, not a checkpoint file"}
+# What a save writes, by sharded.saved_layout: the plugin's run against the user's own strategy.
+SAVED_FORMATS = {"file": "one checkpoint file",
+                 "fsdp": "an FSDP sharded checkpoint directory",
+                 "deepspeed": "a DeepSpeed checkpoint directory (per-rank ZeRO shards)"}
+_STRATEGY_WORDS = {"fsdp": "FSDP", "deepspeed": "DeepSpeed", "ddp": "DDP"}
 
 
 def user_call(event: dict) -> bool:
     return CALL.of(event) and bool(event.get("user"))
+
+
+def member_syncs(run: Run) -> dict[str, set[str]]:
+    """Per label, the member metrics whose syncs a collection's call made (``MetricCollection.compute``
+    traces one event per member metric that syncs: the count is of those syncs, not of the calls)."""
+    found: dict[str, set[str]] = {}
+    for t in run.traces:
+        for e in t:
+            label, metric = str(e.get("label") or ""), e.get("metric")
+            if user_call(e) and e.get("kind") == "metric" and metric and label.split(".", 1)[0] != metric:
+                found.setdefault(label, set()).add(metric)
+    return found
 
 
 def _counts(run: Run, label: str) -> dict[int, int]:
@@ -92,6 +110,9 @@ class AllRankSave(Contract):
         loads = [(r, e) for r, t in enumerate(run.traces) for e in t
                  if LOAD.of(e) and e.get("layout") in SHARDED_LAYOUTS]
         if loads:
+            chosen = self.plugin_choice(run)
+            if chosen is not None:
+                return _plugin_chose(self, run, f"{chosen[0]}", [chosen[1]])
             return self._sharded_load(run, loads)
         round_trip = self._round_trip(run)
         if isinstance(round_trip, Verdict):
@@ -101,6 +122,32 @@ class AllRankSave(Contract):
             summary = f"{summary} {round_trip}"
         note = weights_only_note(run, self.id)
         return self.verdict(Outcome.PASSED, summary, notes=[note] if note else [])
+
+    def plugin_choice(self, run: Run) -> tuple[str, str] | None:
+        """(reason, advisory) when every sharded checkpoint a loader of the user's was given is one
+        the plugin's own run of this strategy saved in a format the user's Trainer config never
+        saves (the DeepSpeed tier of a DDP config writes a ZeRO directory where the user's config
+        writes one file): what follows is the plugin's choice, not judged; the advisory says what
+        breaks once the user's strategy saves that format. None otherwise."""
+        loads = [(r, e) for r, t in enumerate(run.traces) for e in t
+                 if LOAD.of(e) and e.get("layout") in SHARDED_LAYOUTS]
+        if not loads or not all(e.get("layout") == run.strategy and e.get("user_saves") in SAVED_FORMATS
+                                and e["user_saves"] != e["layout"] for _, e in loads):
+            return None
+        r, first = loads[0]
+        name = _STRATEGY_WORDS.get(run.strategy, run.strategy)
+        saved, theirs = SAVED_FORMATS[first["layout"]], SAVED_FORMATS[first["user_saves"]]
+        raised = next((e.get("exc") for e in run.traces[r]
+                       if RAISED.of(e) and e.get("in") in ("load_from_checkpoint", "torch.load")), None)
+        call = f"{first.get('label')} at {fmt_site(first.get('site'))}"
+        reason = (f"the plugin's {name} run saved {saved} where your config saves {theirs}, and {call} was given "
+                  f"it" + (f" (it raised {raised})" if raised else "") + ": that follows from the plugin's choice "
+                  "of strategy, not from your config")
+        advisory = (f"advisory: {call} reads one checkpoint file, so it breaks once your strategy saves {saved}; "
+                    f"then load the directory with the strategy that wrote it "
+                    f"(Trainer(strategy=...).fit/validate/test(model, ckpt_path=dir)) or convert it to one file "
+                    f"first ({'zero_to_fp32' if first['layout'] == 'deepspeed' else 'consolidate_checkpoint'}).")
+        return reason, advisory
 
     def _skipped_backward(self, run: Run, skipped: dict) -> Verdict:
         """Some ranks left a training step without the backward the others ran in it: under a
@@ -140,7 +187,10 @@ class AllRankSave(Contract):
         inside = Counter(made[0]) if made[0] and all(m == made[0] for m in made) else Counter()
         if not own and not inside:
             return "user code makes no collective-bearing call (saves, barriers, collectives) of its own."
-        listing = [f"{label} x{n}" for label, n in sorted(own.items())]
+        members = member_syncs(run)
+        listing = [f"{label} x{n}" if label not in members else
+                   f"{label} ({plural(n, 'sync')} of its member metrics {', '.join(sorted(members[label]))})"
+                   for label, n in sorted(own.items())]
         listing += [f"{words} at {site} x{n}" for (words, site), n in sorted(inside.items())[:4]]
         more = len(inside) - 4
         return ("every rank made the same collective-bearing calls from user code, in the same order ("
@@ -205,8 +255,9 @@ class AllRankSave(Contract):
         first = done[0][1]
         lightning = _lightning(run.probe(self.id))
         files = ", ".join(first.get("files") or []) or "nothing"
-        if failures and not any(e.get("configured") for e in run.events(0, STRATEGY)):
-            return _not_configured(failures, files)
+        if failures and not _reaches_sharded_save(run, run.probe(self.id)):
+            reason, advisory = _not_configured(failures, files, _user_saves(run.probe(self.id)))
+            return _plugin_chose(self, run, reason, [advisory, f"on the fit itself: {self._same_calls(run)}"])
         after = next((d["after_restore"] for _, d in done if d.get("after_restore")), None)
         after = (f" The resumed fit then stopped ({after}) after the checkpoint had loaded: that is the run's "
                  f"own doing, judged by the fit's items, not the checkpoint's.") if after else ""
@@ -233,16 +284,31 @@ class AllRankSave(Contract):
             return (f"Under FSDP every rank saved a sharded checkpoint directory ({files}) and a fit resumed from "
                     f"it with the matching strategy (state_dict_type='sharded'): step {first.get('saved_step')} "
                     f"and every rank's parameter shard restored.{after}")
+        return self._round_trip_failed(failures, files)
+
+    def _round_trip_failed(self, failures: list, files: str) -> Verdict:
+        """The round trip failed where the user's config saves FSDP sharded checkpoints itself: the
+        save raised (no directory, no resume), or the resume raised or restored other values."""
         evidence = []
         for r, d in failures:
-            if d.get("error"):
+            if d.get("error") and d.get("phase") == "save":
+                evidence.append(Evidence(f"the sharded save raised {_save_failed(d)}", rank=r))
+            elif d.get("error"):
                 evidence.append(Evidence(f"{d.get('phase', 'resume')} raised {d['error']}", rank=r))
             else:
                 evidence.append(Evidence(
                     f"after resuming: step {d.get('restored_step')} (saved {d.get('saved_step')}), parameter "
                     f"checksum {d.get('restored_checksum')} (saved {d.get('saved_checksum')})", rank=r))
-        summary = (f"a sharded checkpoint saved on every rank after fit ({files}) could not be resumed with the "
-                   f"matching strategy (Trainer(ckpt_path=dir), FSDP state_dict_type='sharded').")
+        if all(d.get("phase") == "save" for _, d in failures):
+            summary = (f"the sharded save after fit (trainer.save_checkpoint under your FSDP config, "
+                       f"state_dict_type='sharded') raised on {plural(len(failures), 'rank')}, so no checkpoint "
+                       f"directory was saved and resuming from one was not tried.")
+            fix = ("fix what the sharded save raised on (the exception and frame above), or save with "
+                   "state_dict_type='full' (one checkpoint file, gathered on rank 0).")
+            return Verdict(contract=self.id, outcome=Outcome.FAILED, summary=summary, evidence=evidence, fix=fix,
+                           rule_section="FSDP")
+        summary = (f"a sharded checkpoint saved on every rank after fit ({files}) could not be resumed with "
+                   f"the matching strategy (Trainer(ckpt_path=dir), FSDP state_dict_type='sharded').")
         fix = ("keep the sharded directory's files together and resume with the strategy that wrote it; make "
                "sure every rank builds the same modules (same names and shapes) before the checkpoint loads.")
         return Verdict(contract=self.id, outcome=Outcome.FAILED, summary=summary, evidence=evidence, fix=fix,
@@ -261,8 +327,9 @@ class AllRankSave(Contract):
         hook = hook_label(div["hook"][first_rank])
         site = fmt_site(call.get("site"))
         named = label + (f" ({call['effect']})" if call.get("effect") else "")
+        unit = "member-metric sync" if label in member_syncs(run) else "call"
         count_text = ", ".join(f"rank {r}: {counts[r]}{'+' if not run.finished else ''} "
-                               f"call{'s' if counts[r] != 1 or not run.finished else ''}" for r in sorted(counts))
+                               f"{unit}{'s' if counts[r] != 1 or not run.finished else ''}" for r in sorted(counts))
         who = f"rank {makers[0]} only" if len(makers) == 1 else f"ranks {', '.join(map(str, makers))} only"
         if missing:
             summary = (f"{named} called on {who} ({count_text}) from {hook}{_guard_text(guard, rank_based)}, "
@@ -428,15 +495,58 @@ def _held(entries: list[dict]) -> str:
                      for classes, labels in groups.items())
 
 
-def _not_configured(failures: list, files: str) -> str:
-    """The round trip failed under FSDP, which the user's config does not name: what would break
-    if they moved to it, said as such (sentence for a passing verdict), never a failed contract."""
+def _plugin_chose(contract, run: Run, reason: str, notes: list[str]) -> Verdict:
+    """Not judged for ``reason`` (what the plugin's own run chose: no period at its end); skipped, with
+    the tier sentence, under a strategy the user's config does not name (as a sharded stop is)."""
+    if not any(e.get("configured") for e in run.events(0, STRATEGY)):
+        return contract.verdict(Outcome.SKIPPED, f"{reason}, so this item is not judged; the Trainer config does "
+                                                 f"not name {unnamed_tier(run.strategy)}.", notes=notes)
+    return contract.not_judged(f"{reason}.", notes=notes)
+
+
+def _reaches_sharded_save(run: Run, data: list) -> bool:
+    """Whether the user's Trainer config saves FSDP sharded checkpoints itself (FSDP with
+    state_dict_type='sharded'), as the plugin's round trip does; a record without the user's save
+    layout falls back to whether the config names the strategy."""
+    saves = _user_saves(data)
+    if saves is None:
+        return any(e.get("configured") for e in run.events(0, STRATEGY))
+    return saves == "fsdp"
+
+
+def _user_saves(data: list) -> str | None:
+    """What the user's own strategy saves (a key of SAVED_FORMATS), as the probe recorded it."""
+    return next((d["user_saves"] for d in data if d and d.get("user_saves") in SAVED_FORMATS), None)
+
+
+def _save_failed(d: dict) -> str:
+    """The round trip's sharded save raised: the exception and the frame that raised it."""
+    frame = d.get("frame")
+    return f"{d['error']}" + (f" (raised at {fmt_site(frame)})" if frame else "")
+
+
+def _not_configured(failures: list, files: str, saves: str | None) -> tuple[str, str]:
+    """(reason, advisory): the plugin's own FSDP round trip (a sharded save after fit, then a
+    resume from it) failed where the user's config saves no sharded checkpoint: not judged, and
+    what would break once it does, never a failed contract."""
     r, d = failures[0]
-    what = f"{d.get('phase', 'resume')} raised {d['error']}" if d.get("error") else \
+    theirs = SAVED_FORMATS.get(saves or "", "no sharded checkpoint")
+    if d.get("error") and d.get("phase") == "save":
+        reason = (f"the plugin's FSDP run saved with state_dict_type='sharded' where your config saves {theirs}, "
+                  f"and that sharded save raised on rank {r}: {_save_failed(d)}; no directory "
+                  f"was saved and resuming from one was not tried")
+        advisory = ("advisory: trainer.save_checkpoint breaks for this module once your strategy is FSDP with "
+                    "state_dict_type='sharded' (the error above); a full state dict (FSDP's default) is not "
+                    "affected (FSDP section).")
+        return reason, advisory
+    what = f"resuming raised {d['error']}" if d.get("error") else \
         f"the restored shard differs (checksum {d.get('restored_checksum')}, saved {d.get('saved_checksum')})"
-    return (f"Under FSDP, which the Trainer config does not name, every rank saved a sharded checkpoint directory "
-            f"({files}), but resuming from it does not work for this module (rank {r}: {what}): an FSDP "
-            f"incompatibility to know before moving to FSDP, not an all-rank-save failure (FSDP section).")
+    reason = (f"the plugin's FSDP run saved a sharded checkpoint directory ({files}) where your config saves "
+              f"{theirs}, and resuming from it does not work for this module (rank {r}: {what})")
+    advisory = ("advisory: resuming this module from an FSDP sharded checkpoint breaks once your strategy saves "
+                "with state_dict_type='sharded' (the error above); a full state dict (FSDP's default) is not "
+                "affected (FSDP section).")
+    return reason, advisory
 
 
 _AFTER_RAISE = ("on_exception", "teardown")

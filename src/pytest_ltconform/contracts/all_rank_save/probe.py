@@ -100,15 +100,16 @@ class _LoadTap:
     """Stands in for ``LightningModule.load_from_checkpoint`` (a class-only method descriptor):
     records the call, then defers to Lightning's own descriptor, which keeps its checks."""
 
-    def __init__(self, original, recorder, strategy_text: str | None):
+    def __init__(self, original, recorder, strategy_text: str | None, saves: dict):
         self.original = original
         self.recorder = recorder
         self.strategy_text = strategy_text
+        self.saves = saves
 
     def __get__(self, instance, owner=None):
         bound = self.original.__get__(instance, owner)
         recorder = self.recorder
-        strategy_text = self.strategy_text
+        strategy_text, saves = self.strategy_text, self.saves
         cls_name = (owner or type(instance)).__name__
 
         def load_from_checkpoint(checkpoint_path, *args, **kwargs):
@@ -117,7 +118,8 @@ class _LoadTap:
             path = os.fspath(checkpoint_path) if isinstance(checkpoint_path, (str, os.PathLike)) else None
             recorder.emit({"ev": LOAD, "label": f"{cls_name}.load_from_checkpoint", "path": path,
                            "layout": layout, "files": files, "site": site, "user": direct,
-                           "hook": recorder.current_hook(), "strategy": strategy_text})
+                           "hook": recorder.current_hook(), "strategy": strategy_text,
+                           "user_saves": saves.get("layout")})
             try:
                 return bound(checkpoint_path, *args, **kwargs)
             except Exception as exc:
@@ -129,10 +131,11 @@ class _LoadTap:
         return load_from_checkpoint
 
 
-def torch_load_tap(recorder):
+def torch_load_tap(recorder, saves: dict):
     """Wrapper factory for ``torch.load``: a call from user code on a checkpoint directory (a
     sharded save under FSDP or DeepSpeed writes one) is recorded like a load_from_checkpoint, and
-    its failure is named as this contract's. Files and library calls pass through untouched."""
+    its failure is named as this contract's. Files and library calls pass through untouched.
+    ``saves["layout"]``: what the user's own strategy saves (:func:`sharded.saved_layout`)."""
 
     def factory(original):
         def load(f, *args, **kwargs):
@@ -143,7 +146,8 @@ def torch_load_tap(recorder):
             if not direct:
                 return original(f, *args, **kwargs)
             recorder.emit({"ev": LOAD, "label": "torch.load", "path": os.fspath(f), "layout": layout,
-                           "files": files, "site": site, "user": True, "hook": recorder.current_hook()})
+                           "files": files, "site": site, "user": True, "hook": recorder.current_hook(),
+                           "user_saves": saves.get("layout")})
             try:
                 return original(f, *args, **kwargs)
             except Exception as exc:
@@ -256,12 +260,13 @@ class ShardedSaveProbe(Probe):
     def __init__(self):
         self.data: dict = {"sharded": None}
         self.sharded_run = False
+        self.saves: dict = {}  # "layout": what the user's own strategy saves (filled before the Trainer)
 
     def install(self, recorder):
         import torch
 
         taps.install(recorder)
-        recorder.patch(torch, "load", torch_load_tap(recorder))
+        recorder.patch(torch, "load", torch_load_tap(recorder, self.saves))
 
     def before_trainer(self, objects, trainer_kwargs, recorder):
         # What wrote the checkpoints of this run: the user's strategy when the item runs it (the
@@ -270,11 +275,12 @@ class ShardedSaveProbe(Probe):
         kind = sharded.sharded_kind(run_strategy)
         source = user_strategy if kind and sharded.sharded_kind(user_strategy) == kind else run_strategy
         text = sharded.describe(source) if kind else None
+        self.saves["layout"] = self.data["user_saves"] = sharded.saved_layout(user_strategy)
         for ns in ("lightning.pytorch", "pytorch_lightning"):
             if ns in sys.modules:
                 module_cls = sys.modules[ns].LightningModule
                 recorder.patch(module_cls, "load_from_checkpoint",
-                                lambda original, t=text: _LoadTap(original, recorder, t))
+                                lambda original, t=text: _LoadTap(original, recorder, t, self.saves))
         # The round trip builds its own CPU FSDP Trainers: only on the CPU sharded tier.
         self.sharded_run = bool(getattr(trainer_kwargs.get("strategy"), "ltconform_cpu_tier", False))
 
@@ -318,7 +324,16 @@ def _round_trip(objects, trainer) -> dict:
     except (Exception, _dcp_exception()) as exc:  # reported as the round trip's failure, not a broken run
         out["error"] = exc_text(exc)
         out["weights_only"] = WEIGHTS_ONLY in str(exc)
+        out["frame"] = _raising_frame(exc)
     return out
+
+
+def _raising_frame(exc: BaseException) -> dict | None:
+    """``{"file", "line", "func"}`` of the frame that raised ``exc`` (the innermost of its traceback)."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    return {"file": frames[-1].filename, "line": frames[-1].lineno, "func": frames[-1].name} if frames else None
 
 
 def _save_sharded(trainer, path: str) -> None:
