@@ -451,5 +451,16 @@ def test_a_stop_that_follows_from_the_plugins_save_format_is_not_judged_on_every
     record = policies.run_record(policies.Case(contracts.get_contract("all-rank-save"), "deepspeed", run=run,
                                                item="fit[deepspeed]"))
     assert record.outcome is Outcome.SKIPPED and "the plugin's DeepSpeed run saved" in record.text
+    assert [(c.kind, c.facts) for c in record.claims] == [
+        ("plugin-format", {"saved": "deepspeed", "theirs": "file", "strategy": "deepspeed"})]
+    from pytest_ltconform import claims, report
+
+    def as_row(claimed):
+        return report.record("fit", "deepspeed", 2, {"outcome": record.outcome, "message": record.text,
+                                                     "summary": record.text,
+                                                     "claims": [c.as_dict() for c in claimed]}, 0.0)
+
+    assert claims.check(as_row(record.claims)) == []
+    assert any(p.startswith("plugin-format:") for p in claims.check(as_row(())))  # the check sees the sentence
     assert contracts.plugin_choice(_deepspeed_dir_stop(fake_runs, "deepspeed")) is None
     assert contracts.plugin_choice(_deepspeed_dir_stop(fake_runs, "file"))[0] == "all-rank-save"

@@ -454,6 +454,17 @@ def _cpu_only(c: dict, record: dict) -> str | None:
     return None if ddp in ("finished", "stopped differently", "not run") else f"the ddp run is not recorded ({ddp!r})"
 
 
+@kind("plugin-format", prose=(r"the plugin's \w+ run saved",))
+def _plugin_format(c: dict, record: dict) -> str | None:
+    """"the plugin's <strategy> run saved <format> where your config saves <format>" rests on the
+    recorded layout the plugin's run wrote (``facts["saved"]``) and the one the user's own strategy
+    writes (``facts["theirs"]``, from ``sharded.saved_layout``): both recorded, and different."""
+    saved, theirs = c["facts"].get("saved"), c["facts"].get("theirs")
+    if not saved or not theirs:
+        return f"a save layout is not recorded (plugin's {saved!r}, the config's {theirs!r})"
+    return f"the config saves the same layout ({saved!r}): not the plugin's choice" if saved == theirs else None
+
+
 @kind("batches-differ", prose=(r"batches differ across ranks", r"batches hold different samples on each rank"),
       scope=("data-sharding",))
 def _batches_differ(c: dict, record: dict) -> str | None:

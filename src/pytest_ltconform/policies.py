@@ -259,12 +259,13 @@ def _plugin_choice_item(case: Case) -> Verdict | None:
     found = contracts.plugin_choice(case.run)
     if found is None:
         return None
-    cid, reason, advisory = found
+    cid, reason, advisory, said = found
     notes = [advisory] if cid == case.contract.id else []
     if case.unconfigured_sharded:  # a strategy the config does not name: skipped, as a sharded stop is
         return case.contract.verdict(Outcome.SKIPPED, f"{reason}, so this item is not judged; the Trainer config "
-                                                      f"does not name {_tier_text(case.run)}.", notes=notes)
-    return case.contract.not_judged(f"{reason}.", notes=notes)
+                                                      f"does not name {_tier_text(case.run)}.", notes=notes,
+                                     claims=list(said))
+    return case.contract.not_judged(f"{reason}.", notes=notes, claims=list(said))
 
 
 def _plugin_choice_record(case: Case) -> RunRecord | None:

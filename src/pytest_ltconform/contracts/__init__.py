@@ -124,13 +124,13 @@ def probes_for(spec) -> list[tuple[str, str]]:
     return found
 
 
-def plugin_choice(run) -> tuple[str, str, str] | None:
-    """(contract id, reason, advisory) of the first contract whose ``plugin_choice(run)`` explains
+def plugin_choice(run) -> tuple[str, str, str, list] | None:
+    """(contract id, reason, advisory, claims) of the first contract whose ``plugin_choice(run)`` explains
     the stop by something the plugin chose (see :meth:`~.base.Contract.plugin_choice`); None when none does."""
     for cid in ids():
         found = get_contract(cid).plugin_choice(run)
         if found is not None:
-            return cid, found[0], found[1]
+            return (cid, *found)
     return None
 
 

@@ -342,11 +342,12 @@ class Contract:
         named it the owner of (:meth:`Run.raised_owner`)."""
         return Blame.RAISED if run.raised_owner() == self.id else None
 
-    def plugin_choice(self, run: Run) -> tuple[str, str] | None:
-        """(reason, advisory) when the unfinished ``run`` stopped only because of something the
-        plugin's own run chose and the user's Trainer config never reaches (a save format of a
-        strategy the config does not name): every item of the run is not judged for ``reason``,
-        and this contract's item adds ``advisory``. None by default."""
+    def plugin_choice(self, run: Run) -> tuple[str, str, list[Claim]] | None:
+        """(reason, advisory, claims) when the unfinished ``run`` stopped only because of something
+        the plugin's own run chose and the user's Trainer config never reaches (a save format of a
+        strategy the config does not name): every item of the run is not judged for ``reason`` (no
+        period at its end; ``claims``: the sentences it makes), and this contract's item adds
+        ``advisory``. None by default."""
         return None
 
     def judge(self, run: Run) -> Verdict:

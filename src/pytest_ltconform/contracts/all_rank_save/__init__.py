@@ -112,7 +112,7 @@ class AllRankSave(Contract):
         if loads:
             chosen = self.plugin_choice(run)
             if chosen is not None:
-                return _plugin_chose(self, run, f"{chosen[0]}", [chosen[1]])
+                return _plugin_chose(self, run, chosen[0], [chosen[1]], chosen[2])
             return self._sharded_load(run, loads)
         round_trip = self._round_trip(run)
         if isinstance(round_trip, Verdict):
@@ -123,7 +123,7 @@ class AllRankSave(Contract):
         note = weights_only_note(run, self.id)
         return self.verdict(Outcome.PASSED, summary, notes=[note] if note else [])
 
-    def plugin_choice(self, run: Run) -> tuple[str, str] | None:
+    def plugin_choice(self, run: Run) -> tuple[str, str, list] | None:
         """(reason, advisory) when every sharded checkpoint a loader of the user's was given is one
         the plugin's own run of this strategy saved in a format the user's Trainer config never
         saves (the DeepSpeed tier of a DDP config writes a ZeRO directory where the user's config
@@ -140,14 +140,15 @@ class AllRankSave(Contract):
         raised = next((e.get("exc") for e in run.traces[r]
                        if RAISED.of(e) and e.get("in") in ("load_from_checkpoint", "torch.load")), None)
         call = f"{first.get('label')} at {fmt_site(first.get('site'))}"
-        reason = (f"the plugin's {name} run saved {saved} where your config saves {theirs}, and {call} was given "
-                  f"it" + (f" (it raised {raised})" if raised else "") + ": that follows from the plugin's choice "
-                  "of strategy, not from your config")
+        said = claim("plugin-format", f"the plugin's {name} run saved {saved} where your config saves {theirs}",
+                     saved=first["layout"], theirs=first["user_saves"], strategy=run.strategy)
+        reason = (f"{said.text}, and {call} was given it" + (f" (it raised {raised})" if raised else "")
+                  + ": that follows from the plugin's choice of strategy, not from your config")
         advisory = (f"advisory: {call} reads one checkpoint file, so it breaks once your strategy saves {saved}; "
                     f"then load the directory with the strategy that wrote it "
                     f"(Trainer(strategy=...).fit/validate/test(model, ckpt_path=dir)) or convert it to one file "
                     f"first ({'zero_to_fp32' if first['layout'] == 'deepspeed' else 'consolidate_checkpoint'}).")
-        return reason, advisory
+        return reason, advisory, [said]
 
     def _skipped_backward(self, run: Run, skipped: dict) -> Verdict:
         """Some ranks left a training step without the backward the others ran in it: under a
@@ -256,8 +257,8 @@ class AllRankSave(Contract):
         lightning = _lightning(run.probe(self.id))
         files = ", ".join(first.get("files") or []) or "nothing"
         if failures and not _reaches_sharded_save(run, run.probe(self.id)):
-            reason, advisory = _not_configured(failures, files, _user_saves(run.probe(self.id)))
-            return _plugin_chose(self, run, reason, [advisory, f"on the fit itself: {self._same_calls(run)}"])
+            reason, advisory, said = _not_configured(failures, files, _user_saves(run.probe(self.id)))
+            return _plugin_chose(self, run, reason, [advisory, f"on the fit itself: {self._same_calls(run)}"], said)
         after = next((d["after_restore"] for _, d in done if d.get("after_restore")), None)
         after = (f" The resumed fit then stopped ({after}) after the checkpoint had loaded: that is the run's "
                  f"own doing, judged by the fit's items, not the checkpoint's.") if after else ""
@@ -495,13 +496,13 @@ def _held(entries: list[dict]) -> str:
                      for classes, labels in groups.items())
 
 
-def _plugin_chose(contract, run: Run, reason: str, notes: list[str]) -> Verdict:
+def _plugin_chose(contract, run: Run, reason: str, notes: list[str], said: list) -> Verdict:
     """Not judged for ``reason`` (what the plugin's own run chose: no period at its end); skipped, with
     the tier sentence, under a strategy the user's config does not name (as a sharded stop is)."""
     if not any(e.get("configured") for e in run.events(0, STRATEGY)):
         return contract.verdict(Outcome.SKIPPED, f"{reason}, so this item is not judged; the Trainer config does "
-                                                 f"not name {unnamed_tier(run.strategy)}.", notes=notes)
-    return contract.not_judged(f"{reason}.", notes=notes)
+                                                 f"not name {unnamed_tier(run.strategy)}.", notes=notes, claims=said)
+    return contract.not_judged(f"{reason}.", notes=notes, claims=said)
 
 
 def _reaches_sharded_save(run: Run, data: list) -> bool:
@@ -525,28 +526,31 @@ def _save_failed(d: dict) -> str:
     return f"{d['error']}" + (f" (raised at {fmt_site(frame)})" if frame else "")
 
 
-def _not_configured(failures: list, files: str, saves: str | None) -> tuple[str, str]:
-    """(reason, advisory): the plugin's own FSDP round trip (a sharded save after fit, then a
+def _not_configured(failures: list, files: str, saves: str | None) -> tuple[str, str, list]:
+    """(reason, advisory, claims): the plugin's own FSDP round trip (a sharded save after fit, then a
     resume from it) failed where the user's config saves no sharded checkpoint: not judged, and
     what would break once it does, never a failed contract."""
     r, d = failures[0]
-    theirs = SAVED_FORMATS.get(saves or "", "no sharded checkpoint")
+    saves = saves or "file"  # a record without it: the config names no sharded strategy (the caller checked)
+    theirs = SAVED_FORMATS.get(saves, saves)
     if d.get("error") and d.get("phase") == "save":
-        reason = (f"the plugin's FSDP run saved with state_dict_type='sharded' where your config saves {theirs}, "
-                  f"and that sharded save raised on rank {r}: {_save_failed(d)}; no directory "
+        said = claim("plugin-format", f"the plugin's FSDP run saved with state_dict_type='sharded' where your "
+                                      f"config saves {theirs}", saved="fsdp", theirs=saves, strategy="fsdp")
+        reason = (f"{said.text}, and that sharded save raised on rank {r}: {_save_failed(d)}; no directory "
                   f"was saved and resuming from one was not tried")
         advisory = ("advisory: trainer.save_checkpoint breaks for this module once your strategy is FSDP with "
                     "state_dict_type='sharded' (the error above); a full state dict (FSDP's default) is not "
                     "affected (FSDP section).")
-        return reason, advisory
+        return reason, advisory, [said]
     what = f"resuming raised {d['error']}" if d.get("error") else \
         f"the restored shard differs (checksum {d.get('restored_checksum')}, saved {d.get('saved_checksum')})"
-    reason = (f"the plugin's FSDP run saved a sharded checkpoint directory ({files}) where your config saves "
-              f"{theirs}, and resuming from it does not work for this module (rank {r}: {what})")
+    said = claim("plugin-format", f"the plugin's FSDP run saved a sharded checkpoint directory ({files}) where "
+                                  f"your config saves {theirs}", saved="fsdp", theirs=saves, strategy="fsdp")
+    reason = (f"{said.text}, and resuming from it does not work for this module (rank {r}: {what})")
     advisory = ("advisory: resuming this module from an FSDP sharded checkpoint breaks once your strategy saves "
                 "with state_dict_type='sharded' (the error above); a full state dict (FSDP's default) is not "
                 "affected (FSDP section).")
-    return reason, advisory
+    return reason, advisory, [said]
 
 
 _AFTER_RAISE = ("on_exception", "teardown")
