@@ -351,16 +351,22 @@ def test_corpus_items_are_those_of_a_default_run():
     """Every contract of a conforming case (each under its CPU strategies, deepspeed where the
     config names it and it is installed); only the named contracts of a faulty one."""
     from pytest_ltconform.corpus import item_strategies
+    from pytest_ltconform.settings import default_nodes
     from pytest_ltconform.target import validation as target_validation
     from pytest_ltconform.tiers import contract_tiers
+    from pytest_ltconform.tiers.nodes import label as nodes_label
 
     path = CONFORMANCE / "all-rank-save" / "ok_metric_compute_every_rank.py"
     ok = read_case(str(path))
     targets = target_validation.validate(f"{path}:Model", f"{path}:DataModule" if ok.has_datamodule else None)
     items = dict(case_items(ok, targets, None))
-    assert list(items) == [c for c in contracts.ids() if "cpu" in contract_tiers(contracts.get_contract(c))]
+    # A default run's local items: the CPU tier's and the nodes tier's (2 nodes x 1 rank on this host).
+    assert list(items) == [c for c in contracts.ids()
+                           if {"cpu", "nodes"} & set(contract_tiers(contracts.get_contract(c)))]
     strategies = item_strategies()
-    assert items["all-rank-save"] == [s for s in contracts.get_contract("all-rank-save").strategies if s in strategies]
+    assert items["all-rank-save"] == [s for s in contracts.get_contract("all-rank-save").strategies
+                                      if s in strategies] + [nodes_label("ddp", default_nodes())]
+    assert items["launch-env"] == items["node-local-files"] == [nodes_label("ddp", default_nodes())]
     assert "fsdp" in items["sync-dist"] and "deepspeed" not in items["strategy-config"]
     faulty = read_case(str(CONFORMANCE / "sync-dist" / "monitor_rank_zero_only.py"))
     faulty.strategy = "ddp"
