@@ -15,7 +15,7 @@ from torchmetrics.functional.classification.calibration_error import binary_cali
 
 SOURCE = "variant (issue 32, section 3: a nonlinear metric from a functional call, logged without sync_dist)"
 EXPECTED = {"sync-dist": "fail", "eval-duplication": "fail", "unused-parameters": "pass"}
-EVIDENCE = ("'val_ece' logged per batch, `binary_calibration_error` nonlinear, not synced: rank 0's logged epoch "
+EVIDENCE = ("'val_ece' logged per batch, binary_calibration_error nonlinear, not synced: rank 0's logged epoch "
             "value is not the calibration error over rank 0's samples; eval-duplication: val_ece published from "
             "rank 0's shard alone (32 of 64 validation samples)")
 
