@@ -323,7 +323,7 @@ class DataSharding(Contract):
         findings += self._uneven_counts(run, batches, loaders)
         findings += self._same_order_every_epoch(run, batches, loaders)
         findings += self._identical_noise(run, batches)
-        at_size, sized = self._at_production(run)
+        at_size, sized = self._at_production(run, loaders)
         findings += sized
         if at_size and findings:
             findings[0].notes.append(at_size)
@@ -341,14 +341,20 @@ class DataSharding(Contract):
             verdict.notes.append(at_size)
         return verdict
 
-    def _at_production(self, run: Run) -> tuple[str | None, list[Verdict]]:
+    def _at_production(self, run: Run, loaders: dict) -> tuple[str | None, list[Verdict]]:
         """The training split at the config's production size (rank 0 computed every rank's
-        indices from its sampler): a note, and a failure for a class no rank reads there."""
+        indices from its sampler): a note, and a failure for a class no rank reads there, with the
+        user's line that built the training DataLoader (its drop_last and batch size)."""
         from ..production import sentences
 
         plan = next((d.get("production") for d in run.probe(self.id) if d and d.get("production")), None)
         note, found = sentences(plan, "train")
-        verdicts = [self.verdict(Outcome.FAILED, f"{text}.", category="silent",
+        train = loaders.get("train") or {}
+        site = (train.get("built") or {}).get("site") or train.get("created_at")
+        built_at = fmt_site(site) if site else None
+        evidence = [Evidence("the training DataLoader (its drop_last and batch size) is built here",
+                             site=built_at)] if built_at else []
+        verdicts = [self.verdict(Outcome.FAILED, f"{text}.", category="silent", evidence=evidence,
                                  fix="use drop_last=False on the training DataLoader (Lightning's sampler pads "
                                      "the last round instead), or a batch size that divides each rank's share")
                     for text in found]
