@@ -89,7 +89,7 @@ class LtconformItem(pytest.Item):
 
     def repr_failure(self, excinfo, style=None):
         if isinstance(excinfo.value, VerdictRaised):
-            return excinfo.value.verdict["message"]
+            return failure_repr(excinfo.value.verdict["message"], self.reportinfo())
         return super().repr_failure(excinfo, style=style)
 
     def reportinfo(self):
@@ -158,7 +158,7 @@ class LtconformRunItem(pytest.Item):
 
     def repr_failure(self, excinfo, style=None):
         if isinstance(excinfo.value, RunFailed):
-            return str(excinfo.value)
+            return failure_repr(str(excinfo.value), self.reportinfo())
         return super().repr_failure(excinfo, style=style)
 
     def reportinfo(self):
@@ -264,7 +264,7 @@ def shape_report(item, call, report) -> None:
     if isinstance(item, LtconformItem) and call.excinfo is not None and \
             isinstance(call.excinfo.value, VerdictRaised):
         # Setup errors would otherwise render a traceback of our own code.
-        report.longrepr = call.excinfo.value.verdict["message"]
+        report.longrepr = failure_repr(call.excinfo.value.verdict["message"], item.reportinfo())
     elif isinstance(item, LtconformItem) and report.when == "call" and report.passed and item.verdict_dict:
         # What the item checked, in one line: -rA prints it after "PASSED <id> - " as it prints a
         # failure's message, and -rP / the JSON report carry the same words.
@@ -287,6 +287,21 @@ def shape_report(item, call, report) -> None:
         # items); an item left not judged names itself, since its reason names another item.
         where = item.nodeid if item.verdict_dict else "ltconform"
         report.longrepr = (where, None, report.longrepr[2])
+
+
+def failure_repr(text: str, where: tuple) -> object:
+    """A failed item's report: ``text`` whole where pytest prints the failure, its first line
+    where pytest prints one line per item (the short summary, ``--tb=line``, JUnit's message).
+
+    A plain string would be printed whole in the short summary too whenever pytest runs under CI
+    (``CI`` or ``BUILD_NUMBER`` set) or ``-vv``. ``where`` is :meth:`reportinfo`'s (path, 0-based
+    line or None, name). The pytest classes used serialize across xdist workers."""
+    from _pytest._code.code import ReprEntryNative, ReprExceptionInfo, ReprFileLocation, ReprTraceback
+
+    headline = text.splitlines()[0] if text else ""
+    path, line = where[0], where[1]
+    crash = ReprFileLocation(str(path), (line or 0) + 1, headline)
+    return ReprExceptionInfo(ReprTraceback([ReprEntryNative([text + "\n"])], None, "native"), crash)
 
 
 def _one_line(text: str) -> str:
