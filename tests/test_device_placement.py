@@ -352,3 +352,38 @@ def test_a_factory_another_probe_wraps_is_still_followed(monkeypatch):
         generator(latent)  # latent meets the weights
         assert follower.tag(latent)[0] == "cpu"
     assert [(f["kind"], f["site"]["line"]) for f in found] == [("mix", _line("latent meets the weights"))]
+
+
+def test_nested_collectives_are_counted_with_the_tensors_they_got(fake_runs):
+    """all_gather_object's allgather is a collective made inside another: its tensors are counted,
+    so it is counted and said too (the old sentence gave 1 collective with 2 tensors)."""
+    traces = [[_loaded({}), {"ev": HOOK, "name": "[LightningModule]Model.training_step", "i": 1}]
+              for _ in range(2)]
+    counts = {"collectives": 1, "nested": 2, "own": 0, "unplaced": 2}
+    values = [{"probes": {"device-placement": {"counts": counts}}}] * 2
+    verdict = _borne_out(get_contract("device-placement").judge(fake_runs.run(traces, values)))
+    assert "the 1 collective rank 0 made (and the 2 collectives made inside them) got 2 tensors" in verdict.summary
+    old = "[device-placement] PASSED: Under the Trainer config (x): the 1 collective rank 0 made got 2 tensors."
+    record = {"contract": "device-placement", "message": old,
+              "claims": [claims.claim("collectives-seen", "the 1 collective rank 0 made got 2 tensors",
+                                      collectives=1, nested=2, tensors=2, own=0, unplaced=2).as_dict()]}
+    assert any("made inside others" in p for p in claims.check(record))
+
+
+def test_plain_tensor_attributes_are_listed_whole_or_as_the_first_few_and_nothing_unrecorded_is_said(fake_runs):
+    """Seen on anomalib's Ganomaly: "none met a tensor on the device" (not recorded) and seven
+    attributes counted with three names."""
+    from pytest_ltconform.contracts.device_placement.probe import EV_ATTRIBUTES
+
+    attributes = [{"attr": f"a{i}", "device": "cpu", "shape": [2], "origin": None} for i in range(7)]
+    traces = [[_loaded({}), {"ev": EV_ATTRIBUTES, "attributes": attributes},
+               {"ev": HOOK, "name": "[LightningModule]Model.training_step", "i": 1}] for _ in range(2)]
+    values = [{"probes": {"device-placement": {"counts": {"collectives": 0, "own": 0, "unplaced": 0}}}}] * 2
+    verdict = _borne_out(get_contract("device-placement").judge(fake_runs.run(traces, values)))
+    note = next(n for n in verdict.notes if "plain tensor attribute" in n)
+    assert "7 plain tensor attributes (first 5: self.a0, self.a1, self.a2, self.a3, self.a4)" in note
+    assert "none met" not in note
+    old = ("[device-placement] PASSED: x\nNote: 7 plain tensor attributes (self.a0, self.a1, self.a2) stay where they "
+           "were made; none met a tensor on the device in what ran.")
+    problems = claims.check({"contract": "device-placement", "message": old})
+    assert any(p.startswith("unrecorded") for p in problems) and any(p.startswith("listed") for p in problems)

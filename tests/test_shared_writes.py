@@ -164,22 +164,52 @@ def test_an_installed_package_named_torch_something_writing_on_every_rank_fails(
     assert "site-packages/torch_statslib/__init__.py:12 (StatsLogger.on_train_epoch_end)" in out  # its open()
 
 
-@pytest.mark.slow
-def test_node_leaders_renaming_one_shared_file_fail_shared_writes_which_claims_the_stop(pytester, no_leftover_ranks):
-    """huggingface/pytorch-image-models#693: `if self.local_rank == 0:` around a write and os.replace in the shared
-    run folder; on 2 nodes both leaders rename it and one raises FileNotFoundError. shared-writes owns that stop
-    (it said "not judged: the shared fit run did not finish" before), and the fit item names it."""
-    path = case("shared-writes/local_rank_guard_replaces_shared_summary.py").rsplit(":", 1)[0]
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ltconform", f"{path}:Model",
-                                           "--ltconform-datamodule", f"{path}:DataModule",
-                                           "--ltconform-nodes", "2", "-k", "2nodes", "-rA")
-    out = result.stdout.str()
-    assert result.parseoutcomes().get("failed") == 1
-    assert "FAILED ltconform::" in out and "shared-writes[ddp-2nodes]" in out
-    assert "summary.csv.tmp written and renamed with os.replace by global rank 0 (node 0) and global rank 1 " \
-           "(node 1)" in out
-    assert "raised FileNotFoundError" in out and "renamed it without error" in out
-    assert "the write sits under `if self.local_rank == 0:`" in out  # the guard line, read from the source
-    assert "local_rank_guard_replaces_shared_summary.py:62" in out  # each rank's os.replace call
-    assert "replace `if self.local_rank == 0:` with `if self.trainer.is_global_zero:`" in out
-    assert "the run stopped because of the shared-writes[ddp-2nodes] failure" in out
+def test_appends_from_every_rank_say_no_row_count_the_run_did_not_record(fake_runs):
+    """Seen on lightning-uq-box (pandas to_csv, mode='a', from every rank): each rank wrote its own
+    rows, yet the message said the file "ends with 4 rows where 2 are meant". Only the opens are
+    recorded: the harm said is the one path every rank appends to."""
+    from pytest_ltconform import claims
+
+    site = {"file": "/u/m.py", "line": 3, "func": "Model.on_validation_epoch_end",
+            "library": {"file": "/v/lib/python3.12/site-packages/pandas/core/generic.py", "line": 3967,
+                        "func": "NDFrame.to_csv"}}
+    write = {"ev": "write", "path": "<default_root_dir>/preds.csv", "mode": "a", "site": site,
+             "hook": "Model.on_validation_epoch_end", "epoch": 0}
+    verdict = get_contract("shared-writes").judge(fake_runs.run([[write, write], [write, write]]))
+    assert verdict.outcome == "failed" and "rows where" not in verdict.summary
+    assert "2 ranks append to this one file (4 appends)" in verdict.summary
+    # The user's line first, the package function it called after it.
+    assert "at /u/m.py:3 (Model.on_validation_epoch_end), in pandas/core/generic.py:3967 (NDFrame.to_csv)" \
+        in verdict.summary
+    assert claims.check({"contract": verdict.contract, **verdict.as_dict()}) == []
+    old = "[shared-writes] FAILED: preds.csv ...: it ends with 4 rows where 2 are meant, and appends can interleave."
+    assert any("unrecorded" in p for p in claims.check({"contract": "shared-writes", "message": old}))
+
+
+def test_a_write_inside_an_installed_library_is_placed_at_the_users_own_line(tmp_path):
+    """The user's package is pip-installed too (a PyPI LightningModule): the write's site is its
+    innermost frame (the package the module comes from), then the library function it called."""
+    import importlib
+    import sys
+
+    from pytest_ltconform.contracts.shared_writes.probe import _user_frame_and_checkpointing
+
+    packages = tmp_path / "site-packages"
+    (packages / "libx").mkdir(parents=True)
+    (packages / "mypkg").mkdir()
+    (packages / "libx" / "__init__.py").write_text("import sys\n\ndef write(probe):\n"
+                                                   "    return probe(sys._getframe())\n")
+    (packages / "mypkg" / "__init__.py").write_text("from libx import write\n\n\ndef save(probe):\n"
+                                                     "    return write(probe)\n")
+    sys.path.insert(0, str(packages))
+    try:
+        mypkg = importlib.import_module("mypkg")
+        own = (os.path.realpath(packages / "mypkg") + os.sep,)
+        site, saving = mypkg.save(lambda frame: _user_frame_and_checkpointing(frame, own))
+    finally:
+        sys.path.remove(str(packages))
+        for name in ("mypkg", "libx"):
+            sys.modules.pop(name, None)
+    assert not saving
+    assert site["file"].endswith(os.path.join("mypkg", "__init__.py")) and site["line"] == 5
+    assert site["library"]["file"].endswith(os.path.join("libx", "__init__.py")) and site["library"]["line"] == 4

@@ -395,18 +395,6 @@ def _site(c: dict, record: dict) -> str | None:
 
 # -- calls, configs, precision, causes -------------------------------------------------------------
 
-@kind("gather-counts", prose=(r"ranks made different numbers of gathers",), scope=("all-rank-save",))
-def _gather_counts(c: dict, record: dict) -> str | None:
-    """Ranks said to have made different numbers of gathers rest on a recorded count per rank
-    (``facts["counts"]``: rank -> gathers up to collective ``facts["upto"]``), at least two of them
-    different, each named in the text as "rank r N gather(s)"."""
-    counts = c["facts"].get("counts") or {}
-    if len(set(counts.values())) < 2:
-        return f"the recorded gather counts do not differ: {counts}"
-    missing = [f"rank {r} {n}" for r, n in counts.items() if f"rank {r} {n} gather" not in c["text"]]
-    return f"the text does not name {', '.join(missing)}" if missing else None
-
-
 @kind("call-form", prose=(r"\bcall [\w.]+\(\) on every rank",), scope=("all-rank-save",), advice=True)
 def _call_form(c: dict, record: dict) -> str | None:
     """A fix that tells the user to call something calls a function, never a property: a property
@@ -596,6 +584,57 @@ def _gpu_config(c: dict, record: dict) -> str | None:
     if "for CPU ranks" in c["text"] and gpu is not None:
         return f"calls the config CPU-only, but it is for GPU ranks ({gpu!r})"
     return None
+
+
+@kind("collectives-seen", prose=(r"\d+ collectives? rank 0 made",), scope=("device-placement",))
+def _collectives_seen(c: dict, record: dict) -> str | None:
+    """A count of the collectives rank 0 made and the tensors they got counts the same things: the
+    collectives made inside another (``facts["nested"]``, all_gather_object's allgather, whose tensors
+    are among ``facts["tensors"]``) are said when there are any; each number said is the recorded one."""
+    facts, text = c["facts"], c["text"]
+    outer, nested, tensors = facts.get("collectives"), facts.get("nested"), facts.get("tensors")
+    if not isinstance(outer, int) or not re.search(rf"\b{outer} collectives?\b", text):
+        return f"the text does not give the recorded count of collectives ({outer!r})"
+    if nested and not re.search(rf"\b{nested} collectives? made inside", text):
+        return f"{nested} collective(s) made inside others are counted among the tensors' but not said"
+    if tensors is not None:
+        if tensors != (facts.get("own") or 0) + (facts.get("unplaced") or 0):
+            return f"{tensors} tensors is not the recorded own + unplaced"
+        if not re.search(rf"\b{tensors} tensors?\b", text):
+            return f"the text does not give the recorded count of tensors ({tensors})"
+    return None
+
+
+@kind("listed", prose=(r"\d+ plain tensor attributes? \(",))
+def _listed(c: dict, record: dict) -> str | None:
+    """A sentence that gives a count of named things and lists them lists all of them
+    (``facts["names"]``), or says it lists the first K (``facts["shown"]``) of them."""
+    names, shown, text = c["facts"].get("names") or [], c["facts"].get("shown") or [], c["text"]
+    missing = [n for n in shown if n not in text]
+    if missing:
+        return f"the names {missing} are not in the text"
+    if len(shown) < len(names) and f"first {len(shown)}" not in text:
+        return f"lists {len(shown)} of {len(names)} names without saying so"
+    return None
+
+
+@kind("unrecorded", prose=(r"none met a tensor on the device", r"ends with \d+ rows where \d+ are meant",
+                           r"/tmp, /var/tmp and /dev/shm count as each node's own"))
+def _unrecorded(c: dict, record: dict) -> str | None:
+    """Sentences no run records the facts of: that no plain tensor attribute met a device tensor (the
+    probe records the attributes, not what a step did with them), and a file's row count against what
+    was meant (shared-writes records the opens, not the rows), and node-local folders said from fixed
+    words, not from the storage the ranks recorded. No claim of this kind is made; its
+    prose is always a false sentence."""
+    return "no recorded fact shows this"
+
+
+@kind("address", prose=(r"<[^<>\n]* at 0x[0-9a-fA-F]+>",),
+      scope=("memory", "device-placement", "shared-writes", "node-local-files"))
+def _address(c: dict, record: dict) -> str | None:
+    """A Python object's address (``<Foo object at 0x7f...>``) says nothing to a reader and differs on
+    every run: a message names the object (``sites.no_addresses``). No claim of this kind is made."""
+    return "a Python object address is printed"
 
 
 # -- headline labels ----------------------------------------------------------------------------

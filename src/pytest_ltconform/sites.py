@@ -191,6 +191,18 @@ def fmt_frame(frame: dict | None) -> str:
     return f"{real}:{frame.get('line')} ({frame.get('func')})"
 
 
+def fmt_library(frame: dict | None) -> str:
+    """A frame of a library the user's code called (an installed package, which counts as user code,
+    or torch, Lightning, the standard library) from its package folder on:
+    ``pandas/core/generic.py:3967 (NDFrame.to_csv)``; a frame of the user's own project as
+    :func:`fmt_site` writes it."""
+    if frame and is_installed(str(frame.get("file", ""))):
+        real = os.path.realpath(str(frame["file"]))
+        marker = next(d for d in _INSTALLED_DIRS if d in real)
+        return f"{real.rsplit(marker, 1)[1]}:{frame.get('line')} ({frame.get('func')})"
+    return fmt_frame(frame)
+
+
 def hook_label(name: str | None) -> str:
     if not name:
         return "outside any hook"
@@ -203,13 +215,21 @@ def plural(n: int, word: str) -> str:
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_ADDRESS = re.compile(r"\s+(?:object )?at 0x[0-9a-fA-F]+(?=>)")
+
+
+def no_addresses(text: str) -> str:
+    """A message without the Python object addresses its reprs carry: ``<Foo object at 0x7f..>``
+    becomes ``<Foo object>``, ``<function f at 0x7f..>`` ``<function f>`` (the names stay; an
+    address says nothing to a reader and differs on every run)."""
+    return _ADDRESS.sub(lambda m: " object" if "object" in m.group(0) else "", text or "")
 
 
 def first_sentence(text: str | None, limit: int = 400) -> str:
     """The first sentence of an exception message, whole and without terminal colour codes;
     past ``limit`` characters it ends at a word boundary with ' ...' (never mid-word). '' for
     an empty message."""
-    lines = [line.strip() for line in _ANSI.sub("", text or "").strip().splitlines() if line.strip()]
+    lines = [line.strip() for line in no_addresses(_ANSI.sub("", text or "")).strip().splitlines() if line.strip()]
     if not lines:
         return ""
     if lines[0].endswith(":") and len(lines) > 1:

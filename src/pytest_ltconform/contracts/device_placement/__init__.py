@@ -124,21 +124,37 @@ class DevicePlacement(Contract):
         counts = (run.probe(self.id)[0] or {}).get("counts")
         named = {(e["site"]["file"], e["site"]["line"]) for r in range(run.world_size)
                  for e in run.events(r, EV_CUDA) if e.get("site")}
-        attributes = kinds.plain_attributes(run)
-        parts = [_collectives_seen(run, counts),
+        seen = _collectives_seen(run, counts)
+        parts = [seen.text,
                  f"{plural(len(named), 'site')} of your code named a CUDA device, each the rank's own or its "
                  f"current one" if named else "your code named no CUDA device",
                  "no call mixed tensors of two devices"]
-        if attributes:
-            shown = ", ".join(f"self.{a['attr']}" for a in attributes[:3])
-            one = len(attributes) == 1
-            stay, them = ("stays where it was", "it") if one else ("stay where they were", "them")
-            notes = [f"{plural(len(attributes), 'plain tensor attribute')} ({shown}) {stay} made when "
-                     f"Lightning moves the module (on GPU ranks: the CPU); none met a tensor on the device in what "
-                     f"ran. Register {them} with self.register_buffer(...) if a step uses {them}."] + notes
+        listed = _attributes_note(kinds.plain_attributes(run))
+        made = [seen] + ([listed] if listed else [])
+        if listed:
+            notes = [listed.text] + notes
         config = _config_claim(f"Under the Trainer config ({production.words()})", production, [])
         summary = f"{config.text}: " + "; ".join(parts) + "."
-        return self.verdict(Outcome.PASSED, summary, notes=notes, empty=not _reached_a_step(run), claims=[config])
+        return self.verdict(Outcome.PASSED, summary, notes=notes, empty=not _reached_a_step(run),
+                            claims=[config, *made])
+
+
+_SHOWN = 5
+
+
+def _attributes_note(attributes: list[dict]) -> Claim | None:
+    """The module's plain tensor attributes, as a listed claim: every name up to five, else the
+    count with the first five. What a step did with them is not recorded, so it is not said."""
+    if not attributes:
+        return None
+    names = [f"self.{a['attr']}" for a in attributes]
+    shown = names if len(names) <= _SHOWN else names[:_SHOWN]
+    listing = ", ".join(shown) if len(shown) == len(names) else f"first {len(shown)}: {', '.join(shown)}"
+    one = len(attributes) == 1
+    stay, them = ("stays where it was", "it") if one else ("stay where they were", "them")
+    text = (f"{plural(len(attributes), 'plain tensor attribute')} ({listing}) {stay} made when Lightning moves the "
+            f"module (on GPU ranks: the CPU). Register {them} with self.register_buffer(...) if a step uses {them}.")
+    return claim("listed", text, names=names, shown=shown)
 
 
 def _config_claim(text: str, production: Production, items: list, failed: bool = False) -> Claim:
@@ -154,18 +170,24 @@ def _fixes(items: list) -> str:
     return ". Also: ".join(f.rstrip(".") for f in fixes)
 
 
-def _collectives_seen(run: Run, counts: dict | None) -> str:
-    """What the collectives rank 0 made were given: counted by the probe on a finished run, read from
-    the trace (calls only, no tensor counts) on one that stopped."""
+def _collectives_seen(run: Run, counts: dict | None) -> Claim:
+    """What the collectives rank 0 made were given: counted by the probe on a finished run (the
+    collectives made inside another, all_gather_object's allgather, counted apart and said, since
+    their tensors are among those counted), read from the trace (calls only, no tensor counts) on one
+    that stopped."""
     made = sum(1 for e in run.events(0, CALL) if e.get("kind") == "collective" and e.get("parent") is None)
     if not counts:
-        return (f"the {plural(made, 'collective')} rank 0 made before the run stopped got no tensor off the "
+        text = (f"the {plural(made, 'collective')} rank 0 made before the run stopped got no tensor off the "
                 f"rank's device")
-    tensors = counts.get("own", 0) + counts.get("unplaced", 0)
-    return (f"the {plural(counts.get('collectives', made), 'collective')} rank 0 made got "
-            f"{plural(tensors, 'tensor')}: {counts.get('own', 0)} on the rank's own device, "
-            f"{counts.get('unplaced', 0)} the run did not place (made inside torch or a library, or on a device it "
-            f"cannot tell), none off the device")
+        return claim("collectives-seen", text, collectives=made, nested=None, tensors=None)
+    outer, nested = counts.get("collectives", made), counts.get("nested", 0)
+    own, unplaced = counts.get("own", 0), counts.get("unplaced", 0)
+    inside = f" (and the {plural(nested, 'collective')} made inside them)" if nested else ""
+    text = (f"the {plural(outer, 'collective')} rank 0 made{inside} got {plural(own + unplaced, 'tensor')}: "
+            f"{own} on the rank's own device, {unplaced} the run did not place (made inside torch or a library, or "
+            f"on a device it cannot tell), none off the device")
+    return claim("collectives-seen", text, collectives=outer, nested=nested, tensors=own + unplaced,
+                 own=own, unplaced=unplaced, off=counts.get("off", 0))
 
 
 def _reached_a_step(run: Run) -> bool:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 
 from ...outcomes import Outcome
+from ...sites import no_addresses
 from ..base import Contract, Evidence, Run, Verdict
 from .plan import CANDIDATES, SHARDING, fits, per_device, row_text, size
 from .probe import MemoryProbe
@@ -66,6 +67,9 @@ class Memory(Contract):
         evidence = [Evidence(_measured_text(row), rank=r) for r, row in measured["ranks"].items()]
         notes = _notes(ranks, prediction)
         verdict = self._decide(run, measured, prediction, capacity, source, evidence, notes)
+        # A rank's error text may carry a repr's address (<... at 0x7f...>): a name says it, not that.
+        verdict.notes = [no_addresses(n) for n in verdict.notes]
+        verdict.summary = no_addresses(verdict.summary)
         return _with_table(verdict, table)
 
     def _decide(self, run, measured, prediction, capacity, source, evidence, notes) -> Verdict:

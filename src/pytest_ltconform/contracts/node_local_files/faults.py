@@ -114,7 +114,10 @@ class Record:
                     a.config = d["site"]
 
     def storage_note(self) -> str:
-        how = str((self.storage or {}).get("storage") or "")
+        """How node storage was kept apart on this run, from what the ranks recorded: the nodes and
+        their ranks, the storage kind, and the folders rank 0 recorded as node-local and as shared."""
+        storage = self.storage or {}
+        how = str(storage.get("storage") or "")
         nodes = len(self.nodes and set(self.nodes.values()))
         if how.startswith("mountns"):
             kept = "each node had a private tmpfs at the same path (a mount namespace per node), as on a cluster"
@@ -122,9 +125,17 @@ class Record:
             kept = f"each node had its own temp folder on the shared disk ({how.removeprefix('tmpdir').strip(' ()')})" \
                 if "(" in how else "each node had its own temp folder on the shared disk"
         else:
-            kept = "the launcher's nodes"
-        return (f"node-local storage on this run of {nodes} nodes: {kept}; /tmp, /var/tmp and /dev/shm count as each "
-                f"node's own, the run's folder (default_root_dir) and the folder pytest runs in as shared storage.")
+            kept = f"the launcher's nodes (storage recorded as {how!r})" if how else "the launcher's nodes"
+        by_node: dict = {}
+        for rank, node in sorted(self.nodes.items()):
+            by_node.setdefault(node, []).append(str(rank))
+        ranks = "; ".join(f"node {n}: rank{'s' if len(rs) > 1 else ''} {', '.join(rs)}"
+                          for n, rs in sorted(by_node.items()))
+        own = [*(storage.get("system") or []), *(e[2] for e in storage.get("local") or [] if len(e) > 2)]
+        own = list(dict.fromkeys(own))
+        shared = list(dict.fromkeys(storage.get("shared") or []))
+        return (f"node-local storage on this run of {nodes} nodes ({ranks}): {kept}; recorded as each node's own: "
+                f"{', '.join(own) or 'none'}; as shared: {', '.join(shared) or 'none'}.")
 
     def passed_summary(self) -> str:
         used = sorted({(a.storage, a.path) for a in self.accesses})
