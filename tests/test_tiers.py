@@ -417,3 +417,8 @@ def test_xdist_workers_cannot_share_a_rank_of_a_launched_world(pytester, monkeyp
     result = pytester.runpytest("--ltconform", BORING, "-n", "2")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*pytest is rank 0 of a torchrun world of 2 ranks; pytest-xdist workers (-n)*"])
+    # A -m that deselects every contract item still attaches to the launched world (its ranks must
+    # collect alike, its ltconform_world fixture is that world): the same error, not a local world.
+    deselected = pytester.runpytest("--ltconform", BORING, "-m", "not ltconform", "-n", "2")
+    assert deselected.ret == pytest.ExitCode.USAGE_ERROR
+    deselected.stderr.fnmatch_lines(["*pytest is rank 0 of a torchrun world of 2 ranks; pytest-xdist workers (-n)*"])

@@ -92,7 +92,7 @@ def start(config: pytest.Config, settings, problems: list[str] = ()) -> None:
         raise settings_mod.InputProblems(problems)
     config.stash[ALL_TARGETS_KEY] = validated
     config.stash[TARGETS_KEY] = next(iter(validated.values()))
-    _attach(config, settings)
+    attach(config, settings)
     config.stash[ONLY_CONTRACTS_KEY] = contracts_alone(config)
 
 
@@ -261,9 +261,11 @@ def contracts_only(config: pytest.Config) -> bool:
     return config.stash.get(ONLY_CONTRACTS_KEY, False)
 
 
-def _attach(config: pytest.Config, settings) -> None:
+def attach(config: pytest.Config, settings) -> None:
     """Inside a torchrun or SLURM world: spawn nothing, run the contracts in that world, and let
-    only rank 0 print (every rank reaches the same verdicts)."""
+    only rank 0 print (every rank reaches the same verdicts). Also where ``-m`` deselected every
+    contract item (:func:`start` not called): the ranks must still collect alike (see
+    :func:`agree_collection`) and the ``ltconform_world`` fixture runs in that world."""
     from . import tiers
 
     info = tiers.detect_attached()

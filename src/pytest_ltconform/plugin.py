@@ -58,6 +58,8 @@ def pytest_configure(config: pytest.Config) -> None:
             _start(config, settings, problems)
     elif problems:
         raise settings_mod.InputProblems(problems)
+    elif settings.enabled:  # -m deselected every contract item: no target validated, but a launched world
+        controller.attach(config, settings)  # still checks that its ranks collected alike and serves the fixture
 
 
 def _start(config: pytest.Config, settings, problems: list[str]) -> None:
