@@ -279,3 +279,56 @@ def test_the_load_scheduler_keeps_a_worker_on_its_target():
     dealt, left = _dealt(2, collection)
     assert left == [] and sorted(sum(dealt.values(), [])) == sorted(collection)
     assert {w for w, items in dealt.items() if any("::t3::" in i for i in items)} == {"gw0", "gw1"}, dealt
+
+
+# -- the other --dist modes: each run made once, each item reported once, the report complete -------
+PER_RANK_COUNTED = '''
+import os
+
+from lightning.pytorch.demos.boring_classes import BoringModel
+
+
+class Model(BoringModel):
+    def on_fit_start(self):
+        with open(f"{os.environ['FITS_LOG']}.{self.global_rank}", "a") as fh:  # each rank its own file
+            fh.write("fit\\n")
+'''
+
+
+def _counted_session(pytester, monkeypatch, name: str, *mode: str):
+    log = pytester.path / f"{name}.fits"
+    monkeypatch.setenv("FITS_LOG", str(log))
+    report = pytester.path / f"{name}.json"
+    result = pytester.runpytest_subprocess("--ltconform", "per_rank.Model", "--ltconform-strategies", "ddp",
+                                           "--ltconform-nodes", "1", "--ltconform-report", str(report),
+                                           "-p", "no:cacheprovider", "-p", "no:randomly", "-v", *mode)
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()[-3000:]
+    fits = {r: len((pytester.path / f"{name}.fits.{r}").read_text().split()) for r in (0, 1)}
+    return result, json.loads(report.read_text()), fits
+
+
+@pytest.mark.parametrize("dist", ["each", "loadfile", "worksteal"])
+def test_each_dist_mode_makes_each_run_once_and_reports_each_item_once(pytester, monkeypatch, dist,
+                                                                      no_leftover_ranks):
+    """Under -n 2 with --dist each / loadfile / worksteal, the fits the module saw, the runs the
+    report lists and its verdicts are the serial session's; each item has one record and one
+    summary line (under each, pytest's own counts are doubled: every worker runs every item)."""
+    pytester.makepyfile(per_rank=PER_RANK_COUNTED)
+    serial, serial_doc, serial_fits = _counted_session(pytester, monkeypatch, "serial", "-p", "no:xdist")
+    result, doc, fits = _counted_session(pytester, monkeypatch, dist, "-n", "2", "--dist", dist)
+    assert serial_fits[0] > 0 and fits == serial_fits, (fits, serial_fits)  # made once
+
+    def keys(d):
+        return sorted((r["target"], r["kind"], r["strategy"], r["tier"]) for r in d["runs"])
+
+    assert keys(doc) == keys(serial_doc) and len(set(keys(doc))) == len(keys(doc)), (doc["runs"], serial_doc["runs"])
+
+    def verdicts(d):
+        return sorted((r["contract"], r["strategy"], r["outcome"]) for r in d["results"])
+
+    assert verdicts(doc) == verdicts(serial_doc), (verdicts(doc), verdicts(serial_doc))  # complete, once each
+    times = 2 if dist == "each" else 1
+    assert result.parseoutcomes() == {k: v * times for k, v in serial.parseoutcomes().items()}, \
+        (result.parseoutcomes(), serial.parseoutcomes())
+    summary = result.stdout.str().split("ltconform summary", 1)[1]
+    assert summary.count("memory[ddp]: ") == 1, summary[:3000]  # the advisory, once in the summary

@@ -104,6 +104,7 @@ class ResultsCollector:
     def __init__(self, config: pytest.Config):
         self.config = config
         self.results: list[dict] = []
+        self.seen: dict[str, tuple] = {}  # item nodeid -> (outcome, message) of its record
         self.report_error: str | None = None
         self.report_line: str | None = None  # where the report went, or why it was left as it was
 
@@ -115,6 +116,10 @@ class ResultsCollector:
         rec = report_mod.from_report(report)
         # One record per item: the call phase, or the setup phase when setup did not pass.
         if rec is not None and (report.when == "call" or (report.when == "setup" and not report.passed)):
+            verdict = (rec["outcome"], rec["message"])
+            if self.seen.get(report.nodeid) == verdict:
+                return  # --dist each: every worker runs the item; the same verdict of the same run is one record
+            self.seen[report.nodeid] = verdict
             self.results.append(rec)
 
     @pytest.hookimpl(tryfirst=True)
