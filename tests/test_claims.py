@@ -305,6 +305,17 @@ def test_a_device_finding_fails_exactly_where_the_config_is_for_gpus_and_the_fau
     assert any("no gpu-config claim" in p for p in _dp(f"{text}: nothing found."))
 
 
+def test_gather_counts_rest_on_two_different_recorded_counts_named_per_rank():
+    """ZeRO-3 with a data-dependent loop: the ranks' gather counts, each named."""
+    text = "the ranks made different numbers of gathers (rank 0 24 gathers, rank 1 25 gathers)"
+    true = claims.claim("gather-counts", text, counts={0: 24, 1: 25}, upto=63)
+    same = claims.claim("gather-counts", text, counts={0: 24, 1: 24}, upto=63)
+    unnamed = claims.claim("gather-counts", text, counts={0: 24, 1: 26}, upto=63)
+    record = dict(contract="all-rank-save")
+    assert claims.check(_record(text, true, **record)) == []
+    assert "do not differ" in claims.check(_record(text, same, **record))[0]
+    assert "does not name rank 1 26" in claims.check(_record(text, unnamed, **record))[0]
+    assert any("no gather-counts claim" in p for p in claims.check(_record(text, **record)))
 def test_an_object_address_is_not_printed_and_is_named_instead():
     from pytest_ltconform.sites import first_sentence, no_addresses
 

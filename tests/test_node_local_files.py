@@ -217,6 +217,18 @@ def test_the_same_record_gives_the_same_verdict_however_the_nodes_were_kept_apar
     assert [f.reader for f in faults.cross_node_reads(faults.Record.of(fake_runs.run(traces)))] == [1]
 
 
+def test_a_file_written_in_setup_gets_the_fix_of_its_writer_hook_not_prepare_data_per_node(fake_runs):
+    """Field trial N5: a file setup() wrote on global rank 0 into node-local storage and another node read; the fix
+    named prepare_data_per_node=True, which places prepare_data only."""
+    contract = get_contract("node-local-files")
+    traces = [_trace(0, _access("write", "<gettempdir>/toy/index.json", 0, 42, "DataModule.setup"),
+                     _access("read", "<gettempdir>/toy/index.json", 0, 48)),
+              _trace(1, _access("read", "<gettempdir>/toy/index.json", 1, 48))]
+    verdict = contract.judge(fake_runs.run(traces))
+    assert verdict.outcome == "failed", verdict.render()
+    assert "prepare_data_per_node=True" not in verdict.fix
+    assert verdict.fix.startswith("the file is written in DataModule.setup, where prepare_data_per_node does not apply")
+    assert "storage every node mounts" in verdict.fix and "`if self.trainer.local_rank == 0:`" in verdict.fix
 def test_the_storage_note_cites_the_recorded_nodes_ranks_and_folders():
     """The note said fixed words (/tmp, /var/tmp and /dev/shm count as each node's own) whatever the
     ranks recorded: each of its facts now comes from the recorded storage and ranks."""

@@ -164,6 +164,25 @@ def test_an_installed_package_named_torch_something_writing_on_every_rank_fails(
     assert "site-packages/torch_statslib/__init__.py:12 (StatsLogger.on_train_epoch_end)" in out  # its open()
 
 
+@pytest.mark.slow
+def test_node_leaders_renaming_one_shared_file_fail_shared_writes_which_claims_the_stop(pytester, no_leftover_ranks):
+    """huggingface/pytorch-image-models#693: `if self.local_rank == 0:` around a write and os.replace in the shared
+    run folder; on 2 nodes both leaders rename it and one raises FileNotFoundError. shared-writes owns that stop
+    (it said "not judged: the shared fit run did not finish" before), and the fit item names it."""
+    path = case("shared-writes/local_rank_guard_replaces_shared_summary.py").rsplit(":", 1)[0]
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ltconform", f"{path}:Model",
+                                           "--ltconform-datamodule", f"{path}:DataModule",
+                                           "--ltconform-nodes", "2", "-k", "2nodes", "-rA")
+    out = result.stdout.str()
+    assert result.parseoutcomes().get("failed") == 1
+    assert "FAILED ltconform::" in out and "shared-writes[ddp-2nodes]" in out
+    assert "summary.csv.tmp written and renamed with os.replace by global rank 0 (node 0) and global rank 1 " \
+           "(node 1)" in out
+    assert "raised FileNotFoundError" in out and "renamed it without error" in out
+    assert "the write sits under `if self.local_rank == 0:`" in out  # the guard line, read from the source
+    assert "local_rank_guard_replaces_shared_summary.py:62" in out  # each rank's os.replace call
+    assert "replace `if self.local_rank == 0:` with `if self.trainer.is_global_zero:`" in out
+    assert "the run stopped because of the shared-writes[ddp-2nodes] failure" in out
 def test_appends_from_every_rank_say_no_row_count_the_run_did_not_record(fake_runs):
     """Seen on lightning-uq-box (pandas to_csv, mode='a', from every rank): each rank wrote its own
     rows, yet the message said the file "ends with 4 rows where 2 are meant". Only the opens are

@@ -395,6 +395,18 @@ def _site(c: dict, record: dict) -> str | None:
 
 # -- calls, configs, precision, causes -------------------------------------------------------------
 
+@kind("gather-counts", prose=(r"ranks made different numbers of gathers",), scope=("all-rank-save",))
+def _gather_counts(c: dict, record: dict) -> str | None:
+    """Ranks said to have made different numbers of gathers rest on a recorded count per rank
+    (``facts["counts"]``: rank -> gathers up to collective ``facts["upto"]``), at least two of them
+    different, each named in the text as "rank r N gather(s)"."""
+    counts = c["facts"].get("counts") or {}
+    if len(set(counts.values())) < 2:
+        return f"the recorded gather counts do not differ: {counts}"
+    missing = [f"rank {r} {n}" for r, n in counts.items() if f"rank {r} {n} gather" not in c["text"]]
+    return f"the text does not name {', '.join(missing)}" if missing else None
+
+
 @kind("call-form", prose=(r"\bcall [\w.]+\(\) on every rank",), scope=("all-rank-save",), advice=True)
 def _call_form(c: dict, record: dict) -> str | None:
     """A fix that tells the user to call something calls a function, never a property: a property

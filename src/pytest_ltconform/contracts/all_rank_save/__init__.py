@@ -38,6 +38,7 @@ from ...sites import fmt_site, hook_label, plural
 from ...vocabulary import unnamed_tier
 from ...world.diagnose import first_divergence
 from ..base import Blame, Contract, Evidence, Run, Verdict, defined_as_property, rank_guard
+from .loops import SHARDING, loop_mismatch
 from .probe import LOAD, ShardedSaveProbe
 
 _REFUSED_CLASS = re.compile(r"refused ([\w.]+?)\.?$")
@@ -105,6 +106,9 @@ class AllRankSave(Contract):
         div = first_divergence(run.traces, select=user_call)
         if div is not None and div["kind"] == "calls" and not stopped_first(run, div):
             return self._diverged(run, div)
+        looped = loop_mismatch(run) if not run.finished and not run.raised_in_user_code() else None
+        if looped is not None:
+            return self._loop_mismatched(run, looped)
         if not run.finished and not run.raised_in_user_code() and mismatch_cause(run) is not None:
             return self._mismatched(run)
         loads = [(r, e) for r, t in enumerate(run.traces) for e in t
@@ -391,6 +395,43 @@ class AllRankSave(Contract):
         fix = (f"{told}, in the same order ({what} a collective every rank must enter); keep only the rank-local "
                f"side work (printing, writing a file) under the rank guard.")
         said = claim("call-form", told, func=via.get("func"), property=bool(getter))
+        return self.verdict(Outcome.FAILED, summary, evidence=evidence, fix=fix, category="deadlock", notes=notes,
+                            claims=[said])
+
+    def _loop_mismatched(self, run: Run, found: dict) -> Verdict:
+        """A loop of the user's that stops on a per-rank condition made its ranks gather parameters a
+        different number of times (``loops.loop_mismatch``): name the loop, the forward inside it,
+        each rank's gather count up to the collective where they parted, and the synced stop."""
+        rank, call, loop, counts = found["rank"], found["call"], found["loop"], found["counts"]
+        loop_site, call_site = fmt_site(loop["site"]), fmt_site(call.get("site"))
+        via = (call.get("via") or {}).get("func") or "the call"
+        upto, seq = found["upto"], found["seq"]
+        listed = ", ".join(f"rank {r} {plural(n, 'gather')}" for r, n in sorted(counts.items()))
+        said = claim("gather-counts", f"the ranks made different numbers of gathers (of collectives #1 to #{upto} of "
+                                      f"the process group, {listed})",
+                     counts=counts, upto=upto)
+        others = ", ".join(f"rank {r} issued {_collective_name(c)}" for r, c in sorted(found["others"].items())) or \
+            f"{_ranks(sorted(r for r in counts if r != rank))} made no collective #{seq}"
+        summary = (f"the loop `{loop['source']}` at {loop_site} stops on a condition each rank tests on its "
+                   f"own, and under {SHARDING[run.strategy]} each forward inside it (`{found['call_source']}` at "
+                   f"{call_site}, through {via}) made a collective ({call.get('op')}): the strategy gathers the "
+                   f"parameters it shards from every rank. In torch's Flight Recorder {said.text}: "
+                   f"at collective #{seq} rank {rank} was still gathering inside the loop while {others}, so the "
+                   f"ranks' collectives no longer pair up and the world hangs or mixes values.")
+        evidence = [Evidence(f"the loop `{loop['source']}` stops on each rank's own condition", site=loop_site)]
+        for r in sorted(counts):
+            theirs = call if r == rank else found["others"].get(r)
+            at = f"collective #{seq}: {_collective_name(theirs)}" if theirs else f"no collective #{seq}"
+            evidence.append(Evidence(f"{plural(counts[r], 'gather')} ({call.get('op')} and the like) in collectives "
+                                     f"#1 to #{upto}; {at}", rank=r,
+                                     site=fmt_site(theirs.get("site")) if theirs and theirs.get("site") else None))
+        fix = ("decide the loop's stop on every rank together, so every rank keeps running the forward until all "
+               "ranks are done: reduce the per-rank flag before testing it, e.g. `flag = (~done).any().float()` then "
+               "`torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)` (or "
+               "`self.trainer.strategy.reduce(flag, reduce_op=\"max\")`) and `while flag > 0:`; a rank that is "
+               "already done runs the extra steps and ignores their output (or masks it).")
+        notes = ["every collective was recorded by torch's Flight Recorder on each rank; the counts are of the "
+                 "gather operations among the collectives each rank issued up to the one where the ranks parted."]
         return self.verdict(Outcome.FAILED, summary, evidence=evidence, fix=fix, category="deadlock", notes=notes,
                             claims=[said])
 

@@ -34,6 +34,22 @@ from .probe import NodeLocalFilesProbe
 FIX_DATA = ("write it to storage every node mounts (a shared filesystem: the run's default_root_dir, a project "
             "data folder), or prepare it on every node: prepare_data_per_node=True (Lightning's default) has each "
             "node's local rank 0 write its own node-local copy.")
+def fix_data(writers: list) -> str:
+    """The fix for node-local data another node read, following the hook that wrote it: only
+    prepare_data is placed by prepare_data_per_node; a file written elsewhere (setup, a step, outside
+    any hook) is placed by the user's own guard."""
+    hooks = list(dict.fromkeys(faults.hook_name(w.hook) for w in writers if w.hook))
+    if any(h.endswith(".prepare_data") for h in hooks) or not hooks:
+        return FIX_DATA
+    named = " and ".join(hooks[:2])
+    return (f"the file is written in {named}, where prepare_data_per_node does not apply (it places prepare_data "
+            f"only): write it to storage every node mounts (a shared filesystem: the run's default_root_dir, a "
+            f"project data folder), or write it on every node: guard the write with `if self.trainer.local_rank "
+            f"== 0:` (each node's local rank 0, not the global rank zero) and call self.trainer.strategy.barrier() "
+            f"before any rank reads it; or move the writing into prepare_data, which Lightning runs on each "
+            f"node's local rank 0 by default.")
+
+
 FIX_CKPT = ("put checkpoints on storage every node mounts: leave ModelCheckpoint(dirpath=...) unset with "
             "default_root_dir on a shared filesystem, or give it a shared dirpath; a checkpoint in node-local "
             "scratch must be copied to shared storage before another node (or a later job) reads it.")
@@ -95,7 +111,7 @@ class NodeLocalFiles(Contract):
         evidence += [Evidence(f"{r.op_words()} {r.path}{faults.in_hook(r)} on node {r.reader_node}, which no rank of "
                               f"node {r.reader_node} wrote{faults.raised_text(r, run.job.ranks[r.reader])}",
                               rank=r.reader, frame=r.site) for r in reads[:4]]
-        fix = FIX_CKPT if first.is_checkpoint() else FIX_DATA
+        fix = FIX_CKPT if first.is_checkpoint() else fix_data(writers)
         # On a cluster the reader finds no such file: its rank raises and its peers wait in the next
         # collective (a listing instead comes back empty), whether or not this host's disk let it open.
         category = "silent" if all(r.op == "list" for r in reads) else "deadlock"

@@ -25,11 +25,14 @@ class WriteEvent(Recorded):
     hook: str | None
     node: int
     storage: int
+    to: str  # a rename's destination (its file name), for mode os.replace
 
 
 WRITE = declare("write", WriteEvent)
 
 ROOT = "<default_root_dir>"
+
+RENAME = "os.replace"  # the mode of a rename's record (os.rename and os.replace raise one audit event)
 
 _SKIP_PREFIXES = ("/dev/", "/proc/", "/sys/")
 
@@ -48,14 +51,17 @@ def _write_flags() -> int:
     return os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 
 def _on_audit(event: str, args) -> None:
-    if event != "open":
+    if event not in ("open", "os.rename"):  # os.rename: os.replace raises it too
         return
     probe = _ACTIVE
     if probe is None or getattr(_LOCAL, "busy", False):
         return
     _LOCAL.busy = True
     try:
-        probe.on_open(args)
+        if event == "open":
+            probe.on_open(args)
+        else:
+            probe.on_rename(args)
     except Exception:
         pass  # recording must never break the user's open()
     finally:
@@ -194,7 +200,18 @@ class SharedWritesProbe(Probe):
         site, saving = _user_frame_and_checkpointing(sys._getframe(2), self.own)
         self._record(os.fsdecode(path), _describe_mode(mode, flags), site, saving)
 
-    def _record(self, path: str, mode: str, site, saving: bool) -> None:
+    def on_rename(self, args) -> None:
+        """``os.rename``/``os.replace(src, dst)`` from user code: recorded as a write of ``src``
+        (mode ``os.replace``, ``to`` the destination): the rank moves that file away."""
+        if self.recorder is None or self.recorder._fh.closed or os.getpid() != self.pid:
+            return
+        src, dst = (list(args) + [None, None])[:2]
+        if not isinstance(src, (str, bytes, os.PathLike)) or not isinstance(dst, (str, bytes, os.PathLike)):
+            return
+        site, saving = _user_frame_and_checkpointing(sys._getframe(2), self.own)
+        self._record(os.fsdecode(src), RENAME, site, saving, to=os.path.basename(os.fsdecode(dst)))
+
+    def _record(self, path: str, mode: str, site, saving: bool, **extra) -> None:
         if site is None or saving:
             return  # written by a library on its own, or part of checkpoint saving
         absolute = os.path.realpath(os.path.abspath(path))
@@ -208,7 +225,7 @@ class SharedWritesProbe(Probe):
                 shown = os.path.join(ROOT, os.path.relpath(absolute, root))
                 break
         event = {"ev": WRITE, "path": shown, "mode": mode, "site": site, "hook": self.recorder.current_hook(),
-                 "node": self.node}
+                 "node": self.node, **extra}
         located = node_storage.locate(absolute, self.storage) if self.storage is not None else None
         if located is not None:  # each node's own: the same path on two nodes is two files
             event.update(path=located[1], storage=located[0])
