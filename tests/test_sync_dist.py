@@ -801,3 +801,92 @@ def test_a_read_or_metric_in_a_probes_own_fit_is_not_the_users_runs(tmp_path):
         probe._tap(torch.tensor(0.25), {"label": "metric"})
     assert [(r["epoch"], r["value"]) for r in probe.state["reads"]] == [(1, 0.5)]
     assert [t["value"] for t in probe.step_taps] == [0.5]
+
+
+def _compute_log(name, synced, **over):
+    return {"ev": "log", "name": name, "hook": "on_validation_epoch_end", "site": SITE, "sync_dist": False,
+            "vtype": "tensor", "on_step": False, "on_epoch": True, "reduce_fx": "mean",
+            "metric_compute": {"metric": "BinaryAveragePrecision", "synced": synced}, **over}
+
+
+@pytest.mark.parametrize("vtype", ["tensor", "float"])
+def test_a_metric_compute_value_that_synced_is_not_called_rank_zeros_own(fake_runs, vtype):
+    """Issue 32 field trial: the value of a Metric's compute() (which gathered its state over the ranks)
+    logged without sync_dist was called "rank 0's own mean"; only a value that neither sync_dist nor
+    the Metric synced is rank 0's own, and the sentence rests on the recorded sync."""
+    events = [_compute_log("val_ap", True, vtype=vtype), _compute_log("val_ap_local", False, vtype=vtype)]
+    values = [_value(_final()), _value(_final())]
+    verdict = get_contract("sync-dist").judge(fake_runs.run(traces=[events, events], values=values))
+    assert verdict.outcome == "passed", verdict.render()
+    text = verdict.summary
+    assert ("'val_ap' not compared: the value BinaryAveragePrecision.compute() returned, synced over the ranks "
+            "by the Metric (its compute() was recorded gathering the state first)") in text
+    assert "'val_ap_local' not compared: not synced: BinaryAveragePrecision.compute() did not gather" in text
+    assert text.count("rank 0's own") == 1
+    record = {"contract": "sync-dist", "message": verdict.render(), "claims": [c.as_dict() for c in verdict.claims],
+              "evidence": []}
+    assert claims.check(record) == []
+    assert "'val_ap' logged as Python floats" not in " ".join(verdict.notes)
+
+
+def test_rank_zeros_own_is_false_of_a_value_a_metric_synced():
+    text = "Lightning publishes rank 0's own mean"
+    log = {"sync_dist": False, "rank_zero_only": False, "vtype": "tensor", "metric": "AP", "metric_synced": True}
+    record = {"contract": "sync-dist", "message": text, "claims": [claims.claim("local", text, log=log).as_dict()]}
+    assert "was synced" in claims.check(record)[0]
+    # Said with no claim (the sentence as it was before): the consistency check names it.
+    assert "no local claim" in claims.check({"contract": "sync-dist", "message": text, "claims": []})[0]
+
+
+METRIC_COMPUTE_AP = """
+import lightning.pytorch as L
+import torch
+import torchmetrics
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def _split(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 4, generator=g)
+    return TensorDataset(x, (x[:, 0] + 0.8 * torch.randn(n, generator=g) > 0).long())
+
+
+class Model(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(4, 1)
+        self.ap = torchmetrics.AveragePrecision(task="binary")
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.binary_cross_entropy_with_logits(self.net(x).squeeze(1), y.float())
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.ap.update(torch.sigmoid(self.net(x).squeeze(1)), y)
+
+    def on_validation_epoch_end(self):
+        self.log("val_ap", self.ap.compute())
+        self.ap.reset()
+
+    def train_dataloader(self):
+        return DataLoader(_split(64, 3), batch_size=8, shuffle=True)
+
+    def val_dataloader(self):
+        return DataLoader(_split(64, 4), batch_size=8)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+"""
+
+
+def test_a_metric_compute_logged_without_sync_dist_is_said_synced_by_the_metric(pytester, no_leftover_ranks):
+    """The ok_ twin of the field trial: AveragePrecision's compute() syncs over the ranks; the pass says
+    so from the recorded gather, and never "rank 0's own"."""
+    pytester.makepyfile(ap_case=METRIC_COMPUTE_AP)
+    result = pytester.runpytest_subprocess("--ltconform", "ap_case.py:Model", "--ltconform-strategies", "ddp",
+                                           "-k", "sync-dist[", "-p", "no:cacheprovider", "-rA")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*'val_ap' not compared: the value BinaryAveragePrecision.compute() returned, "
+                                 "synced over the ranks by the Metric*"])
+    assert "rank 0's own" not in result.stdout.str()

@@ -231,8 +231,11 @@ def _not_finite(c: dict, record: dict) -> str | None:
 def reduced_across_ranks(log: dict) -> bool:
     """Whether a recorded log call (its flags ``sync_dist``, ``rank_zero_only`` and ``vtype``) has
     its value reduced across ranks: ``sync_dist=True`` without ``rank_zero_only`` (which disables
-    the sync in Lightning 2.6.6), or a TorchMetrics object (which syncs its own state)."""
-    return bool((log.get("sync_dist") and not log.get("rank_zero_only")) or log.get("vtype") == "metric")
+    the sync in Lightning 2.6.6), a TorchMetrics object (which syncs its own state), or the value of
+    a Metric's compute() that was recorded gathering the metric's state over the ranks
+    (``metric_synced``)."""
+    return bool((log.get("sync_dist") and not log.get("rank_zero_only")) or log.get("vtype") == "metric"
+                or log.get("metric_synced"))
 
 
 @kind("reduced", prose=(r"reduced over (?:batches and )?ranks",), scope=("sync-dist", "eval-duplication"))
@@ -245,9 +248,10 @@ def _reduced(c: dict, record: dict) -> str | None:
     return None if reduced_across_ranks(log) else f"the log call was not synced ({_flags(log)})"
 
 
-@kind("local")
+@kind("local", prose=(r"publishes rank 0's own",), scope=("sync-dist",))
 def _local(c: dict, record: dict) -> str | None:
-    """A value called one rank's own rests on a recorded log call that did not sync it."""
+    """A value called one rank's own rests on a recorded log call that did not sync it, and that no
+    Metric's compute() synced."""
     log = c["facts"].get("log")
     if not isinstance(log, dict):
         return "no log call recorded"
@@ -255,7 +259,8 @@ def _local(c: dict, record: dict) -> str | None:
 
 
 def _flags(log: dict) -> str:
-    return ", ".join(f"{k}={log.get(k)!r}" for k in ("sync_dist", "rank_zero_only", "vtype"))
+    keys = ("sync_dist", "rank_zero_only", "vtype") + (("metric", "metric_synced") if "metric" in log else ())
+    return ", ".join(f"{k}={log.get(k)!r}" for k in keys)
 
 
 @kind("rank-value", prose=(r"\S+ on \d+ ranks vs ",), scope=("eval-duplication",))

@@ -432,11 +432,13 @@ class SyncDist(Contract):
                    "no callback read it on every rank in this run" if read else "no callback read it in this run")
             parts.append(f"monitored {key!r} not judged: {why}")
         parts.append("shared decisions agree")
-        parts += _other_keys(run, set(synced) | set(keys), seen or {})
+        others, said = _other_keys(run, set(synced) | set(keys), seen or {})
+        parts += others
+        made += said
         # A synced key the per-batch check looked at: what it found (a pass must not hide "not compared").
         parts += [f"{k!r} (synced) {(seen or {})[k]}" for k in synced if k in (seen or {})]
         floats = sorted({e.get("name") for e in run.events(0, LOG)
-                         if e.get("vtype") == "float" and e.get("on_epoch") and not e.get("sync_dist")})
+                         if e.get("vtype") == "float" and e.get("on_epoch") and not reduced_across_ranks(log_facts(e))})
         if floats:
             notes.append(f"{', '.join(floats)} logged as Python floats without sync_dist: Lightning gives no "
                          f"warning for these; the logged value is rank 0's alone.")
@@ -450,33 +452,59 @@ class SyncDist(Contract):
 
 # -- the pass: every logged key, compared or said why not -------------------------------------------
 
-def _other_keys(run: Run, judged: set, seen: dict) -> list[str]:
+def _other_keys(run: Run, judged: set, seen: dict) -> tuple[list[str], list[Claim]]:
     """Clauses for the logged keys no cross-rank or monitor check compared: what the per-batch check
-    found for each (``seen``), or why nothing compared it, keys with the same reason together."""
+    found for each (``seen``), or why nothing compared it, keys with the same reason together; with
+    the claims those reasons make (whose values are rank 0's own, whose a Metric synced)."""
     last: dict[str, dict] = {}
     for e in run.events(0, LOG):
         last[str(e.get("name"))] = e
     by_reason: dict[str, list[str]] = {}
+    made: dict[str, Claim] = {}
     for key, e in last.items():
         if key in judged:
             continue
-        by_reason.setdefault(seen.get(key) or _why_not_compared(e), []).append(repr(key))
-    return [f"{', '.join(keys)} {reason}" for reason, keys in by_reason.items()]
+        reason, said = (seen.get(key), None) if seen.get(key) else _why_not_compared(e)
+        by_reason.setdefault(reason, []).append(repr(key))
+        if said is not None:
+            made[reason] = said
+    return [f"{', '.join(keys)} {reason}" for reason, keys in by_reason.items()], list(made.values())
 
 
-def _why_not_compared(e: dict) -> str:
+def log_facts(e: dict) -> dict:
+    """The recorded facts of a log call that say whether its value was synced over the ranks: its
+    flags and, for the value of a Metric's compute(), whether that compute() gathered the state."""
+    facts = {k: e.get(k) for k in ("sync_dist", "rank_zero_only", "vtype")}
+    computed = e.get("metric_compute")
+    if isinstance(computed, dict):
+        facts.update(metric=computed.get("metric"), metric_synced=bool(computed.get("synced")))
+    return facts
+
+
+def _why_not_compared(e: dict) -> tuple[str, Claim | None]:
     if e.get("vtype") == "metric":
         return ("not compared: TorchMetrics objects, which Lightning computes over the epoch and which sync "
-                "themselves")
+                "themselves"), None
+    computed = e.get("metric_compute")
+    if isinstance(computed, dict) and not e.get("sync_dist"):
+        name = computed.get("metric")
+        if computed.get("synced"):
+            text = "synced over the ranks by the Metric (its compute() was recorded gathering the state first)"
+            return f"not compared: the value {name}.compute() returned, {text}", claim("reduced", text,
+                                                                                        log=log_facts(e))
+        text = (f"not synced: {name}.compute() did not gather the metric's state over the ranks, and the log "
+                f"call has no sync_dist, so Lightning publishes rank 0's own value")
+        return f"not compared: {text}", claim("local", text, log=log_facts(e))
     if not e.get("on_epoch"):
-        return "not compared: logged per step only (no epoch value is averaged)"
+        return "not compared: logged per step only (no epoch value is averaged)", None
     if e.get("reduce_fx") not in ("mean", "avg"):
-        return f"not compared: reduced with {e.get('reduce_fx')}, not averaged over batches"
+        return f"not compared: reduced with {e.get('reduce_fx')}, not averaged over batches", None
     if not e.get("sync_dist"):
+        text = "Lightning publishes rank 0's own mean"
         return ("not compared: logged without sync_dist from values no recorded metric call (TorchMetrics, "
-                "scikit-learn) produced, so whether their per-batch mean is the metric over the epoch could not be "
-                "recomputed; Lightning publishes rank 0's own mean")
-    return "not compared: not logged with sync_dist on every rank alike"
+                f"scikit-learn) produced, so whether their per-batch mean is the metric over the epoch could not be "
+                f"recomputed; {text}"), claim("local", text, log=log_facts(e))
+    return "not compared: not logged with sync_dist on every rank alike", None
 
 
 # -- 1. helpers for a diverged sequence of synced log calls -----------------------------------------

@@ -103,6 +103,16 @@ def _detach(obj):
     return obj
 
 
+def _group_of_several(metric, kwargs: dict) -> bool:
+    try:
+        import torch.distributed as dist
+
+        group = kwargs.get("process_group") or getattr(metric, "process_group", None)
+        return dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
+    except Exception:  # a group this rank is not part of
+        return False
+
+
 def _scalar(out) -> float | None:
     """A metric function's output as a number: a one-element tensor, a Python or NumPy number."""
     import torch
@@ -273,6 +283,12 @@ class SyncDistProbe(Probe):
         self._last_lrs = None
         self._patched_trainer = None
         self.checkpoints_built_at: Any = weakref.WeakKeyDictionary()  # ModelCheckpoint -> user site
+        # id(tensor) -> (weakref, facts) of what a Metric's compute() returned, and whether its state
+        # was gathered over the ranks first (its ``_sync_dist`` ran); the last few as numbers.
+        self.computed: dict[int, tuple[Any, dict]] = {}
+        self.compute_taps: list[dict] = []
+        self._syncs: dict[int, int] = {}  # id(metric) -> state gathers during its compute() now running
+        self._forward_depth = 0  # inside Metric.forward (its compute() is the per-batch value)
 
     # -- taps, installed before the user's module imports TorchMetrics names -----------------------
     def install(self, recorder) -> None:
@@ -290,6 +306,9 @@ class SyncDistProbe(Probe):
             torchmetrics = None
         if torchmetrics is not None:
             recorder.patch(torchmetrics.Metric, "forward", self._metric_forward)
+            recorder.patch(torchmetrics.Metric, "_wrap_compute", self._metric_wrap_compute)
+            # (``_sync_dist`` is all-rank-save's tap; ``sync`` sets ``_is_synced`` once it gathered)
+            recorder.patch(torchmetrics.Metric, "sync", self._metric_sync)
         for name in [n for n in sys.modules if n.startswith(_FUNCTION_PACKAGES)]:
             self._tap_functions(sys.modules[name])
         if "sklearn.metrics" not in sys.modules:  # tapped if and when the user's code imports it
@@ -368,7 +387,11 @@ class SyncDistProbe(Probe):
         probe = self
 
         def forward(metric, *args, **kwargs):
-            out = original(metric, *args, **kwargs)
+            probe._forward_depth += 1
+            try:
+                out = original(metric, *args, **kwargs)
+            finally:
+                probe._forward_depth -= 1
             try:
                 probe._tap(out, {"label": f"the per-batch return value of {type(metric).__name__}",
                                  "kind": "metric", "name": type(metric).__name__, "metric": metric,
@@ -379,6 +402,71 @@ class SyncDistProbe(Probe):
             return out
 
         return forward
+
+    def _metric_wrap_compute(self, original):
+        """``Metric._wrap_compute``: the compute() it wraps also notes its value and whether the
+        metric gathered its state over the ranks for it (outside ``forward``)."""
+        probe = self
+
+        def wrap(metric, compute):
+            inner = original(metric, compute)
+
+            def compute_and_note(*args, **kwargs):
+                if probe._forward_depth:
+                    return inner(*args, **kwargs)
+                probe._syncs[id(metric)] = 0
+                out = inner(*args, **kwargs)
+                try:
+                    probe._note_compute(metric, out, probe._syncs.pop(id(metric), 0) > 0)
+                except Exception:
+                    pass
+                return out
+
+            return compute_and_note
+
+        return wrap
+
+    def _metric_sync(self, original):
+        """``Metric.sync``: a gather of the state over a group of 2+ ranks, counted for the compute()
+        running now (``sync`` returns early, ``_is_synced`` unset, when it does not gather)."""
+        probe = self
+
+        def sync(metric, *args, **kwargs):
+            out = original(metric, *args, **kwargs)
+            counting = id(metric) in probe._syncs
+            if counting and getattr(metric, "_is_synced", False) and _group_of_several(metric, kwargs):
+                probe._syncs[id(metric)] += 1
+            return out
+
+        return sync
+
+    def _note_compute(self, metric, out, synced: bool) -> None:
+        import torch
+
+        value = _scalar(out)
+        if value is None or (self.recorder is not None and not self.recorder.recording):
+            return
+        known = self.computed.get(id(out))
+        if known is not None and known[0]() is out:
+            return  # the cached value of an earlier compute(): its facts stand
+        facts = {"metric": type(metric).__name__, "synced": synced}
+        if isinstance(out, torch.Tensor):
+            if len(self.computed) > 1024:
+                self.computed = {k: v for k, v in self.computed.items() if v[0]() is not None}
+            self.computed[id(out)] = (weakref.ref(out), facts)
+        self.compute_taps = [*self.compute_taps[-15:], {"hook": self._fx_name(), "value": value, "facts": facts}]
+
+    def _computed_by(self, event: dict, value) -> dict | None:
+        """The facts of the Metric compute() whose value this log call logs: the same tensor, or, for
+        a number, the last compute() of the same hook that returned that number."""
+        if event["vtype"] == "tensor":
+            entry = self.computed.get(id(value))
+            return entry[1] if entry is not None and entry[0]() is value else None
+        if event["vtype"] == "float" and event.get("value") is not None:
+            for tap in reversed(self.compute_taps):
+                if tap["hook"] == event["hook"] and tap["value"] == event["value"]:
+                    return tap["facts"]
+        return None
 
     def _functional(self, original, qualname: str):
         probe = self
@@ -431,6 +519,9 @@ class SyncDistProbe(Probe):
         produced = self._producer_of(value) if event["vtype"] == "tensor" else None
         if produced is not None:
             event["producer"] = produced["label"]
+        computed = self._computed_by(event, value) if produced is None else None
+        if computed is not None:
+            event["metric_compute"] = computed
         if not (event["on_epoch"] and event["reduce_fx"] in ("mean", "avg")):
             return
         combos = self._combos(event, value, produced)
