@@ -500,6 +500,39 @@ def _batches_differ(c: dict, record: dict) -> str | None:
     return None
 
 
+@kind("seed-collision", prose=(r"seeded with the same value, derived from the local rank",), scope=("data-sharding",))
+def _seed_collision(c: dict, record: dict) -> str | None:
+    """Ranks said to share a seed derived from the local rank rest on a recorded seed per rank
+    (``facts["values"]``: rank -> value, all the same, each named as "V on rank r"), their places
+    (``facts["places"]``: rank -> node and local rank: different nodes, one local rank) and a
+    recorded read of the local rank (``facts["read"]``, named in the text)."""
+    facts, text = c["facts"], c["text"]
+    values, places = facts.get("values") or {}, facts.get("places") or {}
+    if len(values) < 2 or len(set(values.values())) != 1:
+        return f"the recorded seeds are not one value on several ranks: {values}"
+    if set(places) != set(values) or len({p.get("node") for p in places.values()}) < 2 \
+            or len({p.get("local_rank") for p in places.values()}) != 1:
+        return f"the ranks are not on different nodes with one local rank: {places}"
+    missing = [f"{v} on rank {r}" for r, v in values.items() if f"{v} on rank {r}" not in text]
+    if missing:
+        return f"the text does not name {', '.join(missing)}"
+    read = facts.get("read")
+    return None if read and read.split(" (")[0] in text else f"no read of the local rank is named ({read!r})"
+
+
+@kind("local-split", prose=(r"split by the local rank",), scope=("data-sharding",))
+def _local_split(c: dict, record: dict) -> str | None:
+    """"the data is split by the local rank" rests on a recorded read of the local rank while the data
+    was built that fed no seed (``facts["reads"]``) and on ranks on different nodes with one local
+    rank (``facts["places"]``)."""
+    places = c["facts"].get("places") or {}
+    if not c["facts"].get("reads"):
+        return "no read of the local rank while the data was built is recorded"
+    if len({p.get("node") for p in places.values()}) < 2 or len({p.get("local_rank") for p in places.values()}) != 1:
+        return f"the ranks are not on different nodes with one local rank: {places}"
+    return None
+
+
 @kind("one-device", prose=(r"evaluated exactly once across ranks",), scope=("eval-duplication",))
 def _one_device(c: dict, record: dict) -> str | None:
     """An evaluation pass either gives the values it compared with the one-device run

@@ -242,10 +242,24 @@ class SeedingEvent(Recorded):
 
 class UserSeedEvent(Recorded):
     """User code (directly, or through a library such as seed_everything) seeded a global
-    generator: ``fn`` (``torch.manual_seed``), ``site`` and ``hook``."""
+    generator: ``fn`` (``torch.manual_seed``), ``site``, ``hook`` and ``value``, the seed passed
+    (its repr when it is not an int)."""
 
     fn: str
     site: dict | None
+    hook: str | None
+    value: int | str | None
+
+
+class EnvRankReadEvent(Recorded):
+    """User code read a rank variable of the environment (``key``, "LOCAL_RANK") itself, through
+    ``os.environ[...]``, ``os.environ.get`` or ``os.getenv``, at ``site`` (its source line ``code``)
+    in ``hook``; ``value`` is what it read. One event per user line."""
+
+    key: str
+    value: str | None
+    site: dict | None
+    code: str
     hook: str | None
 
 
@@ -276,5 +290,6 @@ NOTE = declare("note", NoteEvent)
 NONFINITE = declare("nonfinite", NonfiniteEvent)
 SEEDING = declare("seeding", SeedingEvent)
 USER_SEED = declare("user_seed", UserSeedEvent)
+ENV_RANK_READ = declare("env_rank_read", EnvRankReadEvent)
 # Written by a probe that names itself the owner of an exception (contracts.base.Run.raised_owner).
 RAISED = declare("raised", RaisedEvent)

@@ -25,8 +25,9 @@ import sys
 from typing import Any
 
 from . import cuda_on_cpu, trainer_overrides
-from .events import EXCEPTION, NONFINITE, NOTE, SEEDING, STAGE, STAGE_ERROR, STRATEGY, USER_SEED
+from .events import EXCEPTION, NONFINITE, NOTE, SEEDING, STAGE, STAGE_ERROR, STRATEGY
 from .runs import WITHOUT_VALIDATION, Probe, RunArgs
+from .seed_watch import watch_env_rank, watch_seeding
 from .sites import is_user_file
 from .target import loading as target_loading
 from .target import spec as target_spec
@@ -323,37 +324,6 @@ class RankRun:
         return {cid: probe.collect(self.objects, self.trainer, self.recorder) for cid, probe in self.probes.items()}
 
 
-# The functions that seed the global generators (Lightning's seed_everything calls them): a module
-# that calls one seeds itself, and the plugin's seeding of its ranks then leaves it alone.
-_SEEDERS = (("random", "seed"), ("numpy.random", "seed"), ("torch", "manual_seed"))
-
-
-def watch_seeding(recorder: Recorder) -> list[dict]:
-    """Record every call user code makes (directly or through a library, such as seed_everything)
-    to a function that seeds a global generator: one ``user_seed`` event with its site and hook,
-    also kept in the list returned."""
-    from .sites import user_site
-
-    seen: list[dict] = []
-
-    def factory(original, label):
-        def seed(*args, **kwargs):
-            site, _ = user_site()
-            if site is not None:
-                event = USER_SEED.new(fn=label, site=site, hook=recorder.current_hook())
-                seen.append(dict(event))
-                recorder.emit(event)
-            return original(*args, **kwargs)
-
-        return seed
-
-    for module, name in _SEEDERS:
-        owner = sys.modules.get(module)
-        if owner is not None and hasattr(owner, name):
-            recorder.patch(owner, name, lambda original, label=f"{module}.{name}": factory(original, label))
-    return seen
-
-
 def _reseed_at_train_start(ns: Any, run: RankRun) -> Any:
     """Under seeding "both": a callback that, when training starts, seeds random, numpy and torch on
     every rank with the job's seed, so that draws made while training (noise that is the sample) are
@@ -458,6 +428,7 @@ def rank_run(ctx, args: RunArgs, *, traced: bool = True, probes=None):
             namespaces = [namespace] + [ns for ns in target_spec.NAMESPACES if ns != namespace and ns in sys.modules]
             recorder.install(tuple(namespaces))
             seeds = watch_seeding(recorder)
+            watch_env_rank(recorder)
         try:
             loaded = {cid: resolve(p)() if isinstance(p, str) else p
                       for cid, p in (args.probes if probes is None else probes)}

@@ -30,7 +30,7 @@ from ...sites import first_sentence, fmt_site
 from ..base import Blame, Contract, Evidence, Run, Verdict, merged
 from ..loader_sites import LOADER_BUILT
 from ..rank_reads import RANK_READ, describe, gating_reads, local_rank_reads, selecting_reads
-from . import reseed
+from . import reseed, seeds
 from .probe import (
     BATCH,
     DS_CREATED,
@@ -529,19 +529,29 @@ class DataSharding(Contract):
                     for r in range(run.world_size)]
         evidence += self._loader_evidence(run, stage, loader, steps[0][first_ep])
         fix = self._fix_for(loader)
-        local_reads = local_rank_reads([run.events(r, RANK_READ) for r in range(run.world_size)])
-        # A split by the local rank rests on a read of it while the data is built: without one, ranks
-        # on different nodes are identical because nothing splits the data (one node looks the same).
-        across = _same_local_rank_on_nodes(run) if local_reads else None
+        shared_seed = seeds.collision(run)
+        fed_seed = seeds.seed_lines(shared_seed)
+        local_reads = [read for read in local_rank_reads([run.events(r, RANK_READ) for r in range(run.world_size)])
+                       if ((read.get("site") or {}).get("file"), (read.get("site") or {}).get("line")) not in fed_seed]
+        # A split by the local rank rests on a read of it while the data is built that did not feed a seed:
+        # without one, ranks on different nodes are identical because nothing splits the data.
+        across = _same_local_rank_on_nodes(run, local_reads) if local_reads else None
+        claims = [across] if across else []
         if across:
-            summary += f" {across}"
+            summary += f" {across.text}"
             evidence += [Evidence(f"{read['what']} is read in {read['hook']} while the data is built; it repeats on "
                                   f"every node", frame=read.get("site"))
                          for read in local_reads[:2]]
             fix = ("shard by the global rank (self.trainer.global_rank of self.trainer.world_size shards), or let "
                    "Lightning's DistributedSampler split a map-style dataset; keep local_rank for picking the local "
                    "device only. " + fix)
-        return self.verdict(Outcome.FAILED, summary, evidence=evidence, fix=fix, category="silent")
+        if shared_seed:
+            said = seeds.sentence(shared_seed)
+            summary += f" {said.text}"
+            evidence += seeds.evidence(shared_seed)
+            claims.append(said)
+            fix = f"{seeds.FIX} Where the data is not drawn from those generators: {fix}"
+        return self.verdict(Outcome.FAILED, summary, evidence=evidence, fix=fix, category="silent", claims=claims)
 
     def _loader_evidence(self, run, stage, loader, have: int) -> list[Evidence]:
         """For a stream: the items every rank yields against the steps a sharded stream would give."""
@@ -766,7 +776,13 @@ class DataSharding(Contract):
                "randn_like/rand_like: torch.randn(x.shape, generator=self.noise, device=x.device, dtype=x.dtype)); "
                "or reseed once with a rank offset, torch.manual_seed(seed + self.global_rank), in setup() after "
                "the model is built (DDP broadcasts the initial weights, so they stay identical).")
-        return self.verdict(Outcome.FAILED, summary, evidence=evidence, fix=fix, category="silent")
+        shared_seed, claims = seeds.collision(run), []
+        if shared_seed:
+            said = seeds.sentence(shared_seed)
+            summary, fix = f"{summary} {said.text}", f"{seeds.FIX} Or {fix}"
+            evidence += seeds.evidence(shared_seed)
+            claims.append(said)
+        return self.verdict(Outcome.FAILED, summary, evidence=evidence, fix=fix, category="silent", claims=claims)
 
     # -- passed ----------------------------------------------------------------------------------
     def _passed(self, run: Run, batches, loaders, split: dict) -> Verdict:
@@ -804,9 +820,15 @@ class DataSharding(Contract):
         summary = ("; ".join(parts) or "no batches were recorded") + \
             f"{what}; the same number of train batches per epoch on every rank."
         fixed = reseed.fixed_order_note(run, batches.get("train", {}), loader or {})
-        return self.verdict(Outcome.PASSED, summary, notes=[_split_note(stage, read) for stage, read in split.items()]
-                            + _combined_noise_notes(run) + ([fixed] if fixed else []) + _same_split_notes(run),
-                            empty=not parts, claims=claims)
+        shared_seed = seeds.collision(run)
+        if shared_seed:
+            said = seeds.sentence(shared_seed)
+            claims.append(said)
+        notes = [_split_note(stage, read) for stage, read in split.items()] + _combined_noise_notes(run) + \
+            ([fixed] if fixed else []) + _same_split_notes(run) + \
+            ([f"{said.text} No identical batches or random inputs were seen here, but every draw from those generators "
+              f"repeats across nodes; {seeds.FIX}"] if shared_seed else [])
+        return self.verdict(Outcome.PASSED, summary, notes=notes, empty=not parts, claims=claims)
 
 
 def _same_split_notes(run: Run) -> list[str]:
@@ -844,16 +866,19 @@ def _combined_noise_notes(run: Run) -> list[str]:
     return notes
 
 
-def _same_local_rank_on_nodes(run: Run) -> str | None:
-    """The sentence for identical ranks that sit on different nodes with the same local rank (a
-    split by the local rank, which repeats on every node); None otherwise or on one node."""
+def _same_local_rank_on_nodes(run: Run, reads: list[dict]):
+    """The claim for identical ranks that sit on different nodes with the same local rank, the data
+    built after ``reads`` of the local rank (a split by the local rank, which repeats on every
+    node); None otherwise or on one node."""
     places = [next(iter(run.events(r, DS_PLACE)), None) for r in range(run.world_size)]
     if not all(places) or len({p["node"] for p in places}) < 2 or len({p["local_rank"] for p in places}) != 1:
         return None
     who = " and ".join(f"global rank {r} (node {p['node']})" for r, p in enumerate(places))
-    return (f"They sit on different nodes with the same local rank ({who}, local rank {places[0]['local_rank']} on "
+    text = (f"They sit on different nodes with the same local rank ({who}, local rank {places[0]['local_rank']} on "
             f"each): the data is split by the local rank, which repeats on every node, so every node reads the same "
             f"shard and the others are never read.")
+    return claim("local-split", text, reads=[fmt_site(read.get("site")) for read in reads],
+                 places={str(r): p for r, p in enumerate(places)})
 
 
 def _rank_list(ranks: list[int], world_size: int) -> str:
