@@ -274,3 +274,51 @@ def test_the_probe_records_parameter_use_without_hooks_and_the_switchs_site():
     switched = sites[id(head.weight)]
     assert switched["via"] == "Module.requires_grad_" and switched["site"]["line"] == line
     assert "requires_grad" not in torch.nn.Parameter.__dict__  # the watch is gone after the run
+
+
+PLAIN_BACKWARD = """
+import lightning.pytorch as L
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Model(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+        self.net = torch.nn.Linear(4, 1)
+        self.extra = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        x, y = batch
+        out = self.net(x).squeeze(1) + USE * self.extra(x).squeeze(1)
+        loss = torch.nn.functional.mse_loss(out, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    def train_dataloader(self):
+        g = torch.Generator().manual_seed(0)
+        return DataLoader(TensorDataset(torch.randn(32, 4, generator=g), torch.randn(32, generator=g)), batch_size=8)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+"""
+
+
+@pytest.mark.parametrize("use", [1, 0])
+def test_a_plain_loss_backward_of_the_users_own_is_recorded_as_a_backward(pytester, no_leftover_ranks, use):
+    """Issue 32 field trial: a manual-optimization step calling ``loss.backward()`` itself (not
+    manual_backward) got "no backward pass was recorded"; it is a backward pass, judged by its gradients."""
+    pytester.makepyfile(plain_case=PLAIN_BACKWARD.replace("USE", str(use)))
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ltconform", "plain_case.py:Model",
+                                           "--ltconform-strategies", "ddp", "-k", "unused-parameters[", "-rA")
+    out = result.stdout.str()
+    assert "no backward pass was recorded" not in out
+    if use:
+        result.assert_outcomes(passed=1)
+        assert "ran outside Lightning's backward" in out and "plain_case.py:19 (Model.training_step)" in out
+    else:
+        result.assert_outcomes(failed=1)
+        assert "extra.weight" in out

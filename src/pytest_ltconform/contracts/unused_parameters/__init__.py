@@ -84,7 +84,9 @@ class UnusedParameters(Contract):
         any_setup = next((s for s in setup.values() if s), None)
         total = sum(len(v) for v in records.values())
         if any_setup is None or (total == 0 and not any(ddp_errors.values())):
-            return self.verdict(Outcome.PASSED, "no backward pass was recorded, so no parameter could miss a gradient.",
+            return self.verdict(Outcome.PASSED, "no backward pass was recorded (Lightning's backward and the "
+                                                "backward calls of your own code are both watched), so no parameter "
+                                                "could miss a gradient.",
                                 empty=True)
         if not any_setup.get("ddp"):
             return self.verdict(Outcome.SKIPPED, "the model was not wrapped in DistributedDataParallel, so "
@@ -143,9 +145,12 @@ class UnusedParameters(Contract):
                 fix="remove the flag (DDPStrategy(find_unused_parameters=False) is the default; use "
                     "strategy='ddp'); keep it only if some steps really skip parameters.",
                 category="waste")
+        outside = sorted({fmt_site(e["site"]) for v in records.values() for e in v if e.get("outside") and e.get("site")})
+        plain = (f"; the backward passes at {', '.join(outside)} ran outside Lightning's backward (your code "
+                 f"called backward itself) and were recorded by their gradients all the same") if outside else ""
         return self.verdict(
             Outcome.PASSED, f"every one of the {len(names)} trainable parameters got a gradient in every backward "
-                            f"pass ({counts}); find_unused_parameters=False is right.")
+                            f"pass ({counts}){plain}; find_unused_parameters=False is right.")
 
     def _unused(self, run: Run, use: _GradUse) -> Verdict:
         always, sometimes = use.always_and_sometimes()

@@ -176,7 +176,7 @@ class _Observer:
 
         return hook
 
-    def backward_done(self, trainer, site) -> None:
+    def backward_done(self, trainer, site, outside: bool = False) -> None:
         if not self.started:
             return
         self.backwards += 1
@@ -190,7 +190,7 @@ class _Observer:
         unused = [n for n in self.names if n not in self.seen]
         event = {"ev": GRAD_USE, "n": self.backwards, "k": self.in_batch,
                  "batch": key[1] if key else None, "tracked": len(self.names), "site": site,
-                 "unused": unused}
+                 "unused": unused, "outside": outside}
         if unused:
             self.unused_backwards += 1
             event["off"] = [n for n in unused if not self.params[n].requires_grad]
@@ -311,9 +311,15 @@ class UnusedParametersProbe(Probe):
         backward = strategy.backward
         on_exception = strategy.on_exception
 
+        inside = [0]  # in Lightning's backward: the tensor's backward under it is that one
+
         def traced_backward(*args, **kwargs):
             site, _ = user_site()
-            out = backward(*args, **kwargs)
+            inside[0] += 1
+            try:
+                out = backward(*args, **kwargs)
+            finally:
+                inside[0] -= 1
             try:
                 observer.backward_done(trainer, site)
             except Exception as exc:  # recording must never break the user's run
@@ -327,6 +333,7 @@ class UnusedParametersProbe(Probe):
             return on_exception(exception)
 
         object.__setattr__(strategy, "backward", traced_backward)
+        _watch_plain_backward(recorder, observer, trainer, inside)
         object.__setattr__(strategy, "on_exception", traced_on_exception)
         step = _none_watch(strategy.training_step, trainer, recorder)
         object.__setattr__(strategy, "training_step", _with_param_use(step, observer))
@@ -337,6 +344,36 @@ class UnusedParametersProbe(Probe):
             return None
         obs.close()
         return {"backwards": obs.backwards, "unused_backwards": obs.unused_backwards, "tracked": len(obs.names)}
+
+def _watch_plain_backward(recorder, observer, trainer, inside: list) -> None:
+    """A backward the user's code runs itself (``loss.backward()``, ``torch.autograd.backward``),
+    outside Lightning's ``strategy.backward``, is a backward pass too: recorded the same way, at
+    the user's line (``outside``)."""
+    import torch
+
+    from ...sites import user_site
+
+    def factory(original):
+        def backward(*args, **kwargs):
+            if inside[0] or not observer.started:
+                return original(*args, **kwargs)
+            site, _ = user_site()
+            inside[0] += 1
+            try:
+                out = original(*args, **kwargs)
+            finally:
+                inside[0] -= 1
+            try:
+                observer.backward_done(trainer, site, outside=True)
+            except Exception as exc:  # recording must never break the user's run
+                recorder.emit({"ev": TRACE_ERROR, "where": "grad_use", "error": repr(exc)})
+            return out
+
+        return backward
+
+    recorder.patch(torch.Tensor, "backward", factory)
+    recorder.patch(torch.autograd, "backward", factory)
+
 
 def _with_param_use(training_step, observer):
     """``training_step`` run under the parameter-use mode (its forward is where parameters are used;
