@@ -69,6 +69,25 @@ def test_alternating_backwards_name_each_backward_and_the_dynamic_fix(fake_runs)
     assert "requires_grad_(False)" not in v.fix
 
 
+def test_backwards_outside_manual_backward_are_not_said_to_raise_and_rest_on_their_record(fake_runs):
+    """A loss.backward() of the user's own under manual optimization: DDP's reducer was never
+    prepared for it (only manual_backward prepares it), so no 'Expected to have finished reduction'."""
+    from pytest_ltconform import claims
+
+    events = [_backward(b, ["aux.weight", "aux.bias"], not_run=[], off=[], outside=True, manual=True)
+              for b in range(4)]
+    v = judge(fake_runs.run(_traces([events, events])))
+    record = dict(v.as_dict(), contract="unused-parameters")
+    assert v.outcome == "failed" and "aux.weight, aux.bias" in v.render()
+    assert "Expected to have finished reduction" not in v.render() and "DDP waits for" not in v.render()
+    assert "ran outside Lightning's manual_backward" in v.summary and "self.manual_backward(loss)" in v.fix
+    assert claims.check(record) == []
+    bare = dict(record, claims=[c for c in record["claims"] if c["kind"] != "unprepared-backward"])
+    assert any(p.startswith("unprepared-backward") for p in claims.check(bare))
+    automatic = [dict(e, manual=False) for e in events]  # outside, but automatic: the reducer sentence stays
+    assert "Expected to have finished reduction" in judge(fake_runs.run(_traces([automatic] * 2))).render()
+
+
 def test_dynamic_usage_with_flag_on_passes(fake_runs):
     events = [_backward(b, ["aux.weight", "aux.bias"] if b % 2 else []) for b in range(4)]
     v = judge(fake_runs.run(_traces([events, events], user_flag=True)))
@@ -292,7 +311,9 @@ class Model(L.LightningModule):
     def training_step(self, batch, batch_idx):
         opt = self.optimizers()
         x, y = batch
-        out = self.net(x).squeeze(1) + USE * self.extra(x).squeeze(1)
+        out = self.net(x).squeeze(1)
+        if USE:  # 0: self.extra never runs, so its parameters get no gradient
+            out = out + self.extra(x).squeeze(1)
         loss = torch.nn.functional.mse_loss(out, y)
         opt.zero_grad()
         loss.backward()
@@ -318,7 +339,12 @@ def test_a_plain_loss_backward_of_the_users_own_is_recorded_as_a_backward(pytest
     assert "no backward pass was recorded" not in out
     if use:
         result.assert_outcomes(passed=1)
-        assert "ran outside Lightning's backward" in out and "plain_case.py:19 (Model.training_step)" in out
+        line = PLAIN_BACKWARD.strip().splitlines().index("        loss.backward()") + 1
+        assert "ran outside Lightning's backward" in out and f"plain_case.py:{line} (Model.training_step)" in out
     else:
         result.assert_outcomes(failed=1)
-        assert "extra.weight" in out
+        assert "extra.weight, extra.bias" in out and "find_unused_parameters=False" in out
+        assert "Expected to have finished reduction" not in out  # the reducer was never prepared: no error
+    # Lightning's DDP turns DDP's own reducer preparation off under manual optimization; only
+    # manual_backward prepares it, so these backward passes are not averaged over the ranks.
+    assert "ran outside Lightning's manual_backward" in out and "self.manual_backward(loss)" in out

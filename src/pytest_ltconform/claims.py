@@ -312,6 +312,19 @@ def _no_grad(c: dict, record: dict) -> str | None:
     return None
 
 
+@kind("unprepared-backward", prose=(r"ran outside Lightning's manual_backward",), scope=("unused-parameters",))
+def _unprepared_backward(c: dict, record: dict) -> str | None:
+    """Backward passes said to have run outside Lightning's manual_backward under manual
+    optimization: each was recorded at the patched Tensor.backward / torch.autograd.backward,
+    not under strategy.backward (``facts["outside"]``), with automatic_optimization off
+    (``facts["manual"]``), in ``facts["count"]`` (at least one) backward passes."""
+    facts = c["facts"]
+    if facts.get("outside") is not True or facts.get("manual") is not True or not facts.get("count"):
+        return (f"recorded outside={facts.get('outside')!r}, manual={facts.get('manual')!r}, "
+                f"count={facts.get('count')!r}")
+    return None
+
+
 @kind("switched-off", prose=(r"requires_grad was switched off",), scope=("unused-parameters",))
 def _switched_off(c: dict, record: dict) -> str | None:
     """Where requires_grad was switched off is named from the recorded switch (``facts["site"]``,

@@ -145,12 +145,15 @@ class UnusedParameters(Contract):
                 fix="remove the flag (DDPStrategy(find_unused_parameters=False) is the default; use "
                     "strategy='ddp'); keep it only if some steps really skip parameters.",
                 category="waste")
-        outside = sorted({fmt_site(e["site"]) for v in records.values() for e in v if e.get("outside") and e.get("site")})
+        outside = sorted({fmt_site(e["site"]) for v in records.values() for e in v
+                          if e.get("outside") and e.get("site")})
         plain = (f"; the backward passes at {', '.join(outside)} ran outside Lightning's backward (your code "
                  f"called backward itself) and were recorded by their gradients all the same") if outside else ""
+        manual = [e for v in records.values() for e in v if e.get("outside") and e.get("manual")]
         return self.verdict(
             Outcome.PASSED, f"every one of the {len(names)} trainable parameters got a gradient in every backward "
-                            f"pass ({counts}){plain}; find_unused_parameters=False is right.")
+                            f"pass ({counts}){plain}; find_unused_parameters=False is right.",
+            notes=[_unprepared(False)] if manual else [], claims=_unprepared_claim(len(manual)) if manual else [])
 
     def _unused(self, run: Run, use: _GradUse) -> Verdict:
         always, sometimes = use.always_and_sometimes()
@@ -192,7 +195,12 @@ class UnusedParameters(Contract):
 
     def _failed(self, run: Run, use: _GradUse, always: list[str], sometimes: list[str], found: Findings) -> Verdict:
         """find_unused_parameters=False with parameters that miss a gradient."""
-        if not run.finished:
+        missed = [e for recs in use.records.values() for e in recs if e.get("unused")]
+        unprepared = bool(missed) and all(e.get("outside") and e.get("manual") for e in missed)
+        if unprepared:
+            stopped = f" {_unprepared(True)}"
+            found.claims += _unprepared_claim(len(missed))
+        elif not run.finished:
             stopped = (" DDP's reducer then stopped the run at the next step (the reduction of the previous "
                        "backward never finished).")
         else:
@@ -201,13 +209,16 @@ class UnusedParameters(Contract):
                        "looks like your LightningModule has parameters that were not used in producing the loss' "
                        "without naming them.")
         evidence = found.evidence + _built_evidence(run, list(always) + list(sometimes))
-        summary = (f"under DDP with find_unused_parameters=False, {_what_missed(always, sometimes)}. DDP waits for a "
-                   f"gradient of every registered parameter in every backward.{stopped}")
+        waits = "" if unprepared else \
+            " DDP waits for a gradient of every registered parameter in every backward."
+        summary = f"under DDP with find_unused_parameters=False, {_what_missed(always, sometimes)}.{waits}{stopped}"
         notes = []
         if use.forced:
             notes.append("the conformance run kept DDP going with find_unused_parameters=True so every backward "
                          "could be observed; the verdict is about your setting, find_unused_parameters=False.")
         fix = _fix(always, sometimes, "toggled" in found.causes)
+        if unprepared:
+            fix = "call self.manual_backward(loss) instead of backward() so DDP averages the gradients, and " + fix
         return self.verdict(Outcome.FAILED, summary, evidence=evidence, fix=fix, notes=notes, claims=found.claims)
 
 @dataclasses.dataclass
@@ -363,6 +374,24 @@ def _what_missed(always: list[str], sometimes: list[str]) -> str:
                 f"(usage changes from backward to backward): {_group(sometimes)}")
     return (f"{plural(len(always), 'parameter')} never got a gradient ({_group(always)}) and "
             f"{plural(len(sometimes), 'more')} missed some backward passes ({_group(sometimes)})")
+
+
+_OUTSIDE_MANUAL = ("ran outside Lightning's manual_backward (your code called backward itself, under manual "
+                   "optimization)")
+
+
+def _unprepared(missing: bool) -> str:
+    """What a backward of the user's own under manual optimization means to DDP (Lightning's DDP
+    strategy turns DDP's own reducer preparation off under manual optimization)."""
+    waits = " and does not wait for the missing gradients there either (no error is raised)" if missing else ""
+    return (f"Those backward passes {_OUTSIDE_MANUAL}, and under manual optimization only manual_backward "
+            f"prepares DDP's reducer for a backward: DDP does not average their gradients over the ranks{waits}; "
+            f"self.manual_backward(loss) is the call that does.")
+
+
+def _unprepared_claim(count: int) -> list:
+    return [claim("unprepared-backward", _OUTSIDE_MANUAL, outside=True, manual=True, count=count)]
+
 
 def _fix(always: list[str], sometimes: list[str], toggled: bool) -> str:
     fixes = []

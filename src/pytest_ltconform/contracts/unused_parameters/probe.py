@@ -191,6 +191,8 @@ class _Observer:
         event = {"ev": GRAD_USE, "n": self.backwards, "k": self.in_batch,
                  "batch": key[1] if key else None, "tracked": len(self.names), "site": site,
                  "unused": unused, "outside": outside}
+        if outside:  # under manual optimization only manual_backward prepares DDP's reducer for a backward
+            event["manual"] = not getattr(trainer.lightning_module, "automatic_optimization", True)
         if unused:
             self.unused_backwards += 1
             event["off"] = [n for n in unused if not self.params[n].requires_grad]
