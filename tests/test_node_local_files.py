@@ -93,6 +93,25 @@ def test_the_reader_that_raised_for_that_path_is_named_and_the_stop_is_this_cont
         verdict.summary
 
 
+@pytest.mark.parametrize("other,category", [("ok", "crash"), ("error", "crash"), ("hung", "deadlock")])
+def test_the_headline_label_follows_what_the_run_recorded(fake_runs, other, category):
+    """Field trial tnodes F1-F3: the reader raised FileNotFoundError and its peer ended ok or failed in a
+    collective whose peer had gone; nothing hung, yet the headline said '(deadlocks the world)'."""
+    contract = get_contract("node-local-files")
+    path = f"{MOUNT}/job0003/toy/train.pt"
+    traces = [_trace(0, _access("write", "<gettempdir>/toy/train.pt", 0, 42, "DataModule.prepare_data", raw=path)),
+              _trace(1, _access("read", "<gettempdir>/toy/train.pt", 1, 48, raw=path))]
+    peer = {"exc_type": "RuntimeError", "message": "Connection closed by peer"} if other == "error" else {}
+    ranks = [fake_runs.rank(0, traces[0], status=other, **peer),
+             fake_runs.rank(1, traces[1], status="error", exc_type="FileNotFoundError",
+                            message=f"[Errno 2] No such file or directory: '{path}'")]
+    verdict = contract.judge(fake_runs.of(ranks, status="error"))
+    assert verdict.outcome == "failed" and verdict.category == category, verdict.render()
+    assert ("(deadlocks the world)" in verdict.render()) == (category == "deadlock")
+    # A run that finished (a folder per node, where the path opened) recorded neither: no label.
+    assert contract.judge(fake_runs.run([traces[0], traces[1]])).category is None
+
+
 def test_each_node_preparing_its_own_copy_passes(fake_runs):
     contract = get_contract("node-local-files")
     traces = [_trace(n, _access("write", "<gettempdir>/toy/train.pt", n, 42, "DataModule.prepare_data"),

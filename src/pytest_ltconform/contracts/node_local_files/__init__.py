@@ -55,6 +55,21 @@ FIX_CKPT = ("put checkpoints on storage every node mounts: leave ModelCheckpoint
             "scratch must be copied to shared storage before another node (or a later job) reads it.")
 
 
+def consequence(run: Run, reads: list) -> str | None:
+    """The headline's category, from what the run recorded (field trial tnodes F1-F3): a listing of
+    another node's folder is silent (it comes back empty on a cluster); a rank left waiting and
+    killed is a deadlock; a rank that raised or died, none left waiting, is a crash; a run that
+    finished recorded neither, so the headline carries no label."""
+    ranks = run.job.ranks
+    if all(r.op == "list" for r in reads):
+        return "silent"
+    if any(r.status == "hung" for r in ranks):
+        return "deadlock"
+    if any(r.status in ("error", "died") for r in ranks):
+        return "crash"
+    return None
+
+
 class NodeLocalFiles(Contract):
     id = "node-local-files"
     title = "Nodes read only their own node-local files; checkpoints go to storage every node mounts"
@@ -112,10 +127,7 @@ class NodeLocalFiles(Contract):
                               f"node {r.reader_node} wrote{faults.raised_text(r, run.job.ranks[r.reader])}",
                               rank=r.reader, frame=r.site) for r in reads[:4]]
         fix = FIX_CKPT if first.is_checkpoint() else fix_data(writers)
-        # On a cluster the reader finds no such file: its rank raises and its peers wait in the next
-        # collective (a listing instead comes back empty), whether or not this host's disk let it open.
-        category = "silent" if all(r.op == "list" for r in reads) else "deadlock"
-        return self.verdict(Outcome.FAILED, summary, evidence=evidence, fix=fix, category=category)
+        return self.verdict(Outcome.FAILED, summary, evidence=evidence, fix=fix, category=consequence(run, reads))
 
     def _checkpoint_verdict(self, ckpt) -> Verdict:
         summary = ckpt.summary()
