@@ -60,6 +60,30 @@ def test_shared_writes_probe_records_open_and_torch_save(tmp_path, monkeypatch):
     assert len([w for w in writes if w[0] == "history.csv"]) == 1  # the read is not a write
 
 
+def test_the_writability_check_of_tempfile_is_not_a_user_write(tmp_path, monkeypatch):
+    """Field trial tnodes F5-F7: a pass listed random names (f1iccqxy) as files user code writes; they are the
+    file the first tempfile.gettempdir() of a process writes and removes to test its folder."""
+    import tempfile
+
+    from pytest_ltconform.contracts.shared_writes import probe as shared_writes
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # the next gettempdir() checks the folder afresh
+    recorder = _Recorder()
+    probe = shared_writes.SharedWritesProbe()
+    try:
+        probe.before_trainer(None, {"default_root_dir": str(tmp_path)}, recorder)
+        folder = tempfile.gettempdir()
+        with open(os.path.join(folder, "index.npy"), "w") as fh:
+            fh.write("1")
+    finally:
+        probe.collect(None, None, recorder)
+        recorder.undo()
+    assert folder == str(tmp_path)
+    assert [os.path.basename(e["path"]) for e in recorder.events] == ["index.npy"]
+
+
 def test_shared_writes_verdicts(fake_runs):
     contract = get_contract("shared-writes")
     site = {"file": "/u/m.py", "line": 3, "func": "Model.on_validation_epoch_end"}
