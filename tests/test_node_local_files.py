@@ -248,6 +248,30 @@ def test_a_file_written_in_setup_gets_the_fix_of_its_writer_hook_not_prepare_dat
     assert "prepare_data_per_node=True" not in verdict.fix
     assert verdict.fix.startswith("the file is written in DataModule.setup, where prepare_data_per_node does not apply")
     assert "storage every node mounts" in verdict.fix and "`if self.trainer.local_rank == 0:`" in verdict.fix
+def test_rank_zero_only_on_a_per_node_prepare_data_is_named_and_the_set_flag_is_not_offered(fake_runs, tmp_path):
+    """Field trial tnodes F4/W4: prepare_data_per_node=True was set, `@rank_zero_only` on prepare_data kept node 1
+    from writing; the fix offered prepare_data_per_node=True and the decorator went unnamed."""
+    source = tmp_path / "case.py"
+    source.write_text("from lightning.pytorch.utilities import rank_zero_only\n\n\nclass DataModule:\n"
+                      "    @rank_zero_only\n    def prepare_data(self):\n        save()\n")
+    write = _access("write", "<gettempdir>/toy/train.pt", 0, 7, "DataModule.prepare_data")
+    write["site"]["file"] = str(source)
+    traces = [_trace(0, write, _access("read", "<gettempdir>/toy/train.pt", 0, 48), per_node=True),
+              _trace(1, _access("read", "<gettempdir>/toy/train.pt", 1, 48), per_node=True)]
+    verdict = get_contract("node-local-files").judge(fake_runs.run(traces))
+    assert verdict.outcome == "failed", verdict.render()
+    assert "prepare_data_per_node=True (Lightning's default) has" not in verdict.fix
+    assert verdict.fix.startswith("remove @rank_zero_only at ") and "case.py:5 (prepare_data)" in verdict.fix
+    assert "local rank 0 of every node, but @rank_zero_only at " in verdict.summary
+    # Without the decorator in the source, the flag already set is still not offered.
+    plain = tmp_path / "plain.py"
+    plain.write_text("class DataModule:\n    def prepare_data(self):\n\n\n\n\n        save()\n")
+    write["site"]["file"] = str(plain)
+    verdict = get_contract("node-local-files").judge(fake_runs.run(traces))
+    assert "@rank_zero_only" not in verdict.render() and "is already set" in verdict.fix
+    assert "prepare_data_per_node=True (Lightning's default) has" not in verdict.fix
+
+
 def test_the_storage_note_cites_the_recorded_nodes_ranks_and_folders():
     """The note said fixed words (/tmp, /var/tmp and /dev/shm count as each node's own) whatever the
     ranks recorded: each of its facts now comes from the recorded storage and ranks."""

@@ -419,6 +419,22 @@ def rank_guard(site: dict | None) -> str | None:
     return None
 
 
+def rank_decorator(site: dict | None) -> dict | None:
+    """The decorator on the function at ``site`` (a line inside it) that tests a rank in its source
+    (``@rank_zero_only``): ``{"text", "file", "line"}``, the decorator's own line; None without one."""
+    tree = _parse(site["file"]) if site and site.get("file") else None
+    line = (site or {}).get("line") or 0
+    func = None
+    for node in ast.walk(tree) if tree is not None else ():
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+                node.lineno <= line <= (node.end_lineno or node.lineno) and (func is None or node.lineno > func.lineno):
+            func = node
+    for dec in func.decorator_list if func is not None else ():
+        if _mentions_rank(dec):
+            return {"text": f"@{ast.unparse(dec)}", "file": site["file"], "line": dec.lineno, "func": func.name}
+    return None
+
+
 def defined_as_property(site: dict | None) -> bool:
     """Whether the function at ``site`` (``{"file", "line"}``, a line inside it) is a property's
     getter in its source (decorated ``@property`` or ``@functools.cached_property``), so that user

@@ -34,11 +34,24 @@ from .probe import NodeLocalFilesProbe
 FIX_DATA = ("write it to storage every node mounts (a shared filesystem: the run's default_root_dir, a project "
             "data folder), or prepare it on every node: prepare_data_per_node=True (Lightning's default) has each "
             "node's local rank 0 write its own node-local copy.")
-def fix_data(writers: list) -> str:
+FIX_SHARED = ("write it to storage every node mounts (a shared filesystem: the run's default_root_dir, a project "
+              "data folder)")
+
+
+def fix_data(writers: list, record=None) -> str:
     """The fix for node-local data another node read, following the hook that wrote it: only
     prepare_data is placed by prepare_data_per_node; a file written elsewhere (setup, a step, outside
-    any hook) is placed by the user's own guard."""
+    any hook) is placed by the user's own guard. A prepare_data_per_node=True the run recorded is not
+    offered again: the rank decorator that kept the other nodes out is named instead, where its source has one."""
     hooks = list(dict.fromkeys(faults.hook_name(w.hook) for w in writers if w.hook))
+    guard = faults.prepare_guard(record, writers) if record is not None else None
+    if guard is not None:
+        return (f"remove {guard['text']} at {faults.fmt_site(guard)}: with "
+                f"prepare_data_per_node=True (already set) Lightning runs prepare_data on each node's local rank 0, "
+                f"and the decorator stops all but global rank 0; or {FIX_SHARED}.")
+    if record is not None and faults.per_node_prepare(record, writers):
+        return (f"{FIX_SHARED} (prepare_data_per_node=True, which has each node's local rank 0 run prepare_data, "
+                f"is already set).")
     if any(h.endswith(".prepare_data") for h in hooks) or not hooks:
         return FIX_DATA
     named = " and ".join(hooks[:2])
@@ -126,7 +139,7 @@ class NodeLocalFiles(Contract):
         evidence += [Evidence(f"{r.op_words()} {r.path}{faults.in_hook(r)} on node {r.reader_node}, which no rank of "
                               f"node {r.reader_node} wrote{faults.raised_text(r, run.job.ranks[r.reader])}",
                               rank=r.reader, frame=r.site) for r in reads[:4]]
-        fix = FIX_CKPT if first.is_checkpoint() else fix_data(writers)
+        fix = FIX_CKPT if first.is_checkpoint() else fix_data(writers, record)
         return self.verdict(Outcome.FAILED, summary, evidence=evidence, fix=fix, category=consequence(run, reads))
 
     def _checkpoint_verdict(self, ckpt) -> Verdict:

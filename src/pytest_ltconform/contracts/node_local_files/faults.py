@@ -11,6 +11,7 @@ import re
 from ...events import CALL
 from ...sites import fmt_site, hook_label
 from .. import node_storage
+from ..base import rank_decorator
 from .probe import CKPT_DIR_EVENT, FILE_EVENT, MAX_EVENTS, PREPARE_EVENT, ROOT_DIR_EVENT
 
 __all__ = ["MAX_EVENTS", "Access", "Record", "cross_node_reads", "grouped", "local_checkpoints", "prepare_words"]
@@ -261,7 +262,22 @@ def prepare_words(record: Record, writers: list[Access]) -> str:
     if per_node is None:
         return "prepare_data: "
     ranks = "local rank 0 of every node" if per_node else "global rank 0 only"
+    guard = prepare_guard(record, writers)
+    if guard is not None:
+        ranks += f", but {guard['text']} at {fmt_site(guard)} lets only global rank 0 run it"
     return f"prepare_data (prepare_data_per_node={per_node}: {ranks}): "
+
+
+def per_node_prepare(record: Record, writers: list[Access]) -> list[Access]:
+    """The writers inside a prepare_data the run recorded with ``prepare_data_per_node=True``."""
+    flags = (record.prepare or {}).get("per_node") or {}
+    return [w for w in writers if w.hook and w.hook.endswith(".prepare_data") and flags.get(w.hook.rsplit(".", 1)[0])]
+
+
+def prepare_guard(record: Record, writers: list[Access]) -> dict | None:
+    """The rank decorator (``@rank_zero_only``) on the prepare_data that wrote, where Lightning was set to
+    run it on every node (``prepare_data_per_node=True`` recorded): what kept the other nodes from writing."""
+    return next((g for g in (rank_decorator(w.site) for w in per_node_prepare(record, writers)) if g), None)
 
 
 
