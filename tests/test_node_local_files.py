@@ -4,6 +4,7 @@ verdicts on hand-made records of two nodes (the worlds themselves: tests/test_no
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 import torch  # imported at collection: a test below saves with it (see NOTES on in-process runs)
@@ -198,10 +199,13 @@ def test_the_probe_records_node_local_accesses_with_the_user_line(tmp_path, monk
     ctx = rank_mod.RankContext(0, 2, 0, str(run_dir / "rank0"), str(tmp_path / "t.jsonl"), None, num_nodes=2,
                                run_dir=str(run_dir), node_rank=1, node_local=str(local), node_storage="mountns")
     monkeypatch.setattr(rank_mod, "_CURRENT", ctx)
+    monkeypatch.setenv("TMPDIR", str(local))
     recorder = _Recorder()
     probe = nlf_probe.NodeLocalFilesProbe()
     try:
         probe.install(recorder)
+        monkeypatch.setattr(tempfile, "tempdir", None)  # the next gettempdir() writes its check file (F5-F7)
+        assert tempfile.gettempdir() == str(local)
         os.makedirs(local / "toy", exist_ok=True)  # user code for the probe: this test file
         torch.save({"x": torch.zeros(2)}, str(local / "toy" / "train.pt"))
         with open(local / "toy" / "train.pt", "rb") as fh:
@@ -217,6 +221,7 @@ def test_the_probe_records_node_local_accesses_with_the_user_line(tmp_path, monk
     assert ("write", "<gettempdir>/toy/train.pt", 1) in seen and ("read", "<gettempdir>/toy/train.pt", 1) in seen
     assert ("list", "<gettempdir>/toy", 1) in seen
     assert not any("shared.txt" in path for _, path, _ in seen)
+    assert all(path.startswith("<gettempdir>/toy") for _, path, _ in seen), seen  # not gettempdir()'s check file
     files = [e for e in recorder.events if e["ev"] == nlf_probe.FILE_EVENT]
     assert all(e["site"]["file"] == __file__ for e in files)
     assert recorder.events[0]["ev"] == node_storage.EVENT and recorder.events[0]["node"] == 1

@@ -110,3 +110,10 @@ def locate(path: str, storage: dict, node: int | None = None) -> tuple[int, str]
 def on(storage_node: int, shown: str) -> str:
     """``shown`` with the node whose storage holds it: ``<gettempdir>/x on node 0's local storage``."""
     return f"{shown} on node {storage_node}'s local storage"
+
+
+def stdlib_own(frame) -> bool:
+    """Whether ``frame``, the one opening or removing a file, is the standard library on its own: the first
+    ``tempfile.gettempdir()`` of a process writes (and removes) a file of a random name to test that the
+    folder is writable (field trial tnodes F5-F7: those names were listed as the user's files)."""
+    return frame.f_code.co_name == "_get_default_tempdir" and frame.f_globals.get("__name__") == "tempfile"

@@ -235,7 +235,7 @@ class NodeLocalFilesProbe(Probe):
         if not raw.startswith(self.quick) or any(part in raw for part in _CACHE_PARTS):
             return
         located = node_storage.locate(raw, storage)
-        if located is None:
+        if located is None or node_storage.stdlib_own(sys._getframe(2)):
             return
         site, ckpt = _frames(sys._getframe(2))
         if ckpt is not None and site is not None and is_installed(site["file"]):

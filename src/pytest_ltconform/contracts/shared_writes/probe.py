@@ -47,12 +47,6 @@ _INSTALLED = False
 
 _LOCAL = threading.local()
 
-def _stdlib_own(frame) -> bool:
-    """Whether ``frame``, the one opening a file, is the standard library writing on its own: the first
-    ``tempfile.gettempdir()`` of a process writes (and removes) a file of a random name to test that the
-    folder is writable (field trial tnodes F5-F7: those names were listed as the user's writes)."""
-    return frame.f_code.co_name == "_get_default_tempdir" and frame.f_globals.get("__name__") == "tempfile"
-
 def _write_flags() -> int:
     return os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 
@@ -201,7 +195,7 @@ class SharedWritesProbe(Probe):
             return
         writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or \
             (not isinstance(mode, str) and isinstance(flags, int) and bool(flags & _write_flags()))
-        if not writes or _stdlib_own(sys._getframe(2)):
+        if not writes or node_storage.stdlib_own(sys._getframe(2)):
             return
         site, saving = _user_frame_and_checkpointing(sys._getframe(2), self.own)
         self._record(os.fsdecode(path), _describe_mode(mode, flags), site, saving)
