@@ -121,3 +121,22 @@ def test_a_rank_writes_the_users_paths_relative_to_where_pytest_runs(tmp_path, m
     assert sites.fmt_site(site) == f"{os.path.join('pkg', 'model.py')}:9 (__init__)"
     monkeypatch.delenv(sites.USER_CWD_ENV)
     assert sites.fmt_site(site) == f"{os.path.join(tmp_path.name, 'pkg', 'model.py')}:9 (__init__)"
+
+
+def test_an_inherited_training_step_is_named_after_the_base_class_that_defines_it(tmp_path, monkeypatch):
+    """A subclass whose training_step is its base class's: the site is the base's file, line and
+    name (``Base.training_step``), said to be called for the subclass."""
+    from pytest_ltconform.harness import _step_site
+
+    (tmp_path / "base_model.py").write_text(
+        "class Base:\n    def training_step(self, batch, batch_idx):\n        loss = batch * 2\n        return loss\n")
+    (tmp_path / "sub_model.py").write_text("from base_model import Base\n\n\nclass Sub(Base):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import importlib
+
+    sub = importlib.import_module("sub_model").Sub
+    site = _step_site(sub)
+    assert site == {"file": str(tmp_path / "base_model.py"), "line": 4, "func": "Base.training_step", "for": "Sub"}
+    assert sites.fmt_site(site).endswith("base_model.py:4 (Base.training_step, called for Sub)")
+    assert _step_site(sub.__mro__[1]) == {"file": str(tmp_path / "base_model.py"), "line": 4,
+                                          "func": "Base.training_step"}

@@ -399,7 +399,9 @@ def training_step_source(cls: type):
 
 
 def _step_site(cls: type) -> dict | None:
-    """The user's ``training_step`` of ``cls`` as a site: its last ``return`` line, else its ``def``."""
+    """The user's ``training_step`` of ``cls`` as a site: its last ``return`` line, else its ``def``;
+    named after the class that defines it (a base class of ``cls`` when inherited, with ``for``:
+    the class it ran for)."""
     import ast
 
     source = training_step_source(cls)
@@ -408,7 +410,11 @@ def _step_site(cls: type) -> dict | None:
     _, tree, start, path = source
     returns = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Return) and n.value is not None]
     line = start + (max(returns) if returns else 1) - 1
-    return {"file": path, "line": line, "func": f"{cls.__name__}.training_step"}
+    owner = next((k for k in cls.__mro__ if "training_step" in vars(k)), cls)
+    site = {"file": path, "line": line, "func": f"{owner.__name__}.training_step"}
+    if owner is not cls:
+        site["for"] = cls.__name__
+    return site
 
 
 @contextlib.contextmanager

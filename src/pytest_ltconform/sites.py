@@ -149,7 +149,8 @@ USER_CWD_ENV = "LTCONFORM_USER_CWD"
 
 def fmt_site(site: dict | None) -> str:
     """``path:line (function)``; the path is relative when it is under the working directory (in
-    a rank: pytest's, not the rank's job folder)."""
+    a rank: pytest's, not the rank's job folder); an inherited method's site (``for``: the class
+    it ran for) reads ``(Base.training_step, called for Sub)``."""
     if not site:
         return "<no user frame>"
     path = site.get("file", "?")
@@ -159,7 +160,8 @@ def fmt_site(site: dict | None) -> str:
             path = rel
     except ValueError:
         pass
-    return f"{path}:{site.get('line')} ({site.get('func')})"
+    called = f", called for {site['for']}" if site.get("for") else ""
+    return f"{path}:{site.get('line')} ({site.get('func')}{called})"
 
 
 def frame_owner(filename: str) -> str:
