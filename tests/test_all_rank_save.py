@@ -477,3 +477,52 @@ def test_a_pass_counts_member_metric_syncs_as_such(fake_runs):
     assert "Entropy.compute x1" in verdict.summary
     assert "MetricCollection.compute (6 syncs of its member metrics BinaryAUROC, BinaryAccuracy)" in verdict.summary
     assert "MetricCollection.compute x6" not in verdict.summary
+
+
+# -- a library wrapper is named by the method the user called (field trial, issue 32) -----------
+
+_WRAP = ("import functools\n"
+         "def wrap(self, compute, where):\n"
+         "    @functools.wraps(compute)\n"
+         "    def wrapped_func():\n"
+         "        assert self is not None\n"
+         "        return where(1)\n"
+         "    return wrapped_func\n")
+
+
+class MeanSquaredError:
+    def compute(self):
+        return None
+
+
+def test_library_call_names_the_metric_method_not_its_wrapper():
+    """TorchMetrics stores ``wrapped_func`` on the metric in place of ``compute``: the call the user
+    made is ``MeanSquaredError.compute``, not the wrapper's own name."""
+    import torchmetrics
+
+    from pytest_ltconform.sites import library_call
+
+    namespace = {"__name__": "torchmetrics.metric"}
+    exec(compile(_WRAP, torchmetrics.__file__, "exec"), namespace)
+    metric = MeanSquaredError()
+    metric.compute = namespace["wrap"](metric, metric.compute, library_call)
+    via = metric.compute()
+    assert (via["func"], via["property"]) == ("MeanSquaredError.compute", False)
+
+
+def test_a_mismatch_inside_a_metric_compute_names_it_and_sync_on_compute(fake_runs, tmp_path):
+    import torchmetrics.metric
+
+    path = tmp_path / "m.py"
+    path.write_text("class Model:\n    @rank_zero_only\n    def on_validation_epoch_end(self):\n"
+                    "        v = float(self.val_mse.compute())\n")
+    site = {"file": str(path), "line": 4, "func": "Model.on_validation_epoch_end"}
+    via = {"file": torchmetrics.metric.__file__, "line": 694, "func": "MeanSquaredError.compute", "property": False}
+    ranks = [fake_runs.rank(r, [], status="error", exc_type="RuntimeError", message="stack") for r in range(2)]
+    run = fake_runs.of(ranks, status="error")
+    run.job.mismatch = {"pg": "0", "seq": 5, "broke_at": 5, "calls": {0: {"op": "allgather", "site": site, "via": via}}}
+    verdict = CONTRACT._mismatched(run)
+    assert verdict.summary.startswith("MeanSquaredError.compute (metric.py:694; its allgather was this collective) "
+                                      "called on rank 0"), verdict.render()
+    assert verdict.fix.startswith("call MeanSquaredError.compute() on every rank, in the same order")
+    assert "sync_on_compute=False (a constructor argument) makes compute() skip this collective" in verdict.fix

@@ -927,3 +927,17 @@ def test_identical_ranks_on_two_nodes_blame_the_local_rank_only_when_the_data_re
     assert "local rank" not in plain.summary and "local_rank" not in plain.fix, plain.render()
     local = get_contract("data-sharding").judge(fake_runs.run([rank(0, True), rank(1, True)]))
     assert "the data is split by the local rank" in local.summary, local.render()
+
+
+def test_stream_length_is_not_the_runs_capped_step_count(fake_runs):
+    """An unsharded stream of 64 items in batches of 8 gives each rank 8 batches; the run, capped
+    at 4, took 4 steps, which must not be given as the stream's length (field trial, issue 32)."""
+    contract = get_contract("data-sharding")
+    loader = {"iterable": True, "batch_size": 8, "dataset": "RecordStream"}
+    run = fake_runs.probed("data-sharding", [{"stream_len": {"train": 64}}] * 2)
+    text = contract._loader_evidence(run, "train", loader, 4)[0].detail
+    assert text == ("IterableDataset RecordStream yields all 64 items on each rank: 8 batches of 8 per rank per "
+                    "epoch, where a split by rank gives 64 items / (8 per batch x 2 ranks) = 4; this run took 4 "
+                    "steps per rank per epoch, fewer than 8 because the run limits the batches of an epoch")
+    uncapped = contract._loader_evidence(run, "train", dict(loader, batch_size=32), 2)[0].detail
+    assert uncapped.endswith("this run took 2 steps per rank per epoch")

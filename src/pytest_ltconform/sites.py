@@ -126,8 +126,28 @@ def library_call(depth: int = 2) -> dict | None:
     if frame is None or called is None:
         return None
     code = called.f_code
-    return {"file": code.co_filename, "line": called.f_lineno, "func": _qualname(code),
+    return {"file": code.co_filename, "line": called.f_lineno, "func": _attribute_name(called) or _qualname(code),
             "property": _is_getter(called)}
+
+
+def _attribute_name(frame) -> str | None:
+    """For a wrapper function that a library stores on an object in place of one of its methods
+    (TorchMetrics' ``self.compute = self._wrap_compute(self.compute)``, whose frames run a nested
+    ``wrapped_func``), the method the user called: ``MeanSquaredError.compute``, from the one
+    attribute of ``self`` whose code the frame runs; None for any other frame."""
+    if "<locals>" not in _qualname(frame.f_code):
+        return None
+    owner = frame.f_locals.get("self")
+    try:
+        found = [(name, value) for name, value in vars(owner).items()
+                 if getattr(value, "__code__", None) is frame.f_code]
+    except TypeError:  # no self, or one without a __dict__
+        return None
+    if len(found) != 1:
+        return None
+    name, value = found[0]
+    wrapped = getattr(value, "__wrapped__", None)
+    return getattr(wrapped, "__qualname__", None) or f"{type(owner).__name__}.{name}"
 
 
 def _is_getter(frame) -> bool:

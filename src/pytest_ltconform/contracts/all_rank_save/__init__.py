@@ -394,6 +394,9 @@ class AllRankSave(Contract):
         told = f"{call_words(via, site=call.get('site'))} on every rank"
         fix = (f"{told}, in the same order ({what} a collective every rank must enter); keep only the rank-local "
                f"side work (printing, writing a file) under the rank guard.")
+        if f"{os.sep}torchmetrics{os.sep}" in str(via.get("file")):
+            fix += (" For a TorchMetrics metric, sync_on_compute=False (a constructor argument) makes compute() "
+                    "skip this collective and return the value of the calling rank's own state only.")
         said = claim("call-form", told, func=via.get("func"), property=bool(getter))
         return self.verdict(Outcome.FAILED, summary, evidence=evidence, fix=fix, category="deadlock", notes=notes,
                             claims=[said])

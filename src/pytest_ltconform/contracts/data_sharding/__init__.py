@@ -557,12 +557,16 @@ class DataSharding(Contract):
         """For a stream: the items every rank yields against the steps a sharded stream would give."""
         stream = self._stream_len(run, stage)
         if loader and loader.get("iterable") and stream and loader.get("batch_size"):
-            want = math.ceil(stream / (loader["batch_size"] * run.world_size))
-            capped = " (the run caps an epoch at 4 batches)" if have >= 4 and want < have else ""
+            size = loader["batch_size"]
+            full, want = math.ceil(stream / size), math.ceil(stream / (size * run.world_size))
+            # The run's own step count is bounded by its limit on batches per epoch, so it is said
+            # apart from the stream's length (computed from the recorded item count).
+            capped = f", fewer than {full} because the run limits the batches of an epoch" if have < full else ""
             evidence = [Evidence(
-                f"{self._what(loader)} yields all {stream} items on each rank: {have} steps per rank "
-                f"per epoch{capped} where {stream} items / ({loader['batch_size']} per batch x "
-                f"{run.world_size} ranks) = {want}", site=self._dataset_site(loader))]
+                f"{self._what(loader)} yields all {stream} items on each rank: {full} batches of {size} per rank "
+                f"per epoch, where a split by rank gives {stream} items / ({size} per batch x {run.world_size} "
+                f"ranks) = {want}; this run took {have} steps per rank per epoch{capped}",
+                site=self._dataset_site(loader))]
             if loader.get("dataset_site"):
                 evidence.append(Evidence(f"{loader['dataset']} is defined here; its __iter__ yields the "
                                          f"same items on every rank" if not loader.get("num_workers")
