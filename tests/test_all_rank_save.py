@@ -479,7 +479,7 @@ def test_a_pass_counts_member_metric_syncs_as_such(fake_runs):
     assert "MetricCollection.compute x6" not in verdict.summary
 
 
-# -- a library wrapper is named by the method the user called (field trial, issue 32) -----------
+# -- a library wrapper is named by the method the user called -----------
 
 _WRAP = ("import functools\n"
          "def wrap(self, compute, where):\n"

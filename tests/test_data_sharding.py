@@ -931,7 +931,7 @@ def test_identical_ranks_on_two_nodes_blame_the_local_rank_only_when_the_data_re
 
 def test_stream_length_is_not_the_runs_capped_step_count(fake_runs):
     """An unsharded stream of 64 items in batches of 8 gives each rank 8 batches; the run, capped
-    at 4, took 4 steps, which must not be given as the stream's length (field trial, issue 32)."""
+    at 4, took 4 steps, which must not be given as the stream's length."""
     contract = get_contract("data-sharding")
     loader = {"iterable": True, "batch_size": 8, "dataset": "RecordStream"}
     run = fake_runs.probed("data-sharding", [{"stream_len": {"train": 64}}] * 2)
