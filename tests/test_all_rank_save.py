@@ -517,8 +517,11 @@ def test_a_mismatch_inside_a_metric_compute_names_it_and_sync_on_compute(fake_ru
     path.write_text("class Model:\n    @rank_zero_only\n    def on_validation_epoch_end(self):\n"
                     "        v = float(self.val_mse.compute())\n")
     site = {"file": str(path), "line": 4, "func": "Model.on_validation_epoch_end"}
-    via = {"file": torchmetrics.metric.__file__, "line": 694, "func": "MeanSquaredError.compute", "property": False}
-    ranks = [fake_runs.rank(r, [], status="error", exc_type="RuntimeError", message="stack") for r in range(2)]
+    via = {"file": torchmetrics.metric.__file__, "line": 694, "func": "wrapped_func"}  # Flight Recorder's frame
+    traced = {"ev": "call", "kind": "metric", "op": "metric_sync", "label": "MeanSquaredError.compute", "site": site,
+              "user": True, "parent": None}
+    ranks = [fake_runs.rank(r, [traced] if r == 0 else [], status="error", exc_type="RuntimeError", message="stack")
+             for r in range(2)]
     run = fake_runs.of(ranks, status="error")
     run.job.mismatch = {"pg": "0", "seq": 5, "broke_at": 5, "calls": {0: {"op": "allgather", "site": site, "via": via}}}
     verdict = CONTRACT._mismatched(run)

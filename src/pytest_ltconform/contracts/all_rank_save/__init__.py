@@ -362,6 +362,7 @@ class AllRankSave(Contract):
         the guard that split them."""
         mm = run.job.mismatch
         cause_rank, call = mismatch_cause(run)
+        call = dict(call, via=_traced_via(run, cause_rank, call))
         guard, rank_based = call_guard(call.get("site"))
         site = fmt_site(call.get("site"))
         named = _collective_name(call)
@@ -641,6 +642,19 @@ def _collective_name(call: dict) -> str:
     if not via:
         return f"torch.distributed.{op}"
     return f"{via['func']} ({os.path.basename(via['file'])}:{via['line']}; its {op} was this collective)"
+
+
+def _traced_via(run: Run, rank: int, call: dict) -> dict | None:
+    """A mismatched call's library function, named by the metric call the recorder traced on that
+    rank at the same user line (``MeanSquaredError.compute``) when there is one: Flight Recorder's
+    frames name only the function the user's frame ran into, TorchMetrics' ``wrapped_func``."""
+    via, site = call.get("via"), call.get("site") or {}
+    for e in run.events(rank, CALL):
+        at = e.get("site") or {}
+        if via and e.get("kind") == "metric" and e.get("label") and \
+                (at.get("file"), at.get("line")) == (site.get("file"), site.get("line")):
+            return dict(via, func=e["label"], property=False)
+    return via
 
 
 def _synced_keys(run: Run, rank: int) -> list[str]:
