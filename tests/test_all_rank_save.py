@@ -528,4 +528,5 @@ def test_a_mismatch_inside_a_metric_compute_names_it_and_sync_on_compute(fake_ru
     assert verdict.summary.startswith("MeanSquaredError.compute (metric.py:694; its allgather was this collective) "
                                       "called on rank 0"), verdict.render()
     assert verdict.fix.startswith("call MeanSquaredError.compute() on every rank, in the same order")
+    assert "wrapped_func" not in verdict.render()
     assert "sync_on_compute=False (a constructor argument) makes compute() skip this collective" in verdict.fix

@@ -372,7 +372,7 @@ class AllRankSave(Contract):
                    f"the ranks' collectives no longer pair up, so the world hangs or mixes values.")
         evidence = []
         for r in range(run.world_size):
-            theirs = mm["calls"].get(r)
+            theirs = call if r == cause_rank else mm["calls"].get(r)
             if theirs is None:
                 evidence.append(Evidence(f"no collective #{mm['seq']} (it stopped before issuing one)", rank=r))
             else:
